@@ -1,0 +1,200 @@
+"""The server extension: configuration traits, wiring, and start/stop of background work."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from jupyter_client.provisioning import KernelProvisionerFactory
+from jupyter_core.paths import jupyter_data_dir
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Dict, Enum, Float, List, Unicode, default
+from traitlets.config import Config
+
+from .gpu import open_backend
+from .manager import QuotaManager
+from .policy import ON_FULL_CHOICES, Policy, PolicyError, parse_size
+
+
+PROVISIONER_NAME = "gpushare-provisioner"
+
+
+class GpuShareApp(ExtensionApp):
+    """GPU memory quotas for notebook kernels on a shared GPU server."""
+
+    name = "jupyter_gpushare"
+    load_other_extensions = True
+
+    default_quota = Unicode(
+        "4GiB",
+        config=True,
+        help="GPU memory quota of each Python kernel, e.g. '4GiB', '4096MiB', '4G' or '25%' (of its card). "
+        "The kernel's frameworks are capped at this; its reservation on the card is this plus "
+        "context_reserve. Default: '4GiB'. '0' is not allowed here: to give a kernelspec no GPU, "
+        "set kernel_quotas = {'<name>': '0MiB'}.",
+    )
+    max_quota = Unicode(
+        "",
+        config=True,
+        help="Largest quota a kernel may ask for (through its kernelspec or the API), e.g. '16GiB' or '50%'. "
+        "Default: '' = no limit but the card.",
+    )
+    context_reserve = Unicode(
+        "640MiB",
+        config=True,
+        help="GPU memory added to every kernel's reservation for its CUDA context, which no framework cap "
+        "counts. Measured on H100/H200: 518-612 MiB per process (PyTorch 612, JAX 552, CuPy 522). "
+        "Default: '640MiB'. TensorFlow with cuDNN needs about '1.5GiB'.",
+    )
+    card_headroom = Unicode(
+        "1GiB",
+        config=True,
+        help="GPU memory kept unreserved on every card, for processes outside Jupyter and for the driver, "
+        "e.g. '1GiB' or '5%'. Default: '1GiB'. '0MiB' reserves the whole card.",
+    )
+    cards = List(
+        Unicode(),
+        default_value=[],
+        config=True,
+        help="Cards kernels may use, by index ('0') or UUID ('GPU-...'). Default: [] = every card.",
+    )
+    on_full = Enum(
+        list(ON_FULL_CHOICES),
+        default_value="queue",
+        config=True,
+        help="What happens to a kernel when no card has room: 'queue' = wait in FIFO order up to "
+        "queue_timeout seconds, then refuse; 'cpu' = start it without a GPU and say so; 'reject' = refuse "
+        "at once with how much was free and needed. Default: 'queue'.",
+    )
+    queue_timeout = Float(
+        600.0,
+        config=True,
+        help="Seconds a queued kernel waits for room before its start is refused (on_full='queue'). "
+        "Default: 600. 0 = wait without limit.",
+    )
+    kernel_quotas = Dict(
+        key_trait=Unicode(),
+        value_trait=Unicode(),
+        default_value={},
+        config=True,
+        help="Quota per kernelspec name, e.g. {'python3': '8GiB', 'ir': '2GiB', 'julia-1.10': '0MiB'}. "
+        "Kernels of languages other than Python reserve nothing unless listed. Default: {}.",
+    )
+    ledger_path = Unicode(
+        config=True,
+        help="SQLite file holding this host's reservations; it must be on a local disk (WAL mode). "
+        "Every Jupyter server of one user on this host shares it. Default: <jupyter data dir>/gpushare/ledger.sqlite.",
+    )
+    gpu_backend = Enum(
+        ["auto", "nvml", "simulated"],
+        default_value="auto",
+        config=True,
+        help="Where cards come from: 'nvml' = the NVIDIA driver; 'simulated' = simulated_cards, even on a GPU "
+        "host (for demos and tests); 'auto' = NVML when it finds a card, else simulated_cards if set, else no "
+        "GPU. Default: 'auto'.",
+    )
+    simulated_cards = Unicode(
+        "",
+        config=True,
+        help="Simulated cards for hosts without a GPU, e.g. '24GiB', '2x16GiB' or '24GiB,16GiB'. They are "
+        "labelled 'simulated' in every reply, and kernels on them see no GPU. Default: '' = none.",
+    )
+    reconcile_interval = Float(
+        10.0,
+        config=True,
+        help="Seconds between checks that release the reservations of kernels that are gone. Default: 10.",
+    )
+
+    @default("ledger_path")
+    def _default_ledger_path(self) -> str:
+        return os.path.join(jupyter_data_dir(), "gpushare", "ledger.sqlite")
+
+    def build_policy(self) -> Policy:
+        """The parsed rules; PolicyError names the trait and the bad value."""
+        if self.queue_timeout < 0:
+            raise PolicyError(f"GpuShareApp.queue_timeout: {self.queue_timeout!r} is negative; use seconds, e.g. 600, or 0 for no limit.")
+        default_quota = parse_size(self.default_quota, "GpuShareApp.default_quota")
+        if default_quota.is_zero:
+            raise PolicyError("GpuShareApp.default_quota: '0' gives Python kernels no GPU; use e.g. '4GiB'.")
+        return Policy(
+            default_quota=default_quota,
+            max_quota=parse_size(self.max_quota, "GpuShareApp.max_quota") if self.max_quota else None,
+            context_reserve_mib=parse_size(self.context_reserve, "GpuShareApp.context_reserve", allow_percent=False).mib or 0,
+            headroom=parse_size(self.card_headroom, "GpuShareApp.card_headroom"),
+            on_full=self.on_full,
+            queue_timeout_s=self.queue_timeout or float("inf"),
+            kernel_quotas={k: parse_size(v, f"GpuShareApp.kernel_quotas[{k!r}]") for k, v in self.kernel_quotas.items()},
+            cards=tuple(self.cards),
+        )
+
+    def build_manager(self) -> QuotaManager:
+        policy = self.build_policy()
+        backend = open_backend(self.gpu_backend, self.simulated_cards)
+        return QuotaManager(policy, backend, self.ledger_path, log=self.log)
+
+    def initialize_settings(self) -> None:
+        try:
+            manager = self.build_manager()
+        except PolicyError as e:
+            self.log.critical("jupyter-gpushare cannot start: %s", e)
+            raise SystemExit(f"jupyter-gpushare: bad configuration: {e}") from e
+        QuotaManager.install(manager)
+        self.settings["gpushare_manager"] = manager
+        self._make_default_provisioner()
+        info = manager.backend.describe()
+        if manager.backend.simulated:
+            self.log.warning("jupyter-gpushare: SIMULATED cards %s (no real GPU memory).", [c.total_mib for c in manager.cards])
+        elif not manager.cards:
+            self.log.warning("jupyter-gpushare: no GPU (%s). Kernels start without one.", info["reason"])
+        else:
+            self.log.info("jupyter-gpushare: cards %s; ledger %s", [f"{c.index}:{c.name}" for c in manager.cards], self.ledger_path)
+
+    def _make_default_provisioner(self) -> None:
+        """Give every kernel without a provisioner stanza ours, unless the admin chose another.
+
+        (jupyter_server reads only ``jpserver_extensions`` from jupyter_server_config.d files, so the
+        wheel cannot ship this setting as config.)
+        """
+        kpf = KernelProvisionerFactory.instance(parent=self.serverapp.kernel_manager)
+        chosen = "default_provisioner_name" in self.serverapp.config.get("KernelProvisionerFactory", {})
+        if chosen or os.environ.get(KernelProvisionerFactory.default_provisioner_name_env):
+            if kpf.default_provisioner_name != PROVISIONER_NAME:
+                self.log.warning(
+                    "jupyter-gpushare: the default kernel provisioner is %r, so kernels get no GPU quota unless "
+                    "their kernelspec names %r.", kpf.default_provisioner_name, PROVISIONER_NAME
+                )
+            return
+        kpf.default_provisioner_name = PROVISIONER_NAME
+
+    def initialize_handlers(self) -> None:
+        from .handlers import handlers
+
+        self.handlers.extend(handlers)
+
+    async def _start_jupyter_server_extension(self, serverapp) -> None:
+        self._reconcile_task = asyncio.ensure_future(self._reconcile_forever())
+
+    async def _reconcile_forever(self) -> None:
+        manager = self.settings["gpushare_manager"]
+        while True:
+            await asyncio.sleep(self.reconcile_interval)
+            try:
+                await manager.reconcile()
+            except Exception:
+                self.log.exception("jupyter-gpushare: reconcile failed")
+
+    async def stop_extension(self) -> None:
+        # Kernels are shut down after extensions (ServerApp._cleanup): keep the manager and its
+        # ledger open so their releases still land. Only the periodic task stops here.
+        task = getattr(self, "_reconcile_task", None)
+        if task:
+            task.cancel()
+
+
+def build_manager(config: Config, log: logging.Logger | None = None) -> QuotaManager:
+    """A QuotaManager from traitlets config, for kernels started outside a Jupyter server."""
+    app = GpuShareApp(config=config)
+    if log is not None:
+        app.log = log
+    return app.build_manager()

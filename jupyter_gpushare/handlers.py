@@ -1,0 +1,122 @@
+"""Thin REST handlers under /api/gpushare/ (documented in api/openapi.yaml)."""
+
+from __future__ import annotations
+
+import json
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from tornado import web
+
+from .manager import QuotaManager
+from .policy import PolicyError, parse_size
+
+API = r"/api/gpushare"
+AUTH_RESOURCE = "gpushare"
+
+
+class GpuShareHandler(APIHandler):
+    auth_resource = AUTH_RESOURCE
+
+    @property
+    def manager(self) -> QuotaManager:
+        return self.settings["gpushare_manager"]
+
+    def json_body(self) -> dict:
+        """The request body as a JSON object, or a 400 that says what is wrong with it."""
+        try:
+            body = json.loads(self.request.body or b"null")
+        except ValueError as e:
+            raise web.HTTPError(400, f"The request body is not JSON ({e}). Send e.g. {{\"quota\": \"6GiB\"}}.") from e
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, 'The request body must be a JSON object, e.g. {"quota": "6GiB"}.')
+        return body
+
+
+class CardsHandler(GpuShareHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        snap = await self.manager.snapshot()
+        self.finish({k: snap[k] for k in ("backend", "simulated", "reason", "ledger", "cards")})
+
+
+class KernelsHandler(GpuShareHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        snap = await self.manager.snapshot()
+        self.finish({"kernels": snap["kernels"]})
+
+
+class KernelHandler(GpuShareHandler):
+    def _record(self, kernel_id: str):
+        rec = self.manager.records.get(kernel_id)
+        if rec is None:
+            raise web.HTTPError(404, f"No kernel {kernel_id} holds or waits for a GPU quota on this server.")
+        return rec
+
+    @web.authenticated
+    @authorized
+    async def get(self, kernel_id: str) -> None:
+        self.finish(self._record(kernel_id).to_dict())
+
+    @web.authenticated
+    @authorized
+    async def patch(self, kernel_id: str) -> None:
+        self._record(kernel_id)
+        body = self.json_body()
+        unknown = set(body) - {"quota"}
+        if unknown or "quota" not in body:
+            raise web.HTTPError(400, f'Send {{"quota": "<size>"}}, e.g. {{"quota": "6GiB"}}; got fields {sorted(body)}.')
+        try:
+            rec = self.manager.request_quota(kernel_id, parse_size(body["quota"], "quota"))
+        except PolicyError as e:
+            raise web.HTTPError(400, str(e)) from e
+        self.finish(rec.to_dict())
+
+
+class QueueHandler(GpuShareHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        snap = await self.manager.snapshot()
+        self.finish({"queue": snap["queue"]})
+
+
+class EventsHandler(GpuShareHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        try:
+            since = float(self.get_argument("since", "0"))
+        except ValueError as e:
+            raise web.HTTPError(400, "'since' must be a Unix time in seconds, e.g. since=1700000000.5.") from e
+        self.finish({"events": [e for e in self.manager.events if e["time"] > since]})
+
+
+class ConfigHandler(GpuShareHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        p = self.manager.policy
+        self.finish(
+            {
+                "default_quota": str(p.default_quota),
+                "max_quota": str(p.max_quota) if p.max_quota else None,
+                "context_reserve_mib": p.context_reserve_mib,
+                "card_headroom": str(p.headroom),
+                "on_full": p.on_full,
+                "queue_timeout_s": None if p.queue_timeout_s == float("inf") else p.queue_timeout_s,
+            }
+        )
+
+
+handlers = [
+    (rf"{API}/cards", CardsHandler),
+    (rf"{API}/kernels", KernelsHandler),
+    (rf"{API}/kernels/([^/]+)", KernelHandler),
+    (rf"{API}/queue", QueueHandler),
+    (rf"{API}/events", EventsHandler),
+    (rf"{API}/config", ConfigHandler),
+]

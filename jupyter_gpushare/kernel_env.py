@@ -1,0 +1,52 @@
+"""The environment a kernel is started with: its card, its quota, and framework knobs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .manager import Grant
+
+BOOTSTRAP_DIR = Path(__file__).parent / "bootstrap"
+
+
+def kernel_env(grant: Grant, kernel_id: str, python: bool, base: dict[str, str], report_dir: str) -> dict[str, str]:
+    """Variables to add to (or override in) a kernel's environment ``base``.
+
+    GPUSHARE_* tell the in-kernel bootstrap (and any tool) what the kernel got. Framework knobs that
+    are safe in every framework version are set here; version-dependent ones (PyTorch's allocator
+    config) are set by the bootstrap, which can see the installed version.
+    """
+    env = {"GPUSHARE_KERNEL_ID": kernel_id, "GPUSHARE_MODE": grant.mode, "GPUSHARE_REPORT_DIR": report_dir}
+    if grant.reason:
+        env["GPUSHARE_REASON"] = grant.reason
+    if python:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), base.get("PYTHONPATH", "")) if p)
+    if grant.mode == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # hide every GPU: this kernel holds no reservation
+    if grant.mode != "gpu" or grant.lease is None or grant.card is None:
+        return env
+    lease, card = grant.lease, grant.card
+    cap_bytes = lease.quota_mib * 2**20
+    fraction = f"{lease.quota_mib / card.total_mib:.6f}"
+    env.update(
+        GPUSHARE_QUOTA_MIB=str(lease.quota_mib),
+        GPUSHARE_RESERVE_MIB=str(lease.reserve_mib),
+        GPUSHARE_CARD_UUID=card.uuid,
+        GPUSHARE_CARD_INDEX=str(card.index),
+        GPUSHARE_CARD_NAME=card.name,
+        GPUSHARE_CARD_TOTAL_MIB=str(card.total_mib),
+        GPUSHARE_SIMULATED="1" if card.simulated else "0",
+        GPUSHARE_TORCH_FRACTION=fraction,
+        # A simulated card has no real memory: the kernel sees no GPU at all.
+        CUDA_VISIBLE_DEVICES="" if card.simulated else card.uuid,
+        # JAX: no 75% preallocation; its pool is capped at the quota (fractions are of total memory).
+        XLA_PYTHON_CLIENT_PREALLOCATE="false",
+        XLA_CLIENT_MEM_FRACTION=fraction,
+        XLA_PYTHON_CLIENT_MEM_FRACTION=fraction,
+        # CuPy: its default pool refuses past the quota.
+        CUPY_GPU_MEMORY_LIMIT=str(cap_bytes),
+        # TensorFlow: grow lazily inside the logical device the bootstrap sets up.
+        TF_FORCE_GPU_ALLOW_GROWTH="true",
+    )
+    return env

@@ -1,0 +1,334 @@
+"""Host-wide GPU reservations in SQLite: the only code that writes the ledger.
+
+One row per kernel that holds GPU memory (``leases``) and one per kernel waiting for room
+(``waiters``, FIFO by ticket). Every change runs in one ``BEGIN IMMEDIATE`` transaction, so
+processes sharing the file never overbook a card. WAL mode with ``synchronous=NORMAL``: a commit
+survives the crash of any process; only a crash of the whole OS can lose the last commits, and
+then every kernel they describe is gone too.
+
+Leases name two processes, each as (pid, start time) so a reused pid is not mistaken for the
+original: the owner (the Jupyter server or nbclient process that reserved) and the kernel.
+A lease whose owner and kernel are both gone is reclaimed by whoever next opens a transaction;
+leases of a live owner are released by that owner (see manager.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import psutil
+
+from .gpu import Card
+from .policy import CardView, Policy, Size
+
+SCHEMA_VERSION = 1
+WAITER_STALE_S = 30.0  # a waiter not heard from for this long has been abandoned
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS leases (
+    kernel_id    TEXT PRIMARY KEY,
+    card_uuid    TEXT NOT NULL,
+    card_index   INTEGER NOT NULL,
+    quota_mib    INTEGER NOT NULL,
+    reserve_mib  INTEGER NOT NULL,
+    user         TEXT NOT NULL DEFAULT '',
+    kernel_name  TEXT NOT NULL DEFAULT '',
+    owner_pid    INTEGER NOT NULL,
+    owner_start  REAL NOT NULL,
+    kernel_pid   INTEGER,
+    kernel_start REAL,
+    created      REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS waiters (
+    ticket       INTEGER PRIMARY KEY AUTOINCREMENT,
+    kernel_id    TEXT NOT NULL UNIQUE,
+    quota        TEXT NOT NULL,
+    user         TEXT NOT NULL DEFAULT '',
+    kernel_name  TEXT NOT NULL DEFAULT '',
+    owner_pid    INTEGER NOT NULL,
+    owner_start  REAL NOT NULL,
+    created      REAL NOT NULL,
+    heartbeat    REAL NOT NULL
+);
+"""
+
+
+class LedgerError(RuntimeError):
+    """The ledger file cannot be used. The message names the file and what to do."""
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """A process identified by pid and start time, so a reused pid does not pass for it."""
+
+    pid: int
+    start: float
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessRef | None:
+        try:
+            return cls(pid, psutil.Process(pid).create_time())
+        except psutil.Error:
+            return None
+
+    @classmethod
+    def me(cls) -> ProcessRef:
+        ref = cls.of(os.getpid())
+        assert ref is not None
+        return ref
+
+    def alive(self) -> bool:
+        try:
+            proc = psutil.Process(self.pid)
+            return abs(proc.create_time() - self.start) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+
+@dataclass(frozen=True)
+class Lease:
+    kernel_id: str
+    card_uuid: str
+    card_index: int
+    quota_mib: int
+    reserve_mib: int
+    user: str
+    kernel_name: str
+    owner: ProcessRef
+    kernel: ProcessRef | None
+    created: float
+
+    @property
+    def reserved_mib(self) -> int:
+        return self.quota_mib + self.reserve_mib
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["reserved_mib"] = self.reserved_mib
+        return d
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Not admitted (yet): where the request stands and why."""
+
+    kernel_id: str
+    position: int  # 1 = next in line
+    need_mib: int  # quota + context reserve on the card that fits best, 0 if none could
+    free_mib: int  # the most unreserved memory on any allowed card
+    ahead: int  # waiters before this one
+
+
+@dataclass(frozen=True)
+class Waiter:
+    ticket: int
+    kernel_id: str
+    quota: str
+    user: str
+    kernel_name: str
+    owner: ProcessRef
+    created: float
+
+
+@dataclass(frozen=True)
+class Request:
+    kernel_id: str
+    quota: Size
+    user: str = ""
+    kernel_name: str = ""
+
+
+def _lease(row: sqlite3.Row) -> Lease:
+    kernel = ProcessRef(row["kernel_pid"], row["kernel_start"]) if row["kernel_pid"] else None
+    return Lease(
+        kernel_id=row["kernel_id"],
+        card_uuid=row["card_uuid"],
+        card_index=row["card_index"],
+        quota_mib=row["quota_mib"],
+        reserve_mib=row["reserve_mib"],
+        user=row["user"],
+        kernel_name=row["kernel_name"],
+        owner=ProcessRef(row["owner_pid"], row["owner_start"]),
+        kernel=kernel,
+        created=row["created"],
+    )
+
+
+class Ledger:
+    """Reservations in one SQLite file, shared by every process that opens it.
+
+    Not thread-safe: use one Ledger per thread (the manager keeps one on a worker thread).
+    """
+
+    def __init__(self, path: str | os.PathLike, owner: ProcessRef | None = None):
+        self.path = Path(path)
+        self.owner = owner or ProcessRef.me()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise LedgerError(
+                    f"The GPU ledger {self.path} was written by a newer jupyter-gpushare (schema {version}, "
+                    f"this one knows {SCHEMA_VERSION}). Upgrade jupyter-gpushare on every server of this host."
+                )
+            with self._tx():
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._db.execute("SELECT count(*) FROM leases").fetchone()
+        except LedgerError:
+            raise
+        except (sqlite3.Error, OSError) as e:
+            raise LedgerError(
+                f"The GPU ledger {self.path} cannot be used ({e}). It holds the reservations of running "
+                "kernels, so it was left as it is. If it is damaged, stop the Jupyter servers of this host, "
+                f"move it aside (mv {self.path} {self.path}.bad) and start them again; or point "
+                "GpuShareApp.ledger_path at a file on a local disk that this user can write."
+            ) from e
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def leases(self) -> list[Lease]:
+        return [_lease(r) for r in self._db.execute("SELECT * FROM leases ORDER BY created")]
+
+    def get(self, kernel_id: str) -> Lease | None:
+        row = self._db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
+        return _lease(row) if row else None
+
+    def waiters(self) -> list[Waiter]:
+        return [
+            Waiter(r["ticket"], r["kernel_id"], r["quota"], r["user"], r["kernel_name"], ProcessRef(r["owner_pid"], r["owner_start"]), r["created"])
+            for r in self._db.execute("SELECT * FROM waiters ORDER BY ticket")
+        ]
+
+    def reserved_by_card(self) -> dict[str, int]:
+        return self._reserved(self._db)
+
+    # -- changes ---------------------------------------------------------------------------
+
+    def reserve(self, req: Request, policy: Policy, cards: Sequence[Card], wait: bool) -> Lease | Waiting:
+        """Reserve room for a kernel on the best-fitting card, in FIFO order.
+
+        With ``wait`` the request keeps its place in the queue until admitted or cancelled
+        (call again to retry; each call is a heartbeat). Without it, a request that cannot be
+        admitted now is not queued. Requests never jump ahead of older waiters.
+        Idempotent: a kernel that already holds a lease gets it back.
+        """
+        now = time.time()
+        with self._tx() as db:
+            self._reap(db, now)
+            row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone()
+            if row:
+                return _lease(row)
+            if wait:
+                db.execute(
+                    "INSERT INTO waiters (kernel_id, quota, user, kernel_name, owner_pid, owner_start, created, heartbeat)"
+                    " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(kernel_id) DO UPDATE SET heartbeat=excluded.heartbeat",
+                    (req.kernel_id, str(req.quota), req.user, req.kernel_name, self.owner.pid, self.owner.start, now, now),
+                )
+                ticket = db.execute("SELECT ticket FROM waiters WHERE kernel_id=?", (req.kernel_id,)).fetchone()[0]
+                ahead = db.execute("SELECT count(*) FROM waiters WHERE ticket < ?", (ticket,)).fetchone()[0]
+            else:
+                ahead = db.execute("SELECT count(*) FROM waiters").fetchone()[0]
+            reserved = self._reserved(db)
+            views = [CardView(c.uuid, c.index, c.total_mib, reserved.get(c.uuid, 0)) for c in cards]
+            card = policy.place(req.quota, views) if ahead == 0 else None
+            if card is None:
+                allowed = [v for v in views if policy.card_allowed(v.uuid, v.index)]
+                fitting = [policy.need_mib(req.quota, v.total_mib) for v in allowed if policy.need_mib(req.quota, v.total_mib) <= policy.usable_mib(v.total_mib)]
+                return Waiting(
+                    kernel_id=req.kernel_id,
+                    position=ahead + 1,
+                    need_mib=min(fitting, default=0),
+                    free_mib=max((policy.usable_mib(v.total_mib) - v.reserved_mib for v in allowed), default=0),
+                    ahead=ahead,
+                )
+            quota_mib = req.quota.resolve(card.total_mib)
+            db.execute(
+                "INSERT INTO leases (kernel_id, card_uuid, card_index, quota_mib, reserve_mib, user, kernel_name,"
+                " owner_pid, owner_start, created) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (req.kernel_id, card.uuid, card.index, quota_mib, policy.context_reserve_mib, req.user, req.kernel_name, self.owner.pid, self.owner.start, now),
+            )
+            db.execute("DELETE FROM waiters WHERE kernel_id=?", (req.kernel_id,))
+            return _lease(db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone())
+
+    def cancel_wait(self, kernel_id: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM waiters WHERE kernel_id=?", (kernel_id,))
+
+    def attach(self, kernel_id: str, kernel: ProcessRef | None) -> None:
+        """Record the kernel process that uses a lease (again after each restart)."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE leases SET kernel_pid=?, kernel_start=? WHERE kernel_id=?",
+                (kernel.pid if kernel else None, kernel.start if kernel else None, kernel_id),
+            )
+
+    def release(self, kernel_id: str) -> Lease | None:
+        """Give a kernel's reservation back. Idempotent: None when it held none."""
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
+            db.execute("DELETE FROM leases WHERE kernel_id=?", (kernel_id,))
+            db.execute("DELETE FROM waiters WHERE kernel_id=?", (kernel_id,))
+            return _lease(row) if row else None
+
+    def release_owned_except(self, keep: set[str]) -> list[Lease]:
+        """Release this owner's leases for kernels it no longer knows (died past the restart limit)."""
+        with self._tx() as db:
+            rows = db.execute("SELECT * FROM leases WHERE owner_pid=? AND owner_start=?", (self.owner.pid, self.owner.start)).fetchall()
+            gone = [_lease(r) for r in rows if r["kernel_id"] not in keep]
+            db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in gone])
+            return gone
+
+    def adopt(self, kernel_id: str) -> None:
+        """Take over a lease whose owner is gone but whose kernel lives (a restarted server)."""
+        with self._tx() as db:
+            db.execute("UPDATE leases SET owner_pid=?, owner_start=? WHERE kernel_id=?", (self.owner.pid, self.owner.start, kernel_id))
+
+    def reap(self) -> list[Lease]:
+        """Reclaim leases whose owner and kernel are both gone, and abandoned waiters."""
+        with self._tx() as db:
+            return self._reap(db, time.time())
+
+    def _reap(self, db: sqlite3.Connection, now: float) -> list[Lease]:
+        dead = []
+        for row in db.execute("SELECT * FROM leases").fetchall():
+            lease = _lease(row)
+            if lease.owner == self.owner or lease.owner.alive():
+                continue
+            if lease.kernel is None or not lease.kernel.alive():
+                dead.append(lease)
+        db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in dead])
+        for row in db.execute("SELECT * FROM waiters").fetchall():
+            owner = ProcessRef(row["owner_pid"], row["owner_start"])
+            if now - row["heartbeat"] > WAITER_STALE_S or (owner != self.owner and not owner.alive()):
+                db.execute("DELETE FROM waiters WHERE ticket=?", (row["ticket"],))
+        return dead
+
+    @staticmethod
+    def _reserved(db: sqlite3.Connection) -> dict[str, int]:
+        rows = db.execute("SELECT card_uuid, SUM(quota_mib + reserve_mib) FROM leases GROUP BY card_uuid")
+        return {uuid: int(total) for uuid, total in rows}

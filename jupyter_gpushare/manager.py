@@ -1,0 +1,332 @@
+"""Admission control: one QuotaManager per process, used by the provisioner and the REST handlers.
+
+It asks the ledger for room (queueing, falling back or refusing as the policy says), keeps a
+record per kernel for the API, and runs every ledger call on one worker thread, so nothing
+blocks the Tornado IOLoop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import getpass
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, TypeVar
+
+from tornado import web
+
+from .gpu import Card, GpuBackend
+from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Waiting
+from .policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
+
+T = TypeVar("T")
+QUEUE_POLL_S = 0.5
+WHAT_TO_DO = (
+    "Shut down a kernel you no longer use (Kernel > Shut Down Kernel), ask for a smaller quota, or try again later."
+)
+
+
+class QuotaUnavailable(web.HTTPError):
+    """A kernel start refused for want of GPU room. The message reaches the HTTP client as is."""
+
+    def __init__(self, message: str, status: int = 503):
+        super().__init__(status, message, reason="GPU quota unavailable")
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class Grant:
+    """What a kernel got: a GPU reservation, a start without GPU (``cpu``), or no quota at all (``none``)."""
+
+    mode: str
+    lease: Lease | None = None
+    card: Card | None = None
+    reason: str | None = None
+
+
+@dataclass
+class KernelRecord:
+    """What the API says of one kernel of this process."""
+
+    kernel_id: str
+    kernel_name: str
+    language: str
+    user: str
+    state: str = "starting"  # starting | queued | running | cpu | none
+    quota: str | None = None  # requested (or default) quota
+    pending_quota: str | None = None  # applied at the next restart
+    lease: Lease | None = None
+    card: Card | None = None
+    position: int | None = None
+    need_mib: int | None = None
+    free_mib: int | None = None
+    reason: str | None = None
+    since: float = field(default_factory=time.time)
+    queued_since: float | None = None
+    pid: int | None = None
+    path: str | None = None  # the notebook, when started through a session
+
+    def to_dict(self) -> dict[str, Any]:
+        lease = self.lease
+        return {
+            "kernel_id": self.kernel_id,
+            "kernel_name": self.kernel_name,
+            "path": self.path,
+            "language": self.language,
+            "user": self.user,
+            "state": self.state,
+            "quota": self.quota,
+            "pending_quota": self.pending_quota,
+            "quota_mib": lease.quota_mib if lease else None,
+            "reserve_mib": lease.reserve_mib if lease else None,
+            "reserved_mib": lease.reserved_mib if lease else None,
+            "card": self.card.to_dict() if self.card else None,
+            "position": self.position,
+            "need_mib": self.need_mib,
+            "free_mib": self.free_mib,
+            "waited_s": round(time.time() - self.queued_since, 1) if self.queued_since else None,
+            "reason": self.reason,
+            "pid": self.pid,
+            "since": self.since,
+        }
+
+
+class QuotaManager:
+    """Reserve, keep and release GPU quotas for the kernels this process starts."""
+
+    _current: ClassVar[QuotaManager | None] = None
+
+    def __init__(self, policy: Policy, backend: GpuBackend, ledger_path: str, log: logging.Logger | None = None):
+        self.policy = policy
+        self.backend = backend
+        self.ledger_path = ledger_path
+        self.log = log or logging.getLogger("jupyter_gpushare")
+        self.user = getpass.getuser()
+        self.records: dict[str, KernelRecord] = {}
+        self.events: collections.deque[dict] = collections.deque(maxlen=500)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpushare-ledger")
+        self._ledger: Ledger | None = None
+        self.ledger_error: str | None = None
+        try:
+            self.cards: list[Card] = backend.cards()
+        except Exception as e:  # a card lost between detection and now: run without GPU, say why
+            self.cards, backend.reason = [], f"The GPU list could not be read: {e}"
+        self._executor.submit(self._open_ledger).result()
+
+    # -- process-wide instance -------------------------------------------------------------
+
+    @classmethod
+    def current(cls) -> QuotaManager | None:
+        return cls._current
+
+    @classmethod
+    def install(cls, manager: QuotaManager | None) -> None:
+        cls._current = manager
+
+    # -- ledger thread -----------------------------------------------------------------------
+
+    def _open_ledger(self) -> None:
+        try:
+            self._ledger = Ledger(self.ledger_path)
+            reclaimed = self._ledger.reap()
+        except LedgerError as e:
+            self._ledger, self.ledger_error = None, str(e)
+            self.log.error("%s Kernels will start without a GPU until this is fixed.", e)
+            return
+        for lease in reclaimed:
+            self._event("reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone.")
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _ledger_call(self, name: str, *args: Any) -> Any:
+        """Run on the ledger thread; None when the ledger is unavailable."""
+        if self._ledger is None:
+            return None
+        return getattr(self._ledger, name)(*args)
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def _event(self, kind: str, kernel_id: str | None, message: str, **figures: Any) -> None:
+        self.events.append({"time": time.time(), "kind": kind, "kernel_id": kernel_id, "message": message, **figures})
+        self.log.info("gpushare %s %s: %s", kind, kernel_id or "", message)
+
+    def record(self, kernel_id: str, kernel_name: str = "", language: str = "") -> KernelRecord:
+        rec = self.records.get(kernel_id)
+        if rec is None:
+            rec = self.records[kernel_id] = KernelRecord(kernel_id, kernel_name, language, self.user)
+        return rec
+
+    async def admit(self, kernel_id: str, kernel_name: str, language: str, requested: Size | None = None) -> Grant:
+        """Reserve GPU room for a kernel about to start, or decide it starts without.
+
+        Waits in the host-wide FIFO queue when the policy says ``queue``. Raises QuotaUnavailable
+        (with how much was needed, how much was free and what to do) when the kernel must not start.
+        """
+        rec = self.record(kernel_id, kernel_name, language)
+        if rec.pending_quota is not None:
+            requested, rec.pending_quota = parse_size(rec.pending_quota, "quota"), None
+        quota = self.policy.quota_for(kernel_name, language, requested)
+        if quota is None:
+            return self._settle(rec, Grant("none", reason=f"Kernels of {kernel_name or language!r} reserve no GPU memory here (GpuShareApp.kernel_quotas)."))
+        rec.quota = str(quota)
+        if not self.cards:
+            return self._settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"))
+        if self._ledger is None:
+            return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {self.ledger_error}"))
+        try:
+            self.policy.check_quota(quota, self._views({}))
+        except PolicyError as e:
+            self.records.pop(kernel_id, None)
+            self._event("refused", kernel_id, str(e))
+            raise QuotaUnavailable(str(e), status=400) from e
+        wait = self.policy.on_full == "queue"
+        deadline = time.monotonic() + self.policy.queue_timeout_s
+        request = Request(kernel_id, quota, self.user, kernel_name)
+        try:
+            while True:
+                got = await self._run(self._ledger.reserve, request, self.policy, self.cards, wait)
+                if isinstance(got, Lease):
+                    if rec.queued_since:
+                        self._event("admitted", kernel_id, f"Admitted after waiting {time.time() - rec.queued_since:.0f} s.")
+                    return self._settle(rec, Grant("gpu", lease=got, card=self._card(got.card_uuid)))
+                if not wait or time.monotonic() >= deadline:
+                    break
+                if rec.state != "queued":
+                    rec.state, rec.queued_since = "queued", time.time()
+                    self._event("queued", kernel_id, f"Waiting for {format_mib(got.need_mib)} of GPU memory; position {got.position}.")
+                rec.position, rec.need_mib, rec.free_mib = got.position, got.need_mib, got.free_mib
+                await asyncio.sleep(QUEUE_POLL_S)
+        except BaseException:
+            if wait:
+                await self._run(self._ledger.cancel_wait, kernel_id)
+            raise
+        if wait:
+            await self._run(self._ledger.cancel_wait, kernel_id)
+        message = self._full_message(quota, got, waited=rec.queued_since)
+        rec.position = rec.queued_since = None
+        if self.policy.on_full == "cpu":
+            return self._settle(rec, Grant("cpu", reason=message + " This kernel was started without a GPU."))
+        self.records.pop(kernel_id, None)
+        self._event("refused", kernel_id, message, need_mib=got.need_mib, free_mib=got.free_mib)
+        raise QuotaUnavailable(message)
+
+    def _full_message(self, quota: Size, got: Waiting, waited: float | None) -> str:
+        reserve = format_mib(self.policy.context_reserve_mib)
+        need = format_mib(got.need_mib) if got.need_mib else f"{quota} + {reserve}"
+        text = (
+            f"No GPU has room for this kernel: it needs {need} (quota {quota} + {reserve} CUDA context reserve), "
+            f"and the most unreserved on any card is {format_mib(got.free_mib)}."
+        )
+        if waited:
+            text += f" It waited {time.time() - waited:.0f} s in the queue (GpuShareApp.queue_timeout)."
+        elif got.ahead:
+            text += f" {got.ahead} kernel(s) are already waiting for a GPU."
+        return f"{text} {WHAT_TO_DO}"
+
+    def _settle(self, rec: KernelRecord, grant: Grant) -> Grant:
+        rec.state = {"gpu": "running"}.get(grant.mode, grant.mode)
+        rec.lease, rec.card, rec.reason, rec.position = grant.lease, grant.card, grant.reason, None
+        if grant.mode == "gpu" and grant.lease:
+            self._event("reserved", rec.kernel_id, f"{format_mib(grant.lease.reserved_mib)} on card {grant.lease.card_index}.", reserved_mib=grant.lease.reserved_mib)
+        elif grant.mode == "cpu":
+            self._event("no-gpu", rec.kernel_id, grant.reason or "")
+        return grant
+
+    def _card(self, uuid: str) -> Card | None:
+        return next((c for c in self.cards if c.uuid == uuid), None)
+
+    def _views(self, reserved: dict[str, int]) -> list[CardView]:
+        return [CardView(c.uuid, c.index, c.total_mib, reserved.get(c.uuid, 0)) for c in self.cards]
+
+    async def attach(self, kernel_id: str, pid: int | None) -> None:
+        """Record the kernel's process once it runs (after every restart too)."""
+        rec = self.records.get(kernel_id)
+        if rec is None:
+            return
+        rec.pid = pid
+        if rec.lease is not None:
+            await self._run(self._ledger_call, "attach", kernel_id, ProcessRef.of(pid) if pid else None)
+
+    async def release(self, kernel_id: str, why: str = "shut down", forget: bool = True) -> None:
+        """Give a kernel's reservation back (idempotent) and, unless it restarts, forget its record."""
+        rec = self.records.pop(kernel_id, None) if forget else self.records.get(kernel_id)
+        if rec is not None and not forget:
+            rec.lease = None
+        lease = await self._run(self._ledger_call, "release", kernel_id)
+        if lease is not None:
+            self._event("released", kernel_id, f"Released {format_mib(lease.reserved_mib)} ({why}).", reserved_mib=lease.reserved_mib)
+        elif rec is not None and rec.state == "queued":
+            self._event("cancelled", kernel_id, f"Stopped waiting ({why}).")
+
+    async def reconcile(self) -> None:
+        """Release this process's leases for kernels it no longer has, and reclaim the dead."""
+        keep = set(self.records)
+        for lease in await self._run(self._ledger_call, "release_owned_except", keep) or []:
+            self._event("reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel this server no longer has.")
+        for lease in await self._run(self._ledger_call, "reap") or []:
+            self._event("reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone.")
+
+    def request_quota(self, kernel_id: str, quota: Size) -> KernelRecord:
+        """Ask for another quota for a kernel; it applies when the kernel next restarts."""
+        rec = self.records[kernel_id]
+        self.policy.check_quota(quota, self._views({}))
+        rec.pending_quota = str(quota)
+        self._event("quota-requested", kernel_id, f"Quota {quota} requested; it applies at the next restart.")
+        return rec
+
+    # -- views for the API ------------------------------------------------------------------------
+
+    async def snapshot(self) -> dict[str, Any]:
+        """Cards with their reservations, this process's kernels, and the host-wide queue."""
+
+        def read() -> tuple[list[Lease], list]:
+            if self._ledger is None:
+                return [], []
+            return self._ledger.leases(), self._ledger.waiters()
+
+        leases, waiters = await self._run(read)
+        cards = []
+        for card in self.cards:
+            mine = [lease for lease in leases if lease.card_uuid == card.uuid]
+            reserved = sum(lease.reserved_mib for lease in mine)
+            usable = self.policy.usable_mib(card.total_mib)
+            cards.append(
+                {
+                    **card.to_dict(),
+                    "usable_mib": usable,
+                    "reserved_mib": reserved,
+                    "unreserved_mib": max(0, usable - reserved),
+                    "kernels": len(mine),
+                    "allowed": self.policy.card_allowed(card.uuid, card.index),
+                }
+            )
+        queue = [
+            {
+                "position": i + 1,
+                "kernel_id": w.kernel_id if w.kernel_id in self.records else None,
+                "mine": w.kernel_id in self.records,
+                "quota": w.quota,
+                "waited_s": round(time.time() - w.created, 1),
+            }
+            for i, w in enumerate(waiters)
+        ]
+        return {
+            **self.backend.describe(),
+            "ledger": {"path": self.ledger_path, "error": self.ledger_error},
+            "cards": cards,
+            "kernels": [r.to_dict() for r in self.records.values()],
+            "queue": queue,
+        }
+
+    def close(self) -> None:
+        if self._ledger is not None:
+            self._executor.submit(self._ledger.close).result()
+        self._executor.shutdown(wait=False)
+
