@@ -10,7 +10,9 @@ from .manager import Grant
 BOOTSTRAP_DIR = Path(__file__).parent / "bootstrap"
 
 
-def kernel_env(grant: Grant, kernel_id: str, python: bool, base: dict[str, str], report_dir: str) -> dict[str, str]:
+def kernel_env(
+    grant: Grant, kernel_id: str, python: bool, base: dict[str, str], report_dir: str, max_quota_mib: int | None = None
+) -> dict[str, str]:
     """Variables to add to (or override in) a kernel's environment ``base``.
 
     GPUSHARE_* tell the in-kernel bootstrap (and any tool) what the kernel got. Framework knobs that
@@ -38,6 +40,7 @@ def kernel_env(grant: Grant, kernel_id: str, python: bool, base: dict[str, str],
         GPUSHARE_CARD_TOTAL_MIB=str(card.total_mib),
         GPUSHARE_SIMULATED="1" if card.simulated else "0",
         GPUSHARE_TORCH_FRACTION=fraction,
+        GPUSHARE_MAX_QUOTA_MIB=str(max_quota_mib if max_quota_mib is not None else card.total_mib),
         # A simulated card has no real memory: the kernel sees no GPU at all.
         CUDA_VISIBLE_DEVICES="" if card.simulated else card.uuid,
         # JAX: no 75% preallocation; its pool is capped at the quota (fractions are of total memory).

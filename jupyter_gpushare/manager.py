@@ -239,6 +239,16 @@ class QuotaManager:
             self._event("no-gpu", rec.kernel_id, grant.reason or "")
         return grant
 
+    def max_quota_mib(self, grant: Grant) -> int | None:
+        """The largest quota this kernel could be given on its card (for the in-kernel OOM note)."""
+        if grant.card is None:
+            return None
+        total = grant.card.total_mib
+        biggest = self.policy.usable_mib(total) - self.policy.context_reserve_mib
+        if self.policy.max_quota is not None:
+            biggest = min(biggest, self.policy.max_quota.resolve(total))
+        return max(0, biggest)
+
     def _card(self, uuid: str) -> Card | None:
         return next((c for c in self.cards if c.uuid == uuid), None)
 

@@ -64,7 +64,7 @@ class GpuShareProvisioner(LocalProvisioner):
                 raise QuotaUnavailable(str(e), status=400) from e
             self._grant = await manager.admit(self.kernel_id, self._kernel_name, language, requested)
         try:
-            env.update(kernel_env(self._grant, self.kernel_id, language == "python", env, report_dir()))
+            env.update(kernel_env(self._grant, self.kernel_id, language == "python", env, report_dir(), manager.max_quota_mib(self._grant)))
         except BaseException:
             await self._release("failed to start")
             raise

@@ -1,0 +1,85 @@
+"""Shared fixtures: a real jupyter-server (pytest-jupyter) with the extension on a simulated card."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from jupyter_client.provisioning import KernelProvisionerFactory
+
+from jupyter_gpushare.manager import QuotaManager
+
+pytest_plugins = ("pytest_jupyter.jupyter_server",)
+
+GIB = 1024
+
+
+@pytest.fixture
+def gpushare_config():
+    """GpuShareApp settings for the test server; tests update this dict before the server starts."""
+    return {
+        "gpu_backend": "simulated",
+        "simulated_cards": "10GiB",
+        "card_headroom": "0MiB",
+        "context_reserve": "512MiB",
+        "default_quota": "2GiB",
+        "reconcile_interval": 0.5,
+    }
+
+
+@pytest.fixture
+def ledger_file(tmp_path):
+    return str(tmp_path / "ledger" / "ledger.sqlite")
+
+
+@pytest.fixture
+def jp_server_config(gpushare_config, ledger_file):
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_gpushare": True}, "allow_unauthenticated_access": False},
+        "GpuShareApp": {"ledger_path": ledger_file, **gpushare_config},
+    }
+
+
+@pytest.fixture(autouse=True)
+def _fresh_singletons():
+    """Each test gets a new QuotaManager and provisioner factory (both are process-wide)."""
+    yield
+    manager = QuotaManager.current()
+    if manager is not None:
+        manager.close()
+    QuotaManager.install(None)
+    KernelProvisionerFactory.clear_instance()
+
+
+@pytest.fixture
+def gpushare(jp_fetch, jp_serverapp):
+    """A small client for the REST API of the running test server."""
+
+    class Client:
+        async def get(self, path: str):
+            r = await jp_fetch("api", "gpushare", *path.split("/"), method="GET")
+            return json.loads(r.body)
+
+        async def start_kernel(self, name: str = "python3"):
+            r = await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": name}))
+            return json.loads(r.body)["id"]
+
+        async def stop_kernel(self, kernel_id: str):
+            await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+
+        async def kernel(self, kernel_id: str):
+            kernels = (await self.get("kernels"))["kernels"]
+            return next((k for k in kernels if k["kernel_id"] == kernel_id), None)
+
+        async def wait_for(self, predicate, timeout: float = 30.0, what: str = "condition"):
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                value = await predicate()
+                if value:
+                    return value
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"timed out waiting for {what}")
+
+    return Client()
