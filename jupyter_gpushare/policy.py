@@ -73,15 +73,15 @@ def parse_size(value: object, name: str = "size", allow_percent: bool = True) ->
     number, unit = float(m.group(1)), m.group(2).lower()
     if unit == "%":
         if not allow_percent:
-            raise PolicyError(f"{name}: {text!r} is a percentage, but this setting needs an absolute size, e.g. '4GiB'.")
+            raise PolicyError(f"{name}: {text!r} is a percentage, but this setting needs an absolute size, e.g. '640MiB'.")
         if number > 100:
-            raise PolicyError(f"{name}: {text!r} is more than a whole card; use at most '100%'.")
+            raise PolicyError(f"{name}: {text!r} is more than a whole card; use at most '100%', e.g. '25%'.")
         return Size(percent=number)
     if unit not in _UNIT_MIB:
         if unit == "":
             hint = f"add a unit, e.g. '{m.group(1)}MiB' or '{m.group(1)}GiB'"
         else:
-            hint = f"the unit {m.group(2)!r} is not known; use one of {SIZE_EXAMPLES}"
+            hint = f"the unit {m.group(2)!r} is not known; use e.g. {SIZE_EXAMPLES}"
         raise PolicyError(f"{name}: {text!r} is not a size: {hint}.")
     return Size(mib=int(math.floor(number * _UNIT_MIB[unit])))
 

@@ -1,0 +1,176 @@
+"""The SQLite ledger: atomic, FIFO, never overbooks, survives restarts, reclaims the dead."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from jupyter_gpushare.gpu import Card
+from jupyter_gpushare.ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Waiting
+from jupyter_gpushare.policy import Policy, Size
+
+CARDS = [Card(0, "GPU-a", "A", 10240), Card(1, "GPU-b", "B", 10240)]
+POLICY = Policy(context_reserve_mib=512)
+
+
+def req(kid: str, gib: float = 4) -> Request:
+    return Request(kid, Size(mib=int(gib * 1024)))
+
+
+def dead_process() -> ProcessRef:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    ref = ProcessRef.of(proc.pid)
+    proc.wait()
+    return ref
+
+
+def test_reserve_places_best_fit_and_release_frees(tmp_path):
+    ledger = Ledger(tmp_path / "l.sqlite")
+    a = ledger.reserve(req("k1", 6), POLICY, CARDS, wait=False)
+    assert isinstance(a, Lease) and a.reserved_mib == 6 * 1024 + 512
+    b = ledger.reserve(req("k2", 2), POLICY, CARDS, wait=False)
+    assert b.card_uuid == a.card_uuid  # best fit: the fuller card still holds it
+    c = ledger.reserve(req("k3", 6), POLICY, CARDS, wait=False)
+    assert c.card_uuid != a.card_uuid
+    assert ledger.reserve(req("k1", 6), POLICY, CARDS, wait=False) == a  # idempotent
+    assert ledger.release("k1") == a and ledger.release("k1") is None
+    assert ledger.reserved_by_card() == {b.card_uuid: 2560, c.card_uuid: 6656}
+
+
+def test_fifo_queue_order_and_no_jumping(tmp_path):
+    ledger = Ledger(tmp_path / "l.sqlite")
+    cards = CARDS[:1]
+    assert isinstance(ledger.reserve(req("big1", 8), POLICY, cards, wait=False), Lease)
+    w1 = ledger.reserve(req("w1", 4), POLICY, cards, wait=True)
+    w2 = ledger.reserve(req("w2", 1), POLICY, cards, wait=True)
+    assert isinstance(w1, Waiting) and w1.position == 1
+    # w2 would fit in the 1.5 GiB left, but it must not jump ahead of w1
+    assert isinstance(w2, Waiting) and w2.position == 2 and w2.ahead == 1
+    assert isinstance(ledger.reserve(req("now", 1), POLICY, cards, wait=False), Waiting)
+    ledger.release("big1")
+    assert isinstance(ledger.reserve(req("w2", 1), POLICY, cards, wait=True), Waiting)
+    assert isinstance(ledger.reserve(req("w1", 4), POLICY, cards, wait=True), Lease)
+    assert isinstance(ledger.reserve(req("w2", 1), POLICY, cards, wait=True), Lease)
+    assert ledger.waiters() == []
+
+
+def test_waiting_says_what_is_needed_and_free(tmp_path):
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.reserve(req("a", 8), POLICY, CARDS[:1], wait=False)
+    got = ledger.reserve(req("b", 4), POLICY, CARDS[:1], wait=False)
+    assert got.need_mib == 4608 and got.free_mib == 10240 - 8704
+
+
+def test_survives_reopen_and_keeps_live_leases(tmp_path):
+    path = tmp_path / "l.sqlite"
+    ledger = Ledger(path)
+    ledger.reserve(req("k1"), POLICY, CARDS, wait=False)
+    ledger.attach("k1", ProcessRef.me())
+    ledger.close()
+    other = Ledger(path, owner=dead_process())
+    assert [lease.kernel_id for lease in other.leases()] == ["k1"]
+    assert other.reap() == []
+
+
+def test_reclaims_leases_whose_owner_and_kernel_are_gone(tmp_path):
+    path = tmp_path / "l.sqlite"
+    gone_owner = Ledger(path, owner=dead_process())
+    gone_owner.reserve(req("dead"), POLICY, CARDS, wait=False)
+    gone_owner.attach("dead", dead_process())
+    gone_owner.reserve(req("never-started"), POLICY, CARDS, wait=False)
+    gone_owner.reserve(req("orphan-alive"), POLICY, CARDS, wait=False)
+    gone_owner.attach("orphan-alive", ProcessRef.me())
+    gone_owner.reserve(req("w", 20), POLICY, CARDS, wait=True)
+    ledger = Ledger(path)
+    reclaimed = {lease.kernel_id for lease in ledger.reap()}
+    assert reclaimed == {"dead", "never-started"}
+    assert [lease.kernel_id for lease in ledger.leases()] == ["orphan-alive"]
+    assert ledger.waiters() == []
+
+
+def test_pid_reuse_is_not_mistaken_for_the_kernel(tmp_path):
+    me = ProcessRef.me()
+    assert me.alive()
+    assert not ProcessRef(me.pid, me.start - 100).alive()
+
+
+def test_release_owned_except_frees_forgotten_kernels(tmp_path):
+    ledger = Ledger(tmp_path / "l.sqlite")
+    for kid in ("a", "b", "c"):
+        ledger.reserve(req(kid, 1), POLICY, CARDS, wait=False)
+    assert {lease.kernel_id for lease in ledger.release_owned_except({"b"})} == {"a", "c"}
+    assert [lease.kernel_id for lease in ledger.leases()] == ["b"]
+
+
+def test_corrupt_file_is_named_and_left_untouched(tmp_path):
+    path = tmp_path / "l.sqlite"
+    path.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(LedgerError) as e:
+        Ledger(path)
+    assert str(path) in str(e.value) and "left as it is" in str(e.value)
+    assert path.read_bytes() == b"this is not a database" * 100
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "l.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version=99")
+    db.close()
+    with pytest.raises(LedgerError, match="newer jupyter-gpushare"):
+        Ledger(path)
+
+
+def _stress(path: str, seed: int, steps: int, queue) -> None:
+    rng = random.Random(seed)
+    ledger = Ledger(path)
+    cards = CARDS
+    usable = {c.uuid: POLICY.usable_mib(c.total_mib) for c in cards}
+    mine: list[str] = []
+    try:
+        for step in range(steps):
+            if mine and rng.random() < 0.45:
+                ledger.release(mine.pop(rng.randrange(len(mine))))
+            else:
+                kid = f"{seed}-{step}"
+                got = ledger.reserve(Request(kid, Size(mib=rng.choice([512, 1024, 2048, 3072]))), POLICY, cards, wait=False)
+                if isinstance(got, Lease):
+                    mine.append(kid)
+            for uuid, total in ledger.reserved_by_card().items():
+                if total > usable[uuid]:
+                    raise AssertionError(f"step {step}: card {uuid} overbooked: {total} > {usable[uuid]}")
+        queue.put(("ok", seed, len(mine)))
+    except Exception as e:  # report to the parent instead of dying silently
+        queue.put(("error", seed, repr(e)))
+
+
+def test_concurrent_processes_never_overbook(tmp_path):
+    path = str(tmp_path / "stress.sqlite")
+    Ledger(path).close()
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_stress, args=(path, seed, 600, queue)) for seed in range(6)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=240) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    assert all(r[0] == "ok" for r in results), results
+    ledger = Ledger(path)
+    assert len(ledger.leases()) <= sum(r[2] for r in results)
+    # every worker has exited: what they still held is reclaimed (owner gone, no kernel started)
+    ledger.reap()
+    assert ledger.leases() == []
+
+
+def test_ledger_path_that_cannot_be_created(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(LedgerError, match="cannot be used"):
+        Ledger(blocker / "sub" / "l.sqlite")
+    assert os.path.isfile(blocker)
