@@ -53,16 +53,20 @@ class GpuShareProvisioner(LocalProvisioner):
         env = kwargs["env"]
         language = (self.kernel_spec.language or "").lower()
         rec = manager.record(self.kernel_id, self._kernel_name, language)
-        rec.path = env.get("JPY_SESSION_NAME") or rec.path
+        rec.path = self._notebook_path(env.get("JPY_SESSION_NAME")) or rec.path
         keep = self._grant is not None and self._grant.mode == "gpu" and rec.pending_quota is None and rec.lease is not None
         if not keep:
             if self._grant is not None and self._grant.mode == "gpu":
                 await manager.release(self.kernel_id, "quota changed", forget=False)
             try:
                 requested = parse_size(self.quota, f"{self._kernel_name} kernelspec quota") if self.quota else None
+                self._grant = await manager.admit(self.kernel_id, self._kernel_name, language, requested)
             except PolicyError as e:
+                self._forget_failed_start()
                 raise QuotaUnavailable(str(e), status=400) from e
-            self._grant = await manager.admit(self.kernel_id, self._kernel_name, language, requested)
+            except BaseException:
+                self._forget_failed_start()
+                raise
         try:
             env.update(kernel_env(self._grant, self.kernel_id, language == "python", env, report_dir(), manager.max_quota_mib(self._grant)))
         except BaseException:
@@ -75,6 +79,7 @@ class GpuShareProvisioner(LocalProvisioner):
             return await super().launch_kernel(cmd, **kwargs)
         except BaseException:
             await self._release("failed to launch")  # a failed Popen never reaches cleanup()
+            self._forget_failed_start()
             raise
 
     async def post_launch(self, **kwargs: Any) -> None:
@@ -84,6 +89,23 @@ class GpuShareProvisioner(LocalProvisioner):
             # Past the restart limit the server drops the kernel without cleanup(): release then.
             self.parent.add_restart_callback(self._kernel_died, "dead")
             self._watching_death = True
+
+    def _notebook_path(self, session_name: str | None) -> str | None:
+        """The session's notebook, relative to the server's root (as JupyterLab opens it)."""
+        root = getattr(getattr(self.parent, "parent", None), "root_dir", None)
+        if not session_name or not root:
+            return session_name
+        rel = os.path.relpath(session_name, root)
+        return session_name if rel.startswith("..") else rel.replace(os.sep, "/")
+
+    def _forget_failed_start(self) -> None:
+        """jupyter_client keeps a kernel whose start failed in ``_pending_kernels``, and the server's
+        shutdown then fails on it (404). Drop it once the failure has propagated."""
+        multi = getattr(self.parent, "parent", None)
+        pending = getattr(multi, "_pending_kernels", None)
+        if isinstance(pending, dict):
+            kernel_id = self.kernel_id
+            asyncio.get_running_loop().call_soon(lambda: pending.pop(kernel_id, None))
 
     def _kernel_died(self) -> None:
         asyncio.ensure_future(self._release("died past its restart limit"))

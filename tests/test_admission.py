@@ -1,0 +1,252 @@
+"""Admission through a real jupyter-server: queue, timeout, reject, cpu fallback, restarts, deaths.
+
+The simulated card has 10 GiB and no headroom; each Python kernel reserves 4 GiB + 512 MiB, so two
+fit and a third must wait, fall back or be refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+
+import pytest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+
+@pytest.fixture
+def gpushare_config(gpushare_config):
+    return {**gpushare_config, "default_quota": "4GiB", "queue_timeout": 60}
+
+
+async def reserved(gpushare) -> int:
+    return (await gpushare.get("cards"))["cards"][0]["reserved_mib"]
+
+
+async def test_third_kernel_queues_in_fifo_order_and_is_admitted_on_release(gpushare):
+    k1, k2 = await gpushare.start_kernel(), await gpushare.start_kernel()
+    t3 = asyncio.ensure_future(gpushare.start_kernel())
+    queue = await gpushare.wait_for(lambda: _queue_len(gpushare, 1), what="third kernel queued")
+    assert queue[0]["position"] == 1 and queue[0]["mine"] and queue[0]["quota"] == "4 GiB"
+    t4 = asyncio.ensure_future(gpushare.start_kernel())
+    await gpushare.wait_for(lambda: _queue_len(gpushare, 2), what="fourth kernel queued")
+    kernels = (await gpushare.get("kernels"))["kernels"]
+    waiting = sorted((k for k in kernels if k["state"] == "queued"), key=lambda k: k["position"])
+    assert [k["position"] for k in waiting] == [1, 2]
+    assert waiting[0]["need_mib"] == 4608 and waiting[0]["free_mib"] == 10240 - 2 * 4608
+    assert not t3.done() and not t4.done()
+
+    await gpushare.stop_kernel(k1)
+    k3 = await asyncio.wait_for(t3, 20)
+    assert not t4.done()  # the second waiter stays in line
+    assert (await gpushare.kernel(k3))["state"] == "running"
+    events = [e["kind"] for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == k3]
+    assert events[:1] == ["queued"] and "admitted" in events
+
+    await gpushare.stop_kernel(k2)
+    k4 = await asyncio.wait_for(t4, 20)
+    assert (await gpushare.get("queue"))["queue"] == []
+    assert await reserved(gpushare) == 2 * 4608
+    for k in (k3, k4):
+        await gpushare.stop_kernel(k)
+
+
+async def _queue_len(gpushare, n):
+    queue = (await gpushare.get("queue"))["queue"]
+    return queue if len(queue) == n else None
+
+
+
+
+async def _fill_and_try_third(gpushare):
+    ks = [await gpushare.start_kernel(), await gpushare.start_kernel()]
+    with pytest.raises(HTTPClientError) as e:
+        await gpushare.start_kernel()
+    return ks, e.value.code, json.loads(e.value.response.body)["message"]
+
+
+class TestWhenFull:
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config, request):
+        return {**gpushare_config, **request.param}
+
+    @pytest.mark.parametrize("gpushare_config", [{"queue_timeout": 1.0}], indirect=True)
+    async def test_queue_timeout_message(self, gpushare):
+        ks, code, message = await _fill_and_try_third(gpushare)
+        assert code == 503
+        assert "needs 4.5 GiB (quota 4 GiB + 512 MiB CUDA context reserve)" in message
+        assert "most unreserved on any card is 1 GiB" in message and "waited 1 s in the queue" in message
+        assert "Shut down a kernel you no longer use" in message
+        assert (await gpushare.get("queue"))["queue"] == []
+        assert len((await gpushare.get("kernels"))["kernels"]) == 2
+
+    @pytest.mark.parametrize("gpushare_config", [{"on_full": "reject"}], indirect=True)
+    async def test_reject_reaches_the_http_client_at_once(self, gpushare):
+        ks, code, message = await _fill_and_try_third(gpushare)
+        assert code == 503 and "No GPU has room for this kernel: it needs 4.5 GiB" in message
+        assert "waited" not in message
+        kinds = [e["kind"] for e in (await gpushare.get("events"))["events"]]
+        assert kinds.count("reserved") == 2 and kinds.count("refused") == 1
+
+    @pytest.mark.parametrize("gpushare_config", [{"on_full": "cpu"}], indirect=True)
+    async def test_cpu_fallback_starts_without_a_gpu_and_says_so(self, gpushare, jp_serverapp):
+        await gpushare.start_kernel(), await gpushare.start_kernel()
+        k3 = await gpushare.start_kernel()
+        rec = await gpushare.kernel(k3)
+        assert rec["state"] == "cpu" and rec["card"] is None and rec["reserved_mib"] is None
+        assert "No GPU has room" in rec["reason"] and "started without a GPU" in rec["reason"]
+        env = await kernel_env(jp_serverapp, k3)
+        assert env["CUDA_VISIBLE_DEVICES"] == "" and env["GPUSHARE_MODE"] == "cpu"
+        assert await reserved(gpushare) == 2 * 4608
+
+
+async def kernel_env(jp_serverapp, kernel_id: str) -> dict:
+    """The environment of a running kernel, read by running code in it."""
+    client = jp_serverapp.kernel_manager.get_kernel(kernel_id).client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=60)
+        reply = await client.execute_interactive(
+            "import os, json; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith(('GPUSHARE', 'CUDA', 'XLA', 'CUPY', 'TF_'))}))",
+            output_hook=lambda msg: out.append(msg),
+            timeout=60,
+        ) if (out := []) is not None else None
+        assert reply["content"]["status"] == "ok"
+    finally:
+        client.stop_channels()
+    text = "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream")
+    return json.loads(text)
+
+
+async def test_restart_keeps_the_reservation(gpushare, jp_fetch):
+    kid = await gpushare.start_kernel()
+    before = await gpushare.kernel(kid)
+    await jp_fetch("api", "kernels", kid, "restart", method="POST", body="{}")
+    after = await gpushare.kernel(kid)
+    assert after["state"] == "running" and after["card"] == before["card"]
+    assert after["reserved_mib"] == before["reserved_mib"] and after["pid"] != before["pid"]
+    assert await reserved(gpushare) == 4608
+    kinds = [e["kind"] for e in (await gpushare.get("events"))["events"]]
+    assert kinds.count("reserved") == 1 and "released" not in kinds
+
+
+async def test_kernel_killed_once_is_restarted_with_its_reservation(gpushare):
+    kid = await gpushare.start_kernel()
+    pid = (await gpushare.kernel(kid))["pid"]
+    os.kill(pid, signal.SIGKILL)
+    rec = await gpushare.wait_for(lambda: _new_pid(gpushare, kid, pid), timeout=30, what="auto-restart")
+    assert rec["state"] == "running" and await reserved(gpushare) == 4608
+
+
+async def _new_pid(gpushare, kid, old):
+    rec = await gpushare.kernel(kid)
+    return rec if rec and rec["pid"] not in (None, old) else None
+
+
+class TestDeath:
+    @pytest.fixture
+    def jp_server_config(self, jp_server_config):
+        return {**jp_server_config, "KernelRestarter": {"restart_limit": 0, "time_to_dead": 0.5}}
+
+    async def test_kernel_dead_past_its_restart_limit_is_released(self, gpushare, jp_serverapp):
+        kid = await gpushare.start_kernel()
+        os.kill((await gpushare.kernel(kid))["pid"], signal.SIGKILL)
+        await gpushare.wait_for(lambda: _is_zero(gpushare), timeout=30, what="release after death")
+        assert await gpushare.kernel(kid) is None
+        assert kid not in jp_serverapp.kernel_manager.list_kernel_ids()
+        kinds = [(e["kind"], e["message"]) for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == kid]
+        assert ("released", "Released 4.5 GiB (died past its restart limit).") in kinds
+
+
+async def _is_zero(gpushare):
+    return await reserved(gpushare) == 0
+
+
+async def test_quota_change_applies_at_restart(gpushare, jp_fetch):
+    kid = await gpushare.start_kernel()
+    r = await jp_fetch("api", "gpushare", "kernels", kid, method="PATCH", body=json.dumps({"quota": "1GiB"}))
+    assert json.loads(r.body)["pending_quota"] == "1 GiB"
+    assert (await gpushare.kernel(kid))["quota_mib"] == 4096  # not before the restart
+    await jp_fetch("api", "kernels", kid, "restart", method="POST", body="{}")
+    rec = await gpushare.kernel(kid)
+    assert rec["quota_mib"] == 1024 and rec["pending_quota"] is None and rec["state"] == "running"
+    assert await reserved(gpushare) == 1024 + 512
+
+
+@pytest.mark.parametrize(
+    "body, expect",
+    [
+        ("not json", "not JSON"),
+        ('["6GiB"]', "must be a JSON object"),
+        ('{"size": "6GiB"}', 'Send {"quota": "<size>"}'),
+        ('{"quota": "lots"}', "'lots' is not a size"),
+        ('{"quota": "64GiB"}', "does not fit on any card"),
+    ],
+)
+async def test_bad_quota_requests_get_400_with_a_message(gpushare, jp_fetch, body, expect):
+    kid = await gpushare.start_kernel()
+    with pytest.raises(HTTPClientError) as e:
+        await jp_fetch("api", "gpushare", "kernels", kid, method="PATCH", body=body)
+    assert e.value.code == 400 and expect in json.loads(e.value.response.body)["message"]
+
+
+async def test_unknown_kernel_is_404(gpushare, jp_fetch):
+    for method, body in (("GET", None), ("PATCH", '{"quota": "1GiB"}')):
+        with pytest.raises(HTTPClientError) as e:
+            await jp_fetch("api", "gpushare", "kernels", "no-such-kernel", method=method, body=body)
+        assert e.value.code == 404 and "no-such-kernel" in json.loads(e.value.response.body)["message"]
+
+
+async def test_every_endpoint_refuses_unauthenticated_requests(gpushare, jp_base_url, jp_http_port):
+    client = AsyncHTTPClient()
+    for path in ("cards", "kernels", "kernels/x", "queue", "events", "config"):
+        url = f"http://localhost:{jp_http_port}{jp_base_url}api/gpushare/{path}"
+        with pytest.raises(HTTPClientError) as e:
+            await client.fetch(url)
+        assert e.value.code == 403, path
+
+
+async def test_session_kernels_carry_the_notebook_path(gpushare, jp_fetch, jp_root_dir):
+    (jp_root_dir / "work").mkdir()
+    body = {"path": "work/mnist.ipynb", "type": "notebook", "name": "mnist.ipynb", "kernel": {"name": "python3"}}
+    r = await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+    kid = json.loads(r.body)["kernel"]["id"]
+    rec = await gpushare.kernel(kid)
+    assert rec["path"] == "work/mnist.ipynb" and rec["state"] == "running"
+
+
+def _write_kernelspec(data_dir, name: str, language: str = "python", provisioner_config: dict | None = None):
+    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": name, "language": language}
+    if provisioner_config is not None:
+        spec["metadata"] = {"kernel_provisioner": {"provisioner_name": "gpushare-provisioner", "config": provisioner_config}}
+    path = data_dir / "kernels" / name
+    path.mkdir(parents=True)
+    (path / "kernel.json").write_text(json.dumps(spec))
+
+
+class TestKernelspecs:
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config):
+        return {**gpushare_config, "max_quota": "6GiB"}
+
+    @pytest.fixture
+    def specs(self, jp_data_dir):
+        _write_kernelspec(jp_data_dir, "big", provisioner_config={"quota": "8GiB"})
+        _write_kernelspec(jp_data_dir, "small", provisioner_config={"quota": "1GiB"})
+        _write_kernelspec(jp_data_dir, "other-language", language="R")
+
+    async def test_kernelspec_quota_within_and_above_the_maximum(self, specs, gpushare):
+        small = await gpushare.start_kernel("small")
+        assert (await gpushare.kernel(small))["quota_mib"] == 1024
+        with pytest.raises(HTTPClientError) as e:
+            await gpushare.start_kernel("big")
+        message = json.loads(e.value.response.body)["message"]
+        assert e.value.code == 400 and "largest a kernel may have here (6 GiB, GpuShareApp.max_quota)" in message
+
+    async def test_other_languages_reserve_nothing(self, specs, gpushare):
+        kid = await gpushare.start_kernel("other-language")
+        rec = await gpushare.kernel(kid)
+        assert rec["state"] == "none" and rec["reserved_mib"] is None and "reserve no GPU memory" in rec["reason"]
+        assert await reserved(gpushare) == 0
