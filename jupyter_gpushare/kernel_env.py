@@ -23,7 +23,11 @@ def kernel_env(
     if grant.reason:
         env["GPUSHARE_REASON"] = grant.reason
     if python:
+        # The stdlib-only bootstrap (sitecustomize -> _gpushare_boot) runs in the kernel and its children.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), base.get("PYTHONPATH", "")) if p)
+        # The bootstrap marks the kernel's own process by this variable; a value inherited from the
+        # server's environment (a server started from inside another kernel) must not leak in.
+        env["GPUSHARE_ROOT_PID"] = ""
     if grant.mode == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""  # hide every GPU: this kernel holds no reservation
     if grant.mode != "gpu" or grant.lease is None or grant.card is None:

@@ -270,6 +270,10 @@ class QuotaManager:
         if rec is not None and not forget:
             rec.lease = None
         lease = await self._run(self._ledger_call, "release", kernel_id)
+        from .provisioner import report_dir  # the provisioner imports this module
+        from .reports import remove_reports
+
+        await self._run(lambda: remove_reports(report_dir(), kernel_id))
         if lease is not None:
             self._event("released", kernel_id, f"Released {format_mib(lease.reserved_mib)} ({why}).", reserved_mib=lease.reserved_mib)
         elif rec is not None and rec.state == "queued":
@@ -296,12 +300,19 @@ class QuotaManager:
     async def snapshot(self) -> dict[str, Any]:
         """Cards with their reservations, this process's kernels, and the host-wide queue."""
 
-        def read() -> tuple[list[Lease], list]:
-            if self._ledger is None:
-                return [], []
-            return self._ledger.leases(), self._ledger.waiters()
+        from .provisioner import report_dir  # the provisioner imports this module
+        from .reports import read_reports
 
-        leases, waiters = await self._run(read)
+        kernel_ids = list(self.records)
+
+        def read() -> tuple[list[Lease], list, dict[str, Any]]:
+            directory = report_dir()  # the kernels' own reports of their framework caps
+            reports = {kid: read_reports(directory, kid) for kid in kernel_ids}
+            if self._ledger is None:
+                return [], [], reports
+            return self._ledger.leases(), self._ledger.waiters(), reports
+
+        leases, waiters, reports = await self._run(read)
         cards = []
         for card in self.cards:
             mine = [lease for lease in leases if lease.card_uuid == card.uuid]
@@ -331,7 +342,7 @@ class QuotaManager:
             **self.backend.describe(),
             "ledger": {"path": self.ledger_path, "error": self.ledger_error},
             "cards": cards,
-            "kernels": [r.to_dict() for r in self.records.values()],
+            "kernels": [{**r.to_dict(), "frameworks": (reports.get(r.kernel_id) or {}).get("frameworks")} for r in self.records.values()],
             "queue": queue,
         }
 

@@ -1,0 +1,797 @@
+"""Inside the kernel: cap each GPU framework at the kernel's quota when it is imported.
+
+Standard library only, Python >= 3.9: this file runs in kernel environments that may not have
+jupyter-gpushare (or anything else) installed. ``sitecustomize`` calls ``install()`` at interpreter
+start; child processes inherit it through PYTHONPATH.
+
+What it does, all driven by the GPUSHARE_* environment the provisioner set:
+
+- a ``sys.meta_path`` finder wraps the loaders of ``torch``, ``tensorflow``, ``jax`` and ``cupy``, so
+  code runs just before each module executes (set environment knobs the framework reads later) and
+  just after (configure the framework, register its out-of-memory error);
+- nothing here creates a CUDA context: only calls documented not to initialise the GPU are made;
+- any failure in a hook becomes a ``GpuShareWarning``, never an error in the user's import;
+- every process of the kernel that imports a framework (and the kernel process itself, at start)
+  writes ``$GPUSHARE_REPORT_DIR/<kernel id>.<pid>.json`` (temp file + os.replace) saying which
+  frameworks were capped and at what limit, or why not;
+- when a framework's out-of-memory error reaches the notebook (IPython custom exception handler)
+  or the top of a script (chained ``sys.excepthook``), a short note follows the usual traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+import time
+import warnings
+
+__all__ = ["GpuShareWarning", "install", "register", "report", "oom_framework", "oom_note"]
+
+_THIS_FILE = os.path.abspath(__file__)
+_installed = False
+_state: dict = {"frameworks": {}, "warnings": []}
+_started = time.time()
+_lock = threading.RLock()
+MiB = 2**20
+# Oldest torch whose PYTORCH_CUDA_ALLOC_CONF is known to accept per_process_memory_fraction (checked
+# on torch 2.11, see DESIGN.md); older ones reject unknown keys, so they get the deferred call.
+TORCH_ENV_CAP_SINCE = (2, 11)
+
+
+class GpuShareWarning(UserWarning):
+    """A GPU cap could not be applied as asked, or was changed to fit the kernel's quota."""
+
+
+# -- configuration from the environment -----------------------------------------------------------
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _quota_mib() -> int | None:
+    return _env_int("GPUSHARE_QUOTA_MIB")
+
+
+def _fraction() -> float | None:
+    """The quota as a fraction of the card's total memory (what torch and XLA take)."""
+    try:
+        return float(os.environ["GPUSHARE_TORCH_FRACTION"])
+    except (KeyError, ValueError):
+        quota, total = _quota_mib(), _env_int("GPUSHARE_CARD_TOTAL_MIB")
+        return quota / total if quota and total else None
+
+
+def _no_cap_reason() -> str | None:
+    """Why no framework of this process can be capped on a GPU, or None when a cap applies."""
+    mode = os.environ.get("GPUSHARE_MODE", "")
+    reason = os.environ.get("GPUSHARE_REASON", "")
+    if mode == "cpu":
+        return "this kernel runs without a GPU (CUDA_VISIBLE_DEVICES is empty)" + (f": {reason}" if reason else "")
+    if mode != "gpu":
+        return "this kernel has no GPU quota" + (f": {reason}" if reason else "")
+    if _quota_mib() is None:
+        return "GPUSHARE_QUOTA_MIB is missing from the kernel's environment"
+    if os.environ.get("GPUSHARE_SIMULATED") == "1":
+        return "the card is simulated: CUDA_VISIBLE_DEVICES is empty, so no GPU is visible"
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return "CUDA_VISIBLE_DEVICES is empty, so no GPU is visible"
+    return None
+
+
+def _check_visible_devices() -> None:
+    card = os.environ.get("GPUSHARE_CARD_UUID")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if card and visible not in (None, "", card):
+        _warn(
+            f"CUDA_VISIBLE_DEVICES was changed to {visible!r}; this kernel's quota is reserved on {card} only. "
+            "Work on other cards is not reserved and may fail when a neighbour needs the memory."
+        )
+
+
+# -- warnings and the report ---------------------------------------------------------------------
+
+
+def _user_stacklevel() -> int:
+    """A stacklevel pointing at the first frame outside this file and the import machinery."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        internal = "importlib" in name and "_bootstrap" in name  # frames warnings.warn skips itself
+        if name != _THIS_FILE and not internal:
+            return level
+        frame = frame.f_back
+        level += 0 if internal else 1
+    return 1
+
+
+def _warn(message: str) -> None:
+    with _lock:
+        if message not in _state["warnings"]:
+            _state["warnings"].append(message)
+            del _state["warnings"][:-50]
+    try:
+        warnings.warn(f"jupyter-gpushare: {message}", GpuShareWarning, stacklevel=_user_stacklevel())
+    except Exception:
+        pass
+
+
+def _set(framework: str, capped: bool, detail: str, limit_mib: int | None = None, version: str | None = None) -> None:
+    entry = {"capped": bool(capped), "limit_mib": limit_mib if capped else None, "detail": detail}
+    if version:
+        entry["version"] = version
+    with _lock:
+        _state["frameworks"][framework] = entry
+    _write_report()
+
+
+def report() -> dict:
+    """This process's report, as written to the report directory."""
+    with _lock:
+        root = os.environ.get("GPUSHARE_ROOT_PID")
+        return {
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "kernel_id": os.environ.get("GPUSHARE_KERNEL_ID"),
+            "root": root == str(os.getpid()),
+            "started": _started,
+            "time": time.time(),
+            "mode": os.environ.get("GPUSHARE_MODE"),
+            "quota_mib": _quota_mib(),
+            "frameworks": {k: dict(v) for k, v in _state["frameworks"].items()},
+            "warnings": list(_state["warnings"]),
+        }
+
+
+def _write_report() -> None:
+    directory, kernel_id = os.environ.get("GPUSHARE_REPORT_DIR"), os.environ.get("GPUSHARE_KERNEL_ID")
+    if not directory or not kernel_id:
+        return
+    pid = os.getpid()
+    final = os.path.join(directory, f"{kernel_id}.{pid}.json")
+    tmp = os.path.join(directory, f".{kernel_id}.{pid}.{threading.get_ident()}.tmp")
+    try:
+        data = json.dumps(report())
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(data)
+        os.replace(tmp, final)
+    except Exception as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        with _lock:
+            note = f"could not write the cap report to {directory}: {e}"
+            if note not in _state["warnings"]:
+                _state["warnings"].append(note)
+
+
+# -- post-import hooks -------------------------------------------------------------------------------
+
+
+class _HookedLoader:
+    """Runs the real loader, with our code just before and just after the module executes."""
+
+    def __init__(self, loader, name: str, finder: _Finder):
+        self._loader, self._name, self._finder = loader, name, finder
+
+    def __getattr__(self, attr):
+        return getattr(self._loader, attr)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        # The module's own code sees its real loader.
+        module.__loader__ = self._loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
+        pre, post = self._finder.take(self._name)
+        for fn in pre:
+            _guarded(fn, self._name, module)
+        self._loader.exec_module(module)
+        for fn in post:
+            _guarded(fn, self._name, sys.modules.get(self._name, module))
+
+
+def _guarded(fn, name: str, module) -> None:
+    try:
+        fn(module)
+    except Exception as e:
+        _warn(f"the {name} hook failed ({type(e).__name__}: {e}); {name} was imported without it")
+
+
+class _Finder:
+    """A ``sys.meta_path`` finder (``find_spec`` only) that wraps the loaders of hooked modules."""
+
+    def __init__(self) -> None:
+        self._pre: dict[str, list] = {}
+        self._post: dict[str, list] = {}
+        self._busy = threading.local()
+
+    def add(self, name: str, pre=None, post=None) -> None:
+        with _lock:
+            if pre is not None:
+                self._pre.setdefault(name, []).append(pre)
+            if post is not None:
+                self._post.setdefault(name, []).append(post)
+
+    def take(self, name: str) -> tuple[list, list]:
+        with _lock:
+            return self._pre.pop(name, []), self._post.pop(name, [])
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self._pre and fullname not in self._post:
+            return None
+        busy = self._busy.__dict__.setdefault("names", set())
+        if fullname in busy:
+            return None
+        busy.add(fullname)
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            busy.discard(fullname)
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec  # namespace package or legacy loader: leave it alone
+        spec.loader = _HookedLoader(spec.loader, fullname, self)
+        return spec
+
+
+_finder = _Finder()
+
+
+def register(name: str, pre=None, post=None) -> None:
+    """Run ``pre(module)`` just before module ``name`` executes and ``post(module)`` just after.
+
+    Each runs once. If the module is already imported, ``post`` runs now and ``pre`` never.
+    Exceptions in either become a GpuShareWarning.
+    """
+    if name in sys.modules:
+        if post is not None:
+            _guarded(post, name, sys.modules[name])
+        return
+    _finder.add(name, pre, post)
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+# -- PyTorch ---------------------------------------------------------------------------------------
+
+_torch_plan: dict = {}
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def _torch_build(module) -> tuple[str | None, str | None]:
+    """torch's version and CUDA version, read from torch/version.py before torch is imported."""
+    for folder in getattr(getattr(module, "__spec__", None), "submodule_search_locations", None) or []:
+        try:
+            with open(os.path.join(folder, "version.py"), encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.M)
+        cuda = re.search(r"^cuda(?:\s*:[^=]*)?=\s*['\"]([^'\"]+)", text, re.M)
+        return (version.group(1) if version else None, cuda.group(1) if cuda else None)
+    return None, None
+
+
+def merge_alloc_conf(existing: str, fraction: str) -> tuple[str, str | None]:
+    """``existing`` allocator config with ``per_process_memory_fraction`` at most ``fraction``.
+
+    Returns the new value and, when the user had asked for more, a message saying it was lowered.
+    """
+    parts = [p.strip() for p in existing.split(",") if p.strip()]
+    out, note, found = [], None, False
+    for part in parts:
+        key, _, value = part.partition(":")
+        if key.strip() != "per_process_memory_fraction":
+            out.append(part)
+            continue
+        found = True
+        try:
+            keep = 0 < float(value) <= float(fraction)
+        except ValueError:
+            keep = False
+        if keep:
+            out.append(part)
+        else:
+            out.append(f"per_process_memory_fraction:{fraction}")
+            note = f"per_process_memory_fraction:{value.strip()} in the allocator config was lowered to this kernel's quota ({fraction} of the card)"
+    if not found:
+        out.append(f"per_process_memory_fraction:{fraction}")
+    return ",".join(out), note
+
+
+def _torch_pre(module) -> None:
+    _torch_plan.clear()
+    version, cuda = _torch_build(module)
+    _torch_plan.update(version=version, cuda=cuda)
+    if _no_cap_reason() or cuda is None or version is None:
+        return
+    fraction = os.environ.get("GPUSHARE_TORCH_FRACTION") or f"{_fraction():.6f}"
+    if _version_tuple(version) < TORCH_ENV_CAP_SINCE:
+        _torch_plan["method"] = "lazy"
+        return
+    # PYTORCH_CUDA_ALLOC_CONF wins over PYTORCH_ALLOC_CONF; extend the one torch will read.
+    name = (
+        "PYTORCH_ALLOC_CONF"
+        if "PYTORCH_ALLOC_CONF" in os.environ and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+        else "PYTORCH_CUDA_ALLOC_CONF"
+    )
+    value, note = merge_alloc_conf(os.environ.get(name, ""), fraction)
+    os.environ[name] = value
+    if note:
+        _warn(note)
+    _torch_plan.update(method="env", variable=name, fraction=fraction)
+
+
+def _torch_post(torch) -> None:
+    version = getattr(torch, "__version__", None) or _torch_plan.get("version")
+    version = str(version) if version else None
+    _register_oom_type(getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None))
+    reason = _no_cap_reason()
+    if reason:
+        return _set("torch", False, f"not capped: {reason}", version=version)
+    if getattr(torch.version, "cuda", None) is None:
+        return _set(
+            "torch", False, "not capped: this PyTorch is a CPU-only build, it cannot use the GPU", version=version
+        )
+    quota = _quota_mib()
+    method = _torch_plan.get("method", "lazy")
+    if method == "env" and not torch.cuda.is_initialized():
+        text = f"{_torch_plan['variable']} per_process_memory_fraction:{_torch_plan['fraction']} (of the card's total memory)"
+        return _set("torch", True, text, quota, version)
+
+    def apply() -> None:
+        props = torch.cuda.get_device_properties(0)
+        fraction = min(1.0, quota * MiB / props.total_memory)
+        torch.cuda.set_per_process_memory_fraction(fraction, 0)
+        _set(
+            "torch",
+            True,
+            f"torch.cuda.set_per_process_memory_fraction({fraction:.4f}) at CUDA initialisation",
+            quota,
+            version,
+        )
+
+    if torch.cuda.is_initialized():  # only if something initialised CUDA before torch finished importing
+        apply()
+        return None
+    lazy = getattr(torch.cuda, "_lazy_call", None)
+    if lazy is None:
+        return _set(
+            "torch", False, "not capped: this torch has no torch.cuda._lazy_call to defer the cap", version=version
+        )
+    lazy(apply)
+    text = f"torch.cuda.set_per_process_memory_fraction, deferred to CUDA initialisation (torch {version} has no per_process_memory_fraction allocator setting)"
+    return _set("torch", True, text, quota, version)
+
+
+# -- TensorFlow -------------------------------------------------------------------------------------
+
+_tf_capped_devices: list = []
+
+
+def _drop_async_allocator() -> None:
+    if os.environ.get("TF_GPU_ALLOCATOR", "").strip() == "cuda_malloc_async":
+        del os.environ["TF_GPU_ALLOCATOR"]
+        _warn(
+            "TF_GPU_ALLOCATOR=cuda_malloc_async was unset: that allocator ignores a logical device's memory_limit, "
+            "so TensorFlow could take memory past this kernel's quota. TensorFlow uses its default (BFC) allocator."
+        )
+
+
+def _tf_pre(module) -> None:
+    if not _no_cap_reason():
+        _drop_async_allocator()
+
+
+def clamp_logical_devices(configs: list, quota_mib: int) -> tuple[list, str | None]:
+    """Scale GPU logical-device memory limits down so that together they fit in ``quota_mib``.
+
+    ``configs`` are ``tf.config.LogicalDeviceConfiguration`` (named tuples). A limit left out gets
+    an equal share of the quota. Returns the new list and a message when anything was changed.
+    """
+    n = len(configs)
+    if n == 0:
+        return configs, None
+    asked = [c.memory_limit for c in configs]
+    if any(a is None for a in asked):
+        share = max(1, quota_mib // n)
+        out = [c if c.memory_limit is not None else c._replace(memory_limit=share) for c in configs]
+        fixed, note = clamp_logical_devices(out, quota_mib)
+        return (
+            fixed,
+            note
+            or f"logical GPU devices without memory_limit were given {share} MiB each (this kernel's quota is {quota_mib} MiB)",
+        )
+    total = sum(asked)
+    if total <= quota_mib:
+        return configs, None
+    out = [c._replace(memory_limit=max(1, int(c.memory_limit * quota_mib // total))) for c in configs]
+    new = [c.memory_limit for c in out]
+    return out, (
+        f"the logical GPU device configuration asked for {total} MiB ({', '.join(map(str, asked))}); "
+        f"it was lowered to {sum(new)} MiB ({', '.join(map(str, new))}) to fit this kernel's quota of {quota_mib} MiB"
+    )
+
+
+def _tf_post(tf) -> None:
+    version = str(getattr(tf, "__version__", "")) or None
+    try:
+        from tensorflow.python.framework import errors_impl
+
+        _register_oom_type(errors_impl.ResourceExhaustedError)
+    except Exception:
+        pass
+    config = tf.config
+    gpus = config.list_physical_devices("GPU")  # enumerates devices; does not initialise the runtime
+    reason = _no_cap_reason()
+    if not gpus:
+        why = reason or "no GPU is visible to TensorFlow"
+        built = getattr(getattr(tf, "test", None), "is_built_with_cuda", None)
+        if built is not None and not built():
+            why += " (this TensorFlow is built without CUDA)"
+        return _set("tensorflow", False, f"not capped: {why}", version=version)
+    if reason:
+        return _set("tensorflow", False, f"not capped: {reason}", version=version)
+    _drop_async_allocator()
+    quota = _quota_mib()
+    make = config.LogicalDeviceConfiguration
+    try:
+        for gpu in gpus:
+            config.set_logical_device_configuration(gpu, [make(memory_limit=quota)])
+    except RuntimeError as e:
+        _warn(
+            f"the GPU memory cap could not be applied: TensorFlow was initialised before the hook ({e}); TensorFlow may take most of the card"
+        )
+        return _set("tensorflow", False, "cap not applied: TensorFlow was initialised before the hook", version=version)
+    _tf_capped_devices[:] = list(gpus)
+    _wrap_tf_config(config, quota)
+    many = f" on each of {len(gpus)} visible GPUs" if len(gpus) > 1 else ""
+    return _set(
+        "tensorflow",
+        True,
+        f"logical GPU device with memory_limit={quota} MiB{many}; memory grows within it (TF_FORCE_GPU_ALLOW_GROWTH)",
+        quota,
+        version,
+    )
+
+
+def _wrap_tf_config(config, quota: int) -> None:
+    """Keep the cap when the notebook configures GPUs itself, as plain TensorFlow notebooks do."""
+    experimental = config.experimental
+    make = config.LogicalDeviceConfiguration
+
+    def wrap_logical(original):
+        if getattr(original, "_gpushare", False):
+            return original
+
+        def set_logical_device_configuration(device, logical_devices):
+            if getattr(device, "device_type", None) == "GPU" and device in _tf_capped_devices:
+                if logical_devices is None:
+                    logical_devices = [make(memory_limit=quota)]
+                    _warn(
+                        f"the GPU's logical device configuration was kept at memory_limit={quota} MiB (this kernel's quota), not removed"
+                    )
+                else:
+                    logical_devices, note = clamp_logical_devices(list(logical_devices), quota)
+                    if note:
+                        _warn(note)
+                        _set(
+                            "tensorflow",
+                            True,
+                            f"notebook's logical GPU devices clamped to {quota} MiB in total",
+                            quota,
+                            _state["frameworks"].get("tensorflow", {}).get("version"),
+                        )
+            return original(device, logical_devices)
+
+        set_logical_device_configuration._gpushare = True
+        set_logical_device_configuration.__doc__ = original.__doc__
+        return set_logical_device_configuration
+
+    def wrap_growth(original):
+        if getattr(original, "_gpushare", False):
+            return original
+
+        def set_memory_growth(device, enable):
+            try:
+                return original(device, enable)
+            except ValueError as e:
+                # Our logical device already grows within the quota (TF_FORCE_GPU_ALLOW_GROWTH=true);
+                # TensorFlow refuses growth on a device with logical devices, so this is a no-op.
+                if device in _tf_capped_devices and "virtual devices" in str(e):
+                    return None
+                raise
+
+        set_memory_growth._gpushare = True
+        set_memory_growth.__doc__ = original.__doc__
+        return set_memory_growth
+
+    for owner, name in (
+        (config, "set_logical_device_configuration"),
+        (experimental, "set_virtual_device_configuration"),
+    ):
+        if hasattr(owner, name):
+            setattr(owner, name, wrap_logical(getattr(owner, name)))
+    if hasattr(experimental, "set_memory_growth"):
+        experimental.set_memory_growth = wrap_growth(experimental.set_memory_growth)
+
+
+# -- JAX --------------------------------------------------------------------------------------------
+
+
+def _jax_pre(module) -> None:
+    if _no_cap_reason():
+        return
+    fraction = _fraction()
+    if os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower() == "platform":
+        del os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"]
+        _warn("XLA_PYTHON_CLIENT_ALLOCATOR=platform was unset: that allocator has no memory cap")
+    for name in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        value = os.environ.get(name)
+        try:
+            ok = value is not None and 0 < float(value) <= fraction + 1e-9
+        except ValueError:
+            ok = False
+        if not ok:
+            os.environ[name] = f"{fraction:.6f}"
+            if value is not None:
+                _warn(f"{name}={value} was lowered to {fraction:.6f}, this kernel's quota as a fraction of the card")
+
+
+def _jax_gpu_plugin() -> bool:
+    import importlib.util
+
+    for name in ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"):
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except (ImportError, ValueError):
+            continue
+    return False
+
+
+def _jax_post(jax) -> None:
+    version = str(getattr(jax, "__version__", "")) or None
+    errors = getattr(jax, "errors", None)
+    cls = getattr(errors, "JaxRuntimeError", None)
+    if cls is None:
+        try:
+            from jaxlib.xla_extension import XlaRuntimeError as cls
+        except Exception:
+            cls = None
+    _register_oom_type(cls)
+    reason = _no_cap_reason()
+    if reason:
+        return _set("jax", False, f"not capped: {reason}", version=version)
+    platforms = os.environ.get("JAX_PLATFORMS", os.environ.get("JAX_PLATFORM_NAME", ""))
+    if platforms and "cuda" not in platforms and "gpu" not in platforms:
+        return _set("jax", False, f"not capped: JAX_PLATFORMS={platforms}, JAX does not use the GPU", version=version)
+    if not _jax_gpu_plugin():
+        return _set(
+            "jax", False, "not capped: this JAX has no CUDA plugin (jax[cuda]), it runs on the CPU", version=version
+        )
+    fraction = os.environ.get("XLA_CLIENT_MEM_FRACTION")
+    preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").strip().lower() not in ("false", "0")
+    grows = "taken at first use (XLA_PYTHON_CLIENT_PREALLOCATE)" if preallocate else "grows on demand up to it"
+    text = f"XLA_CLIENT_MEM_FRACTION={fraction} of the card's total memory; the pool {grows}"
+    return _set("jax", True, text, _quota_mib(), version)
+
+
+# -- CuPy -------------------------------------------------------------------------------------------
+
+
+def _cupy_limit_bytes(value: str) -> int | None:
+    value = value.strip()
+    try:
+        if value.endswith("%"):
+            total = _env_int("GPUSHARE_CARD_TOTAL_MIB")
+            return int(float(value[:-1]) / 100 * total * MiB) if total else None
+        return int(float(value))
+    except ValueError:
+        return None
+
+
+def _cupy_pre(module) -> None:
+    if _no_cap_reason():
+        return
+    cap = _quota_mib() * MiB
+    value = os.environ.get("CUPY_GPU_MEMORY_LIMIT")
+    asked = _cupy_limit_bytes(value) if value is not None else None
+    if not asked or asked > cap:  # 0 means unlimited to CuPy
+        os.environ["CUPY_GPU_MEMORY_LIMIT"] = str(cap)
+        if value is not None:
+            _warn(f"CUPY_GPU_MEMORY_LIMIT={value} was lowered to {cap} bytes, this kernel's quota")
+
+
+def _cupy_post(cupy) -> None:
+    version = str(getattr(cupy, "__version__", "")) or None
+    try:
+        from cupy.cuda.memory import OutOfMemoryError
+
+        _register_oom_type(OutOfMemoryError)
+    except Exception:
+        pass
+    reason = _no_cap_reason()
+    if reason:
+        return _set("cupy", False, f"not capped: {reason}", version=version)
+    limit = os.environ.get("CUPY_GPU_MEMORY_LIMIT")
+    return _set(
+        "cupy", True, f"CUPY_GPU_MEMORY_LIMIT={limit} bytes (CuPy's default memory pool)", _quota_mib(), version
+    )
+
+
+# -- out-of-memory note -------------------------------------------------------------------------------
+
+_oom_types: list = []
+_ip_previous: dict = {}
+_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow", "jax": "JAX", "cupy": "CuPy", "jaxlib": "JAX"}
+
+
+def oom_framework(exc: BaseException | None) -> str | None:
+    """The framework ('torch', 'tensorflow', 'jax', 'cupy') whose out-of-memory error ``exc`` is (or wraps)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        for cls in type(exc).__mro__:
+            top = (getattr(cls, "__module__", "") or "").split(".")[0]
+            if cls.__name__ == "OutOfMemoryError" and top in ("torch", "cupy", "cupy_backends"):
+                return "cupy" if top.startswith("cupy") else "torch"
+            if cls.__name__ == "ResourceExhaustedError" and top == "tensorflow":
+                return "tensorflow"
+            if cls.__name__ in ("XlaRuntimeError", "JaxRuntimeError") and "RESOURCE_EXHAUSTED" in str(exc):
+                return "jax"
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def _in_use_mib(framework: str) -> int | None:
+    """What the framework's allocator holds now, where it can tell without side effects."""
+    try:
+        if framework == "torch":
+            torch = sys.modules["torch"]
+            if torch.cuda.is_initialized():
+                return torch.cuda.memory_reserved(0) // MiB
+        elif framework == "cupy":
+            return sys.modules["cupy"].get_default_memory_pool().total_bytes() // MiB
+        elif framework == "jax":
+            for device in sys.modules["jax"].local_devices():
+                if device.platform == "gpu":
+                    stats = device.memory_stats() or {}
+                    return stats.get("bytes_in_use", 0) // MiB
+        elif framework == "tensorflow":
+            tf = sys.modules["tensorflow"]
+            if tf.config.list_physical_devices("GPU"):
+                return tf.config.experimental.get_memory_info("GPU:0")["current"] // MiB
+    except Exception:
+        return None
+    return None
+
+
+def oom_note(framework: str) -> str:
+    """The note shown after a framework's out-of-memory traceback."""
+    name = _NAMES.get(framework, framework)
+    quota, most = _quota_mib(), _env_int("GPUSHARE_MAX_QUOTA_MIB")
+    reason = _no_cap_reason()
+    lines = [f"[jupyter-gpushare] {name} ran out of memory."]
+    if quota is not None and os.environ.get("GPUSHARE_MODE") == "gpu":
+        card = os.environ.get("GPUSHARE_CARD_NAME") or "its GPU"
+        used = _in_use_mib(framework)
+        held = f"; {name} holds {used} MiB of it now" if used is not None else ""
+        lines.append(f"This kernel's GPU memory quota is {quota} MiB on {card}{held}.")
+        if reason:
+            lines.append(f"(No GPU cap applies in this process: {reason}.)")
+    else:
+        lines.append(f"This kernel has no GPU memory quota: {reason or 'no GPU reservation'}.")
+    free = {
+        "torch": "del tensors you no longer need, then torch.cuda.empty_cache()",
+        "cupy": "del arrays you no longer need, then cupy.get_default_memory_pool().free_all_blocks()",
+        "jax": "del arrays you no longer need (and jax.clear_caches())",
+        "tensorflow": "del tensors and models you no longer need (tf.keras.backend.clear_session())",
+    }.get(framework, "free what you no longer need")
+    larger = "restart the kernel with a larger quota"
+    if most:
+        larger += f" (at most {most} MiB on this server)"
+    lines.append(f"What to do: use a smaller batch or model; {free}; or {larger}.")
+    return "\n".join(lines)
+
+
+def _print_note(exc: BaseException) -> None:
+    framework = oom_framework(exc)
+    if framework:
+        sys.stderr.write("\n" + oom_note(framework) + "\n")
+        sys.stderr.flush()
+
+
+def _ipython_handler(shell, etype, value, tb, tb_offset=None):
+    previous = _ip_previous.get(id(shell))
+    if previous and issubclass(etype, previous[0]) and not issubclass(etype, tuple(_oom_types)):
+        return previous[1](etype, value, tb, tb_offset=tb_offset)
+    shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+    try:
+        _print_note(value)
+    except Exception:
+        pass
+    return None
+
+
+_ipython_handler._gpushare = True
+
+
+def _install_ipython_handler() -> None:
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None)
+    shell = get() if get else None
+    if shell is None or not hasattr(shell, "set_custom_exc"):
+        return
+    current = tuple(getattr(shell, "custom_exceptions", ()) or ())
+    ours = getattr(getattr(shell, "CustomTB", None), "__func__", None)
+    if current and id(shell) not in _ip_previous and not getattr(ours, "_gpushare", False):
+        _ip_previous[id(shell)] = (current, shell.CustomTB)  # someone else's handler: chain to it
+    previous = _ip_previous.get(id(shell), ((), None))[0]
+    shell.set_custom_exc(tuple(dict.fromkeys(_oom_types + list(previous))), _ipython_handler)
+    # set_custom_exc wraps the handler: mark the wrapper so a second call knows it is ours
+    shell.CustomTB.__func__._gpushare = True
+
+
+def _excepthook(etype, value, tb):
+    _previous_excepthook(etype, value, tb)
+    try:
+        _print_note(value)
+    except Exception:
+        pass
+
+
+_previous_excepthook = sys.excepthook
+
+
+def _register_oom_type(cls) -> None:
+    global _previous_excepthook
+    if cls is None or cls in _oom_types:
+        return
+    _oom_types.append(cls)
+    try:
+        _install_ipython_handler()
+    except Exception as e:
+        _warn(f"the out-of-memory note could not be set up in IPython: {e}")
+    if sys.excepthook is not _excepthook:
+        _previous_excepthook, sys.excepthook = sys.excepthook, _excepthook
+
+
+# -- start ------------------------------------------------------------------------------------------
+
+
+def install() -> bool:
+    """Install the framework hooks for this process (once). False when this is not a gpushare kernel."""
+    global _installed
+    if _installed or not os.environ.get("GPUSHARE_KERNEL_ID"):
+        return _installed
+    _installed = True
+    if not os.environ.get("GPUSHARE_ROOT_PID"):  # the kernel process; its children inherit the variable
+        os.environ["GPUSHARE_ROOT_PID"] = str(os.getpid())
+    if not _no_cap_reason():
+        _check_visible_devices()
+    register("torch", _torch_pre, _torch_post)
+    register("tensorflow", _tf_pre, _tf_post)
+    register("jax", _jax_pre, _jax_post)
+    register("cupy", _cupy_pre, _cupy_post)
+    if os.environ.get("GPUSHARE_ROOT_PID") == str(os.getpid()):
+        _write_report()  # the kernel process says at once that its bootstrap runs
+    return True
