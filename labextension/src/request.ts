@@ -1,0 +1,54 @@
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+/** An error from the /api/gpushare/ endpoints, with the server's message. */
+export class GpuShareError extends Error {
+  constructor(
+    message: string,
+    readonly status: number | null
+  ) {
+    super(message);
+  }
+
+  /** The server extension is not installed or not enabled. */
+  get missing(): boolean {
+    return this.status === 404;
+  }
+}
+
+/**
+ * Call the jupyter-gpushare REST API (token, XSRF and base URL through
+ * ServerConnection.makeRequest). Rejects with GpuShareError.
+ */
+export async function requestAPI<T>(
+  endPoint: string,
+  settings: ServerConnection.ISettings,
+  init: RequestInit = {}
+): Promise<T> {
+  const url = URLExt.join(settings.baseUrl, 'api', 'gpushare', endPoint);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new GpuShareError(
+      `The Jupyter server cannot be reached (${(error as Error).message ?? error}).`,
+      null
+    );
+  }
+  const text = await response.text();
+  let data: any = null;
+  if (text.length > 0) {
+    try {
+      data = JSON.parse(text);
+    } catch {
+      data = null;
+    }
+  }
+  if (!response.ok) {
+    const message =
+      (data && (data.message || data.reason)) ||
+      `${response.status} ${response.statusText}`;
+    throw new GpuShareError(message, response.status);
+  }
+  return data as T;
+}

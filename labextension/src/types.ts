@@ -1,0 +1,104 @@
+/**
+ * Shapes of the /api/gpushare/ replies (jupyter_gpushare/api/openapi.yaml).
+ *
+ * Fields marked "sampler" come from the NVML usage sampler; they are absent or
+ * null until it measures them, and the UI then says "usage not measured yet".
+ */
+
+export interface ICardRef {
+  index: number;
+  uuid: string;
+  name: string;
+  total_mib: number;
+  simulated: boolean;
+}
+
+export interface ICard extends ICardRef {
+  usable_mib: number;
+  reserved_mib: number;
+  unreserved_mib: number;
+  kernels: number;
+  allowed: boolean;
+  // sampler
+  used_mib?: number | null;
+  used_by_kernels_mib?: number | null;
+  used_by_others_mib?: number | null;
+  free_mib?: number | null;
+  utilization?: number | null;
+}
+
+export interface ICardsReply {
+  backend: 'nvml' | 'simulated' | 'none' | string;
+  simulated: boolean;
+  reason?: string | null;
+  ledger?: { path?: string; error?: string | null };
+  cards: ICard[];
+}
+
+export interface IFramework {
+  capped: boolean;
+  limit_mib?: number | null;
+  detail?: string;
+}
+
+export type KernelState =
+  | 'starting'
+  | 'queued'
+  | 'running'
+  | 'near_quota'
+  | 'over_quota'
+  | 'idle'
+  | 'cpu'
+  | 'none';
+
+export interface IKernel {
+  kernel_id: string;
+  kernel_name: string;
+  path?: string | null;
+  language: string;
+  user: string;
+  state: KernelState | string;
+  quota?: string | null;
+  pending_quota?: string | null;
+  quota_mib?: number | null;
+  reserve_mib?: number | null;
+  reserved_mib?: number | null;
+  card?: ICardRef | null;
+  position?: number | null;
+  need_mib?: number | null;
+  free_mib?: number | null;
+  waited_s?: number | null;
+  reason?: string | null;
+  pid?: number | null;
+  since?: number;
+  // sampler
+  frameworks?: { [name: string]: IFramework } | null;
+  used_mib?: number | null;
+  peak_mib?: number | null;
+  utilization?: number | null;
+}
+
+export interface IQueueEntry {
+  position: number;
+  kernel_id?: string | null;
+  mine: boolean;
+  quota: string;
+  waited_s: number;
+}
+
+export interface IEvent {
+  time: number;
+  kind: string;
+  kernel_id?: string | null;
+  message: string;
+  [figure: string]: unknown;
+}
+
+export interface IConfig {
+  default_quota?: string;
+  max_quota?: string | null;
+  context_reserve_mib?: number;
+  card_headroom?: string;
+  on_full?: 'queue' | 'cpu' | 'reject' | string;
+  queue_timeout_s?: number | null;
+}
