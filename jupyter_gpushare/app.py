@@ -9,7 +9,7 @@ import os
 from jupyter_client.provisioning import KernelProvisionerFactory
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Dict, Enum, Float, List, Unicode, default
+from traitlets import Dict, Enum, Float, List, TraitError, Unicode, default
 from traitlets.config import Config
 
 from .gpu import open_backend
@@ -133,12 +133,23 @@ class GpuShareApp(ExtensionApp):
         backend = open_backend(self.gpu_backend, self.simulated_cards)
         return QuotaManager(policy, backend, self.ledger_path, log=self.log)
 
+    def _link_jupyter_server_extension(self, serverapp) -> None:
+        # jupyter_server only logs a warning when an extension's config cannot be loaded, and would
+        # then run kernels without quotas. A bad quota config must stop the server instead.
+        try:
+            super()._link_jupyter_server_extension(serverapp)
+        except (TraitError, ValueError) as e:
+            self._fail(str(e))
+
+    def _fail(self, why: str) -> None:
+        self.log.critical("jupyter-gpushare cannot start: %s", why)
+        raise SystemExit(f"jupyter-gpushare: bad configuration: {why}")
+
     def initialize_settings(self) -> None:
         try:
             manager = self.build_manager()
         except PolicyError as e:
-            self.log.critical("jupyter-gpushare cannot start: %s", e)
-            raise SystemExit(f"jupyter-gpushare: bad configuration: {e}") from e
+            self._fail(str(e))
         QuotaManager.install(manager)
         self.settings["gpushare_manager"] = manager
         self._make_default_provisioner()
