@@ -14,6 +14,7 @@ leases of a live owner are released by that owner (see manager.py).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import time
@@ -29,6 +30,7 @@ from .policy import CardView, Policy, Size
 
 SCHEMA_VERSION = 1
 WAITER_STALE_S = 30.0  # a waiter not heard from for this long has been abandoned
+ALIVE_CACHE_S = 1.0  # how long a "still running" answer is trusted (a gone process stays gone)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -169,8 +171,13 @@ class Ledger:
     def __init__(self, path: str | os.PathLike, owner: ProcessRef | None = None):
         self.path = Path(path)
         self.owner = owner or ProcessRef.me()
+        self._alive_until: dict[ProcessRef, float] = {}
+        self._dead: set[ProcessRef] = set()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Writers queue on a flock (the kernel wakes the next one at once) rather than on
+            # SQLite's busy handler, which polls with growing sleeps and can starve a writer.
+            self._lock = open(self.path.with_name(self.path.name + ".lock"), "a+")
             self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -198,16 +205,21 @@ class Ledger:
 
     def close(self) -> None:
         self._db.close()
+        self._lock.close()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        finally:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -313,18 +325,33 @@ class Ledger:
         with self._tx() as db:
             return self._reap(db, time.time())
 
+    def _alive(self, proc: ProcessRef) -> bool:
+        if proc == self.owner:
+            return True
+        if proc in self._dead:
+            return False
+        now = time.monotonic()
+        if self._alive_until.get(proc, 0) > now:
+            return True
+        if proc.alive():
+            self._alive_until[proc] = now + ALIVE_CACHE_S
+            return True
+        self._alive_until.pop(proc, None)
+        self._dead.add(proc)
+        return False
+
     def _reap(self, db: sqlite3.Connection, now: float) -> list[Lease]:
         dead = []
         for row in db.execute("SELECT * FROM leases").fetchall():
             lease = _lease(row)
-            if lease.owner == self.owner or lease.owner.alive():
+            if self._alive(lease.owner):
                 continue
-            if lease.kernel is None or not lease.kernel.alive():
+            if lease.kernel is None or not self._alive(lease.kernel):
                 dead.append(lease)
         db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in dead])
         for row in db.execute("SELECT * FROM waiters").fetchall():
             owner = ProcessRef(row["owner_pid"], row["owner_start"])
-            if now - row["heartbeat"] > WAITER_STALE_S or (owner != self.owner and not owner.alive()):
+            if now - row["heartbeat"] > WAITER_STALE_S or not self._alive(owner):
                 db.execute("DELETE FROM waiters WHERE ticket=?", (row["ticket"],))
         return dead
 
