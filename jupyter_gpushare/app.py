@@ -12,10 +12,11 @@ from jupyter_server.extension.application import ExtensionApp
 from traitlets import Dict, Enum, Float, List, TraitError, Unicode, default
 from traitlets.config import Config
 
+from .enforce import IDLE_ACTIONS, OVER_QUOTA_ACTIONS, EnforcePolicy
 from .gpu import open_backend
 from .manager import QuotaManager
 from .policy import ON_FULL_CHOICES, Policy, PolicyError, parse_size
-
+from .sampler import MIN_INTERVAL_S
 
 PROVISIONER_NAME = "gpushare-provisioner"
 
@@ -106,6 +107,54 @@ class GpuShareApp(ExtensionApp):
         help="Seconds between checks that release the reservations of kernels that are gone. Default: 10.",
     )
 
+    sample_interval = Float(
+        1.0,
+        config=True,
+        help="Seconds between two readings of GPU use (NVML) by the sampler thread; the API, /metrics and the "
+        f"over-quota and idle policies see one reading per interval. Default: 1. Values below {MIN_INTERVAL_S} are "
+        f"raised to {MIN_INTERVAL_S}.",
+    )
+    near_quota_threshold = Float(
+        0.9,
+        config=True,
+        help="Fraction of its reservation (quota + context_reserve) at which a kernel is warned that it nears its "
+        "quota (state 'near_quota', event 'near-quota'). Default: 0.9. 0 = no such warning.",
+    )
+    over_quota_grace = Float(
+        30.0,
+        config=True,
+        help="Seconds a kernel may stay over its reservation (its processes' GPU memory, measured by NVML, passes "
+        "quota + context_reserve) before over_quota_action is taken. Default: 30. 0 = at the first reading.",
+    )
+    over_quota_action = Enum(
+        list(OVER_QUOTA_ACTIONS),
+        default_value="restart",
+        config=True,
+        help="What happens to a kernel over its reservation for over_quota_grace seconds: 'notify' = an event only; "
+        "'interrupt' = interrupt the running cell (frameworks usually keep their memory cached); 'restart' = restart "
+        "the kernel, keeping its reservation; 'shutdown' = shut it down and release it. Default: 'restart'.",
+    )
+    idle_timeout = Float(
+        3600.0,
+        config=True,
+        help="Seconds after which a kernel that holds a GPU reservation, shows 0% GPU use and runs no cell is "
+        "warned that it is idle (state 'idle', event 'idle'). Default: 3600 (1 hour). 0 = no idle policy.",
+    )
+    idle_action = Enum(
+        list(IDLE_ACTIONS),
+        default_value="warn",
+        config=True,
+        help="What happens to an idle kernel (idle_timeout): 'warn' = an event and the 'idle' state only; "
+        "'shutdown' = shut it down idle_shutdown_delay seconds after the warning, giving its memory back. "
+        "Default: 'warn'.",
+    )
+    idle_shutdown_delay = Float(
+        600.0,
+        config=True,
+        help="Seconds between the idle warning and the shutdown, when idle_action = 'shutdown'; any activity in "
+        "between cancels it. Default: 600.",
+    )
+
     @default("ledger_path")
     def _default_ledger_path(self) -> str:
         return os.path.join(jupyter_data_dir(), "gpushare", "ledger.sqlite")
@@ -113,18 +162,23 @@ class GpuShareApp(ExtensionApp):
     def build_policy(self) -> Policy:
         """The parsed rules; PolicyError names the trait and the bad value."""
         if self.queue_timeout < 0:
-            raise PolicyError(f"GpuShareApp.queue_timeout: {self.queue_timeout!r} is negative; use seconds, e.g. 600, or 0 for no limit.")
+            raise PolicyError(
+                f"GpuShareApp.queue_timeout: {self.queue_timeout!r} is negative; use seconds, e.g. 600, or 0 for no limit."
+            )
         default_quota = parse_size(self.default_quota, "GpuShareApp.default_quota")
         if default_quota.is_zero:
             raise PolicyError("GpuShareApp.default_quota: '0' gives Python kernels no GPU; use e.g. '4GiB'.")
         return Policy(
             default_quota=default_quota,
             max_quota=parse_size(self.max_quota, "GpuShareApp.max_quota") if self.max_quota else None,
-            context_reserve_mib=parse_size(self.context_reserve, "GpuShareApp.context_reserve", allow_percent=False).mib or 0,
+            context_reserve_mib=parse_size(self.context_reserve, "GpuShareApp.context_reserve", allow_percent=False).mib
+            or 0,
             headroom=parse_size(self.card_headroom, "GpuShareApp.card_headroom"),
             on_full=self.on_full,
             queue_timeout_s=self.queue_timeout or float("inf"),
-            kernel_quotas={k: parse_size(v, f"GpuShareApp.kernel_quotas[{k!r}]") for k, v in self.kernel_quotas.items()},
+            kernel_quotas={
+                k: parse_size(v, f"GpuShareApp.kernel_quotas[{k!r}]") for k, v in self.kernel_quotas.items()
+            },
             cards=tuple(self.cards),
         )
 
@@ -152,14 +206,42 @@ class GpuShareApp(ExtensionApp):
             self._fail(str(e))
         QuotaManager.install(manager)
         self.settings["gpushare_manager"] = manager
+        self._make_sampler(manager)
         self._make_default_provisioner()
         info = manager.backend.describe()
         if manager.backend.simulated:
-            self.log.warning("jupyter-gpushare: SIMULATED cards %s (no real GPU memory).", [c.total_mib for c in manager.cards])
+            self.log.warning(
+                "jupyter-gpushare: SIMULATED cards %s (no real GPU memory).", [c.total_mib for c in manager.cards]
+            )
         elif not manager.cards:
             self.log.warning("jupyter-gpushare: no GPU (%s). Kernels start without one.", info["reason"])
         else:
-            self.log.info("jupyter-gpushare: cards %s; ledger %s", [f"{c.index}:{c.name}" for c in manager.cards], self.ledger_path)
+            self.log.info(
+                "jupyter-gpushare: cards %s; ledger %s",
+                [f"{c.index}:{c.name}" for c in manager.cards],
+                self.ledger_path,
+            )
+
+    def _make_sampler(self, manager: QuotaManager) -> None:
+        """The sampler thread (started with the server) and the policies it feeds."""
+        from .enforce import Enforcer
+        from .sampler import Sampler
+
+        try:
+            policy = self.build_enforce_policy()
+        except PolicyError as e:
+            self._fail(str(e))
+        if self.sample_interval < MIN_INTERVAL_S:
+            self.log.warning(
+                "GpuShareApp.sample_interval %s is below %s s; using %s s.",
+                self.sample_interval,
+                MIN_INTERVAL_S,
+                MIN_INTERVAL_S,
+            )
+        enforcer = Enforcer(manager, self.serverapp.kernel_manager, policy, log=self.log)
+        sampler = Sampler(manager, self.sample_interval, on_sample=enforcer.on_sample, log=self.log)
+        self.settings["gpushare_sampler"] = sampler
+        self.settings["gpushare_enforcer"] = enforcer
 
     def _make_default_provisioner(self) -> None:
         """Give every kernel without a provisioner stanza ours, unless the admin chose another.
@@ -173,7 +255,9 @@ class GpuShareApp(ExtensionApp):
             if kpf.default_provisioner_name != PROVISIONER_NAME:
                 self.log.warning(
                     "jupyter-gpushare: the default kernel provisioner is %r, so kernels get no GPU quota unless "
-                    "their kernelspec names %r.", kpf.default_provisioner_name, PROVISIONER_NAME
+                    "their kernelspec names %r.",
+                    kpf.default_provisioner_name,
+                    PROVISIONER_NAME,
                 )
             return
         kpf.default_provisioner_name = PROVISIONER_NAME
@@ -183,8 +267,32 @@ class GpuShareApp(ExtensionApp):
 
         self.handlers.extend(handlers)
 
+    def build_enforce_policy(self) -> EnforcePolicy:
+        """The over-quota and idle rules; PolicyError names the trait and the bad value."""
+        for name in ("near_quota_threshold", "over_quota_grace", "idle_timeout", "idle_shutdown_delay"):
+            if getattr(self, name) < 0:
+                raise PolicyError(f"GpuShareApp.{name}: {getattr(self, name)!r} is negative.")
+        if self.near_quota_threshold > 1:
+            raise PolicyError(
+                f"GpuShareApp.near_quota_threshold: {self.near_quota_threshold!r} is a fraction of the reservation, e.g. 0.9."
+            )
+        return EnforcePolicy(
+            near_ratio=self.near_quota_threshold,
+            over_grace_s=self.over_quota_grace,
+            over_action=self.over_quota_action,
+            idle_timeout_s=self.idle_timeout,
+            idle_action=self.idle_action,
+            idle_shutdown_delay_s=self.idle_shutdown_delay,
+        )
+
     async def _start_jupyter_server_extension(self, serverapp) -> None:
+        from . import metrics
+
         self._reconcile_task = asyncio.ensure_future(self._reconcile_forever())
+        sampler = self.settings["gpushare_sampler"]
+        sampler.loop = asyncio.get_running_loop()
+        metrics.install(sampler, self.settings["gpushare_enforcer"])
+        sampler.start()
 
     async def _reconcile_forever(self) -> None:
         manager = self.settings["gpushare_manager"]
@@ -201,6 +309,13 @@ class GpuShareApp(ExtensionApp):
         task = getattr(self, "_reconcile_task", None)
         if task:
             task.cancel()
+        sampler = self.settings.get("gpushare_sampler")
+        if sampler is not None:
+            from . import metrics
+
+            metrics.uninstall(sampler)
+            sampler.stop()
+            await self.settings["gpushare_enforcer"].close()
 
 
 def build_manager(config: Config, log: logging.Logger | None = None) -> QuotaManager:

@@ -10,6 +10,7 @@ from tornado import web
 
 from .manager import QuotaManager
 from .policy import PolicyError, parse_size
+from .sampler import UsageSnapshot, card_view, kernel_view
 
 API = r"/api/gpushare"
 AUTH_RESOURCE = "gpushare"
@@ -22,12 +23,23 @@ class GpuShareHandler(APIHandler):
     def manager(self) -> QuotaManager:
         return self.settings["gpushare_manager"]
 
+    @property
+    def usage(self) -> UsageSnapshot:
+        """The sampler's latest snapshot (an empty one before the first tick)."""
+        sampler = self.settings.get("gpushare_sampler")
+        return sampler.snapshot if sampler is not None else UsageSnapshot()
+
+    def kernel(self, rec) -> dict:
+        """A kernel record with its measured use and policy state, from the cached snapshot."""
+        enforcer = self.settings.get("gpushare_enforcer")
+        return kernel_view(rec.to_dict(), self.usage, enforcer.states.get(rec.kernel_id) if enforcer else None)
+
     def json_body(self) -> dict:
         """The request body as a JSON object, or a 400 that says what is wrong with it."""
         try:
             body = json.loads(self.request.body or b"null")
         except ValueError as e:
-            raise web.HTTPError(400, f"The request body is not JSON ({e}). Send e.g. {{\"quota\": \"6GiB\"}}.") from e
+            raise web.HTTPError(400, f'The request body is not JSON ({e}). Send e.g. {{"quota": "6GiB"}}.') from e
         if not isinstance(body, dict):
             raise web.HTTPError(400, 'The request body must be a JSON object, e.g. {"quota": "6GiB"}.')
         return body
@@ -37,16 +49,18 @@ class CardsHandler(GpuShareHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        snap = await self.manager.snapshot()
-        self.finish({k: snap[k] for k in ("backend", "simulated", "reason", "ledger", "cards")})
+        snap = await self.manager.snapshot()  # reservations as the ledger has them now
+        usage = self.usage
+        reply = {k: snap[k] for k in ("backend", "simulated", "reason", "ledger")}
+        self.finish({**reply, "cards": [card_view(c, usage) for c in snap["cards"]], "sampler": usage.status()})
 
 
 class KernelsHandler(GpuShareHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        snap = await self.manager.snapshot()
-        self.finish({"kernels": snap["kernels"]})
+        # Served from memory: the records as they are now, with the last reading of their use.
+        self.finish({"kernels": [self.kernel(rec) for rec in list(self.manager.records.values())]})
 
 
 class KernelHandler(GpuShareHandler):
@@ -59,7 +73,7 @@ class KernelHandler(GpuShareHandler):
     @web.authenticated
     @authorized
     async def get(self, kernel_id: str) -> None:
-        self.finish(self._record(kernel_id).to_dict())
+        self.finish(self.kernel(self._record(kernel_id)))
 
     @web.authenticated
     @authorized
@@ -68,12 +82,14 @@ class KernelHandler(GpuShareHandler):
         body = self.json_body()
         unknown = set(body) - {"quota"}
         if unknown or "quota" not in body:
-            raise web.HTTPError(400, f'Send {{"quota": "<size>"}}, e.g. {{"quota": "6GiB"}}; got fields {sorted(body)}.')
+            raise web.HTTPError(
+                400, f'Send {{"quota": "<size>"}}, e.g. {{"quota": "6GiB"}}; got fields {sorted(body)}.'
+            )
         try:
             rec = self.manager.request_quota(kernel_id, parse_size(body["quota"], "quota"))
         except PolicyError as e:
             raise web.HTTPError(400, str(e)) from e
-        self.finish(rec.to_dict())
+        self.finish(self.kernel(rec))
 
 
 class QueueHandler(GpuShareHandler):

@@ -157,6 +157,15 @@ class QuotaManager:
         self.events.append({"time": time.time(), "kind": kind, "kernel_id": kernel_id, "message": message, **figures})
         self.log.info("gpushare %s %s: %s", kind, kernel_id or "", message)
 
+    def event(self, kind: str, kernel_id: str | None, message: str, **figures: Any) -> None:
+        """Record an event for the API (``/api/gpushare/events``) and the log, with the figures behind it."""
+        self._event(kind, kernel_id, message, **figures)
+
+    def usage_targets(self) -> list[tuple[str, int | None, str | None]]:
+        """(kernel id, root pid, card uuid) of every kernel record; safe to call from any thread."""
+        records = self.records.copy()  # one C-level copy: no iteration over a dict being changed
+        return [(kid, rec.pid, rec.card.uuid if rec.card else None) for kid, rec in records.items()]
+
     def record(self, kernel_id: str, kernel_name: str = "", language: str = "") -> KernelRecord:
         rec = self.records.get(kernel_id)
         if rec is None:

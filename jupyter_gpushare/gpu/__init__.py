@@ -5,10 +5,22 @@ from __future__ import annotations
 import logging
 
 from ..policy import PolicyError, parse_size
-from .base import Card, GpuBackend, GpuUnavailable, NoGpuBackend
+from .base import Card, DeviceSample, GpuBackend, GpuUnavailable, NoGpuBackend, ProcessSample
+from .fake import FakeNvml
 from .simulated import SimulatedBackend
 
-__all__ = ["Card", "GpuBackend", "GpuUnavailable", "NoGpuBackend", "SimulatedBackend", "open_backend", "parse_simulated_cards"]
+__all__ = [
+    "Card",
+    "DeviceSample",
+    "FakeNvml",
+    "GpuBackend",
+    "ProcessSample",
+    "GpuUnavailable",
+    "NoGpuBackend",
+    "SimulatedBackend",
+    "open_backend",
+    "parse_simulated_cards",
+]
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 class GpuUnavailable(RuntimeError):
@@ -24,6 +24,36 @@ class Card:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class ProcessSample:
+    """One process that holds memory on a card, as the driver reports it.
+
+    ``used_mib`` is None when the driver does not say (WDDM, some MIG set-ups); ``utilization`` is the
+    process's SM use in percent over the last interval, 0 when the driver has no sample for it, and
+    None when the card cannot report it at all.
+    """
+
+    pid: int
+    used_mib: int | None
+    utilization: float | None = 0.0
+    kind: str = "compute"  # compute | graphics | compute+graphics
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """One reading of one card. A figure the driver could not give is None, never a guess."""
+
+    card: Card
+    total_mib: int | None = None
+    used_mib: int | None = None
+    free_mib: int | None = None
+    utilization: float | None = None
+    processes: tuple[ProcessSample, ...] = ()
+    mig: bool = False
+    lost: bool = False  # the driver says the card fell off the bus (GpuIsLost)
+    errors: dict[str, str] = field(default_factory=dict)  # field -> why it is not available
+
+
 class GpuBackend(ABC):
     """A source of cards (and, for the sampler, of per-process use)."""
 
@@ -35,7 +65,19 @@ class GpuBackend(ABC):
     def cards(self) -> list[Card]:
         """The cards of this host. Raises GpuUnavailable when they cannot be read."""
 
-    def close(self) -> None:
+    def sample(self) -> list[DeviceSample]:
+        """Memory, utilisation and processes of every card (called from the sampler thread only).
+
+        Raises GpuUnavailable when nothing can be read at all; a card or a field that cannot be read
+        comes back as None figures with the reason in ``errors``. Backends that measure nothing
+        return the cards with their capacity only.
+        """
+        return [
+            DeviceSample(card=c, total_mib=c.total_mib, errors={"memory": f"{self.kind} backend does not measure use"})
+            for c in self.cards()
+        ]
+
+    def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing
         """Release the library handle, if any."""
 
     def describe(self) -> dict:

@@ -1,39 +1,75 @@
-"""NVML backend through nvidia-ml-py (module ``pynvml``): lazy init, every NVMLError handled."""
+"""NVML backend through nvidia-ml-py (module ``pynvml``): lazy init, every NVMLError handled.
+
+Every driver call goes through ``_query``, which turns any NVMLError into "not available" for the
+one figure it was asked for (nvitop's ``nvmlQuery(..., default=NA)`` is the model), so a card that
+cannot report its utilisation still reports its memory, and a lost card does not stop the others.
+The library is a parameter, so the same code runs on the fake NVML of ``fake.py`` in tests.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any, Callable
 
-from .base import Card, GpuBackend, GpuUnavailable
+from .base import Card, DeviceSample, GpuBackend, GpuUnavailable, ProcessSample
+
+MIB = 2**20
+NVML_GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
+NVML_NOT_FOUND = 6  # NVML_ERROR_NOT_FOUND: no utilisation samples since the timestamp
+NVML_MIG_ENABLED = 1
+UTIL_WINDOW_S = 5.0  # at most this far back on the first utilisation query of a card
 
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _mib(value: object) -> int | None:
+    """Bytes to MiB; None for NVML's "not available" (None from pynvml, or the raw all-ones value)."""
+    if value is None or not isinstance(value, int) or value < 0 or value >= 2**63:
+        return None
+    return value // MIB
+
+
+class _Lost(Exception):
+    """Internal: the card answered GpuIsLost; stop asking it anything this tick."""
+
+
 class NvmlBackend(GpuBackend):
     kind = "nvml"
 
-    def __init__(self) -> None:
+    def __init__(self, library: Any = None) -> None:
         self._lock = threading.Lock()
+        self._library = library  # a pynvml-like module; None = import pynvml on first use
         self._nvml = None
+        self._handles: dict[int, Any] = {}
+        self._cards: list[Card] | None = None
+        self._util_seen: dict[int, int] = {}  # card index -> last utilisation sample time (µs)
 
     def _init(self):
         """Import and initialise NVML once; GpuUnavailable with the reason if it cannot be."""
         with self._lock:
             if self._nvml is not None:
                 return self._nvml
+            nv = self._library
+            if nv is None:
+                try:
+                    import pynvml as nv
+                except ImportError as e:  # nvidia-ml-py is a dependency; this is a broken install
+                    raise GpuUnavailable(f"The NVML bindings (nvidia-ml-py) cannot be imported: {e}.") from e
             try:
-                import pynvml
-            except ImportError as e:  # nvidia-ml-py is a dependency; this is a broken install
-                raise GpuUnavailable(f"The NVML bindings (nvidia-ml-py) cannot be imported: {e}.") from e
-            try:
-                pynvml.nvmlInit()
-            except pynvml.NVMLError as e:
-                self.reason = f"NVML could not start ({e}): no NVIDIA driver is loaded on this host, or it cannot be reached."
+                nv.nvmlInit()
+            except nv.NVMLError as e:
+                self.reason = (
+                    f"NVML could not start ({e}): no NVIDIA driver is loaded on this host, or it cannot be reached."
+                )
                 raise GpuUnavailable(self.reason) from e
-            self._nvml = pynvml
-            return pynvml
+            self._nvml = nv
+            return nv
+
+    def _make_card(self, index: int, uuid: str, name: str, total_mib: int) -> Card:
+        return Card(index=index, uuid=uuid, name=name, total_mib=total_mib)
 
     def cards(self) -> list[Card]:
         nv = self._init()
@@ -47,11 +83,130 @@ class NvmlBackend(GpuBackend):
                 handle = nv.nvmlDeviceGetHandleByIndex(i)
                 uuid = _text(nv.nvmlDeviceGetUUID(handle))
                 name = _text(nv.nvmlDeviceGetName(handle))
-                total = nv.nvmlDeviceGetMemoryInfo(handle).total // 2**20
+                total = nv.nvmlDeviceGetMemoryInfo(handle).total // MIB
             except nv.NVMLError:
                 continue  # a lost or inaccessible card is not schedulable
-            cards.append(Card(index=i, uuid=uuid, name=name, total_mib=int(total)))
-        return cards
+            self._handles[i] = handle
+            cards.append(self._make_card(i, uuid, name, int(total)))
+        self._cards = cards
+        return list(cards)
+
+    # -- sampling (sampler thread only) ------------------------------------------------------------
+
+    def _query(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        default: Any = None,
+        errors: dict | None = None,
+        name: str = "",
+        **kw: Any,
+    ) -> Any:
+        """``fn(*args)``, or ``default`` with the reason in ``errors[name]`` on any NVMLError.
+
+        Raises _Lost when the card is gone, so the caller stops querying it.
+        """
+        nv = self._nvml
+        try:
+            return fn(*args, **kw)
+        except nv.NVMLError as e:
+            if getattr(e, "value", None) == NVML_GPU_IS_LOST:
+                raise _Lost(str(e)) from e
+            if errors is not None and name:
+                errors[name] = str(e) or type(e).__name__
+            return default
+
+    def sample(self) -> list[DeviceSample]:
+        nv = self._init()
+        cards = self._cards if self._cards is not None else self.cards()
+        return [self._sample_card(nv, card) for card in cards]
+
+    def _sample_card(self, nv: Any, card: Card) -> DeviceSample:
+        errors: dict[str, str] = {}
+        try:
+            handle = self._handles.get(card.index)
+            if handle is None:
+                handle = self._query(nv.nvmlDeviceGetHandleByIndex, card.index, errors=errors, name="card")
+                if handle is None:
+                    return DeviceSample(card=card, errors=errors)
+                self._handles[card.index] = handle
+            mig = self._query(nv.nvmlDeviceGetMigMode, handle, default=[0, 0])[0] == NVML_MIG_ENABLED
+            mem = self._query(
+                nv.nvmlDeviceGetMemoryInfo, handle, version=nv.nvmlMemory_v2, errors=errors, name="memory"
+            )
+            if mem is None:  # drivers before r510 have only the v1 call (its "used" includes reserved memory)
+                mem = self._query(nv.nvmlDeviceGetMemoryInfo, handle, errors=errors, name="memory")
+                if mem is not None:
+                    errors.pop("memory", None)
+            rates = self._query(nv.nvmlDeviceGetUtilizationRates, handle, errors=errors, name="utilization")
+            processes = self._processes(nv, handle, card.index, mig, errors)
+        except _Lost as e:
+            self._handles.pop(card.index, None)
+            return DeviceSample(
+                card=card, lost=True, errors={"card": f"The GPU is lost ({e}); it needs a reset or a reboot."}
+            )
+        return DeviceSample(
+            card=card,
+            total_mib=_mib(getattr(mem, "total", None)),
+            used_mib=_mib(getattr(mem, "used", None)),
+            free_mib=_mib(getattr(mem, "free", None)),
+            utilization=float(rates.gpu) if rates is not None else None,
+            processes=processes,
+            mig=mig,
+            errors=errors,
+        )
+
+    def _processes(self, nv: Any, handle: Any, index: int, mig: bool, errors: dict) -> tuple[ProcessSample, ...]:
+        compute = self._query(nv.nvmlDeviceGetComputeRunningProcesses, handle, errors=errors, name="processes")
+        graphics = self._query(nv.nvmlDeviceGetGraphicsRunningProcesses, handle, default=[])  # often NotSupported
+        if compute is None:
+            return ()
+        found: dict[int, tuple[int | None, str]] = {}
+        for kind, procs in (("compute", compute), ("graphics", graphics)):
+            for p in procs:
+                used = _mib(getattr(p, "usedGpuMemory", None))
+                if p.pid in found:  # a process with both contexts is listed twice with the same memory
+                    prev, prev_kind = found[p.pid]
+                    found[p.pid] = (
+                        max(prev or 0, used or 0) if prev is not None or used is not None else None,
+                        f"{prev_kind}+{kind}",
+                    )
+                else:
+                    found[p.pid] = (used, kind)
+        util = self._process_utilization(nv, handle, index, mig, errors) if found else {}
+        return tuple(
+            ProcessSample(pid=pid, used_mib=used, kind=kind, utilization=None if util is None else util.get(pid, 0.0))
+            for pid, (used, kind) in found.items()
+        )
+
+    def _process_utilization(
+        self, nv: Any, handle: Any, index: int, mig: bool, errors: dict
+    ) -> dict[int, float] | None:
+        """SM percent per pid over the samples since the last call; {} = no samples (all idle).
+
+        None when the card cannot report it (MIG instances, old GPUs): then per-process utilisation
+        is "not available", not 0.
+        """
+        if mig:
+            errors["process_utilization"] = "Not reported per process on MIG instances."
+            return None
+        since = self._util_seen.get(index) or int((time.time() - UTIL_WINDOW_S) * 1e6)
+        try:
+            samples = nv.nvmlDeviceGetProcessUtilization(handle, since)
+        except nv.NVMLError as e:
+            if getattr(e, "value", None) == NVML_NOT_FOUND:
+                return {}  # no process ran on the card since `since`
+            if getattr(e, "value", None) == NVML_GPU_IS_LOST:
+                raise _Lost(str(e)) from e
+            errors["process_utilization"] = str(e) or type(e).__name__
+            return None
+        per_pid: dict[int, list[float]] = {}
+        latest = since
+        for s in samples:
+            per_pid.setdefault(s.pid, []).append(float(s.smUtil))
+            latest = max(latest, int(s.timeStamp))
+        self._util_seen[index] = latest
+        return {pid: sum(v) / len(v) for pid, v in per_pid.items()}
 
     def close(self) -> None:
         with self._lock:
@@ -61,3 +216,4 @@ class NvmlBackend(GpuBackend):
                 except self._nvml.NVMLError:
                     pass
                 self._nvml = None
+                self._handles.clear()

@@ -1,24 +1,28 @@
-"""Simulated cards, for machines without a GPU: the quota flow can be tried, no memory is real."""
+"""Simulated cards, for machines without a GPU: the quota flow can be tried, no memory is real.
+
+They are the NVML backend over the fake NVML of ``fake.py``: tests (and demos) add processes to
+``backend.fake`` and the sampler, the API and the UI show their use like a real card's.
+"""
 
 from __future__ import annotations
 
-from .base import Card, GpuBackend
+from .base import Card
+from .fake import FakeNvml
+from .nvml import NvmlBackend
 
 SIMULATED_NAME = "Simulated GPU (no real memory)"
 
 
-class SimulatedBackend(GpuBackend):
+class SimulatedBackend(NvmlBackend):
     """Cards of the given sizes in MiB. Labelled as simulated in every card and API reply."""
 
     kind = "simulated"
     simulated = True
 
     def __init__(self, sizes_mib: list[int], reason: str | None = None):
-        self._cards = [
-            Card(index=i, uuid=f"GPU-simulated-{i}", name=SIMULATED_NAME, total_mib=size, simulated=True)
-            for i, size in enumerate(sizes_mib)
-        ]
+        self.fake = FakeNvml(sizes_mib, name=SIMULATED_NAME, uuid_prefix="GPU-simulated-")
+        super().__init__(library=self.fake)
         self.reason = reason or "Simulated cards were configured (GpuShareApp.gpu_backend = 'simulated')."
 
-    def cards(self) -> list[Card]:
-        return list(self._cards)
+    def _make_card(self, index: int, uuid: str, name: str, total_mib: int) -> Card:
+        return Card(index=index, uuid=uuid, name=name, total_mib=total_mib, simulated=True)

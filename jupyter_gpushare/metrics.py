@@ -1,0 +1,128 @@
+"""Prometheus metrics on the server's /metrics, read from the sampler's snapshot at scrape time.
+
+jupyter_server serves prometheus_client's default registry at /metrics. One collector is
+registered per process; it reads whichever sampler is current, so label sets exist only for the
+cards and kernels of the latest snapshot (a kernel that is gone has no series any more).
+Sizes are in bytes and utilisation is a 0-1 ratio, as Prometheus naming asks.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import REGISTRY, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+MIB = 2**20
+_lock = threading.Lock()
+_collector: GpuShareCollector | None = None
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"gpushare_{name}", doc, labels=labels)
+
+
+class GpuShareCollector(Collector):
+    """Turns the current snapshot into gauges; holds no figures of its own."""
+
+    def __init__(self) -> None:
+        self.sampler: Any = None
+        self.enforcer: Any = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        sampler = self.sampler
+        if sampler is None:
+            return
+        snap = sampler.snapshot
+        card_labels = ["card", "uuid"]
+        g = {
+            "total": _gauge("card_memory_total_bytes", "GPU memory of the card", card_labels),
+            "reserved": _gauge(
+                "card_memory_reserved_bytes", "GPU memory reserved by kernels (all servers of the host)", card_labels
+            ),
+            "used": _gauge("card_memory_used_bytes", "GPU memory in use (NVML)", card_labels),
+            "kernels": _gauge(
+                "card_memory_used_by_kernels_bytes", "GPU memory used by this server's kernels", card_labels
+            ),
+            "others": _gauge("card_memory_used_by_others_bytes", "GPU memory used by every other process", card_labels),
+            "free": _gauge("card_memory_free_bytes", "Free GPU memory (NVML)", card_labels),
+            "util": _gauge("card_utilization_ratio", "GPU utilisation, 0-1", card_labels),
+        }
+        reserved = {c["uuid"]: c.get("reserved_mib") for c in snap.quota.get("cards", [])}
+        for uuid, c in snap.cards.items():
+            labels = [str(c.index), uuid]
+            for key, value in (
+                ("total", c.total_mib),
+                ("reserved", reserved.get(uuid)),
+                ("used", c.used_mib),
+                ("kernels", c.used_by_kernels_mib),
+                ("others", c.used_by_others_mib),
+                ("free", c.free_mib),
+            ):
+                if value is not None:
+                    g[key].add_metric(labels, value * MIB)
+            if c.utilization is not None:
+                g["util"].add_metric(labels, c.utilization / 100)
+        yield from g.values()
+
+        klabels = ["kernel_id", "card"]
+        k = {
+            "used": _gauge("kernel_memory_used_bytes", "GPU memory used by the kernel's process tree", klabels),
+            "peak": _gauge(
+                "kernel_memory_peak_bytes", "Highest GPU memory use of the kernel since it (re)started", klabels
+            ),
+            "reserved": _gauge(
+                "kernel_memory_reserved_bytes", "The kernel's reservation (quota + context reserve)", klabels
+            ),
+            "quota": _gauge("kernel_memory_quota_bytes", "The kernel's framework quota", klabels),
+            "util": _gauge("kernel_utilization_ratio", "SM utilisation of the kernel's processes, 0-1", klabels),
+            "over": _gauge("kernel_over_quota", "1 when the kernel uses more than its reservation", klabels),
+            "idle": _gauge(
+                "kernel_idle", "1 when the kernel holds a reservation and has been idle past the idle timeout", klabels
+            ),
+        }
+        states = dict(self.enforcer.states) if self.enforcer is not None else {}
+        quota = {kernel["kernel_id"]: kernel for kernel in snap.quota.get("kernels", [])}
+        for kid, usage in snap.kernels.items():
+            kernel = quota.get(kid, {})
+            labels = [kid, str(kernel["card"]["index"]) if kernel.get("card") else ""]
+            for key, value in (
+                ("used", usage.used_mib),
+                ("peak", usage.peak_mib),
+                ("reserved", kernel.get("reserved_mib")),
+                ("quota", kernel.get("quota_mib")),
+            ):
+                if value is not None:
+                    k[key].add_metric(labels, value * MIB)
+            if usage.utilization is not None:
+                k["util"].add_metric(labels, usage.utilization / 100)
+            k["over"].add_metric(labels, 1.0 if states.get(kid) == "over_quota" else 0.0)
+            k["idle"].add_metric(labels, 1.0 if states.get(kid) == "idle" else 0.0)
+        yield from k.values()
+
+        s = _gauge("sampler_tick_seconds", "Duration of the last sampler tick", [])
+        s.add_metric([], snap.tick_ms / 1000)
+        yield s
+        a = _gauge("gpu_measured", "1 when GPU use is being measured, 0 when not (no GPU, NVML error)", [])
+        a.add_metric([], 0.0 if snap.error else 1.0)
+        yield a
+
+
+def install(sampler: Any, enforcer: Any = None) -> GpuShareCollector:
+    """Point the process-wide collector at this server's sampler (registering it once)."""
+    global _collector
+    with _lock:
+        if _collector is None:
+            _collector = GpuShareCollector()
+            REGISTRY.register(_collector)
+        _collector.sampler, _collector.enforcer = sampler, enforcer
+        return _collector
+
+
+def uninstall(sampler: Any) -> None:
+    """Stop reporting this sampler (the collector stays registered and reports nothing)."""
+    with _lock:
+        if _collector is not None and _collector.sampler is sampler:
+            _collector.sampler = _collector.enforcer = None

@@ -1,0 +1,398 @@
+"""Background sampling of GPU use into a cached, immutable snapshot.
+
+One thread per server reads every card (memory, utilisation, processes) through the GPU backend,
+maps GPU processes to this server's kernels through each kernel's process tree, and swaps in a new
+``UsageSnapshot``. Request handlers, the metrics collector and the enforcer only read it: nothing
+of NVML or psutil runs on the Tornado IOLoop.
+
+Attribution walks up from each GPU process (there are few) to a kernel's root process, instead of
+down from every kernel (a full /proc scan per kernel). Processes are known by (pid, create_time),
+so a reused pid is never taken for the process that had it before. A GPU process whose ancestry
+reaches no kernel of this server (another user's job, another server's kernel, a child that was
+re-parented to init, a process that has exited) counts as "other" in the card totals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable
+
+import psutil
+
+from .gpu import DeviceSample, GpuUnavailable
+
+MIN_INTERVAL_S = 0.2
+MAX_DEPTH = 64  # ancestors walked from a GPU process before giving up
+EMPTY: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class ProcessUse:
+    """One GPU process of a kernel's tree."""
+
+    pid: int
+    card_index: int
+    used_mib: int | None
+    utilization: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "card_index": self.card_index,
+            "used_mib": self.used_mib,
+            "utilization": self.utilization,
+        }
+
+
+@dataclass(frozen=True)
+class KernelUsage:
+    """Measured GPU use of one kernel's process tree. None = not measured (no GPU, card lost)."""
+
+    kernel_id: str
+    pid: int | None
+    used_mib: int | None
+    peak_mib: int | None
+    utilization: float | None
+    processes: tuple[ProcessUse, ...] = ()
+
+
+@dataclass(frozen=True)
+class CardUsage:
+    """Measured use of one card, split between this server's kernels and every other process."""
+
+    uuid: str
+    index: int
+    total_mib: int | None
+    used_mib: int | None
+    used_by_kernels_mib: int | None
+    used_by_others_mib: int | None
+    free_mib: int | None
+    utilization: float | None
+    mig: bool = False
+    lost: bool = False
+    errors: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+
+    def figures(self) -> dict[str, Any]:
+        """The fields the API adds to a card."""
+        return {
+            "used_mib": self.used_mib,
+            "used_by_kernels_mib": self.used_by_kernels_mib,
+            "used_by_others_mib": self.used_by_others_mib,
+            "free_mib": self.free_mib,
+            "utilization": self.utilization,
+            "mig": self.mig,
+            "lost": self.lost,
+            "errors": dict(self.errors),
+        }
+
+
+@dataclass(frozen=True)
+class UsageSnapshot:
+    """One sampler tick: everything handlers, metrics and the enforcer read. Never mutated."""
+
+    time: float = 0.0
+    tick_ms: float = 0.0
+    interval_s: float = 1.0
+    error: str | None = "not sampled yet"
+    cards: Mapping[str, CardUsage] = field(default_factory=lambda: EMPTY)  # by card uuid
+    kernels: Mapping[str, KernelUsage] = field(default_factory=lambda: EMPTY)  # by kernel id
+    quota: Mapping[str, Any] = field(
+        default_factory=lambda: EMPTY
+    )  # QuotaManager.snapshot() of the same tick (reservations, frameworks)
+    frameworks: Mapping[str, Any] = field(default_factory=lambda: EMPTY)  # kernel id -> frameworks, from ``quota``
+    seq: int = 0
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "time": self.time or None,
+            "tick_ms": round(self.tick_ms, 3),
+            "interval_s": self.interval_s,
+            "error": self.error,
+            "seq": self.seq,
+        }
+
+
+class ProcessTrees:
+    """Maps pids to the kernel whose process tree holds them, caching by (pid, create_time)."""
+
+    def __init__(self) -> None:
+        self._roots: dict[int, tuple[float, str]] = {}  # root pid -> (create_time, kernel id)
+        self._owner: dict[tuple[int, float], tuple[int, float] | None] = {}  # process -> its kernel root
+        self._roots_version = 0
+        self._negative_version: dict[tuple[int, float], int] = {}
+
+    def set_roots(self, roots: dict[str, int | None]) -> None:
+        """The kernels' root pids (kernel id -> pid); a root's create time is read once."""
+        current = {pid: kid for kid, pid in roots.items() if pid}
+        changed = False
+        for pid in list(self._roots):
+            if current.get(pid) != self._roots[pid][1]:
+                del self._roots[pid]
+                changed = True
+        for pid, kid in current.items():
+            if pid not in self._roots:
+                try:
+                    self._roots[pid] = (psutil.Process(pid).create_time(), kid)
+                except (psutil.Error, ValueError):
+                    continue
+                changed = True
+        if changed:
+            self._roots_version += 1
+
+    def owners(self, pids: set[int]) -> dict[int, str]:
+        """Kernel id for every pid that belongs to a kernel of this server; others are left out."""
+        found: dict[int, str] = {}
+        seen: set[tuple[int, float]] = set()
+        for pid in pids:
+            try:
+                proc = psutil.Process(pid)
+                key = (pid, proc.create_time())
+            except (psutil.Error, ValueError):
+                continue  # exited (or another namespace's pid): "other"
+            seen.add(key)
+            root = self._lookup(proc, key)
+            if root is not None:
+                entry = self._roots.get(root[0])
+                if entry is not None and entry[0] == root[1]:
+                    found[pid] = entry[1]
+        for key in [k for k in self._owner if k not in seen]:  # forget processes no longer on a GPU
+            self._owner.pop(key, None)
+            self._negative_version.pop(key, None)
+        return found
+
+    def _lookup(self, proc: psutil.Process, key: tuple[int, float]) -> tuple[int, float] | None:
+        if key in self._owner:
+            root = self._owner[key]
+            if root is not None or self._negative_version.get(key) == self._roots_version:
+                return root
+        root = None
+        cur: psutil.Process | None = proc
+        for _ in range(MAX_DEPTH):
+            if cur is None:
+                break
+            try:
+                ct = cur.create_time()
+                entry = self._roots.get(cur.pid)
+                if entry is not None and entry[0] == ct:
+                    root = (cur.pid, ct)
+                    break
+                cur = cur.parent()  # psutil checks the parent is older than the child (pid reuse)
+            except (psutil.Error, ValueError):
+                break
+        self._owner[key] = root
+        if root is None:
+            self._negative_version[key] = self._roots_version
+        return root
+
+
+class Sampler:
+    """One background thread per server that keeps ``snapshot`` fresh.
+
+    ``tick()`` can also be called directly (tests, benchmarks). ``on_sample`` is called on the
+    IOLoop with each new snapshot (the enforcer); the manager's own snapshot (ledger reservations,
+    framework reports) is refreshed on the IOLoop's side too, and cached with the usage figures.
+    """
+
+    def __init__(
+        self,
+        manager: Any,
+        interval_s: float = 1.0,
+        loop: asyncio.AbstractEventLoop | None = None,
+        on_sample: Callable[[UsageSnapshot], None] | None = None,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.manager = manager
+        self.interval_s = max(MIN_INTERVAL_S, float(interval_s))
+        self.loop = loop
+        self.on_sample = on_sample
+        self.log = log or logging.getLogger("jupyter_gpushare")
+        self.snapshot = UsageSnapshot(interval_s=self.interval_s)
+        self._trees = ProcessTrees()
+        self._peaks: dict[str, tuple[int | None, int]] = {}  # kernel id -> (pid, peak MiB)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pending: Any = None
+        self._last_error: str | None = None
+        self._seq = 0
+
+    # -- thread ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="gpushare-sampler", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the thread (safe to call from the IOLoop: it never waits on the loop)."""
+        self._stop.set()
+        pending = self._pending
+        if pending is not None:
+            pending.cancel()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except Exception:  # keep sampling; say what broke once per kind of failure
+                self.log.exception("jupyter-gpushare: sampler tick failed")
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    # -- one tick ------------------------------------------------------------------------------
+
+    def tick(self) -> UsageSnapshot:
+        """Sample once and publish the snapshot (also returned)."""
+        t0 = time.perf_counter()
+        targets = self.manager.usage_targets()  # [(kernel id, pid, card uuid)]
+        error = None
+        try:
+            samples: list[DeviceSample] = self.manager.backend.sample()
+            if not samples and not self.manager.cards:
+                error = f"No GPU: {self.manager.backend.reason}"
+        except GpuUnavailable as e:
+            samples, error = [], str(e)
+        if error != self._last_error and error is not None:
+            self.log.warning("jupyter-gpushare: GPU use is not measured: %s", error)
+        self._last_error = error
+
+        self._trees.set_roots({kid: pid for kid, pid, _ in targets})
+        pids = {p.pid for s in samples for p in s.processes}
+        owners = self._trees.owners(pids) if pids else {}
+
+        per_kernel: dict[str, list[ProcessUse]] = {}
+        cards: dict[str, CardUsage] = {}
+        for s in samples:
+            mine = 0
+            others_known = 0
+            for p in s.processes:
+                kid = owners.get(p.pid)
+                if kid is not None:
+                    per_kernel.setdefault(kid, []).append(ProcessUse(p.pid, s.card.index, p.used_mib, p.utilization))
+                    mine += p.used_mib or 0
+                else:
+                    others_known += p.used_mib or 0
+            readable = "processes" not in s.errors and not s.lost
+            by_kernels = mine if readable else None
+            if s.used_mib is not None and by_kernels is not None:
+                by_others = max(0, s.used_mib - by_kernels)
+            else:
+                by_others = others_known if readable else None
+            cards[s.card.uuid] = CardUsage(
+                uuid=s.card.uuid,
+                index=s.card.index,
+                total_mib=s.total_mib,
+                used_mib=s.used_mib,
+                used_by_kernels_mib=by_kernels,
+                used_by_others_mib=by_others,
+                free_mib=s.free_mib,
+                utilization=s.utilization,
+                mig=s.mig,
+                lost=s.lost,
+                errors=MappingProxyType(dict(s.errors)),
+            )
+        measured = any("processes" not in s.errors and not s.lost for s in samples)
+
+        kernels: dict[str, KernelUsage] = {}
+        for kid, pid, _card in targets:
+            procs = tuple(per_kernel.get(kid, ()))
+            known = [p.used_mib for p in procs if p.used_mib is not None]
+            if procs:
+                used = sum(known) if known else None
+            else:
+                used = 0 if measured and pid else None
+            utils = [p.utilization for p in procs if p.utilization is not None]
+            util = min(100.0, sum(utils)) if utils else (0.0 if used is not None and not procs else None)
+            prev_pid, prev_peak = self._peaks.get(kid, (pid, 0))
+            peak = prev_peak if prev_pid == pid else 0  # a restarted kernel starts a new peak
+            if used is not None:
+                peak = max(peak, used)
+            self._peaks[kid] = (pid, peak)
+            kernels[kid] = KernelUsage(kid, pid, used, peak if used is not None or peak else None, util, procs)
+        for kid in [k for k in self._peaks if k not in kernels]:
+            del self._peaks[kid]
+
+        quota = self._refresh_quota()
+        tick_ms = (time.perf_counter() - t0) * 1000
+        self._seq += 1
+        snap = UsageSnapshot(
+            time=time.time(),
+            tick_ms=tick_ms,
+            interval_s=self.interval_s,
+            error=error,
+            cards=MappingProxyType(cards),
+            kernels=MappingProxyType(kernels),
+            quota=MappingProxyType(quota) if quota is not None else self.snapshot.quota,
+            frameworks=MappingProxyType({k["kernel_id"]: k.get("frameworks") for k in quota["kernels"]})
+            if quota is not None
+            else self.snapshot.frameworks,
+            seq=self._seq,
+        )
+        self.snapshot = snap
+        if self.on_sample is not None and self.loop is not None and not self._stop.is_set():
+            try:
+                self.loop.call_soon_threadsafe(self.on_sample, snap)
+            except RuntimeError:  # the loop is closed: the server is going away
+                pass
+        return snap
+
+    def _refresh_quota(self) -> dict | None:
+        """The manager's snapshot (ledger reservations, framework reports), run on the IOLoop."""
+        if self.loop is None or self._stop.is_set():
+            return None
+        try:
+            self._pending = asyncio.run_coroutine_threadsafe(self.manager.snapshot(), self.loop)
+            return self._pending.result(timeout=max(2.0, 2 * self.interval_s))
+        except Exception as e:  # cancelled at stop, loop closed, ledger error: keep the last one
+            if not self._stop.is_set():
+                self.log.debug("jupyter-gpushare: quota snapshot not refreshed: %r", e)
+            return None
+        finally:
+            self._pending = None
+
+
+def kernel_view(rec: dict[str, Any], snap: UsageSnapshot, policy_state: str | None = None) -> dict[str, Any]:
+    """A kernel record (``KernelRecord.to_dict()``) with the measured use and the policy state."""
+    usage = snap.kernels.get(rec["kernel_id"])
+    view = {
+        **rec,
+        "frameworks": snap.frameworks.get(rec["kernel_id"]),
+        "used_mib": usage.used_mib if usage else None,
+        "peak_mib": usage.peak_mib if usage else None,
+        "utilization": usage.utilization if usage else None,
+        "processes": [p.to_dict() for p in usage.processes] if usage else [],
+    }
+    if rec.get("state") == "running" and policy_state:
+        view["state"] = policy_state
+    return view
+
+
+def card_view(card: dict[str, Any], snap: UsageSnapshot) -> dict[str, Any]:
+    """A card of QuotaManager.snapshot() with the measured use (null figures when not measured)."""
+    usage = snap.cards.get(card["uuid"])
+    if usage is None:
+        figures = dict.fromkeys(("used_mib", "used_by_kernels_mib", "used_by_others_mib", "free_mib", "utilization"))
+        figures.update(mig=False, lost=False, errors={})
+    else:
+        figures = usage.figures()
+    return {**card, **figures}
+
+
+__all__ = [
+    "CardUsage",
+    "KernelUsage",
+    "ProcessTrees",
+    "ProcessUse",
+    "Sampler",
+    "UsageSnapshot",
+    "card_view",
+    "kernel_view",
+]
