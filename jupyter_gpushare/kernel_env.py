@@ -48,8 +48,9 @@ def kernel_env(
         # A simulated card has no real memory: the kernel sees no GPU at all.
         CUDA_VISIBLE_DEVICES="" if card.simulated else card.uuid,
         # JAX: no 75% preallocation; its pool is capped at the quota (fractions are of total memory).
+        # Only the older name: every jaxlib reads it, and jaxlib 0.11 refuses to start on the GPU when
+        # XLA_CLIENT_MEM_FRACTION is set beside it (seen on an H200, bench/results/check_caps-*.json).
         XLA_PYTHON_CLIENT_PREALLOCATE="false",
-        XLA_CLIENT_MEM_FRACTION=fraction,
         XLA_PYTHON_CLIENT_MEM_FRACTION=fraction,
         # CuPy: its default pool refuses past the quota.
         CUPY_GPU_MEMORY_LIMIT=str(cap_bytes),

@@ -20,13 +20,13 @@ What it does, all driven by the GPUSHARE_* environment the provisioner set:
 
 from __future__ import annotations
 
-import json
+import _thread
 import os
-import re
 import sys
-import threading
 import time
-import warnings
+
+# json, re and warnings are imported where used: every process of the kernel (each `!pip`, each
+# DataLoader worker) runs this module at start, so it imports as little as it can.
 
 __all__ = ["GpuShareWarning", "install", "register", "report", "oom_framework", "oom_note"]
 
@@ -34,7 +34,8 @@ _THIS_FILE = os.path.abspath(__file__)
 _installed = False
 _state: dict = {"frameworks": {}, "warnings": []}
 _started = time.time()
-_lock = threading.RLock()
+_lock = _thread.RLock()
+_hook_seconds: dict = {}  # time our code spent around each hooked import (for bench/)
 MiB = 2**20
 # Oldest torch whose PYTORCH_CUDA_ALLOC_CONF is known to accept per_process_memory_fraction (checked
 # on torch 2.11, see DESIGN.md); older ones reject unknown keys, so they get the deferred call.
@@ -117,6 +118,8 @@ def _warn(message: str) -> None:
             _state["warnings"].append(message)
             del _state["warnings"][:-50]
     try:
+        import warnings
+
         warnings.warn(f"jupyter-gpushare: {message}", GpuShareWarning, stacklevel=_user_stacklevel())
     except Exception:
         pass
@@ -146,6 +149,7 @@ def report() -> dict:
             "quota_mib": _quota_mib(),
             "frameworks": {k: dict(v) for k, v in _state["frameworks"].items()},
             "warnings": list(_state["warnings"]),
+            "hook_ms": {k: round(v * 1000, 3) for k, v in _hook_seconds.items()},
         }
 
 
@@ -155,8 +159,10 @@ def _write_report() -> None:
         return
     pid = os.getpid()
     final = os.path.join(directory, f"{kernel_id}.{pid}.json")
-    tmp = os.path.join(directory, f".{kernel_id}.{pid}.{threading.get_ident()}.tmp")
+    tmp = os.path.join(directory, f".{kernel_id}.{pid}.{_thread.get_ident()}.tmp")
     try:
+        import json
+
         data = json.dumps(report())
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(data)
@@ -193,11 +199,15 @@ class _HookedLoader:
         if getattr(module, "__spec__", None) is not None:
             module.__spec__.loader = self._loader
         pre, post = self._finder.take(self._name)
+        start = time.perf_counter()
         for fn in pre:
             _guarded(fn, self._name, module)
+        spent = time.perf_counter() - start
         self._loader.exec_module(module)
+        start = time.perf_counter()
         for fn in post:
             _guarded(fn, self._name, sys.modules.get(self._name, module))
+        _hook_seconds[self._name] = spent + time.perf_counter() - start
 
 
 def _guarded(fn, name: str, module) -> None:
@@ -213,7 +223,7 @@ class _Finder:
     def __init__(self) -> None:
         self._pre: dict[str, list] = {}
         self._post: dict[str, list] = {}
-        self._busy = threading.local()
+        self._busy = _thread._local()
 
     def add(self, name: str, pre=None, post=None) -> None:
         with _lock:
@@ -274,11 +284,15 @@ _torch_plan: dict = {}
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
+    import re
+
     return tuple(int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3])
 
 
 def _torch_build(module) -> tuple[str | None, str | None]:
     """torch's version and CUDA version, read from torch/version.py before torch is imported."""
+    import re
+
     for folder in getattr(getattr(module, "__spec__", None), "submodule_search_locations", None) or []:
         try:
             with open(os.path.join(folder, "version.py"), encoding="utf-8") as f:
@@ -545,16 +559,26 @@ def _jax_pre(module) -> None:
     if os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower() == "platform":
         del os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"]
         _warn("XLA_PYTHON_CLIENT_ALLOCATOR=platform was unset: that allocator has no memory cap")
+    # One variable only: recent jaxlib (0.10, 0.11) refuses to start its CUDA plugin (falling back to the CPU)
+    # when XLA_CLIENT_MEM_FRACTION and the deprecated XLA_PYTHON_CLIENT_MEM_FRACTION are both set,
+    # and older jaxlib reads only the deprecated one. Every jaxlib reads XLA_PYTHON_CLIENT_MEM_FRACTION
+    # alone, so the smallest fraction asked for (ours at most) goes there.
+    asked, keep = {}, fraction
     for name in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
-        value = os.environ.get(name)
+        value = os.environ.pop(name, None)
+        if value is None:
+            continue
         try:
-            ok = value is not None and 0 < float(value) <= fraction + 1e-9
+            number = float(value)
         except ValueError:
-            ok = False
-        if not ok:
-            os.environ[name] = f"{fraction:.6f}"
-            if value is not None:
-                _warn(f"{name}={value} was lowered to {fraction:.6f}, this kernel's quota as a fraction of the card")
+            number = None
+        if number is not None and 0 < number <= fraction + 1e-9:
+            keep = min(keep, number)
+        elif not (name == "XLA_PYTHON_CLIENT_MEM_FRACTION" and value == f"{fraction:.6f}"):
+            asked[name] = value
+    os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{keep:.6f}"
+    for name, value in asked.items():
+        _warn(f"{name}={value} was lowered to {fraction:.6f}, this kernel's quota as a fraction of the card")
 
 
 def _jax_gpu_plugin() -> bool:
@@ -589,10 +613,10 @@ def _jax_post(jax) -> None:
         return _set(
             "jax", False, "not capped: this JAX has no CUDA plugin (jax[cuda]), it runs on the CPU", version=version
         )
-    fraction = os.environ.get("XLA_CLIENT_MEM_FRACTION")
+    fraction = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
     preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").strip().lower() not in ("false", "0")
     grows = "taken at first use (XLA_PYTHON_CLIENT_PREALLOCATE)" if preallocate else "grows on demand up to it"
-    text = f"XLA_CLIENT_MEM_FRACTION={fraction} of the card's total memory; the pool {grows}"
+    text = f"XLA_PYTHON_CLIENT_MEM_FRACTION={fraction} of the card's total memory; the pool {grows}"
     return _set("jax", True, text, _quota_mib(), version)
 
 
