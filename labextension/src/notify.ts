@@ -53,11 +53,9 @@ export function notifyEvents(
     const title =
       e.kind === 'admitted'
         ? 'GPU ready. '
-        : e.kind === 'queued'
-          ? 'Waiting for a GPU. '
-          : e.kind === 'refused'
-            ? 'Kernel not started. '
-            : '';
+        : e.kind === 'refused'
+          ? 'Kernel not started. '
+          : '';
     Notification.emit(`${who}${title}${e.message}`, type, {
       autoClose: type === 'error' ? false : 8000
     });

@@ -112,7 +112,7 @@ function quotaBar(k: IKernel, state: string): VirtualElement {
   const cls =
     state === 'over_quota' ? 'over' : state === 'near_quota' ? 'near' : 'used';
   const peakMark =
-    peak !== null
+    peak !== null && peak > 0
       ? h.div({
           className: `${C}-peak`,
           title: `peak ${formatMiB(peak)}`,
@@ -129,7 +129,7 @@ function quotaBar(k: IKernel, state: string): VirtualElement {
       : undefined;
   const label =
     used === null
-      ? `quota ${formatMiB(q)} · usage not measured yet`
+      ? 'usage not measured yet'
       : `${formatUsage(used, q)}${peak !== null ? ` · peak ${formatMiB(peak)}` : ''}`;
   return h.div(
     { className: `${C}-quota` },
@@ -186,9 +186,10 @@ function renderKernel(
       ? 'waiting'
       : 'no card';
   const quota = k.quota ? `quota ${k.quota}` : '';
-  const reserve = isMeasured(k.reserve_mib)
-    ? ` + ${formatMiB(k.reserve_mib)} context`
-    : '';
+  const reserve =
+    isMeasured(k.reserve_mib) && isMeasured(k.reserved_mib)
+      ? ` + ${formatMiB(k.reserve_mib)} CUDA context = ${formatMiB(k.reserved_mib)} held`
+      : '';
   const canAct = k.state !== 'none';
   const fw = view.settings.showFrameworks ? frameworks(k) : null;
   return h.li(
@@ -261,14 +262,18 @@ function renderKernel(
             )
           ]
         : []),
-      h.button(
-        {
-          className: `jp-Button ${C}-btn ${C}-shutdown-btn`,
-          title: 'Shut this kernel down and give its GPU memory back',
-          onclick: () => actions.shutdown(k)
-        },
-        k.state === 'queued' ? 'Stop waiting' : 'Shut down'
-      )
+      ...(k.state === 'queued'
+        ? []
+        : [
+            h.button(
+              {
+                className: `jp-Button ${C}-btn ${C}-shutdown-btn`,
+                title: 'Shut this kernel down and give its GPU memory back',
+                onclick: () => actions.shutdown(k)
+              },
+              'Shut down'
+            )
+          ])
     )
   );
 }
@@ -310,7 +315,7 @@ export function renderPanel(
           title: 'Refresh now',
           onclick: () => actions.refresh()
         },
-        'Refresh'
+        '↻'
       )
     )
   );
