@@ -155,6 +155,15 @@ class GpuShareApp(ExtensionApp):
         "between cancels it. Default: 600.",
     )
 
+    broker_socket = Unicode(
+        "",
+        config=True,
+        help="Unix socket of this host's GPU broker (`jupyter gpushare broker`, docs/multi-user.md), e.g. "
+        "'/run/jupyter-gpushare/broker.sock'. When set, reservations go through the broker, which owns the "
+        "host's ledger and applies per-user limits, and ledger_path is not used. Default: '' = no broker: "
+        "this server uses ledger_path itself.",
+    )
+
     @default("ledger_path")
     def _default_ledger_path(self) -> str:
         return os.path.join(jupyter_data_dir(), "gpushare", "ledger.sqlite")
@@ -185,7 +194,8 @@ class GpuShareApp(ExtensionApp):
     def build_manager(self) -> QuotaManager:
         policy = self.build_policy()
         backend = open_backend(self.gpu_backend, self.simulated_cards)
-        return QuotaManager(policy, backend, self.ledger_path, log=self.log)
+        ledger = f"broker:{self.broker_socket}" if self.broker_socket else self.ledger_path
+        return QuotaManager(policy, backend, ledger, log=self.log)
 
     def _link_jupyter_server_extension(self, serverapp) -> None:
         # jupyter_server only logs a warning when an extension's config cannot be loaded, and would
@@ -224,6 +234,7 @@ class GpuShareApp(ExtensionApp):
 
     def _make_sampler(self, manager: QuotaManager) -> None:
         """The sampler thread (started with the server) and the policies it feeds."""
+        from . import metrics
         from .enforce import Enforcer
         from .sampler import Sampler
 
@@ -239,9 +250,16 @@ class GpuShareApp(ExtensionApp):
                 MIN_INTERVAL_S,
             )
         enforcer = Enforcer(manager, self.serverapp.kernel_manager, policy, log=self.log)
-        sampler = Sampler(manager, self.sample_interval, on_sample=enforcer.on_sample, log=self.log)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # `jupyter lab`: the server's loop exists but does not run yet
+            loop = getattr(getattr(self.serverapp, "io_loop", None), "asyncio_loop", None)
+        sampler = Sampler(manager, self.sample_interval, loop=loop, on_sample=enforcer.on_sample, log=self.log)
         self.settings["gpushare_sampler"] = sampler
         self.settings["gpushare_enforcer"] = enforcer
+        metrics.install(sampler, enforcer)
+        # Started here, not in the start hook: embedders and test fixtures do not always run that hook.
+        sampler.start()
 
     def _make_default_provisioner(self) -> None:
         """Give every kernel without a provisioner stanza ours, unless the admin chose another.
@@ -286,13 +304,8 @@ class GpuShareApp(ExtensionApp):
         )
 
     async def _start_jupyter_server_extension(self, serverapp) -> None:
-        from . import metrics
-
         self._reconcile_task = asyncio.ensure_future(self._reconcile_forever())
-        sampler = self.settings["gpushare_sampler"]
-        sampler.loop = asyncio.get_running_loop()
-        metrics.install(sampler, self.settings["gpushare_enforcer"])
-        sampler.start()
+        self.settings["gpushare_sampler"].loop = asyncio.get_running_loop()
 
     async def _reconcile_forever(self) -> None:
         manager = self.settings["gpushare_manager"]

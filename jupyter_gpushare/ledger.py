@@ -26,7 +26,7 @@ from typing import Iterator, Sequence
 import psutil
 
 from .gpu import Card
-from .policy import CardView, Policy, Size
+from .policy import CardView, Policy, Size, UserLimits
 
 SCHEMA_VERSION = 1
 WAITER_STALE_S = 30.0  # a waiter not heard from for this long has been abandoned
@@ -241,13 +241,18 @@ class Ledger:
 
     # -- changes ---------------------------------------------------------------------------
 
-    def reserve(self, req: Request, policy: Policy, cards: Sequence[Card], wait: bool) -> Lease | Waiting:
+    def reserve(
+        self, req: Request, policy: Policy, cards: Sequence[Card], wait: bool, limits: UserLimits | None = None
+    ) -> Lease | Waiting:
         """Reserve room for a kernel on the best-fitting card, in FIFO order.
 
         With ``wait`` the request keeps its place in the queue until admitted or cancelled
         (call again to retry; each call is a heartbeat). Without it, a request that cannot be
         admitted now is not queued. Requests never jump ahead of older waiters.
         Idempotent: a kernel that already holds a lease gets it back.
+        With ``limits``, the user's other leases (same ``req.user``) are checked in the same
+        transaction, so no two concurrent starts of one user pass a per-user limit together;
+        PolicyError says which limit.
         """
         now = time.time()
         with self._tx() as db:
@@ -255,6 +260,10 @@ class Ledger:
             row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone()
             if row:
                 return _lease(row)
+            if limits is not None:  # before queueing: a request over a limit never waits
+                held = [r[0] for r in db.execute("SELECT quota_mib FROM leases WHERE user=?", (req.user,))]
+                biggest = max((c.total_mib for c in cards if policy.card_allowed(c.uuid, c.index)), default=0)
+                limits.check(req.user, req.quota.resolve(biggest), biggest, held)
             if wait:
                 db.execute(
                     "INSERT INTO waiters (kernel_id, quota, user, kernel_name, owner_pid, owner_start, created, heartbeat)"
@@ -279,6 +288,8 @@ class Ledger:
                     ahead=ahead,
                 )
             quota_mib = req.quota.resolve(card.total_mib)
+            if limits is not None:  # exact now that the card (and so a percentage's size) is known
+                limits.check(req.user, quota_mib, card.total_mib, held)
             db.execute(
                 "INSERT INTO leases (kernel_id, card_uuid, card_index, quota_mib, reserve_mib, user, kernel_name,"
                 " owner_pid, owner_start, created) VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -359,3 +370,53 @@ class Ledger:
     def _reserved(db: sqlite3.Connection) -> dict[str, int]:
         rows = db.execute("SELECT card_uuid, SUM(quota_mib + reserve_mib) FROM leases GROUP BY card_uuid")
         return {uuid: int(total) for uuid, total in rows}
+
+
+# -- read-only access (status and doctor) ------------------------------------------------------------
+
+
+def _open_readonly(path: str | os.PathLike) -> sqlite3.Connection:
+    path = Path(path)
+    if not path.exists():
+        raise LedgerError(f"There is no GPU ledger at {path} (no kernel has reserved GPU memory with it yet).")
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+        db.row_factory = sqlite3.Row
+        db.execute("SELECT count(*) FROM leases").fetchone()
+        return db
+    except sqlite3.Error as e:
+        raise LedgerError(
+            f"The GPU ledger {path} cannot be read ({e}). If you are not its owner, ask the broker instead "
+            "(jupyter gpushare status --socket ...); if it is damaged, see jupyter gpushare doctor."
+        ) from e
+
+
+def read_ledger(path: str | os.PathLike) -> tuple[list[Lease], list[Waiter]]:
+    """Leases and waiters of a ledger file, read without writing to it (no reaping)."""
+    db = _open_readonly(path)
+    try:
+        leases = [_lease(r) for r in db.execute("SELECT * FROM leases ORDER BY created")]
+        waiters = [
+            Waiter(r["ticket"], r["kernel_id"], r["quota"], r["user"], r["kernel_name"], ProcessRef(r["owner_pid"], r["owner_start"]), r["created"])
+            for r in db.execute("SELECT * FROM waiters ORDER BY ticket")
+        ]  # fmt: skip
+        return leases, waiters
+    finally:
+        db.close()
+
+
+def check_ledger(path: str | os.PathLike) -> dict:
+    """Health of a ledger file, read-only: SQLite's integrity_check, schema version, journal mode, counts."""
+    db = _open_readonly(path)
+    try:
+        integrity = [r[0] for r in db.execute("PRAGMA integrity_check")]
+        return {
+            "path": str(path),
+            "integrity": "ok" if integrity == ["ok"] else "; ".join(integrity[:5]),
+            "schema": db.execute("PRAGMA user_version").fetchone()[0],
+            "journal_mode": db.execute("PRAGMA journal_mode").fetchone()[0],
+            "leases": db.execute("SELECT count(*) FROM leases").fetchone()[0],
+            "waiters": db.execute("SELECT count(*) FROM waiters").fetchone()[0],
+        }
+    finally:
+        db.close()

@@ -133,7 +133,12 @@ class QuotaManager:
 
     def _open_ledger(self) -> None:
         try:
-            self._ledger = Ledger(self.ledger_path)
+            if self.ledger_path.startswith("broker:"):  # many users on this host: their broker owns the ledger
+                from .broker import BrokerLedger  # reconnects on each call; down -> LedgerError, ledger_error set
+
+                self._ledger = BrokerLedger(self.ledger_path[len("broker:") :], on_state=lambda e: setattr(self, "ledger_error", e))  # type: ignore[assignment]
+            else:
+                self._ledger = Ledger(self.ledger_path)
             reclaimed = self._ledger.reap()
         except LedgerError as e:
             self._ledger, self.ledger_error = None, str(e)
@@ -212,6 +217,14 @@ class QuotaManager:
                     self._event("queued", kernel_id, f"Waiting for {format_mib(got.need_mib)} of GPU memory; position {got.position}.")
                 rec.position, rec.need_mib, rec.free_mib = got.position, got.need_mib, got.free_mib
                 await asyncio.sleep(QUEUE_POLL_S)
+        except LedgerError as e:  # the host's broker is down (GpuShareApp.broker_socket): start without a GPU
+            return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {e}"))
+        except PolicyError as e:  # a per-user limit the broker enforces
+            if wait:
+                await self._run(self._ledger.cancel_wait, kernel_id)
+            self.records.pop(kernel_id, None)
+            self._event("refused", kernel_id, str(e))
+            raise QuotaUnavailable(str(e), status=400) from e
         except BaseException:
             if wait:
                 await self._run(self._ledger.cancel_wait, kernel_id)

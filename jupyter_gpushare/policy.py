@@ -177,3 +177,122 @@ class Policy:
             if best is None or (left, card.index) < best[:2]:
                 best = (left, card.index, card)
         return best[2] if best else None
+
+
+# -- per-user limits (enforced host-wide by the broker, inside the ledger transaction) -------------
+
+LIMIT_FIELDS = ("max_total", "max_kernel", "max_kernels")
+LIMIT_EXAMPLE = "{'max_total': '16GiB', 'max_kernel': '8GiB', 'max_kernels': 2}"
+
+
+@dataclass(frozen=True)
+class UserLimits:
+    """What one user may hold at once, host-wide. None = no limit of that kind.
+
+    ``max_total`` bounds the sum of the quotas of the user's kernels (the CUDA context reserve is
+    not counted: it is the same for everyone and the user cannot change it); ``max_kernel`` bounds
+    one kernel's quota; ``max_kernels`` bounds how many of the user's kernels hold GPU memory.
+    """
+
+    max_total: Size | None = None
+    max_kernel: Size | None = None
+    max_kernels: int | None = None
+
+    def to_dict(self) -> dict[str, str | int | None]:
+        return {
+            "max_total": str(self.max_total) if self.max_total is not None else None,
+            "max_kernel": str(self.max_kernel) if self.max_kernel is not None else None,
+            "max_kernels": self.max_kernels,
+        }
+
+    def check(self, user: str, quota_mib: int, card_total_mib: int, held_quota_mib: Sequence[int]) -> None:
+        """Refuse a new kernel of ``quota_mib`` when the user already holds ``held_quota_mib``.
+
+        Raises PolicyError with the limit, what the user holds and what to do.
+        """
+        who = f"User {user!r}" if user else "This user"
+        if self.max_kernel is not None and quota_mib > self.max_kernel.resolve(card_total_mib):
+            limit = self.max_kernel.resolve(card_total_mib)
+            raise PolicyError(
+                f"{who} may give one kernel at most {format_mib(limit)} of GPU memory (per-user limit "
+                f"max_kernel); this kernel asks for {format_mib(quota_mib)}. Ask for at most {format_mib(limit)}."
+            )
+        if self.max_kernels is not None and len(held_quota_mib) + 1 > self.max_kernels:
+            raise PolicyError(
+                f"{who} may run at most {self.max_kernels} GPU kernel(s) at once (per-user limit max_kernels) "
+                f"and already runs {len(held_quota_mib)}. Shut down a kernel you no longer use "
+                "(Kernel > Shut Down Kernel), then start this one again."
+            )
+        if self.max_total is not None:
+            limit, held = self.max_total.resolve(card_total_mib), sum(held_quota_mib)
+            if held + quota_mib > limit:
+                raise PolicyError(
+                    f"{who} may hold at most {format_mib(limit)} of GPU memory in all kernels together (per-user "
+                    f"limit max_total); your kernels already hold {format_mib(held)} and this one asks for "
+                    f"{format_mib(quota_mib)}. Shut down a kernel you no longer use, or ask for at most "
+                    f"{format_mib(max(0, limit - held))}."
+                )
+
+
+def parse_limits(value: object, name: str) -> dict[str, Size | int | None]:
+    """One limits entry of the config, e.g. {'max_total': '16GiB', 'max_kernels': 2}.
+
+    Returns only the fields the entry sets; a field set to None (or 'none') means "no limit",
+    overriding a default. Raises PolicyError naming ``name`` and the bad field.
+    """
+    if isinstance(value, UserLimits):
+        value = value.to_dict()
+    if not isinstance(value, dict):
+        raise PolicyError(f"{name}: {value!r} is not a limits entry. Use a dict, e.g. {LIMIT_EXAMPLE}.")
+    out: dict[str, Size | int | None] = {}
+    for key, raw in value.items():
+        if key not in LIMIT_FIELDS:
+            raise PolicyError(f"{name}: {key!r} is not a limit. Use {', '.join(LIMIT_FIELDS)}, e.g. {LIMIT_EXAMPLE}.")
+        if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("none", "unlimited")):
+            out[key] = None
+        elif key == "max_kernels":
+            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+                raise PolicyError(f"{name}[{key!r}]: {raw!r} is not a count of kernels; use e.g. 2 (or None: no limit).")
+            out[key] = raw
+        else:
+            out[key] = parse_size(raw, f"{name}[{key!r}]")
+    return out
+
+
+def _generosity(value: Size | int | None, card_total_mib: int) -> float:
+    if value is None:
+        return math.inf
+    return value.resolve(card_total_mib) if isinstance(value, Size) else value
+
+
+@dataclass(frozen=True)
+class LimitRules:
+    """Per-user limits from the config: defaults, then the user's groups, then the user's own entry.
+
+    Among the user's groups, each field takes the most generous value a group sets (no limit is
+    the most generous). An entry for the user by name overrides both.
+    """
+
+    defaults: dict[str, Size | int | None] = field(default_factory=dict)
+    users: dict[str, dict[str, Size | int | None]] = field(default_factory=dict)
+    groups: dict[str, dict[str, Size | int | None]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, defaults: object, users: dict, groups: dict, prefix: str = "GpuShareBroker") -> LimitRules:
+        return cls(
+            defaults=parse_limits(defaults or {}, f"{prefix}.default_limits"),
+            users={u: parse_limits(v, f"{prefix}.user_limits[{u!r}]") for u, v in (users or {}).items()},
+            groups={g: parse_limits(v, f"{prefix}.group_limits[{g!r}]") for g, v in (groups or {}).items()},
+        )
+
+    def for_user(self, user: str, groups: Iterable[str], card_total_mib: int = 0) -> UserLimits:
+        """The limits of ``user`` (a member of ``groups``); ``card_total_mib`` ranks percentages."""
+        merged = dict(self.defaults)
+        from_groups: dict[str, Size | int | None] = {}
+        for group in groups:
+            for key, value in self.groups.get(group, {}).items():
+                if key not in from_groups or _generosity(value, card_total_mib) > _generosity(from_groups[key], card_total_mib):
+                    from_groups[key] = value
+        merged.update(from_groups)
+        merged.update(self.users.get(user, {}))
+        return UserLimits(**merged)  # type: ignore[arg-type]

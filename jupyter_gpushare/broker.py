@@ -1,0 +1,830 @@
+"""Host-wide broker: one process owns the host's ledger; the Jupyter servers of many users reserve through it.
+
+Deployment mode 2 (docs/multi-user.md). The broker runs as its own user (or root), owns the ledger file
+(mode 0600) and listens on a Unix socket. Protocol: one JSON object per line each way,
+``{"op": "reserve", "args": {...}}`` -> ``{"ok": true, "result": ...}`` or
+``{"ok": false, "error": "PolicyError", "message": "..."}``.
+
+The caller is identified by the kernel, never by what it says: SO_PEERCRED gives the uid (-> user name
+and groups) and the pid (-> the calling server process, the owner of its leases, as pid + start time).
+A student's server can only reserve as that student, only release, attach or adopt that student's
+leases, attach only processes of the same uid, and sees other users only as anonymous per-card
+totals. Admins (``admin_users``, ``admin_groups``, root and the broker's own user) see everything.
+
+Not built: identification by JupyterHub API token for servers in containers (other PID namespaces,
+where SO_PEERCRED gives no usable pid). Such servers are refused with a message that says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import grp
+import json
+import logging
+import os
+import pwd
+import signal
+import socket
+import stat
+import struct
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+from jupyter_core.application import JupyterApp
+from traitlets import Any as AnyTrait
+from traitlets import Dict, Float, List, Unicode, default
+
+from .gpu import Card
+from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Waiter, Waiting
+from .policy import CardView, LimitRules, Policy, PolicyError, Size, UserLimits, format_mib, parse_limits
+
+log = logging.getLogger("jupyter_gpushare.broker")
+
+DEFAULT_SOCKET = "/run/jupyter-gpushare/broker.sock"
+DEFAULT_LEDGER = "/var/lib/jupyter-gpushare/ledger.sqlite"
+BROKER_PREFIX = "broker:"  # QuotaManager.ledger_path of a server that reserves through a broker
+MAX_LINE = 1 << 20
+
+
+class BrokerRefused(RuntimeError):
+    """A request the broker will not carry out for this caller (not theirs, bad arguments)."""
+
+
+# -- who is calling ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A connected client as the kernel identifies it."""
+
+    user: str
+    uid: int
+    groups: tuple[str, ...] = ()
+    admin: bool = False
+    process: ProcessRef | None = None
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket, from the kernel."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", raw)
+
+
+def user_and_groups(uid: int) -> tuple[str, tuple[str, ...]]:
+    """User name and group names of a uid (the uid as text when it has no passwd entry)."""
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return str(uid), ()
+    names = set()
+    try:
+        gids = os.getgrouplist(entry.pw_name, entry.pw_gid)
+    except OSError:
+        gids = [entry.pw_gid]
+    for gid in gids:
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            names.add(str(gid))
+    return entry.pw_name, tuple(sorted(names))
+
+
+# -- wire format -----------------------------------------------------------------------------------
+
+
+def lease_to_json(lease: Lease) -> dict:
+    return lease.to_dict()
+
+
+def lease_from_json(d: dict) -> Lease:
+    kernel = d.get("kernel")
+    return Lease(
+        kernel_id=d["kernel_id"],
+        card_uuid=d["card_uuid"],
+        card_index=d["card_index"],
+        quota_mib=d["quota_mib"],
+        reserve_mib=d["reserve_mib"],
+        user=d["user"],
+        kernel_name=d["kernel_name"],
+        owner=ProcessRef(**d["owner"]),
+        kernel=ProcessRef(**kernel) if kernel else None,
+        created=d["created"],
+    )
+
+
+def waiter_to_json(w: Waiter) -> dict:
+    return {
+        "ticket": w.ticket,
+        "kernel_id": w.kernel_id,
+        "quota": w.quota,
+        "user": w.user,
+        "kernel_name": w.kernel_name,
+        "owner": {"pid": w.owner.pid, "start": w.owner.start},
+        "created": w.created,
+    }
+
+
+def waiter_from_json(d: dict) -> Waiter:
+    return Waiter(
+        d["ticket"], d["kernel_id"], d["quota"], d["user"], d["kernel_name"], ProcessRef(**d["owner"]), d["created"]
+    )
+
+
+ANONYMOUS = ProcessRef(0, 0.0)
+
+
+def anonymous_leases(leases: Sequence[Lease]) -> list[Lease]:
+    """Other users' leases folded into one nameless lease per card (its quota is their total)."""
+    totals: dict[tuple[str, int], int] = {}
+    for lease in leases:
+        key = (lease.card_uuid, lease.card_index)
+        totals[key] = totals.get(key, 0) + lease.reserved_mib
+    return [Lease("", uuid, index, total, 0, "", "", ANONYMOUS, None, 0.0) for (uuid, index), total in totals.items()]
+
+
+# -- views -------------------------------------------------------------------------------------------
+
+
+def view_for(
+    caller: Caller,
+    leases: Sequence[Lease],
+    waiters: Sequence[Waiter],
+    cards: Sequence[Card],
+    policy: Policy,
+    limits: UserLimits | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """What ``caller`` may see of the host: cards, kernels, users and the queue.
+
+    A student (not ``caller.admin``) sees their own kernels and waiters in detail, other users only
+    as an anonymous total per card (``others_reserved_mib``) and nameless queue places; no other
+    user's name, kernel id or kernel name appears anywhere in the result. An admin sees every kernel.
+    """
+    now = time.time() if now is None else now
+    mine = [lease for lease in leases if caller.admin or lease.user == caller.user]
+    card_rows = []
+    for card in cards:
+        on_card = [lease for lease in leases if lease.card_uuid == card.uuid]
+        reserved = sum(lease.reserved_mib for lease in on_card)
+        own = sum(lease.reserved_mib for lease in on_card if lease.user == caller.user)
+        usable = policy.usable_mib(card.total_mib)
+        card_rows.append(
+            {
+                "index": card.index,
+                "uuid": card.uuid,
+                "name": card.name,
+                "simulated": card.simulated,
+                "total_mib": card.total_mib,
+                "usable_mib": usable,
+                "reserved_mib": reserved,
+                "unreserved_mib": max(0, usable - reserved),
+                "mine_reserved_mib": own,
+                "others_reserved_mib": reserved - own,
+                "allowed": policy.card_allowed(card.uuid, card.index),
+            }
+        )
+    kernels = [
+        {
+            "kernel_id": lease.kernel_id,
+            "kernel_name": lease.kernel_name,
+            "user": lease.user,
+            "card_index": lease.card_index,
+            "card_uuid": lease.card_uuid,
+            "quota_mib": lease.quota_mib,
+            "reserve_mib": lease.reserve_mib,
+            "reserved_mib": lease.reserved_mib,
+            "server_pid": lease.owner.pid,
+            "kernel_pid": lease.kernel.pid if lease.kernel else None,
+            "age_s": round(now - lease.created, 1),
+        }
+        for lease in mine
+    ]
+    users: dict[str, dict[str, int]] = {}
+    for lease in mine:
+        row = users.setdefault(lease.user, {"kernels": 0, "quota_mib": 0, "reserved_mib": 0})
+        row["kernels"] += 1
+        row["quota_mib"] += lease.quota_mib
+        row["reserved_mib"] += lease.reserved_mib
+    queue = []
+    for position, w in enumerate(waiters, start=1):
+        visible = caller.admin or w.user == caller.user
+        queue.append(
+            {
+                "position": position,
+                "mine": w.user == caller.user,
+                "kernel_id": w.kernel_id if visible else None,
+                "kernel_name": w.kernel_name if visible else None,
+                "user": w.user if visible else None,
+                "quota": w.quota if visible else None,
+                "waited_s": round(now - w.created, 1),
+            }
+        )
+    return {
+        "user": caller.user,
+        "admin": caller.admin,
+        "limits": limits.to_dict() if limits is not None else None,
+        "context_reserve_mib": policy.context_reserve_mib,
+        "cards": card_rows,
+        "users": [{"user": name, **row} for name, row in sorted(users.items())],
+        "kernels": kernels,
+        "queue": queue,
+    }
+
+
+# -- the broker process ------------------------------------------------------------------------------
+
+
+class GpuShareBroker(JupyterApp):
+    """The host-wide GPU reservation broker (``jupyter gpushare broker``)."""
+
+    name = "jupyter-gpushare-broker"
+    description = "Own this host's GPU ledger and admit the kernels of every user's Jupyter server."
+
+    socket_path = Unicode(
+        DEFAULT_SOCKET,
+        config=True,
+        help="Unix socket the broker listens on. Its directory is created (mode 0755) if missing. "
+        f"Default: '{DEFAULT_SOCKET}'. Servers point GpuShareApp.broker_socket at it.",
+    )
+    socket_group = Unicode(
+        "",
+        config=True,
+        help="Unix group allowed to connect: the socket gets mode 0660 and this group. Default: '' = any "
+        "local user may connect (mode 0666); callers are identified by the kernel either way.",
+    )
+    ledger_path = Unicode(
+        DEFAULT_LEDGER,
+        config=True,
+        help="The host's ledger file, written only by the broker (created mode 0600). Its directory must "
+        f"not be writable by other users (e.g. root-owned, 0755). Default: '{DEFAULT_LEDGER}'.",
+    )
+    admin_users = List(
+        Unicode(),
+        default_value=[],
+        config=True,
+        help="Users who see every user's kernels and may release any reservation. root and the broker's "
+        "own user always may. Default: [].",
+    )
+    admin_groups = List(
+        Unicode(),
+        default_value=[],
+        config=True,
+        help="Unix groups whose members are admins (see admin_users). Default: [].",
+    )
+    default_limits = Dict(
+        default_value={},
+        config=True,
+        help="Per-user limits for everyone, e.g. {'max_total': '16GiB', 'max_kernel': '8GiB', "
+        "'max_kernels': 2}: total of a user's kernel quotas, largest quota of one kernel, most GPU kernels "
+        "at once. Sizes as in GpuShareApp.default_quota ('25%' = of a card). Default: {} = no limits.",
+    )
+    user_limits = Dict(
+        default_value={},
+        config=True,
+        help="Limits per user name, overriding group and default limits field by field, e.g. "
+        "{'alice': {'max_total': '32GiB'}}; a field set to None means no limit. Default: {}.",
+    )
+    group_limits = Dict(
+        default_value={},
+        config=True,
+        help="Limits per Unix group, e.g. {'staff': {'max_total': None}, 'students': {'max_total': '8GiB'}}. "
+        "A user in several groups gets the most generous value of each field. Default: {}.",
+    )
+    user_limits_hook = AnyTrait(
+        None,
+        allow_none=True,
+        config=True,
+        help="Callable (user: str, groups: tuple[str, ...], limits: UserLimits) -> UserLimits | dict | None, "
+        "for limits that come from elsewhere (a course roster, LDAP). A dict overrides the fields it sets; "
+        "None keeps the configured limits. Default: None.",
+    )
+    reap_interval = Float(
+        5.0,
+        config=True,
+        help="Seconds between sweeps that reclaim the reservations of servers and kernels that are gone "
+        "(every reservation also sweeps first). Default: 5.",
+    )
+
+    @default("log_level")
+    def _default_log_level(self) -> int:
+        return logging.INFO
+
+    config_file_name = Unicode("jupyter_gpushare_broker_config", config=True, help="Config file name (no extension) searched in the Jupyter config path.")  # fmt: skip
+
+    aliases = {
+        **JupyterApp.aliases,
+        "socket": "GpuShareBroker.socket_path",
+        "ledger": "GpuShareBroker.ledger_path",
+        "socket-group": "GpuShareBroker.socket_group",
+    }
+
+    # -- set-up ---------------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Build policy, limits and cards from config (PolicyError names the bad setting)."""
+        from .app import GpuShareApp
+        from .gpu import open_backend
+
+        shared = GpuShareApp(config=self.config)  # the same placement rules as a single server
+        self.policy = shared.build_policy()
+        self.backend = open_backend(shared.gpu_backend, shared.simulated_cards)
+        self.cards: list[Card] = self.backend.cards()
+        self.rules = LimitRules.parse(self.default_limits, self.user_limits, self.group_limits)
+        self._admin_groups = set(self.admin_groups)
+        self._admin_users = set(self.admin_users) | {"root", pwd.getpwuid(os.getuid()).pw_name}
+        self._me = ProcessRef.me()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpushare-broker-ledger")
+        self._ledger: Ledger | None = None
+        self._biggest = max((c.total_mib for c in self.cards), default=0)
+
+    def limits_for(self, caller: Caller) -> UserLimits:
+        limits = self.rules.for_user(caller.user, caller.groups, self._biggest)
+        if self.user_limits_hook is not None:
+            got = self.user_limits_hook(caller.user, caller.groups, limits)
+            if isinstance(got, UserLimits):
+                limits = got
+            elif got is not None:
+                merged = {**{k: getattr(limits, k) for k in ("max_total", "max_kernel", "max_kernels")}}
+                merged.update(parse_limits(got, f"GpuShareBroker.user_limits_hook({caller.user!r})"))
+                limits = UserLimits(**merged)  # type: ignore[arg-type]
+        return limits
+
+    def identify(self, pid: int, uid: int) -> Caller:
+        user, groups = user_and_groups(uid)
+        admin = uid == 0 or uid == os.getuid() or user in self._admin_users or bool(self._admin_groups & set(groups))
+        process = ProcessRef.of(pid) if pid > 0 else None
+        return Caller(user, uid, groups, admin, process)
+
+    def _open_ledger(self) -> Ledger:
+        path = Path(self.ledger_path)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        mode = path.parent.stat().st_mode
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise LedgerError(
+                f"The ledger's directory {path.parent} is writable by other users (mode {stat.S_IMODE(mode):o}), "
+                f"so a student could replace the ledger. Use a directory only the broker's user can write: "
+                f"chmod 0755 {path.parent} (owned by root or the broker's user)."
+            )
+        ledger = Ledger(path, owner=self._me)
+        for suffix in ("", "-wal", "-shm", ".lock"):
+            extra = Path(str(path) + suffix)
+            if extra.exists():
+                os.chmod(extra, 0o600)
+        return ledger
+
+    # -- requests (all on the one ledger thread) ------------------------------------------------------
+
+    @contextmanager
+    def _as_owner(self, caller: Caller) -> Iterator[Ledger]:
+        """The ledger with the caller's server process as the owner of what it writes."""
+        assert self._ledger is not None
+        if caller.process is None:
+            raise BrokerRefused(
+                "The broker cannot see the calling process (it runs in another PID namespace, e.g. a container). "
+                "Servers in containers are not supported by this broker (no JupyterHub-token identification yet); "
+                "run the server on the host, or use the embedded ledger inside each container."
+            )
+        self._ledger.owner = caller.process
+        try:
+            yield self._ledger
+        finally:
+            self._ledger.owner = self._me
+
+    def _mine(self, caller: Caller, user: str) -> bool:
+        return caller.admin or user == caller.user
+
+    def handle(self, caller: Caller, op: str, args: dict) -> Any:
+        """Carry out one request for ``caller``; runs on the ledger thread."""
+        ledger = self._ledger
+        assert ledger is not None
+        if op == "hello":
+            return {
+                "user": caller.user,
+                "uid": caller.uid,
+                "admin": caller.admin,
+                "pid": caller.process.pid if caller.process else None,
+                "cards": [c.to_dict() for c in self.cards],
+                "limits": self.limits_for(caller).to_dict(),
+                "context_reserve_mib": self.policy.context_reserve_mib,
+            }
+        if op == "reserve":
+            kernel_id = str(args["kernel_id"])
+            mib, percent = args.get("mib"), args.get("percent")
+            quota = Size(
+                mib=int(mib) if mib is not None else None, percent=float(percent) if percent is not None else None
+            )
+            if quota.is_zero or (quota.mib is not None and quota.mib < 0):
+                raise BrokerRefused(f"A reservation needs a positive quota; got {args!r}.")
+            taken = ledger.get(kernel_id)
+            if taken is not None and taken.user != caller.user:
+                raise BrokerRefused(f"Kernel id {kernel_id} is in use by another user's kernel; use a new id.")
+            if any(w.kernel_id == kernel_id and w.user != caller.user for w in ledger.waiters()):
+                raise BrokerRefused(f"Kernel id {kernel_id} is in use by another user's kernel; use a new id.")
+            self.policy.check_quota(quota, [CardView(c.uuid, c.index, c.total_mib) for c in self.cards])
+            request = Request(kernel_id, quota, caller.user, str(args.get("kernel_name", ""))[:200])
+            with self._as_owner(caller) as led:
+                got = led.reserve(request, self.policy, self.cards, bool(args.get("wait")), self.limits_for(caller))
+            if isinstance(got, Lease):
+                return {"lease": lease_to_json(got)}
+            return {"waiting": asdict(got)}
+        if op == "cancel_wait":
+            kernel_id = str(args["kernel_id"])
+            if any(w.kernel_id == kernel_id and self._mine(caller, w.user) for w in ledger.waiters()):
+                ledger.cancel_wait(kernel_id)
+            return None
+        if op == "attach":
+            kernel_id, pid = str(args["kernel_id"]), args.get("pid")
+            lease = ledger.get(kernel_id)
+            if lease is None or not self._mine(caller, lease.user):
+                return None
+            ref = None
+            if pid is not None:
+                try:
+                    owner_uid = psutil.Process(int(pid)).uids().real
+                except psutil.Error as e:
+                    raise BrokerRefused(f"Process {pid} cannot be attached: {e}.") from e
+                if owner_uid != caller.uid and caller.uid != 0:
+                    raise BrokerRefused(
+                        f"Process {pid} is not yours (uid {owner_uid}); only your own kernels can be attached."
+                    )
+                ref = ProcessRef.of(int(pid))
+            ledger.attach(kernel_id, ref)
+            return None
+        if op == "release":
+            kernel_id = str(args["kernel_id"])
+            lease = ledger.get(kernel_id)
+            if lease is not None and not self._mine(caller, lease.user):
+                self.log.warning(
+                    "%s (uid %s) asked to release %s's reservation; refused.", caller.user, caller.uid, lease.user
+                )
+                return None
+            if lease is None:
+                if any(w.kernel_id == kernel_id and self._mine(caller, w.user) for w in ledger.waiters()):
+                    ledger.cancel_wait(kernel_id)
+                return None
+            released = ledger.release(kernel_id)
+            return lease_to_json(released) if released else None
+        if op == "release_owned_except":
+            with self._as_owner(caller) as led:
+                return [lease_to_json(x) for x in led.release_owned_except(set(args.get("keep", [])))]
+        if op == "adopt":
+            kernel_id = str(args["kernel_id"])
+            lease = ledger.get(kernel_id)
+            if lease is None or lease.user != caller.user:
+                raise BrokerRefused(f"Kernel {kernel_id} holds no reservation of yours to adopt.")
+            with self._as_owner(caller) as led:
+                led.adopt(kernel_id)
+            return None
+        if op == "reap":
+            gone = ledger.reap()
+            self._log_reclaimed(gone)
+            return [lease_to_json(x) for x in gone if self._mine(caller, x.user)]
+        if op == "leases":
+            leases = ledger.leases()
+            if caller.admin:
+                return [lease_to_json(x) for x in leases]
+            own = [x for x in leases if x.user == caller.user]
+            others = [x for x in leases if x.user != caller.user]
+            return [lease_to_json(x) for x in own + anonymous_leases(others)]
+        if op == "get":
+            lease = ledger.get(str(args["kernel_id"]))
+            return lease_to_json(lease) if lease and self._mine(caller, lease.user) else None
+        if op == "waiters":
+            return [
+                waiter_to_json(
+                    w if self._mine(caller, w.user) else Waiter(w.ticket, "", "", "", "", ANONYMOUS, w.created)
+                )
+                for w in ledger.waiters()
+            ]
+        if op == "reserved_by_card":
+            return ledger.reserved_by_card()
+        if op == "view":
+            return view_for(caller, ledger.leases(), ledger.waiters(), self.cards, self.policy, self.limits_for(caller))
+        raise BrokerRefused(f"Unknown request {op!r}.")
+
+    def _log_reclaimed(self, gone: Sequence[Lease]) -> None:
+        for lease in gone:
+            self.log.info(
+                "Reclaimed %s of %s's kernel %s (its server and kernel are gone).",
+                format_mib(lease.reserved_mib),
+                lease.user,
+                lease.kernel_id,
+            )
+
+    # -- the socket ------------------------------------------------------------------------------------
+
+    async def _on_ledger(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            pid, uid, _gid = peer_credentials(writer.get_extra_info("socket"))
+            caller = await self._on_ledger(self.identify, pid, uid)
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                try:
+                    msg = json.loads(line)
+                    op, args = str(msg["op"]), dict(msg.get("args") or {})
+                    result = await self._on_ledger(self.handle, caller, op, args)
+                    reply: dict[str, Any] = {"ok": True, "result": result}
+                except PolicyError as e:
+                    reply = {"ok": False, "error": "PolicyError", "message": str(e)}
+                except LedgerError as e:
+                    reply = {"ok": False, "error": "LedgerError", "message": str(e)}
+                except BrokerRefused as e:
+                    reply = {"ok": False, "error": "Refused", "message": str(e)}
+                except (ValueError, KeyError, TypeError) as e:
+                    reply = {"ok": False, "error": "Refused", "message": f"Bad request ({type(e).__name__}: {e})."}
+                writer.write(json.dumps(reply).encode() + b"\n")
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        except Exception:
+            self.log.exception("jupyter-gpushare broker: a client connection failed")
+        finally:
+            writer.close()
+
+    def _prepare_socket(self) -> None:
+        path = Path(self.socket_path)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if path.exists() or path.is_symlink():
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(path))
+            except OSError:
+                path.unlink()  # left behind by a broker that is gone
+            else:
+                raise SystemExit(f"jupyter-gpushare broker: another broker already listens on {path}.")
+            finally:
+                probe.close()
+
+    def _secure_socket(self) -> None:
+        if self.socket_group:
+            try:
+                gid = grp.getgrnam(self.socket_group).gr_gid
+            except KeyError as e:
+                raise SystemExit(
+                    f"jupyter-gpushare broker: GpuShareBroker.socket_group {self.socket_group!r} is not a group."
+                ) from e
+            os.chown(self.socket_path, -1, gid)
+            os.chmod(self.socket_path, 0o660)
+        else:
+            os.chmod(self.socket_path, 0o666)
+
+    async def serve(self, ready: Callable[[], None] | None = None) -> None:
+        self._ledger = await self._on_ledger(self._open_ledger)
+        gone = await self._on_ledger(self._ledger.reap)
+        self._log_reclaimed(gone)
+        self._prepare_socket()
+        server = await asyncio.start_unix_server(self._client, path=self.socket_path, limit=MAX_LINE)
+        self._secure_socket()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        self.log.info(
+            "jupyter-gpushare broker: %d card(s) %s, ledger %s, socket %s",
+            len(self.cards), [f"{c.index}:{format_mib(c.total_mib)}" for c in self.cards], self.ledger_path, self.socket_path,
+        )  # fmt: skip
+        if ready:
+            ready()
+
+        async def sweep() -> None:
+            while True:
+                await asyncio.sleep(self.reap_interval)
+                try:
+                    self._log_reclaimed(await self._on_ledger(self._ledger.reap))
+                except Exception:
+                    self.log.exception("jupyter-gpushare broker: reclaiming failed")
+
+        sweeper = asyncio.ensure_future(sweep())
+        async with server:
+            await stop.wait()
+        sweeper.cancel()
+        try:
+            os.unlink(self.socket_path)
+        except OSError:
+            pass
+        await self._on_ledger(self._ledger.close)
+        self._executor.shutdown(wait=True)
+
+    def start(self) -> None:
+        os.umask(0o077)  # the ledger, its WAL and lock files: broker's user only
+        try:
+            self.setup()
+        except PolicyError as e:
+            raise SystemExit(f"jupyter-gpushare broker: bad configuration: {e}") from e
+        try:
+            asyncio.run(self.serve())
+        except LedgerError as e:
+            raise SystemExit(f"jupyter-gpushare broker: {e}") from e
+
+
+# -- the client a Jupyter server uses ----------------------------------------------------------------
+
+
+@dataclass
+class _Outage:
+    since: float
+    message: str
+
+
+@dataclass
+class BrokerLedger:
+    """The Ledger interface, answered by the host's broker over its Unix socket.
+
+    Same methods and signatures as Ledger, so QuotaManager uses it unchanged. Not thread-safe (the
+    manager calls it from its one ledger thread). It reconnects on each call after a failure, so a
+    broker restart is invisible; while the broker is down, reserve (and adopt) raise LedgerError with
+    what to do, releases and attaches are kept and sent once it is back, and queries answer empty,
+    with ``on_state`` told the reason (and None once the broker answers again).
+    """
+
+    path: str
+    timeout: float = 15.0
+    on_state: Callable[[str | None], None] | None = None
+    owner: ProcessRef = field(default_factory=ProcessRef.me)
+    _sock: socket.socket | None = field(default=None, repr=False)
+    _file: Any = field(default=None, repr=False)
+    _pending_release: set = field(default_factory=set, repr=False)
+    _pending_attach: dict = field(default_factory=dict, repr=False)
+    outage: _Outage | None = field(default=None, repr=False)
+
+    # -- transport ---------------------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        self._sock, self._file = sock, sock.makefile("rb")
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            try:
+                self._file.close()
+                self._sock.close()
+            except OSError:
+                pass
+        self._sock = self._file = None
+
+    def _exchange(self, op: str, args: dict) -> dict:
+        assert self._sock is not None
+        self._sock.sendall(json.dumps({"op": op, "args": args}).encode() + b"\n")
+        line = self._file.readline(MAX_LINE)
+        if not line:
+            raise ConnectionResetError("the broker closed the connection")
+        return json.loads(line)
+
+    def _down_message(self, e: BaseException) -> str:
+        return (
+            f"The GPU broker at {self.path} is not reachable ({e}). GPU reservations for this host go through it "
+            "(GpuShareApp.broker_socket), so kernels start without a GPU until it is back. Ask the administrator "
+            "to check it (systemctl status jupyter-gpushare-broker; jupyter gpushare doctor)."
+        )
+
+    def _call(self, op: str, **args: Any) -> Any:
+        reply = None
+        for attempt in (0, 1):  # a connection the broker dropped (restart) is retried once, fresh
+            try:
+                if self._sock is None:
+                    self._connect()
+                    self._replay()
+                reply = self._exchange(op, args)
+                break
+            except (OSError, ValueError) as e:
+                self._drop()
+                if attempt:
+                    message = self._down_message(e)
+                    if self.outage is None:
+                        self.outage = _Outage(time.time(), message)
+                        log.error("%s", message)
+                        if self.on_state:
+                            self.on_state(message)
+                    raise LedgerError(message) from e
+        if self.outage is not None:
+            log.warning("jupyter-gpushare: the GPU broker at %s answers again.", self.path)
+            self.outage = None
+            if self.on_state:
+                self.on_state(None)
+        assert reply is not None
+        if reply.get("ok"):
+            return reply.get("result")
+        if reply.get("error") == "PolicyError":
+            raise PolicyError(reply.get("message", ""))
+        raise LedgerError(f"The GPU broker refused: {reply.get('message', reply)}")
+
+    def _replay(self) -> None:
+        """Send the releases and attaches that were made while the broker was down."""
+        for kernel_id in list(self._pending_release):
+            self._exchange("release", {"kernel_id": kernel_id})
+            self._pending_release.discard(kernel_id)
+            self._pending_attach.pop(kernel_id, None)
+        for kernel_id, pid in list(self._pending_attach.items()):
+            self._exchange("attach", {"kernel_id": kernel_id, "pid": pid})
+            self._pending_attach.pop(kernel_id, None)
+
+    def _query(self, op: str, empty: Any, **args: Any) -> Any:
+        try:
+            return self._call(op, **args)
+        except LedgerError:
+            if self.outage is None:
+                raise
+            return empty
+
+    def close(self) -> None:
+        self._drop()
+
+    # -- the Ledger interface -----------------------------------------------------------------------------
+
+    def hello(self) -> dict:
+        return self._call("hello")
+
+    def view(self) -> dict:
+        """What the broker shows this caller (see view_for)."""
+        return self._call("view")
+
+    def reserve(
+        self,
+        req: Request,
+        policy: Policy | None = None,
+        cards: Sequence[Card] = (),
+        wait: bool = False,
+        limits: UserLimits | None = None,
+    ) -> Lease | Waiting:
+        """Reserve through the broker. ``policy``, ``cards``, ``limits`` and ``req.user`` are the broker's to decide and are not sent."""
+        got = self._call("reserve", kernel_id=req.kernel_id, mib=req.quota.mib, percent=req.quota.percent, kernel_name=req.kernel_name, wait=wait)  # fmt: skip
+        if "lease" in got:
+            return lease_from_json(got["lease"])
+        return Waiting(**got["waiting"])
+
+    def cancel_wait(self, kernel_id: str) -> None:
+        try:
+            self._call("cancel_wait", kernel_id=kernel_id)
+        except LedgerError:
+            if self.outage is None:
+                raise  # while the broker is down, its waiter goes stale without heartbeats and is dropped
+
+    def attach(self, kernel_id: str, kernel: ProcessRef | None) -> None:
+        pid = kernel.pid if kernel else None
+        try:
+            self._call("attach", kernel_id=kernel_id, pid=pid)
+        except LedgerError:
+            if self.outage is None:
+                raise
+            self._pending_attach[kernel_id] = pid
+
+    def release(self, kernel_id: str) -> Lease | None:
+        try:
+            got = self._call("release", kernel_id=kernel_id)
+        except LedgerError:
+            if self.outage is None:
+                raise
+            self._pending_release.add(kernel_id)
+            log.warning(
+                "jupyter-gpushare: kernel %s's reservation will be released when the broker is back.", kernel_id
+            )
+            return None
+        return lease_from_json(got) if got else None
+
+    def release_owned_except(self, keep: set[str]) -> list[Lease]:
+        return [lease_from_json(d) for d in self._query("release_owned_except", [], keep=sorted(keep))]
+
+    def adopt(self, kernel_id: str) -> None:
+        self._call("adopt", kernel_id=kernel_id)
+
+    def reap(self) -> list[Lease]:
+        return [lease_from_json(d) for d in self._query("reap", [])]
+
+    def leases(self) -> list[Lease]:
+        """This user's leases, and other users' as one nameless lease per card (admins: all)."""
+        return [lease_from_json(d) for d in self._query("leases", [])]
+
+    def get(self, kernel_id: str) -> Lease | None:
+        got = self._query("get", None, kernel_id=kernel_id)
+        return lease_from_json(got) if got else None
+
+    def waiters(self) -> list[Waiter]:
+        return [waiter_from_json(d) for d in self._query("waiters", [])]
+
+    def reserved_by_card(self) -> dict[str, int]:
+        return self._query("reserved_by_card", {})
+
+
+def main(argv: list[str] | None = None) -> None:
+    GpuShareBroker.launch_instance(argv)
+
+
+if __name__ == "__main__":
+    main()
