@@ -28,6 +28,7 @@ from .sampler import UsageSnapshot
 
 OVER_QUOTA_ACTIONS = ("notify", "interrupt", "restart", "shutdown")
 IDLE_ACTIONS = ("warn", "shutdown")
+REPEAT_MIN_S = 5.0  # least time between two actions on a kernel that stays over quota
 
 
 @dataclass(frozen=True)
@@ -115,9 +116,14 @@ class Enforcer:
                     **figures,
                 )
             over_s = now - w.over_since
-            due = over_s >= self.policy.over_grace_s and (
-                w.acted_at is None or now - w.acted_at >= max(self.policy.over_grace_s, 2 * interval_s)
+            # Once per episode for 'notify'; otherwise again if still over after another grace period
+            # (an interrupt often frees nothing: the framework keeps its cache).
+            again = (
+                self.policy.over_action != "notify"
+                and w.acted_at is not None
+                and now - w.acted_at >= max(self.policy.over_grace_s, REPEAT_MIN_S, 2 * interval_s)
             )
+            due = over_s >= self.policy.over_grace_s and (w.acted_at is None or again)
             if due and not w.acting:
                 w.acted_at = now
                 self._act(

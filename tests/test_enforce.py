@@ -1,0 +1,138 @@
+"""Over-quota and idle policies on a real server with real kernels; GPU use from the fake NVML."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+
+def fake_of(jp_serverapp):
+    return jp_serverapp.web_app.settings["gpushare_manager"].backend.fake
+
+
+async def events_of(gpushare, kid):
+    return [e for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == kid]
+
+
+class TestOverQuotaRestart:
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config):
+        return {
+            **gpushare_config,
+            "sample_interval": 0.2,
+            "over_quota_grace": 1.0,
+            "over_quota_action": "restart",
+            "idle_timeout": 0,
+        }
+
+    async def test_kernel_over_its_reservation_is_warned_then_restarted_after_the_grace(self, gpushare, jp_serverapp):
+        kid = await gpushare.start_kernel()
+        before = await gpushare.kernel(kid)
+        fake_of(jp_serverapp).add_process(before["pid"], 3000)  # reservation: 2 GiB + 512 MiB = 2560 MiB
+
+        async def warned():
+            kinds = [e["kind"] for e in await events_of(gpushare, kid)]
+            return "over-quota" in kinds and (await gpushare.kernel(kid))["state"] in ("over_quota", "running")
+
+        await gpushare.wait_for(warned, what="over-quota warning")
+        action = await gpushare.wait_for(
+            lambda: _event(gpushare, kid, "over-quota-restart"), timeout=30, what="restart"
+        )
+        warning = next(e for e in await events_of(gpushare, kid) if e["kind"] == "over-quota")
+        assert warning["used_mib"] == 3000 and warning["reserved_mib"] == 2560 and warning["pids"] == [before["pid"]]
+        assert "restarted if it stays over for 1 s" in warning["message"]
+        assert action["over_s"] >= 1.0 and action["action"] == "restart" and action["time"] - warning["time"] >= 1.0
+        after = await gpushare.kernel(kid)
+        assert after["pid"] != before["pid"] and after["reserved_mib"] == 2560  # restarted, reservation kept
+        # the old process is gone; the driver listing its pid makes it nobody's: back to running
+        rec = await gpushare.wait_for(lambda: _state(gpushare, kid, "running", used=0), what="running again")
+        assert rec["used_mib"] == 0
+        assert [e["kind"] for e in await events_of(gpushare, kid)].count("over-quota-restart") == 1
+
+
+class TestOverQuotaNotifyOnly:
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config):
+        return {
+            **gpushare_config,
+            "sample_interval": 0.2,
+            "over_quota_grace": 0,
+            "over_quota_action": "notify",
+            "idle_timeout": 0,
+        }
+
+    async def test_notify_leaves_the_kernel_alone(self, gpushare, jp_serverapp):
+        kid = await gpushare.start_kernel()
+        pid = (await gpushare.kernel(kid))["pid"]
+        fake_of(jp_serverapp).add_process(pid, 2600)
+        rec = await gpushare.wait_for(lambda: _state(gpushare, kid, "over_quota"), what="over_quota")
+        assert rec["used_mib"] == 2600 and rec["pid"] == pid
+        notified = await gpushare.wait_for(lambda: _event(gpushare, kid, "over-quota-notify"), what="notify event")
+        assert notified["used_mib"] == 2600
+        await asyncio.sleep(0.6)
+        assert (await gpushare.kernel(kid))["pid"] == pid
+        assert [e["kind"] for e in await events_of(gpushare, kid)].count("over-quota-notify") == 1
+
+
+class TestIdle:
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config):
+        return {**gpushare_config, "sample_interval": 0.2, "idle_timeout": 1.5, "idle_action": "warn"}
+
+    async def test_idle_kernel_is_warned_and_a_running_cell_is_not_idle(self, gpushare, jp_serverapp):
+        kid = await gpushare.start_kernel()
+        pid = (await gpushare.kernel(kid))["pid"]
+        fake_of(jp_serverapp).add_process(pid, 800)
+        rec = await gpushare.wait_for(lambda: _state(gpushare, kid, "idle"), what="idle")
+        assert rec["used_mib"] == 800
+        warning = await _event(gpushare, kid, "idle")
+        assert warning["idle_s"] >= 1.5 and warning["reserved_mib"] == 2560 and "not used the GPU" in warning["message"]
+
+        # A cell that runs for a while, with 0% GPU, is not idle (execution_state busy).
+        client = jp_serverapp.kernel_manager.get_kernel(kid).client()
+        client.start_channels()
+        try:
+            await client.wait_for_ready(timeout=60)
+            client.execute("import time; time.sleep(4)")
+            await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="busy kernel not idle")
+            await asyncio.sleep(2.5)  # longer than idle_timeout, still inside the cell
+            assert (await gpushare.kernel(kid))["state"] == "running"
+        finally:
+            client.stop_channels()
+        assert kid in jp_serverapp.kernel_manager.list_kernel_ids()  # warn only: never shut down
+
+
+class TestIdleShutdown:
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config):
+        return {
+            **gpushare_config,
+            "sample_interval": 0.2,
+            "idle_timeout": 1.0,
+            "idle_action": "shutdown",
+            "idle_shutdown_delay": 0.5,
+        }
+
+    async def test_idle_kernel_is_shut_down_after_the_warning(self, gpushare, jp_serverapp):
+        kid = await gpushare.start_kernel()
+        await gpushare.wait_for(lambda: _event(gpushare, kid, "idle-shutdown"), timeout=30, what="idle shutdown")
+        await gpushare.wait_for(lambda: _gone(gpushare, kid), what="kernel gone")
+        assert kid not in jp_serverapp.kernel_manager.list_kernel_ids()
+        kinds = [e["kind"] for e in await events_of(gpushare, kid)]
+        assert kinds.index("idle") < kinds.index("idle-shutdown") and "released" in kinds
+
+
+async def _gone(gpushare, kid):
+    return await gpushare.kernel(kid) is None
+
+
+async def _event(gpushare, kid, kind):
+    return next((e for e in await events_of(gpushare, kid) if e["kind"] == kind), None)
+
+
+async def _state(gpushare, kid, state, used=None):
+    rec = await gpushare.kernel(kid)
+    if rec and rec["state"] == state and (used is None or rec["used_mib"] == used):
+        return rec
+    return None

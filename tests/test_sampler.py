@@ -1,0 +1,178 @@
+"""The sampler on the fake NVML: attribution through real process trees, vanished processes,
+a card lost mid-run, no NVML at all, fields the driver does not support, peaks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jupyter_gpushare.gpu import FakeNvml, NoGpuBackend, SimulatedBackend
+from jupyter_gpushare.gpu.nvml import NvmlBackend
+from jupyter_gpushare.manager import QuotaManager
+from jupyter_gpushare.policy import Policy, Size
+from jupyter_gpushare.sampler import Sampler
+
+TREE = (
+    "import subprocess, sys, time\n"
+    "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    "print(c.pid, flush=True)\n"
+    "c.wait()\n"  # reap the child if it is killed, so its pid is gone
+    "time.sleep(60)\n"
+)
+
+
+@pytest.fixture
+def tree():
+    """A real two-level process tree: (root pid, child pid)."""
+    root = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)
+    child = int(root.stdout.readline())
+    yield root.pid, child
+    subprocess.run(["pkill", "-P", str(root.pid)], check=False)
+    root.kill()
+    root.wait()
+
+
+def make_manager(backend, tmp_path) -> QuotaManager:
+    policy = Policy(default_quota=Size(mib=2048), context_reserve_mib=512, headroom=Size(mib=0))
+    return QuotaManager(policy, backend, str(tmp_path / "ledger.sqlite"))
+
+
+def add_kernel(manager: QuotaManager, kernel_id: str, pid: int | None) -> None:
+    rec = manager.record(kernel_id, "python3", "python")
+    rec.state, rec.pid = "running", pid
+
+
+@pytest.fixture
+def sim(tmp_path):
+    backend = SimulatedBackend([10240, 8192])
+    manager = make_manager(backend, tmp_path)
+    yield manager, backend.fake
+    manager.close()
+
+
+def test_child_process_memory_counts_for_its_kernel_and_strangers_count_as_others(sim, tree):
+    manager, fake = sim
+    root, child = tree
+    add_kernel(manager, "k1", root)
+    add_kernel(manager, "k2", None)  # not started yet: not measured
+    fake.add_process(child, 1500, card=0, utilization=40)
+    fake.add_process(root, 600, card=1)
+    fake.add_process(os.getpid(), 700, card=0)  # this test process: not a kernel of the server
+    snap = Sampler(manager).tick()
+    k1 = snap.kernels["k1"]
+    assert k1.used_mib == 2100 and k1.peak_mib == 2100 and k1.utilization == 40.0
+    assert sorted((p.pid, p.card_index, p.used_mib) for p in k1.processes) == sorted([(child, 0, 1500), (root, 1, 600)])
+    assert snap.kernels["k2"].used_mib is None
+    card0 = snap.cards["GPU-simulated-0"]
+    assert (card0.used_mib, card0.used_by_kernels_mib, card0.used_by_others_mib, card0.free_mib) == (
+        2200,
+        1500,
+        700,
+        8040,
+    )
+    assert snap.error is None
+
+
+def test_vanished_process_counts_as_other_and_peak_stays(sim, tree):
+    manager, fake = sim
+    root, child = tree
+    add_kernel(manager, "k1", root)
+    sampler = Sampler(manager)
+    fake.add_process(child, 3000)
+    assert sampler.tick().kernels["k1"].used_mib == 3000
+    subprocess.run(["kill", "-9", str(child)], check=True)
+    deadline = time.monotonic() + 10
+    while sampler.tick().kernels["k1"].used_mib != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the driver still lists the dead pid: it is nobody's kernel now
+    snap = sampler.tick()
+    assert snap.kernels["k1"].used_mib == 0 and snap.kernels["k1"].peak_mib == 3000
+    assert snap.cards["GPU-simulated-0"].used_by_others_mib == 3000
+    assert snap.kernels["k1"].utilization == 0.0  # no samples = 0%
+
+
+def test_reused_pid_is_not_taken_for_the_kernel(sim, tree):
+    """A record whose pid now names a younger process (pid reuse) gets nothing of it."""
+    manager, fake = sim
+    root, child = tree
+    add_kernel(manager, "k1", root)
+    sampler = Sampler(manager)
+    sampler._trees._roots[root] = (0.0, "k1")  # as if the kernel's process had started at the epoch
+    fake.add_process(child, 1000)
+    assert sampler.tick().kernels["k1"].used_mib == 0
+
+
+def test_card_lost_mid_run_then_back(sim, tree):
+    manager, fake = sim
+    root, child = tree
+    add_kernel(manager, "k1", root)
+    sampler = Sampler(manager)
+    fake.add_process(child, 1000, card=0)
+    fake.add_process(root, 500, card=1)
+    assert sampler.tick().kernels["k1"].used_mib == 1500
+    fake.lose(0)
+    snap = sampler.tick()
+    lost = snap.cards["GPU-simulated-0"]
+    assert lost.lost and lost.used_mib is None and lost.used_by_kernels_mib is None and "lost" in lost.errors["card"]
+    assert snap.cards["GPU-simulated-1"].used_mib == 500  # the other card still reads
+    assert snap.kernels["k1"].used_mib == 500
+    fake.lose(0, False)
+    snap = sampler.tick()
+    assert not snap.cards["GPU-simulated-0"].lost and snap.kernels["k1"].used_mib == 1500
+
+
+def test_unsupported_and_unreported_fields_are_null_not_zero(sim, tree):
+    manager, fake = sim
+    root, child = tree
+    add_kernel(manager, "k1", root)
+    fake.not_supported(0, "nvmlDeviceGetProcessUtilization", "nvmlDeviceGetUtilizationRates")
+    fake.add_process(child, None, utilization=50)  # the driver does not say how much (WDDM, MIG)
+    snap = Sampler(manager).tick()
+    assert snap.kernels["k1"].used_mib is None and snap.kernels["k1"].utilization is None
+    card = snap.cards["GPU-simulated-0"]
+    assert card.utilization is None and "utilization" in card.errors and "process_utilization" in card.errors
+    assert card.used_mib == 0
+
+
+def test_mig_card_reports_no_per_process_utilisation(sim, tree):
+    manager, fake = sim
+    root, child = tree
+    add_kernel(manager, "k1", root)
+    fake.devices[0].mig = True
+    fake.add_process(child, 800, utilization=30)
+    snap = Sampler(manager).tick()
+    assert snap.cards["GPU-simulated-0"].mig and snap.cards["GPU-simulated-0"].utilization is None
+    assert snap.kernels["k1"].used_mib == 800 and snap.kernels["k1"].utilization is None
+
+
+def test_no_nvml_at_all(tmp_path):
+    fake = FakeNvml([8192])
+    fake.init_error = 9  # NVML_ERROR_DRIVER_NOT_LOADED
+    manager = make_manager(NvmlBackend(library=fake), tmp_path)
+    try:
+        add_kernel(manager, "k1", 1)
+        snap = Sampler(manager).tick()
+        assert "NVML could not start" in snap.error and snap.cards == {} and snap.kernels["k1"].used_mib is None
+    finally:
+        manager.close()
+    manager = make_manager(NoGpuBackend("no driver here"), tmp_path)
+    try:
+        snap = Sampler(manager).tick()
+        assert snap.error == "No GPU: no driver here"
+    finally:
+        manager.close()
+
+
+def test_thread_publishes_snapshots_and_stops(sim):
+    manager, fake = sim
+    sampler = Sampler(manager, interval_s=0.01)
+    assert sampler.interval_s == 0.2  # the floor
+    sampler.start()
+    deadline = time.monotonic() + 10
+    while sampler.snapshot.seq < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sampler.stop()
+    assert sampler.snapshot.seq >= 2 and sampler._thread is None
