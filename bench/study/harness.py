@@ -1,0 +1,406 @@
+"""Reproduce the shared-GPU failure study on one card, with and without jupyter-gpushare.
+
+Each job runs in a notebook kernel started through a real jupyter-server (POST /api/kernels) and
+driven over the kernel websocket, the way JupyterLab does. Per job it records: admitted, queued or
+failed; wait, run time; peak GPU memory of the kernel's process (NVML); and the card's totals over
+time. Scenarios (same job, same job counts):
+
+  defaults   framework defaults, no extension (JAX preallocates 75% of the card)
+  growth     memory growth (PyTorch's caching allocator as is; JAX without preallocation), no extension
+  gpushare   the extension with quotas (kernels that do not fit wait in the queue)
+
+    python bench/study/harness.py --out results/ [--frameworks torch,jax] [--runs torch:growth:24,...]
+    python bench/study/harness.py --simulate --out /tmp/smoke     # CPU smoke test, simulated card
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import math
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.websocket import websocket_connect
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jobs import job_code  # noqa: E402
+
+TOKEN = "study-" + uuid.uuid4().hex[:8]
+CONTEXT_RESERVE_MIB = 640
+HEADROOM_MIB = 512
+JOB_OVERHEAD_MIB = 384  # data (188 MiB) + model + allocator slack, on top of the working set
+
+
+# -- the card ---------------------------------------------------------------------------------------
+
+
+class Nvml:
+    """Card totals and per-process memory, sampled on a thread (None when there is no GPU)."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.nv = pynvml
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.name = pynvml.nvmlDeviceGetName(self.handle)
+        self.driver = pynvml.nvmlSystemGetDriverVersion()
+        self.total_mib = pynvml.nvmlDeviceGetMemoryInfo(self.handle).total // 2**20
+
+    def sample(self) -> tuple[int, dict[int, int], float]:
+        nv = self.nv
+        used = nv.nvmlDeviceGetMemoryInfo(self.handle).used // 2**20
+        procs = {}
+        try:
+            for p in nv.nvmlDeviceGetComputeRunningProcesses(self.handle):
+                procs[p.pid] = (p.usedGpuMemory or 0) // 2**20
+        except nv.NVMLError:
+            pass
+        try:
+            util = nv.nvmlDeviceGetUtilizationRates(self.handle).gpu
+        except nv.NVMLError:
+            util = float("nan")
+        return used, procs, util
+
+
+class Monitor(threading.Thread):
+    def __init__(self, nvml: Nvml | None, t0: float, interval: float = 0.25):
+        super().__init__(daemon=True)
+        self.nvml, self.t0, self.interval = nvml, t0, interval
+        self.timeline: list[dict] = []
+        self.peak_by_pid: dict[int, int] = {}
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            if self.nvml is not None:
+                used, procs, util = self.nvml.sample()
+                for pid, mib in procs.items():
+                    self.peak_by_pid[pid] = max(self.peak_by_pid.get(pid, 0), mib)
+                self.timeline.append({"t": round(time.time() - self.t0, 2), "used_mib": used, "processes": len(procs), "util": util})
+            self._halt.wait(self.interval)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(5)
+
+
+# -- the server -------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A jupyter-server subprocess, with or without the extension, in its own temp dirs."""
+
+    def __init__(self, with_extension: bool, gpushare: dict, env: dict[str, str], workdir: Path):
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="study-", dir=workdir))
+        for sub in ("config", "data", "runtime", "root"):
+            (self.dir / sub).mkdir()
+        config = {"ServerApp": {"jpserver_extensions": {"jupyter_gpushare": with_extension}}}
+        if with_extension:
+            config["GpuShareApp"] = {"ledger_path": str(self.dir / "ledger.sqlite"), **gpushare}
+        (self.dir / "config" / "jupyter_server_config.json").write_text(json.dumps(config))
+        self.env = {
+            **os.environ,
+            **env,
+            "JUPYTER_CONFIG_DIR": str(self.dir / "config"),
+            "JUPYTER_DATA_DIR": str(self.dir / "data"),
+            "JUPYTER_RUNTIME_DIR": str(self.dir / "runtime"),
+        }
+        self.log = open(self.dir / "server.log", "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_server", "--allow-root", f"--port={self.port}", f"--IdentityProvider.token={TOKEN}",
+             "--ServerApp.open_browser=False", f"--ServerApp.root_dir={self.dir / 'root'}",
+             "--ServerApp.shutdown_no_activity_timeout=0", "--MappingKernelManager.cull_idle_timeout=0"],
+            env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.http = AsyncHTTPClient()
+
+    async def call(self, method: str, path: str, body: dict | None = None, timeout: float = 60):
+        r = await self.http.fetch(
+            HTTPRequest(f"{self.url}/{path}", method=method, headers={"Authorization": f"token {TOKEN}"},
+                        body=json.dumps(body) if body is not None else None, request_timeout=timeout, allow_nonstandard_methods=True)
+        )  # fmt: skip
+        return json.loads(r.body) if r.body else None
+
+    async def wait_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {(self.dir / 'server.log').read_text()[-3000:]}")
+            try:
+                await self.call("GET", "api/status", timeout=5)
+                return
+            except (ConnectionError, OSError, HTTPClientError):
+                await asyncio.sleep(0.3)
+        raise RuntimeError("server did not start")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+# -- one job ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    index: int
+    requested: float = 0.0
+    admitted: float | None = None
+    finished: float | None = None
+    kernel_id: str | None = None
+    pid: int | None = None
+    status: str = "pending"  # ok | failed | refused
+    error: str | None = None
+    wait_s: float | None = None
+    run_s: float | None = None
+    job_s: float | None = None  # as timed inside the kernel
+    peak_mib: int | None = None
+    output: list[str] = field(default_factory=list)
+
+
+async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float) -> None:
+    job.requested = time.time() - t0
+    try:
+        model = await server.call("POST", "api/kernels", {"name": "python3"}, timeout=timeout)
+    except HTTPClientError as e:
+        job.status, job.error = "refused", _message(e)
+        return
+    job.kernel_id = model["id"]
+    job.admitted = time.time() - t0
+    job.wait_s = round(job.admitted - job.requested, 2)
+    session = uuid.uuid4().hex
+    ws = await websocket_connect(
+        HTTPRequest(f"ws://127.0.0.1:{server.port}/api/kernels/{job.kernel_id}/channels?session_id={session}", headers={"Authorization": f"token {TOKEN}"})
+    )
+    msg_id = uuid.uuid4().hex
+    header = {"msg_id": msg_id, "username": "study", "session": session, "msg_type": "execute_request", "version": "5.3", "date": datetime.now(timezone.utc).isoformat()}
+    content = {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
+    await ws.write_message(json.dumps({"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": "shell", "buffers": []}))
+    start = time.time() - t0
+    reply, idle = None, False
+    deadline = time.monotonic() + timeout
+    try:
+        while not (reply and idle):
+            raw = await asyncio.wait_for(ws.read_message(), max(1.0, deadline - time.monotonic()))
+            if raw is None:
+                job.status, job.error = "failed", "the kernel's connection closed (kernel died)"
+                break
+            msg = json.loads(raw)
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, body = msg["header"]["msg_type"], msg["content"]
+            if kind == "stream":
+                for line in body["text"].splitlines():
+                    job.output.append(line)
+                    if line.startswith("PID "):
+                        job.pid = int(line.split()[1])
+                    if line.startswith("DONE "):
+                        job.job_s = float(line.split()[1])
+            elif kind == "error":
+                job.error = f"{body['ename']}: {body['evalue']}"[:400]
+            elif kind == "execute_reply":
+                reply = body
+            elif kind == "status" and body["execution_state"] == "idle":
+                idle = True
+    except asyncio.TimeoutError:
+        job.status, job.error = "failed", f"no reply within {timeout:.0f} s"
+    ws.close()
+    job.finished = time.time() - t0
+    try:  # the job is over: its kernel goes, as the study's container did
+        await server.call("DELETE", f"api/kernels/{job.kernel_id}")
+    except (HTTPClientError, OSError):
+        pass  # a kernel that died is already gone
+    job.run_s = round(job.finished - start, 2)
+    if job.status == "pending":
+        job.status = "ok" if reply and reply.get("status") == "ok" and job.job_s is not None else "failed"
+
+
+def _message(e: HTTPClientError) -> str:
+    try:
+        return json.loads(e.response.body)["message"]
+    except Exception:
+        return str(e)
+
+
+# -- one scenario -------------------------------------------------------------------------------------
+
+
+async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n_jobs: int, sizing: dict) -> dict:
+    env = {"PYTHONUNBUFFERED": "1"}
+    if framework == "jax" and scenario == "growth":
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    gpushare = {
+        "default_quota": f"{sizing['quota_mib']}MiB",
+        "context_reserve": f"{CONTEXT_RESERVE_MIB}MiB",
+        "card_headroom": f"{HEADROOM_MIB}MiB",
+        "on_full": "queue",
+        "queue_timeout": args.job_timeout,
+    }
+    if args.simulate:
+        gpushare.update(gpu_backend="simulated", simulated_cards=f"{sizing['card_mib']}MiB")
+    server = Server(scenario == "gpushare", gpushare, env, Path(args.workdir))
+    label = f"{framework}/{scenario}/{n_jobs}"
+    print(f"[{label}] starting server", flush=True)
+    try:
+        await server.wait_ready()
+        code = job_code(framework, sizing["ws_mib"], epochs=args.epochs, n=args.images)
+        t0 = time.time()
+        monitor = Monitor(nvml, t0)
+        monitor.start()
+        jobs = [Job(i) for i in range(n_jobs)]
+        await asyncio.gather(*(run_job(server, j, code, t0, args.job_timeout) for j in jobs))
+        total_s = round(time.time() - t0, 2)
+        monitor.stop()
+        events = []
+        if scenario == "gpushare":
+            events = (await server.call("GET", "api/gpushare/events"))["events"]
+        for j in jobs:
+            j.peak_mib = monitor.peak_by_pid.get(j.pid) if j.pid else None
+    finally:
+        server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)
+    await drain(nvml)
+    ok = [j for j in jobs if j.status == "ok"]
+    run_times = sorted(j.job_s for j in ok)
+    queued = [j for j in jobs if (j.wait_s or 0) > 1.0]
+    result = {
+        "framework": framework,
+        "scenario": scenario,
+        "jobs": n_jobs,
+        "fit": sizing["fit"],
+        "ok": len(ok),
+        "failed": sum(j.status == "failed" for j in jobs),
+        "refused": sum(j.status == "refused" for j in jobs),
+        "queued": len(queued),
+        "max_wait_s": max((j.wait_s or 0 for j in jobs), default=0),
+        "total_s": total_s,
+        "run_s_min": run_times[0] if run_times else None,
+        "run_s_median": run_times[len(run_times) // 2] if run_times else None,
+        "run_s_max": run_times[-1] if run_times else None,
+        "max_concurrent_processes": max((s["processes"] for s in monitor.timeline), default=None),
+        "peak_card_used_mib": max((s["used_mib"] for s in monitor.timeline), default=None),
+        "errors": sorted({(j.error or "")[:160] for j in jobs if j.status != "ok"}),
+        "events": [e["kind"] for e in events],
+        "per_job": [{k: v for k, v in asdict(j).items() if k != "output"} | {"output_tail": j.output[-3:]} for j in jobs],
+        "timeline": monitor.timeline,
+    }
+    print(f"[{label}] ok {result['ok']}, failed {result['failed']}, refused {result['refused']}, queued {result['queued']}, "
+          f"total {total_s} s, run {result['run_s_min']}..{result['run_s_max']} s, peak card {result['peak_card_used_mib']} MiB", flush=True)  # fmt: skip
+    for err in result["errors"][:3]:
+        print(f"[{label}]   error: {err}", flush=True)
+    return result
+
+
+async def drain(nvml: Nvml | None, timeout: float = 30) -> None:
+    """Wait until the card is back to (almost) empty, so one scenario does not bleed into the next."""
+    deadline = time.monotonic() + timeout
+    while nvml is not None and time.monotonic() < deadline:
+        _, procs, _ = nvml.sample()
+        if not procs:
+            return
+        await asyncio.sleep(0.5)
+
+
+def sizing_for(card_mib: int, fit: int) -> dict:
+    """Reservation per job so that `fit` jobs fill the card (less headroom), and the job's working set."""
+    reservation = (card_mib - HEADROOM_MIB) // fit
+    quota = reservation - CONTEXT_RESERVE_MIB
+    return {"card_mib": card_mib, "fit": fit, "reservation_mib": reservation, "quota_mib": quota, "ws_mib": max(0, quota - JOB_OVERHEAD_MIB)}
+
+
+def parse_runs(text: str) -> list[tuple[str, str, float]]:
+    """'torch:growth:1.1,jax:defaults:1' -> [(framework, scenario, factor of the fitting job count)]."""
+    runs = []
+    for item in filter(None, text.split(",")):
+        fw, sc, factor = item.split(":")
+        runs.append((fw, sc, float(factor)))
+    return runs
+
+
+async def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for results.json, jobs.csv and the log")
+    ap.add_argument("--runs", default="jax:defaults:1,torch:growth:1.1,torch:growth:1.2,torch:gpushare:1.1,torch:gpushare:1.2,jax:growth:1.2,jax:gpushare:1.2")
+    ap.add_argument("--fit", type=int, default=22, help="jobs that fit the card's memory (the study: 23 of 1,205 MiB on 24 GiB)")
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--images", type=int, default=60000)
+    ap.add_argument("--job-timeout", type=float, default=300)
+    ap.add_argument("--budget", type=float, default=0, help="stop starting new scenarios after this many seconds (0 = none)")
+    ap.add_argument("--simulate", action="store_true", help="CPU smoke test: simulated card, NumPy job, small counts")
+    ap.add_argument("--workdir", default=tempfile.gettempdir())
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.simulate:
+        nvml, card_mib, device = None, 4096 + HEADROOM_MIB, "simulated card (no GPU): harness smoke test"
+        runs = [("numpy", "gpushare", 1.5)]
+        args.fit = 2
+    else:
+        nvml = Nvml()
+        card_mib, device = nvml.total_mib, f"{nvml.name} ({nvml.total_mib} MiB), driver {nvml.driver}"
+        runs = parse_runs(args.runs)
+    sizing = sizing_for(card_mib, args.fit)
+    print(f"device: {device}; sizing: {sizing}", flush=True)
+    started = time.monotonic()
+    results = []
+    for framework, scenario, factor in runs:
+        if args.budget and time.monotonic() - started > args.budget:
+            results.append({"framework": framework, "scenario": scenario, "skipped": "time budget spent"})
+            continue
+        n = max(1, math.ceil(args.fit * factor - 0.5)) if scenario != "defaults" else args.fit
+        results.append(await run_scenario(args, nvml, "numpy" if args.simulate else framework, scenario, n, sizing))
+        write(out, device, sizing, args, results)
+    write(out, device, sizing, args, results)
+    return 0
+
+
+def write(out: Path, device: str, sizing: dict, args, results: list[dict]) -> None:
+    doc = {
+        "study": "shared-GPU failure study, reproduced with and without jupyter-gpushare",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "host": f"{platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "sizing": sizing,
+        "job": {"epochs": args.epochs, "images": args.images, "batch": 32},
+        "results": results,
+    }
+    (out / "results.json").write_text(json.dumps(doc, indent=1))
+    with open(out / "jobs.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["framework", "scenario", "jobs", "job", "status", "wait_s", "run_s", "job_s", "peak_mib", "error"])
+        for r in results:
+            for j in r.get("per_job", []):
+                w.writerow([r["framework"], r["scenario"], r["jobs"], j["index"], j["status"], j["wait_s"], j["run_s"], j["job_s"], j["peak_mib"], j["error"] or ""])
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
