@@ -1,0 +1,9 @@
+# Source on the GPU machine from the repo root: installs the carried wheels (.whl/, see
+# bench/README.md) into /tmp/site and registers this checkout's kernel provisioner entry point,
+# so a real jupyter-server and kernels run there without pip access.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
+d=/tmp/site/jupyter_gpushare-0.1.0.dist-info
+mkdir -p "$d"
+printf 'Metadata-Version: 2.1\nName: jupyter-gpushare\nVersion: 0.1.0\n' > "$d/METADATA"
+printf '[jupyter_client.kernel_provisioners]\ngpushare-provisioner = jupyter_gpushare.provisioner:GpuShareProvisioner\n' > "$d/entry_points.txt"
+export PYTHONPATH="$PWD:/tmp/site"
