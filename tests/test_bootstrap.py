@@ -29,14 +29,11 @@ CARD = Card(index=0, uuid="GPU-test-0", name="Test Card 80GB", total_mib=81920, 
 QUOTA = 2048
 
 
-def boot_module():
-    """The bootstrap module, loaded into this process the way sitecustomize loads it."""
-    if "_gpushare_boot" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("_gpushare_boot", BOOTSTRAP_DIR / "_gpushare_boot.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["_gpushare_boot"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["_gpushare_boot"]
+def boot_module(name: str = "_gpushare_boot"):
+    """A bootstrap module, loaded into this process as sitecustomize loads it (not installed: no GPUSHARE env)."""
+    if str(BOOTSTRAP_DIR) not in sys.path:
+        sys.path.append(str(BOOTSTRAP_DIR))  # appended: our sitecustomize must not shadow anything here
+    return importlib.import_module(name)
 
 
 def gpu_env(tmp_path, card=CARD, **extra) -> dict[str, str]:
@@ -94,7 +91,7 @@ def test_bootstrap_imports_only_the_standard_library():
             for name in names:
                 top = name.split(".")[0]
                 top_level = node in tree.body
-                allowed = sys.stdlib_module_names | {"_gpushare_boot", "sitecustomize", "__future__"}
+                allowed = sys.stdlib_module_names | {"_gpushare_boot", "_gpushare_caps", "sitecustomize", "__future__"}
                 assert top in allowed or (not top_level and top in frameworks), f"{path.name} imports {name}"
 
 
@@ -241,11 +238,11 @@ def test_tensorflow_clamp_of_a_notebooks_logical_devices(tmp_path):
     out = run_py(
         """
         import json, sys
-        import tensorflow as tf, _gpushare_boot as boot
+        import tensorflow as tf, _gpushare_caps as caps
         C = tf.config.LogicalDeviceConfiguration
-        big, note = boot.clamp_logical_devices([C(memory_limit=6000), C(memory_limit=2000)], 2048)
-        fit, none = boot.clamp_logical_devices([C(memory_limit=1000), C(memory_limit=1000)], 2048)
-        open_, note2 = boot.clamp_logical_devices([C(), C()], 2048)
+        big, note = caps.clamp_logical_devices([C(memory_limit=6000), C(memory_limit=2000)], 2048)
+        fit, none = caps.clamp_logical_devices([C(memory_limit=1000), C(memory_limit=1000)], 2048)
+        open_, note2 = caps.clamp_logical_devices([C(), C()], 2048)
         print(json.dumps({"big": [c.memory_limit for c in big], "note": note, "fit": [c.memory_limit for c in fit], "none": none,
                           "open": [c.memory_limit for c in open_], "note2": note2, "type": type(big[0]).__name__}))
         """,
@@ -335,7 +332,7 @@ def test_torch_cuda_build_gets_the_setting_its_version_accepts(tmp_path, version
 
 def test_alloc_conf_merge():
     """The user's allocator keys stay; a larger fraction of their own is lowered with a note, a smaller one kept."""
-    merge = boot_module().merge_alloc_conf
+    merge = boot_module("_gpushare_caps").merge_alloc_conf
     assert merge("", "0.025") == ("per_process_memory_fraction:0.025", None)
     assert (
         merge("max_split_size_mb:128, expandable_segments:True", "0.025")[0]
