@@ -554,7 +554,9 @@ class GpuShareBroker(JupyterApp):
 
     def _prepare_socket(self) -> None:
         path = Path(self.socket_path)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True)
+            os.chmod(path.parent, 0o755)  # the umask is 077: let users reach the socket
         if path.exists() or path.is_symlink():
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:

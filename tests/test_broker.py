@@ -1,0 +1,489 @@
+"""Many users on one host: a real broker process and real Jupyter servers running as three Unix users.
+
+What must hold: admission is host-wide across the servers; a student cannot pass their per-user
+limit, release or read another user's reservation, or pass for someone else; a killed server's
+leases are reclaimed; a broker restart loses nothing that is still alive, and while it is down
+kernels start without a GPU and say why. Needs root (useradd, servers as other users).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from jupyter_gpushare.broker import BrokerLedger, Caller, GpuShareBroker, view_for
+from jupyter_gpushare.gpu import Card
+from jupyter_gpushare.ledger import Lease, ProcessRef, Waiter
+from jupyter_gpushare.policy import Policy, PolicyError, UserLimits
+
+TOKEN = "gpushare-broker-test"
+STUDENTS = ("gsbr_alice", "gsbr_bob")
+STAFF = "gsbr_carol"
+STAFF_GROUP = "gsbr_staff"
+KERNEL = 2560  # 2 GiB quota + 512 MiB context reserve, on a 10 GiB card: four fit
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("useradd"),
+    reason="needs root and useradd: runs Jupyter servers as three different Unix users",
+)
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = 30, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def ensure_user(name: str, group: str | None = None) -> pwd.struct_passwd:
+    if group:
+        subprocess.run(["groupadd", "-f", group], check=True)
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--no-create-home", "--shell", "/bin/sh", *(["-G", group] if group else []), name], check=True
+        )
+    return pwd.getpwnam(name)
+
+
+def remove_user(name: str) -> None:
+    subprocess.run(["userdel", name], capture_output=True)
+
+
+def run_as(user: pwd.struct_passwd, home: Path, env: dict | None = None) -> dict:
+    """Popen arguments that run a process as ``user`` with ``home`` as its HOME."""
+    return {
+        "user": user.pw_uid,
+        "group": user.pw_gid,
+        "extra_groups": os.getgrouplist(user.pw_name, user.pw_gid),
+        "env": {**os.environ, "HOME": str(home), "USER": user.pw_name, "LOGNAME": user.pw_name,
+                "JUPYTER_DATA_DIR": str(home / "data"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+                "JUPYTER_CONFIG_DIR": str(home / "config"), "IPYTHONDIR": str(home / "ipython"), **(env or {})},
+        "cwd": str(home),
+    }  # fmt: skip
+
+
+class Broker:
+    def __init__(self, base: Path):
+        self.base = base
+        self.socket = str(base / "run" / "broker.sock")
+        self.ledger = str(base / "lib" / "ledger.sqlite")
+        config = base / "broker_config.py"
+        config.write_text(
+            textwrap.dedent(
+                f"""
+                c.GpuShareApp.gpu_backend = "simulated"
+                c.GpuShareApp.simulated_cards = "10GiB"
+                c.GpuShareApp.card_headroom = "0MiB"
+                c.GpuShareApp.context_reserve = "512MiB"
+                c.GpuShareBroker.socket_path = {self.socket!r}
+                c.GpuShareBroker.ledger_path = {self.ledger!r}
+                c.GpuShareBroker.reap_interval = 0.5
+                c.GpuShareBroker.default_limits = {{"max_total": "4GiB"}}
+                c.GpuShareBroker.group_limits = {{{STAFF_GROUP!r}: {{"max_total": None}}}}
+                """
+            )
+        )
+        self.config = str(config)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Broker:
+        self.log = open(self.base / "broker.log", "a+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_gpushare.cli", "broker", f"--config={self.config}"],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_until(lambda: self._answers(), timeout=60, what="the broker to listen")
+        return self
+
+    def _answers(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"broker exited {self.proc.returncode}:\n{self.output()}")
+        with socket.socket(socket.AF_UNIX) as s:
+            try:
+                s.connect(self.socket)
+                return True
+            except OSError:
+                return False
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(20)
+        self.log.close()
+
+    def admin_view(self) -> dict:
+        client = BrokerLedger(self.socket)
+        try:
+            return client.view()
+        finally:
+            client.close()
+
+
+class UserServer:
+    """A `jupyter server` running as one Unix user, reserving through the broker."""
+
+    def __init__(self, base: Path, user: pwd.struct_passwd, broker: Broker):
+        self.user = user
+        self.home = base / user.pw_name
+        self.home.mkdir(exist_ok=True)
+        (self.home / "root").mkdir(exist_ok=True)
+        os.chown(self.home, user.pw_uid, user.pw_gid)
+        os.chown(self.home / "root", user.pw_uid, user.pw_gid)
+        os.chmod(self.home, 0o700)
+        self.broker = broker
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> UserServer:
+        self.port = free_port()
+        self.log = open(self.home.parent / f"server-{self.user.pw_name}-{self.port}.log", "w+")
+        settings = {
+            "broker_socket": self.broker.socket, "gpu_backend": "simulated", "simulated_cards": "10GiB", "card_headroom": "0MiB",
+            "context_reserve": "512MiB", "default_quota": "2GiB", "reconcile_interval": "0.5", "on_full": "reject",
+        }  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_server", f"--port={self.port}", f"--IdentityProvider.token={TOKEN}",
+             "--ServerApp.open_browser=False", f"--ServerApp.root_dir={self.home / 'root'}",
+             *(f"--GpuShareApp.{k}={v}" for k, v in settings.items())],
+            stdout=self.log, stderr=subprocess.STDOUT, **run_as(self.user, self.home),
+        )  # fmt: skip
+        return self
+
+    def wait_ready(self, timeout: float = 90) -> UserServer:
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.user.pw_name}'s server exited {self.proc.returncode}:\n{self.output()}")
+            try:
+                self.call("GET", "api/status")
+                return True
+            except (urllib.error.URLError, ConnectionError):
+                return False
+
+        wait_until(ready, timeout, f"{self.user.pw_name}'s server")
+        return self
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def call(self, method: str, path: str, body: dict | None = None):
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/{path}", method=method, headers={"Authorization": f"token {TOKEN}"},
+            data=json.dumps(body).encode() if body is not None else None,
+        )  # fmt: skip
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read() or b"null")
+
+    def start_kernel(self) -> str:
+        return self.call("POST", "api/kernels", {"name": "python3"})["id"]
+
+    def refused(self) -> tuple[int, str]:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            self.start_kernel()
+        return e.value.code, json.loads(e.value.read())["message"]
+
+    def kernel(self, kernel_id: str) -> dict:
+        return next(k for k in self.call("GET", "api/gpushare/kernels")["kernels"] if k["kernel_id"] == kernel_id)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+def as_user(user: pwd.struct_passwd, home: Path, code: str) -> dict:
+    """Run Python as ``user`` and return the JSON it prints last."""
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60, **run_as(user, home)
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- the host: broker + three users' servers ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def host():
+    root_mode = stat.S_IMODE(os.stat("/root").st_mode)
+    os.chmod("/root", root_mode | 0o001)  # other users must reach the interpreter under /root/.pyenv
+    base = Path(tempfile.mkdtemp(prefix="gpushare-broker-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    users = {name: ensure_user(name) for name in STUDENTS}
+    users[STAFF] = ensure_user(STAFF, STAFF_GROUP)
+    broker = Broker(base)
+    servers: dict[str, UserServer] = {}
+    try:
+        broker.start()
+        servers = {name: UserServer(base, user, broker).start() for name, user in users.items()}
+        for server in servers.values():
+            server.wait_ready()
+        yield broker, servers
+    finally:
+        for server in servers.values():
+            server.stop()
+        broker.stop()
+        os.chmod("/root", root_mode)
+        for name in users:
+            remove_user(name)
+        subprocess.run(["groupdel", STAFF_GROUP], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def stop_all_kernels(servers) -> None:
+    for server in servers.values():
+        for k in server.call("GET", "api/kernels"):
+            server.call("DELETE", f"api/kernels/{k['id']}")
+
+
+def reserved(broker: Broker) -> int:
+    return broker.admin_view()["cards"][0]["reserved_mib"]
+
+
+# -- tests (in order: the last ones restart the broker and kill a server) ------------------------------
+
+
+def test_admission_is_host_wide_and_per_user_limits_hold(host):
+    broker, servers = host
+    alice, bob, carol = servers["gsbr_alice"], servers["gsbr_bob"], servers[STAFF]
+    a1, a2 = alice.start_kernel(), alice.start_kernel()
+    code, message = alice.refused()  # a third 2 GiB kernel passes alice's 4 GiB total
+    assert code == 400
+    assert "at most 4 GiB of GPU memory in all kernels together" in message and "already hold 4 GiB" in message
+    b1 = bob.start_kernel()
+    c1 = carol.start_kernel()  # staff: no total limit, but the card is now full (4 x 2.5 GiB)
+    assert reserved(broker) == 4 * KERNEL
+    code, message = carol.refused()
+    assert code == 503 and "No GPU has room" in message
+    view = broker.admin_view()
+    assert view["cards"][0]["reserved_mib"] <= view["cards"][0]["usable_mib"]
+    assert {(k["user"], k["kernel_id"]) for k in view["kernels"]} == {
+        ("gsbr_alice", a1),
+        ("gsbr_alice", a2),
+        ("gsbr_bob", b1),
+        (STAFF, c1),
+    }
+    for kid in (a1, a2):  # every server reports the kernel's card and its own user
+        assert alice.kernel(kid)["state"] == "running"
+    bob.call("DELETE", f"api/kernels/{b1}")
+    wait_until(lambda: reserved(broker) == 3 * KERNEL, what="bob's release")
+    c2 = carol.start_kernel()  # room again: host-wide
+    assert carol.kernel(c2)["state"] == "running"
+    carol.call("DELETE", f"api/kernels/{c2}")
+    wait_until(lambda: reserved(broker) == 3 * KERNEL, what="carol's release")
+
+
+def test_student_cannot_release_read_or_forge(host):
+    broker, servers = host
+    alice, bob = servers["gsbr_alice"], servers["gsbr_bob"]
+    alice_ids = [k["kernel_id"] for k in broker.admin_view()["kernels"] if k["user"] == "gsbr_alice"]
+    alice_pid = alice.kernel(alice_ids[0])["pid"]
+    assert len(alice_ids) == 2 and alice_pid
+    got = as_user(
+        bob.user,
+        bob.home,
+        f"""
+        import json, socket
+        from jupyter_gpushare.broker import BrokerLedger
+        from jupyter_gpushare.ledger import LedgerError, ProcessRef, Request
+        from jupyter_gpushare.policy import parse_size
+        b = BrokerLedger({broker.socket!r})
+        out = {{}}
+        out["release"] = repr(b.release({alice_ids[0]!r}))
+        out["get"] = repr(b.get({alice_ids[0]!r}))
+        b.attach({alice_ids[0]!r}, None)
+        out["leases"] = [(l.kernel_id, l.user, l.kernel_name) for l in b.leases()]
+        out["view"] = json.dumps(b.view())
+        lease = b.reserve(Request("forged-1", parse_size("1GiB"), user="gsbr_alice"), None, [], False)
+        out["forged_user"] = lease.user
+        s = socket.socket(socket.AF_UNIX); s.connect({broker.socket!r})
+        s.sendall(json.dumps({{"op": "reserve", "args": {{"kernel_id": "forged-2", "mib": 512, "user": "gsbr_alice",
+                                "uid": 0, "pid": 1}}}}).encode() + b"\\n")
+        out["raw"] = json.loads(s.makefile().readline())
+        for name, call in (("steal", lambda: b.reserve(Request({alice_ids[1]!r}, parse_size("1GiB")), None, [], False)),
+                           ("attach_other_pid", lambda: b.attach("forged-1", ProcessRef.of({alice_pid})))):
+            try:
+                call(); out[name] = "accepted"
+            except LedgerError as e:
+                out[name] = str(e)
+        out["released_own"] = [b.release("forged-1").user, b.release("forged-2").user]
+        print(json.dumps(out))
+        """,
+    )
+    assert got["release"] == "None" and got["get"] == "None"
+    view = broker.admin_view()
+    assert set(alice_ids) <= {k["kernel_id"] for k in view["kernels"]}  # alice's reservations are untouched
+    assert all(k["kernel_pid"] for k in view["kernels"] if k["kernel_id"] in alice_ids)  # and still attached
+    assert got["forged_user"] == "gsbr_bob"  # the name in the request is ignored
+    assert got["raw"]["ok"] and got["raw"]["result"]["lease"]["user"] == "gsbr_bob"
+    assert got["raw"]["result"]["lease"]["owner"]["pid"] != 1
+    assert "in use by another user's kernel" in got["steal"]
+    assert "is not yours" in got["attach_other_pid"]
+    assert got["released_own"] == ["gsbr_bob", "gsbr_bob"]
+    # what bob may see: his own kernels; others only as anonymous per-card totals
+    for text in (json.dumps(got["leases"]), got["view"]):
+        assert "gsbr_alice" not in text and STAFF not in text
+        assert not any(kid in text for kid in alice_ids)
+    bob_view = json.loads(got["view"])
+    assert bob_view["admin"] is False and bob_view["cards"][0]["others_reserved_mib"] > 0
+
+
+def test_student_and_admin_views_through_servers_and_cli(host):
+    broker, servers = host
+    alice, bob = servers["gsbr_alice"], servers["gsbr_bob"]
+    b1 = bob.start_kernel()
+    others = [k["kernel_id"] for k in broker.admin_view()["kernels"] if k["user"] != "gsbr_bob"]
+    assert others
+    # bob's own server: its API shows the host's reservations, but no other user's kernel or name
+    for path in ("api/gpushare/cards", "api/gpushare/kernels", "api/gpushare/queue"):
+        text = json.dumps(bob.call("GET", path))
+        assert not any(kid in text for kid in others) and "gsbr_alice" not in text and STAFF not in text, path
+    assert bob.call("GET", "api/gpushare/cards")["cards"][0]["reserved_mib"] == reserved(broker)
+    student = as_user(
+        bob.user, bob.home,
+        f"import subprocess, sys, json; out = subprocess.run([sys.executable, '-m', 'jupyter_gpushare.cli', 'status', '--json', "
+        f"'--socket', {broker.socket!r}], capture_output=True, text=True); print(json.dumps({{'rc': out.returncode, 'out': out.stdout}}))",
+    )  # fmt: skip
+    assert student["rc"] == 0
+    text = student["out"]
+    assert b1 in text and not any(kid in text for kid in others) and "gsbr_alice" not in text
+    table = subprocess.run(
+        [sys.executable, "-m", "jupyter_gpushare.cli", "status", "--socket", broker.socket],
+        capture_output=True,
+        text=True,
+    )
+    assert table.returncode == 0 and "USERS" in table.stdout  # root is an admin: every user and kernel
+    assert all(kid in table.stdout for kid in others + [b1]) and "gsbr_alice" in table.stdout
+    bob.call("DELETE", f"api/kernels/{b1}")
+
+
+def test_broker_restart_loses_nothing_alive_and_outage_falls_back_to_cpu(host):
+    broker, servers = host
+    alice, bob = servers["gsbr_alice"], servers["gsbr_bob"]
+    before = {k["kernel_id"]: k for k in broker.admin_view()["kernels"]}
+    gone = next(kid for kid, k in before.items() if k["user"] == "gsbr_alice")
+    broker.stop()
+    kid = bob.start_kernel()  # the broker is down: the kernel starts, without a GPU, and says why
+    rec = bob.kernel(kid)
+    assert rec["state"] == "cpu" and "broker" in rec["reason"] and "not reachable" in rec["reason"]
+    assert "not reachable" in (bob.call("GET", "api/gpushare/cards")["ledger"]["error"] or "")
+    alice.call("DELETE", f"api/kernels/{gone}")  # released while down: sent once the broker is back
+    broker.start()
+    after = {k["kernel_id"]: k for k in broker.admin_view()["kernels"]}
+    assert set(before) - {gone} <= set(after)
+    for k, lease in before.items():
+        if k != gone:
+            assert after[k]["kernel_pid"] == lease["kernel_pid"] and after[k]["quota_mib"] == lease["quota_mib"]
+    wait_until(
+        lambda: gone not in {k["kernel_id"] for k in broker.admin_view()["kernels"]},
+        what="the release made during the outage",
+    )
+    wait_until(
+        lambda: bob.call("GET", "api/gpushare/cards")["ledger"]["error"] is None,
+        what="bob's server to see the broker again",
+    )
+    bob.call("DELETE", f"api/kernels/{kid}")
+    k2 = bob.start_kernel()
+    assert bob.kernel(k2)["state"] == "running"
+    bob.call("DELETE", f"api/kernels/{k2}")
+
+
+def test_killing_a_server_reclaims_its_leases(host):
+    broker, servers = host
+    carol = servers[STAFF]
+    mine = [k["kernel_id"] for k in broker.admin_view()["kernels"] if k["user"] == STAFF]
+    assert mine
+    carol.proc.send_signal(signal.SIGKILL)
+    carol.proc.wait(10)
+    wait_until(
+        lambda: not {k["kernel_id"] for k in broker.admin_view()["kernels"]} & set(mine),
+        timeout=60,
+        what="carol's leases to be reclaimed",
+    )
+    assert "Reclaimed" in broker.output()
+    stop_all_kernels({k: v for k, v in servers.items() if k != STAFF})
+    wait_until(lambda: reserved(broker) == 0, what="every reservation released")
+
+
+# -- in-process checks of the broker's rules (no sockets) -----------------------------------------------
+
+
+def _lease(kid: str, user: str, quota: int = 2048, card: str = "GPU-0") -> Lease:
+    return Lease(kid, card, 0, quota, 512, user, "python3", ProcessRef(10, 1.0), ProcessRef(11, 2.0), 0.0)
+
+
+def test_view_for_a_student_names_no_one_else():
+    leases = [_lease("k-alice", "alice"), _lease("k-bob", "bob")]
+    waiters = [
+        Waiter(1, "k-alice-2", "2 GiB", "alice", "python3", ProcessRef(10, 1.0), 0.0),
+        Waiter(2, "k-bob-2", "1 GiB", "bob", "python3", ProcessRef(12, 1.0), 0.0),
+    ]
+    cards = [Card(0, "GPU-0", "H200", 10240)]
+    view = view_for(
+        Caller("bob", 1001), leases, waiters, cards, Policy(context_reserve_mib=512, headroom=Policy().headroom)
+    )
+    text = json.dumps(view)
+    assert "alice" not in text
+    assert [k["kernel_id"] for k in view["kernels"]] == ["k-bob"]
+    assert view["cards"][0]["others_reserved_mib"] == 2560 and view["cards"][0]["mine_reserved_mib"] == 2560
+    assert [(q["position"], q["mine"], q["kernel_id"]) for q in view["queue"]] == [
+        (1, False, None),
+        (2, True, "k-bob-2"),
+    ]
+    admin = view_for(Caller("root", 0, admin=True), leases, waiters, cards, Policy())
+    assert {k["user"] for k in admin["kernels"]} == {"alice", "bob"} and len(admin["users"]) == 2
+
+
+def test_limits_hook_and_groups():
+    broker = GpuShareBroker()
+    broker.default_limits = {"max_total": "8GiB", "max_kernels": 3}
+    broker.group_limits = {"ta": {"max_total": "24GiB"}, "lab": {"max_total": "16GiB", "max_kernel": "8GiB"}}
+    broker.user_limits = {"prof": {"max_total": None}}
+    broker.user_limits_hook = lambda user, groups, limits: {"max_kernels": 1} if user == "late" else None
+    broker.rules = __import__("jupyter_gpushare.policy", fromlist=["LimitRules"]).LimitRules.parse(
+        broker.default_limits, broker.user_limits, broker.group_limits
+    )
+    broker._biggest = 81920
+    limits = broker.limits_for(Caller("x", 1, ("ta", "lab")))
+    assert limits.max_total.mib == 24 * 1024 and limits.max_kernel.mib == 8192 and limits.max_kernels == 3
+    assert broker.limits_for(Caller("prof", 2, ("lab",))).max_total is None
+    assert broker.limits_for(Caller("late", 3)).max_kernels == 1
+    with pytest.raises(PolicyError, match="at most 1 GPU kernel"):
+        UserLimits(max_kernels=1).check("late", 1024, 81920, [1024])
