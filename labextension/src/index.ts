@@ -390,7 +390,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
           );
         }
         panel.renderNow();
-        const sorted = [...times].sort((a, b) => a - b);
+        // The first render builds the DOM from nothing; later ones are refreshes (a diff).
+        const sorted = times.slice(1).sort((a, b) => a - b);
         return {
           kernels: n,
           repeats,

@@ -1,5 +1,6 @@
 import { expect, Page, test } from '@playwright/test';
 import * as fs from 'fs';
+import * as os from 'os';
 import * as path from 'path';
 
 // A real JupyterLab (start-lab.sh): one simulated 10 GiB card, 3 GiB quota + 512 MiB context
@@ -239,6 +240,11 @@ test('sidebar: kernels with quota bars, a queued kernel, quota change, status ba
         what: 'jupyter-gpushare sidebar: time per refresh (virtual DOM render + forced layout), synthetic kernels in the real panel',
         date: new Date().toISOString(),
         browser: ua,
+        host: `${os.cpus().length} CPUs, load average ${os
+          .loadavg()
+          .map(x => x.toFixed(2))
+          .join(' ')}`,
+        note: 'median/p95/max are over refreshes (renders 2..N); first_ms is the first render, which builds the DOM',
         kernels_50: { ...bench, times: undefined },
         kernels_200: { ...bench200, times: undefined }
       },
