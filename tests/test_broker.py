@@ -367,7 +367,7 @@ def test_student_cannot_release_read_or_forge(host):
 
 def test_student_and_admin_views_through_servers_and_cli(host):
     broker, servers = host
-    alice, bob = servers["gsbr_alice"], servers["gsbr_bob"]
+    bob = servers["gsbr_bob"]
     b1 = bob.start_kernel()
     others = [k["kernel_id"] for k in broker.admin_view()["kernels"] if k["user"] != "gsbr_bob"]
     assert others

@@ -1,0 +1,124 @@
+"""`jupyter gpushare status` and `jupyter gpushare doctor`, run as real commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jupyter_gpushare.gpu import Card
+from jupyter_gpushare.ledger import Ledger, ProcessRef, Request
+from jupyter_gpushare.policy import Policy, parse_size
+
+CARDS = [Card(0, "GPU-simulated-0", "Simulated GPU (no real memory)", 10240, simulated=True)]
+
+
+@pytest.fixture
+def env(tmp_path):
+    """An isolated Jupyter config dir holding a config with simulated cards, and its ledger path."""
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    ledger = tmp_path / "ledger" / "ledger.sqlite"
+    (config_dir / "jupyter_server_config.py").write_text(
+        textwrap.dedent(
+            f"""
+            c.GpuShareApp.gpu_backend = "simulated"
+            c.GpuShareApp.simulated_cards = "10GiB"
+            c.GpuShareApp.card_headroom = "0MiB"
+            c.GpuShareApp.context_reserve = "512MiB"
+            c.GpuShareApp.ledger_path = {str(ledger)!r}
+            """
+        )
+    )
+    return {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(config_dir),
+        "JUPYTER_DATA_DIR": str(tmp_path / "data"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        "LEDGER": str(ledger),
+        "CONFIG": str(config_dir / "jupyter_server_config.py"),
+    }
+
+
+def gpushare(env, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "jupyter_gpushare.cli", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def fill(path: str) -> list[str]:
+    ledger = Ledger(path)
+    policy = Policy(context_reserve_mib=512, headroom=parse_size("0MiB"))
+    ids = []
+    for i, quota in enumerate(("2GiB", "3GiB")):
+        lease = ledger.reserve(Request(f"kernel-{i}", parse_size(quota), "alice", "python3"), policy, CARDS, wait=False)
+        ledger.attach(lease.kernel_id, ProcessRef.me())
+        ids.append(lease.kernel_id)
+    ledger.close()
+    return ids
+
+
+def test_status_reads_the_local_ledger_as_json_and_as_tables(env):
+    ids = fill(env["LEDGER"])
+    out = gpushare(env, "status", "--json")
+    assert out.returncode == 0, out.stderr
+    view = json.loads(out.stdout)
+    assert view["source"] == f"ledger {env['LEDGER']}"
+    assert [k["kernel_id"] for k in view["kernels"]] == ids
+    card = view["cards"][0]
+    assert (card["total_mib"], card["reserved_mib"], card["unreserved_mib"]) == (10240, 2560 + 3584, 10240 - 6144)
+    table = gpushare(env, "status")
+    assert table.returncode == 0
+    for text in ("CARDS", "KERNELS", "QUEUE", "kernel-0", "kernel-1", "6 GiB", "3 GiB", "[simulated]"):
+        assert text in table.stdout, text
+
+
+def test_status_says_when_the_broker_is_not_reachable(env, tmp_path):
+    out = gpushare(env, "status", "--socket", str(tmp_path / "nobody.sock"))
+    assert out.returncode == 2
+    assert "is not reachable" in out.stderr and "systemctl status jupyter-gpushare-broker" in out.stderr
+    assert out.stderr.count("is not reachable") == 1  # said once, not logged again
+
+
+def test_doctor_passes_a_good_setup_and_names_every_tier(env):
+    fill(env["LEDGER"])
+    out = gpushare(env, "doctor", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = {f["check"]: f for f in json.loads(out.stdout)}
+    assert found["config"]["status"] == "ok"
+    assert (
+        found["ledger"]["status"] == "ok"
+        and "integrity ok" in found["ledger"]["detail"]
+        and "2 reservation(s)" in found["ledger"]["detail"]
+    )
+    assert found["cards"]["status"] == "warn" and "simulated" in found["cards"]["detail"]
+    for tier in ("framework caps", "NVML watchdog", "MPS", "driver cgroup limits"):
+        assert f"tier: {tier}" in found
+    assert "nvidia-cuda-mps-control" in found["tier: MPS"]["detail"]
+    assert all(f["fix"] for f in found.values() if f["status"] in ("warn", "error"))
+
+
+def test_doctor_reports_a_bad_setting_with_its_name_and_fails(env):
+    with open(env["CONFIG"], "a") as f:
+        f.write('c.GpuShareApp.default_quota = "4"\n')
+    out = gpushare(env, "doctor")
+    assert out.returncode == 1
+    assert "[ERROR] config: GpuShareApp.default_quota: '4' is not a size: add a unit" in out.stdout
+    assert "what to do:" in out.stdout
+
+
+def test_doctor_finds_a_damaged_ledger_and_an_absent_broker(env, tmp_path):
+    os.makedirs(os.path.dirname(env["LEDGER"]))
+    with open(env["LEDGER"], "wb") as f:
+        f.write(b"this is not a database" * 100)
+    out = gpushare(env, "doctor", "--json")
+    assert out.returncode == 1
+    found = {f["check"]: f for f in json.loads(out.stdout)}
+    assert found["ledger"]["status"] == "error" and ".bad" in found["ledger"]["fix"]
+    out = gpushare(env, "doctor", "--json", "--socket", str(tmp_path / "nobody.sock"))
+    found = {f["check"]: f for f in json.loads(out.stdout)}
+    assert out.returncode == 1 and found["broker"]["status"] == "error" and "systemctl start" in found["broker"]["fix"]

@@ -1,0 +1,107 @@
+"""Kubernetes: generated Zero-to-JupyterHub profiles, and a pod's card capacity under HAMi."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from traitlets.config import Config
+
+from jupyter_gpushare.app import GpuShareApp
+from jupyter_gpushare.gpu import Card
+from jupyter_gpushare.k8s import apply_pod_limits, dump, parse_hami_limit, profile_list, z2jh_values
+from jupyter_gpushare.policy import PolicyError
+
+H100 = Card(0, "GPU-a", "NVIDIA H100 80GB HBM3", 81559)
+L4 = Card(1, "GPU-b", "NVIDIA L4", 23034)
+
+
+@pytest.mark.parametrize(
+    "text, mib", [("8000m", 8000), ("8000M", 8000), ("1g", 1024), ("2G", 2048), ("1073741824", 1024), ("524288k", 512)]
+)
+def test_hami_limit_units(text, mib):
+    assert parse_hami_limit(text) == mib
+
+
+@pytest.mark.parametrize("text", ["", "lots", "8 GiB", "-1m", "0"])
+def test_hami_limit_malformed_is_no_limit(text):
+    assert parse_hami_limit(text) is None
+
+
+def test_pod_limits_per_device_then_for_all():
+    env = {"CUDA_DEVICE_MEMORY_LIMIT_0": "8000m", "CUDA_DEVICE_MEMORY_LIMIT": "4g"}
+    a, b = apply_pod_limits([H100, L4], env)
+    assert (a.total_mib, b.total_mib) == (8000, 4096)
+    assert (a.uuid, a.name, a.index) == (H100.uuid, H100.name, 0)  # only the capacity changes
+
+
+def test_pod_limits_never_raise_capacity_and_absent_means_whole_device():
+    assert apply_pod_limits([L4], {"CUDA_DEVICE_MEMORY_LIMIT_1": "100g"}) == [L4]
+    assert apply_pod_limits([H100, L4], {}) == [H100, L4]
+
+
+def test_profiles_ask_the_scheduler_for_each_slice_kind():
+    profiles = profile_list(whole_gpu=True, mig=["1g.10gb", "3g.40gb"], hami_gpumem=[8000], hami_gpucores=30)
+    limits = {p["slug"]: p["kubespawner_override"].get("extra_resource_limits") for p in profiles}
+    assert limits == {
+        "cpu": None,
+        "gpu-whole": {"nvidia.com/gpu": "1"},
+        "gpu-mig-1g-10gb": {"nvidia.com/mig-1g.10gb": "1"},
+        "gpu-mig-3g-40gb": {"nvidia.com/mig-3g.40gb": "1"},
+        "gpu-hami-8000m": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000", "nvidia.com/gpucores": "30"},
+    }
+    assert [p.get("default", False) for p in profiles] == [True, False, False, False, False]
+    assert all(p["display_name"] and p["description"] for p in profiles)
+    assert len({p["slug"] for p in profiles}) == len(profiles)
+
+
+def test_values_carry_a_pod_config_that_the_extension_accepts():
+    values = z2jh_values(hami_gpumem=[8000], cpu_profile=False, default_quota="50%")
+    single = values["singleuser"]
+    assert [p["slug"] for p in single["profileList"]] == ["gpu-hami-8000m"]
+    assert single["extraEnv"]["JUPYTER_DEFAULT_PROVISIONER_NAME"] == "gpushare-provisioner"
+    (extra,) = single["extraFiles"].values()
+    assert extra["mountPath"].endswith(".json")
+    policy = GpuShareApp(config=Config(extra["data"])).build_policy()  # what the server in the pod will load
+    assert policy.default_quota.percent == 50
+    assert extra["data"]["GpuShareApp"]["ledger_path"].startswith("/tmp/")  # pod-local disk, not an NFS home
+
+
+@pytest.mark.parametrize(
+    "kwargs, expect",
+    [
+        ({"mig": ["big"]}, "not a MIG profile"),
+        ({"hami_gpumem": [0]}, "not a memory size"),
+        ({"hami_gpumem": [8000], "hami_gpucores": 150}, "not a percentage"),
+        ({}, "at least one GPU profile"),
+        ({"whole_gpu": True, "default_quota": "4"}, "add a unit"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, expect):
+    with pytest.raises(PolicyError, match=expect):
+        z2jh_values(**kwargs)
+
+
+def test_cli_prints_yaml_and_json_of_the_same_values():
+    args = [
+        sys.executable,
+        "-m",
+        "jupyter_gpushare.cli",
+        "k8s-profiles",
+        "--whole-gpu",
+        "--mig",
+        "1g.10gb",
+        "--hami-gpumem",
+        "8000",
+    ]
+    as_json = subprocess.run([*args, "--format", "json"], capture_output=True, text=True, timeout=60)
+    assert as_json.returncode == 0, as_json.stderr
+    expected = z2jh_values(whole_gpu=True, mig=["1g.10gb"], hami_gpumem=[8000])
+    assert json.loads(as_json.stdout) == expected
+    yaml = pytest.importorskip("yaml")
+    as_yaml = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert yaml.safe_load(as_yaml.stdout) == expected == yaml.safe_load(dump(expected))
+    bad = subprocess.run([*args[:4], "--mig", "huge"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "'huge' is not a MIG profile" in bad.stderr
