@@ -14,7 +14,7 @@ export function classifyEvent(kind: string): NotifyType | null {
   if (k === 'admitted') {
     return 'success';
   }
-  if (k === 'refused' || k.includes('over')) {
+  if (k === 'refused' || k.includes('over') || k.includes('failed')) {
     return 'error';
   }
   if (k === 'no-gpu' || k.includes('near') || k.includes('idle')) {
