@@ -143,6 +143,7 @@ def main() -> int:
         "python": platform.python_version(),
         "gpu": card.name if on_gpu else None,
         "reps": args.reps,
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "frameworks": {},
     }
     start = {"with": [], "without": []}
