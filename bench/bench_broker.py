@@ -83,7 +83,16 @@ def client(sock: str, seed: int, ops: int, rounds: int, barrier, start, tally, l
             ledger.release(kid)
         else:
             waited += 1
-    out.put({"burst": burst, "latencies": latencies, "granted": granted, "refused": waited, "t_start": t_start, "t_end": time.monotonic()})
+    out.put(
+        {
+            "burst": burst,
+            "latencies": latencies,
+            "granted": granted,
+            "refused": waited,
+            "t_start": t_start,
+            "t_end": time.monotonic(),
+        }
+    )
 
 
 def monitor(sock: str, stop, out) -> None:
@@ -128,7 +137,9 @@ def main() -> None:
                 """
             )
         )
-    broker = subprocess.Popen([sys.executable, "-m", "jupyter_gpushare.cli", "broker", f"--config={config}"], stderr=subprocess.DEVNULL)
+    broker = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_gpushare.cli", "broker", f"--config={config}"], stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 60
     while True:
         with socket.socket(socket.AF_UNIX) as s:
@@ -137,14 +148,17 @@ def main() -> None:
                 break
             except OSError:
                 if time.monotonic() > deadline or broker.poll() is not None:
-                    raise SystemExit("the broker did not start")
+                    raise SystemExit("the broker did not start") from None
                 time.sleep(0.1)
     try:
         ctx = multiprocessing.get_context("fork")
         start, stop, out, mon_out = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
         barrier = ctx.Barrier(args.clients)
         tally, peak, lock = ctx.Value("q", 0, lock=False), ctx.Value("q", 0, lock=False), ctx.Lock()
-        ps = [ctx.Process(target=client, args=(sock, s, args.ops, args.rounds, barrier, start, tally, lock, peak, out)) for s in range(args.clients)]
+        ps = [
+            ctx.Process(target=client, args=(sock, s, args.ops, args.rounds, barrier, start, tally, lock, peak, out))
+            for s in range(args.clients)
+        ]
         mon = ctx.Process(target=monitor, args=(sock, stop, mon_out))
         for p in ps:
             p.start()
@@ -167,7 +181,12 @@ def main() -> None:
     granted = sum(r["granted"] for r in results)
     report = {
         "benchmark": "broker reserve round trip, clients at once",
-        "machine": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {
+            "node": platform.node(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "clients": args.clients,
         "ops_per_client": args.ops,
@@ -204,7 +223,11 @@ def main() -> None:
             "monitor_worst_over_mib": max(0, watch["worst_over_mib"]),
         },
     }
-    report["target_met"] = report["burst_latency_ms"]["p99"] < 50 and report["overbooking"]["client_tally_over"] == 0 and report["overbooking"]["monitor_worst_over_mib"] == 0
+    report["target_met"] = (
+        report["burst_latency_ms"]["p99"] < 50
+        and report["overbooking"]["client_tally_over"] == 0
+        and report["overbooking"]["monitor_worst_over_mib"] == 0
+    )
     print(json.dumps(report, indent=2))
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
