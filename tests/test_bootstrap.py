@@ -437,3 +437,39 @@ def test_read_reports_merges_live_processes_only(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def _oldest_python() -> str | None:
+    """A Python 3.9 interpreter that runs (pyenv shims on PATH may name one that is not active)."""
+    import glob
+    import shutil
+
+    for candidate in [
+        *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python"))),
+        shutil.which("python3.9"),
+    ]:
+        if candidate and subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    return None
+
+
+@pytest.mark.skipif(_oldest_python() is None, reason="no Python 3.9 interpreter on this machine")
+def test_bootstrap_on_the_oldest_python_and_cupy_limit(tmp_path):
+    """The bootstrap runs on Python 3.9 (the oldest the package supports), and a CuPy limit the notebook raised
+    past the quota is lowered before CuPy reads it (stand-in cupy: CuPy needs CUDA to install)."""
+    (tmp_path / "standin" / "cupy").mkdir(parents=True)
+    (tmp_path / "standin" / "cupy" / "__init__.py").write_text(
+        "import os\nLIMIT = os.environ.get('CUPY_GPU_MEMORY_LIMIT')\n"
+    )
+    env = gpu_env(tmp_path, CUPY_GPU_MEMORY_LIMIT="50%")
+    env["PYTHONPATH"] += os.pathsep + str(tmp_path / "standin")
+    out = run_py("import sys, cupy; print(sys.version_info[:2], cupy.LIMIT)", env, python=_oldest_python())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["(3,", "9)", str(QUOTA * 2**20)]
+    assert "CUPY_GPU_MEMORY_LIMIT=50% was lowered" in out.stderr
+    (report,) = reports_of(tmp_path).values()
+    assert report["frameworks"]["cupy"] == {
+        "capped": True,
+        "limit_mib": QUOTA,
+        "detail": f"CUPY_GPU_MEMORY_LIMIT={QUOTA * 2**20} bytes (CuPy's default memory pool)",
+    }

@@ -24,7 +24,7 @@ def _gpushare_chain():
     ours = sys.modules.get("sitecustomize")
     saved = list(sys.path)
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    del sys.modules["sitecustomize"]
+    sys.modules.pop("sitecustomize", None)
     try:
         import sitecustomize  # noqa: F401  (the shadowed one)
     except ImportError as e:
