@@ -70,6 +70,7 @@ class Enforcer:
         self.log = log or logging.getLogger("jupyter_gpushare")
         self.clock = clock
         self.states: dict[str, str] = {}
+        self.version = 0  # counts on_sample calls (the API caches its reply per version)
         self._watch: dict[str, _Watch] = {}
         self._tasks: set[asyncio.Task] = set()
 
@@ -92,6 +93,7 @@ class Enforcer:
         for kid in [k for k in self._watch if k not in self.manager.records]:
             del self._watch[kid]
         self.states = states
+        self.version += 1
 
     # -- over quota ----------------------------------------------------------------------------
 

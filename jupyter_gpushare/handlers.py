@@ -59,8 +59,23 @@ class KernelsHandler(GpuShareHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        # Served from memory: the records as they are now, with the last reading of their use.
-        self.finish({"kernels": [self.kernel(rec) for rec in list(self.manager.records.values())]})
+        # Served from memory: the records as they are now, with the last reading of their use. The
+        # encoded reply is reused while neither the reading nor any record has changed (pollers).
+        records = list(self.manager.records.values())
+        enforcer = self.settings.get("gpushare_enforcer")
+        usage = self.usage
+        key = (usage.seq, enforcer.version if enforcer else None, tuple(_signature(r) for r in records))
+        cache = self.settings.setdefault("gpushare_kernels_cache", {})
+        if cache.get("key") != key:
+            cache["body"] = json.dumps({"kernels": [self.kernel(rec) for rec in records]})
+            cache["key"] = key
+        self.set_header("Content-Type", "application/json")
+        self.finish(cache["body"])
+
+
+def _signature(rec) -> tuple:
+    """Changes whenever a field of the record is set (``to_dict()`` is a function of its fields)."""
+    return tuple(map(id, vars(rec).values()))
 
 
 class KernelHandler(GpuShareHandler):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -29,6 +30,8 @@ from .gpu import DeviceSample, GpuUnavailable
 
 MIN_INTERVAL_S = 0.2
 MAX_DEPTH = 64  # ancestors walked from a GPU process before giving up
+QUOTA_REFRESH_S = 5.0  # the manager's snapshot (ledger, framework reports) is re-read at least this often
+REVALIDATE_S = 10.0  # a pid listed in consecutive readings is re-read from /proc at least this often
 EMPTY: Mapping = MappingProxyType({})
 
 
@@ -118,17 +121,61 @@ class UsageSnapshot:
         }
 
 
+def _proc_stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time) of a process, or None when it does not exist (one read on Linux).
+
+    The start time is in clock ticks since boot on Linux (from /proc/<pid>/stat), elsewhere
+    psutil's create_time: either way, with the pid it names one process for its whole life.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return _psutil_stat(pid)
+    fields = data[data.rindex(b")") + 2 :].split()  # the name may hold spaces and parentheses
+    try:
+        return int(fields[1]), int(fields[19])  # ppid (field 4), starttime (field 22)
+    except (IndexError, ValueError):
+        return _psutil_stat(pid)
+
+
+def _psutil_stat(pid: int) -> tuple[int, int] | None:
+    try:
+        p = psutil.Process(pid)
+        return p.ppid(), int(p.create_time() * 1000)
+    except (psutil.Error, ValueError):
+        return None
+
+
+if not os.path.isdir("/proc/self"):  # not Linux: psutil for both
+    _proc_stat = _psutil_stat  # noqa: F811
+
+
+def _exists(pid: int) -> bool:
+    """The pid names a process (a signal-0 probe: one system call, no /proc read)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: another user's process, alive
+        pass
+    return True
+
+
 class ProcessTrees:
-    """Maps pids to the kernel whose process tree holds them, caching by (pid, create_time)."""
+    """Maps pids to the kernel whose process tree holds them, caching by (pid, start time)."""
 
     def __init__(self) -> None:
-        self._roots: dict[int, tuple[float, str]] = {}  # root pid -> (create_time, kernel id)
-        self._owner: dict[tuple[int, float], tuple[int, float] | None] = {}  # process -> its kernel root
+        self._roots: dict[int, tuple[int, str]] = {}  # root pid -> (start time, kernel id)
+        self._owner: dict[tuple[int, int], tuple[int, int] | None] = {}  # process -> its kernel root
         self._roots_version = 0
-        self._negative_version: dict[tuple[int, float], int] = {}
+        self._negative_version: dict[tuple[int, int], int] = {}
+        self._recent: dict[int, tuple[tuple[int, int], tuple[int, int], float]] = {}  # pid -> (key, stat, read at)
 
     def set_roots(self, roots: dict[str, int | None]) -> None:
-        """The kernels' root pids (kernel id -> pid); a root's create time is read once."""
+        """The kernels' root pids (kernel id -> pid); a root's start time is read once."""
         current = {pid: kid for kid, pid in roots.items() if pid}
         changed = False
         for pid in list(self._roots):
@@ -137,54 +184,67 @@ class ProcessTrees:
                 changed = True
         for pid, kid in current.items():
             if pid not in self._roots:
-                try:
-                    self._roots[pid] = (psutil.Process(pid).create_time(), kid)
-                except (psutil.Error, ValueError):
+                stat = _proc_stat(pid)
+                if stat is None:
                     continue
+                self._roots[pid] = (stat[1], kid)
                 changed = True
         if changed:
             self._roots_version += 1
 
     def owners(self, pids: set[int]) -> dict[int, str]:
-        """Kernel id for every pid that belongs to a kernel of this server; others are left out."""
+        """Kernel id for every pid that belongs to a kernel of this server; others are left out.
+
+        A pid listed by the driver in the previous reading too, still alive, and read from /proc
+        less than REVALIDATE_S ago, is taken to be the same process without reading /proc again: for another
+        process to hold that pid, this one must have exited (and the driver drops exited processes
+        at once), the pid be handed out again and the new process reach the GPU, all within one
+        interval. Every other pid is read (one small /proc read each).
+        """
+        now = time.monotonic()
         found: dict[int, str] = {}
-        seen: set[tuple[int, float]] = set()
+        seen: dict[int, tuple[tuple[int, int], tuple[int, int], float]] = {}
         for pid in pids:
-            try:
-                proc = psutil.Process(pid)
-                key = (pid, proc.create_time())
-            except (psutil.Error, ValueError):
-                continue  # exited (or another namespace's pid): "other"
-            seen.add(key)
-            root = self._lookup(proc, key)
+            recent = self._recent.get(pid)
+            if recent is not None and now - recent[2] < REVALIDATE_S and _exists(pid):
+                key, stat, checked = recent
+            else:
+                stat = _proc_stat(pid)
+                if stat is None:
+                    continue  # exited (or another namespace's pid): "other"
+                key, checked = (pid, stat[1]), now
+            seen[pid] = (key, stat, checked)
+            root = self._lookup(pid, stat, key)
             if root is not None:
                 entry = self._roots.get(root[0])
                 if entry is not None and entry[0] == root[1]:
                     found[pid] = entry[1]
-        for key in [k for k in self._owner if k not in seen]:  # forget processes no longer on a GPU
-            self._owner.pop(key, None)
-            self._negative_version.pop(key, None)
+        self._recent = seen
+        if len(self._owner) > len(seen):  # forget processes no longer on a GPU
+            keys = {v[0] for v in seen.values()}
+            for key in [k for k in self._owner if k not in keys]:
+                self._owner.pop(key, None)
+                self._negative_version.pop(key, None)
         return found
 
-    def _lookup(self, proc: psutil.Process, key: tuple[int, float]) -> tuple[int, float] | None:
+    def _lookup(self, pid: int, stat: tuple[int, int], key: tuple[int, int]) -> tuple[int, int] | None:
         if key in self._owner:
             root = self._owner[key]
             if root is not None or self._negative_version.get(key) == self._roots_version:
                 return root
         root = None
-        cur: psutil.Process | None = proc
+        cur_pid, (ppid, start) = pid, stat
         for _ in range(MAX_DEPTH):
-            if cur is None:
+            entry = self._roots.get(cur_pid)
+            if entry is not None and entry[0] == start:
+                root = (cur_pid, start)
                 break
-            try:
-                ct = cur.create_time()
-                entry = self._roots.get(cur.pid)
-                if entry is not None and entry[0] == ct:
-                    root = (cur.pid, ct)
-                    break
-                cur = cur.parent()  # psutil checks the parent is older than the child (pid reuse)
-            except (psutil.Error, ValueError):
+            if ppid <= 1:
                 break
+            parent = _proc_stat(ppid)
+            if parent is None or parent[1] > start:  # gone, or younger than its child: the pid was reused
+                break
+            cur_pid, (ppid, start) = ppid, parent
         self._owner[key] = root
         if root is None:
             self._negative_version[key] = self._roots_version
@@ -196,7 +256,9 @@ class Sampler:
 
     ``tick()`` can also be called directly (tests, benchmarks). ``on_sample`` is called on the
     IOLoop with each new snapshot (the enforcer); the manager's own snapshot (ledger reservations,
-    framework reports) is refreshed on the IOLoop's side too, and cached with the usage figures.
+    framework reports) is refreshed on the IOLoop's side too when the set of kernels changes and at
+    least every QUOTA_REFRESH_S, and cached with the usage figures (reading 200 kernels' framework
+    reports takes ~15 ms of the ledger thread, too much for every tick).
     """
 
     def __init__(
@@ -220,6 +282,8 @@ class Sampler:
         self._pending: Any = None
         self._last_error: str | None = None
         self._seq = 0
+        self._quota_ids: frozenset[str] = frozenset()
+        self._quota_at = 0.0
 
     # -- thread ------------------------------------------------------------------------------
 
@@ -320,7 +384,12 @@ class Sampler:
         for kid in [k for k in self._peaks if k not in kernels]:
             del self._peaks[kid]
 
-        quota = self._refresh_quota()
+        ids = frozenset(kid for kid, _, _ in targets)
+        quota = None
+        if ids != self._quota_ids or time.monotonic() - self._quota_at >= QUOTA_REFRESH_S:
+            quota = self._refresh_quota()
+            if quota is not None:
+                self._quota_ids, self._quota_at = ids, time.monotonic()
         tick_ms = (time.perf_counter() - t0) * 1000
         self._seq += 1
         snap = UsageSnapshot(
@@ -348,6 +417,11 @@ class Sampler:
         """The manager's snapshot (ledger reservations, framework reports), run on the IOLoop."""
         if self.loop is None or self._stop.is_set():
             return None
+        try:
+            if asyncio.get_running_loop() is self.loop:
+                return None  # tick() called on the loop itself (tests, benchmarks): it cannot wait for the loop
+        except RuntimeError:
+            pass
         try:
             self._pending = asyncio.run_coroutine_threadsafe(self.manager.snapshot(), self.loop)
             return self._pending.result(timeout=max(2.0, 2 * self.interval_s))

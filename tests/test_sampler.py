@@ -100,7 +100,7 @@ def test_reused_pid_is_not_taken_for_the_kernel(sim, tree):
     root, child = tree
     add_kernel(manager, "k1", root)
     sampler = Sampler(manager)
-    sampler._trees._roots[root] = (0.0, "k1")  # as if the kernel's process had started at the epoch
+    sampler._trees._roots[root] = (0, "k1")  # as if the kernel's process had started at boot
     fake.add_process(child, 1000)
     assert sampler.tick().kernels["k1"].used_mib == 0
 
