@@ -31,6 +31,8 @@ sys.path.insert(0, ROOT)
 
 N_KERNELS, N_OTHERS, N_CLIENTS, POLL_S, PHASE_S = 200, 20, 10, 1.0, 20.0
 TOKEN = "bench-token"
+# BENCH_WITHOUT_RESOURCE_USAGE=1: only this extension on the server (isolates the IOLoop lag it causes)
+WITH_RU = os.environ.get("BENCH_WITHOUT_RESOURCE_USAGE") != "1"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -181,7 +183,7 @@ async def bench_server(trees) -> dict:
     port = free_port()
     config = {
         "ServerApp": {
-            "jpserver_extensions": {"jupyter_gpushare": True, "jupyter_resource_usage": True},
+            "jpserver_extensions": {"jupyter_gpushare": True, "jupyter_resource_usage": WITH_RU},
             "port": port,
             "open_browser": False,
             "root_dir": root,
@@ -229,7 +231,7 @@ async def bench_server(trees) -> dict:
     ours["reply_bytes"] = size
     ours["kernels_listed"] = len(manager.records)
     ours["sampler_tick_ms_in_server"] = round(sampler.snapshot.tick_ms, 3)
-    theirs = await phase(f"{base}/api/metrics/v1/kernel_usage/get_usage/{kid}")
+    theirs = await phase(f"{base}/api/metrics/v1/kernel_usage/get_usage/{kid}") if WITH_RU else ours
     theirs["kernels_listed"] = 1
     idle_lags: list[float] = []
     stop = asyncio.Event()
