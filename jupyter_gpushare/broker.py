@@ -554,6 +554,13 @@ class GpuShareBroker(JupyterApp):
                     reply = {"ok": False, "error": "Refused", "message": str(e)}
                 except (ValueError, KeyError, TypeError) as e:
                     reply = {"ok": False, "error": "Refused", "message": f"Bad request ({type(e).__name__}: {e})."}
+                except Exception as e:  # a bug, or a user_limits_hook that raised: answer, keep serving
+                    self.log.exception("jupyter-gpushare broker: %r from %s failed", line[:200], caller.user)
+                    reply = {
+                        "ok": False,
+                        "error": "LedgerError",
+                        "message": f"The broker failed on this request ({e}); see its log.",
+                    }
                 writer.write(json.dumps(reply).encode() + b"\n")
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):

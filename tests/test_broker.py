@@ -37,7 +37,7 @@ STAFF = "gsbr_carol"
 STAFF_GROUP = "gsbr_staff"
 KERNEL = 2560  # 2 GiB quota + 512 MiB context reserve, on a 10 GiB card: four fit
 
-pytestmark = pytest.mark.skipif(
+needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("useradd"),
     reason="needs root and useradd: runs Jupyter servers as three different Unix users",
 )
@@ -280,6 +280,7 @@ def reserved(broker: Broker) -> int:
 # -- tests (in order: the last ones restart the broker and kill a server) ------------------------------
 
 
+@needs_root
 def test_admission_is_host_wide_and_per_user_limits_hold(host):
     broker, servers = host
     alice, bob, carol = servers["gsbr_alice"], servers["gsbr_bob"], servers[STAFF]
@@ -310,6 +311,7 @@ def test_admission_is_host_wide_and_per_user_limits_hold(host):
     wait_until(lambda: reserved(broker) == 3 * KERNEL, what="carol's release")
 
 
+@needs_root
 def test_student_cannot_release_read_or_forge(host):
     broker, servers = host
     alice, bob = servers["gsbr_alice"], servers["gsbr_bob"]
@@ -365,6 +367,7 @@ def test_student_cannot_release_read_or_forge(host):
     assert bob_view["admin"] is False and bob_view["cards"][0]["others_reserved_mib"] > 0
 
 
+@needs_root
 def test_student_and_admin_views_through_servers_and_cli(host):
     broker, servers = host
     bob = servers["gsbr_bob"]
@@ -394,6 +397,7 @@ def test_student_and_admin_views_through_servers_and_cli(host):
     bob.call("DELETE", f"api/kernels/{b1}")
 
 
+@needs_root
 def test_broker_restart_loses_nothing_alive_and_outage_falls_back_to_cpu(host):
     broker, servers = host
     alice, bob = servers["gsbr_alice"], servers["gsbr_bob"]
@@ -425,6 +429,7 @@ def test_broker_restart_loses_nothing_alive_and_outage_falls_back_to_cpu(host):
     bob.call("DELETE", f"api/kernels/{k2}")
 
 
+@needs_root
 def test_killing_a_server_reclaims_its_leases(host):
     broker, servers = host
     carol = servers[STAFF]
@@ -487,3 +492,63 @@ def test_limits_hook_and_groups():
     assert broker.limits_for(Caller("late", 3)).max_kernels == 1
     with pytest.raises(PolicyError, match="at most 1 GPU kernel"):
         UserLimits(max_kernels=1).check("late", 1024, 81920, [1024])
+
+
+@pytest.fixture
+def inproc(tmp_path):
+    """A broker's request handling without its socket: callers are given, not read from a socket."""
+    from traitlets.config import Config
+
+    c = Config()
+    c.GpuShareApp.gpu_backend, c.GpuShareApp.simulated_cards = "simulated", "10GiB"
+    c.GpuShareApp.card_headroom, c.GpuShareApp.context_reserve = "0MiB", "512MiB"
+    c.GpuShareBroker.ledger_path = str(tmp_path / "lib" / "ledger.sqlite")
+    broker = GpuShareBroker(config=c)
+    broker.setup()
+    broker._ledger = broker._open_ledger()
+    me = ProcessRef.me()
+    callers = {
+        "alice": Caller("alice", 5001, process=me),
+        "bob": Caller("bob", 5002, process=me),
+        "admin": Caller("root", 0, admin=True, process=me),
+    }
+    yield broker, callers
+    broker._ledger.close()
+
+
+def test_queue_and_cancel_across_users(inproc):
+    broker, who = inproc
+    for i in range(4):
+        assert "lease" in broker.handle(who["alice"], "reserve", {"kernel_id": f"a{i}", "mib": 2048})
+    waiting = broker.handle(who["bob"], "reserve", {"kernel_id": "b0", "mib": 2048, "wait": True})
+    assert waiting["waiting"]["position"] == 1
+    broker.handle(who["alice"], "cancel_wait", {"kernel_id": "b0"})  # not alice's: nothing happens
+    broker.handle(who["alice"], "release", {"kernel_id": "b0"})
+    queue = broker.handle(who["alice"], "view", {})["queue"]
+    assert queue == [
+        {
+            "position": 1,
+            "mine": False,
+            "kernel_id": None,
+            "kernel_name": None,
+            "user": None,
+            "quota": None,
+            "waited_s": queue[0]["waited_s"],
+        }
+    ]
+    assert [w["kernel_id"] for w in broker.handle(who["alice"], "waiters", {})] == [""]
+    assert broker.handle(who["admin"], "release", {"kernel_id": "a0"})["user"] == "alice"  # admins may release anyone's
+    assert "lease" in broker.handle(who["bob"], "reserve", {"kernel_id": "b0", "mib": 2048, "wait": True})
+    with pytest.raises(PolicyError, match="largest a kernel may have|does not fit"):
+        broker.handle(who["bob"], "reserve", {"kernel_id": "b1", "mib": 20480})
+
+
+def test_a_failing_limits_hook_is_answered_not_dropped(inproc):
+    broker, who = inproc
+
+    def hook(user, groups, limits):
+        raise RuntimeError("roster unavailable")
+
+    broker.user_limits_hook = hook
+    with pytest.raises(RuntimeError):
+        broker.handle(who["bob"], "reserve", {"kernel_id": "b9", "mib": 1024})
