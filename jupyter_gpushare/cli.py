@@ -56,23 +56,54 @@ def _app(config_file: str | None):
 # -- status ---------------------------------------------------------------------------------------------
 
 
+def add_use(view: dict[str, Any], backend) -> dict[str, Any]:
+    """Add what the driver measures now: memory used per card, and per kernel (its process tree)."""
+    import psutil
+
+    for card in view["cards"]:
+        card["used_mib"] = None
+    for kernel in view["kernels"]:
+        kernel["used_mib"] = None
+    try:
+        samples = {s.card.uuid: s for s in backend.sample()}
+    except Exception:
+        return view
+    for card in view["cards"]:
+        sample = samples.get(card["uuid"])
+        card["used_mib"] = sample.used_mib if sample else None
+    for kernel in view["kernels"]:
+        sample, pid = samples.get(kernel["card_uuid"]), kernel.get("kernel_pid")
+        if sample is None or not pid:
+            continue
+        try:
+            tree = {pid} | {child.pid for child in psutil.Process(pid).children(recursive=True)}
+        except psutil.Error:
+            continue
+        figures = [p.used_mib for p in sample.processes if p.pid in tree]
+        kernel["used_mib"] = None if any(f is None for f in figures) else sum(figures)
+    return view
+
+
 def gather_status(socket_path: str | None, ledger_path: str | None, config_file: str | None) -> dict[str, Any]:
-    """The view this user may see: from the broker when one is configured (or found), else the ledger file."""
+    """The view this user may see: from the broker when one is configured (or found), else the ledger
+    file; with the memory in use now, as this host's driver reports it."""
+    from .gpu import Card, open_backend
+
     app = _app(config_file)
+    backend = open_backend(app.gpu_backend, app.simulated_cards)
     if ledger_path is None and socket_path is None:
         socket_path = app.broker_socket or (DEFAULT_SOCKET if os.path.exists(DEFAULT_SOCKET) else None)
     if socket_path and ledger_path is None:
         client = BrokerLedger(socket_path)
         try:
-            return {"source": f"broker {socket_path}", **client.view()}
+            return add_use({"source": f"broker {socket_path}", **client.view()}, backend)
         finally:
             client.close()
-    from .gpu import Card, open_backend
 
     path = ledger_path or app.ledger_path
     policy = app.build_policy()
     try:
-        cards = open_backend(app.gpu_backend, app.simulated_cards).cards()
+        cards = backend.cards()
     except Exception:
         cards = []
     leases, waiters = read_ledger(path)
@@ -82,7 +113,7 @@ def gather_status(socket_path: str | None, ledger_path: str | None, config_file:
             known.add(lease.card_uuid)
             cards.append(Card(lease.card_index, lease.card_uuid, "(not visible here)", 0))
     caller = Caller(getpass.getuser(), os.getuid(), admin=True)  # a ledger file you can read is yours
-    return {"source": f"ledger {path}", **view_for(caller, leases, waiters, cards, policy)}
+    return add_use({"source": f"ledger {path}", **view_for(caller, leases, waiters, cards, policy)}, backend)
 
 
 def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
@@ -103,10 +134,11 @@ def format_status(view: dict[str, Any]) -> str:
         _table(
             [
                 (c["index"], c["name"] + (" [simulated]" if c.get("simulated") else ""), mib(c["total_mib"]), mib(c["usable_mib"]),
-                 mib(c["reserved_mib"]), mib(c["mine_reserved_mib"]), mib(c["others_reserved_mib"]), mib(c["unreserved_mib"]))
+                 mib(c["reserved_mib"]), mib(c["mine_reserved_mib"]), mib(c["others_reserved_mib"]), mib(c["unreserved_mib"]),
+                 mib(c.get("used_mib")))
                 for c in view["cards"]
             ],
-            ("CARD", "NAME", "TOTAL", "USABLE", "RESERVED", "YOURS", "OTHERS", "FREE"),
+            ("CARD", "NAME", "TOTAL", "USABLE", "RESERVED", "YOURS", "OTHERS", "UNRESERVED", "IN USE"),
         )
     )  # fmt: skip
     if view.get("admin") and view["users"]:
@@ -121,9 +153,10 @@ def format_status(view: dict[str, Any]) -> str:
     if view["kernels"]:
         out.append(
             _table(
-                [(k["user"], k["kernel_id"], k["kernel_name"], k["card_index"], mib(k["quota_mib"]), mib(k["reserved_mib"]), k["kernel_pid"], f"{k['age_s']:.0f} s")
+                [(k["user"], k["kernel_id"], k["kernel_name"], k["card_index"], mib(k["quota_mib"]), mib(k["reserved_mib"]),
+                  mib(k.get("used_mib")), k["kernel_pid"], f"{k['age_s']:.0f} s")
                  for k in view["kernels"]],
-                ("USER", "KERNEL ID", "KERNELSPEC", "CARD", "QUOTA", "RESERVED", "PID", "AGE"),
+                ("USER", "KERNEL ID", "KERNELSPEC", "CARD", "QUOTA", "RESERVED", "IN USE", "PID", "AGE"),
             )
         )  # fmt: skip
     else:
@@ -146,6 +179,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         view = gather_status(args.socket, args.ledger, args.config)
     except (LedgerError, PolicyError) as e:
         print(f"jupyter gpushare status: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a config file that does not load, a traitlets type error
+        print(
+            f"jupyter gpushare status: the configuration cannot be used: {e} (jupyter gpushare doctor says more)",
+            file=sys.stderr,
+        )
         return 2
     print(json.dumps(view, indent=2) if args.json else format_status(view))
     return 0

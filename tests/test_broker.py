@@ -346,6 +346,12 @@ def test_student_cannot_release_read_or_forge(host):
             except LedgerError as e:
                 out[name] = str(e)
         out["released_own"] = [b.release("forged-1").user, b.release("forged-2").user]
+        for mode in ("rb", "ab"):
+            try:
+                open({broker.ledger!r}, mode).close()
+                out["ledger_" + mode] = "opened"
+            except PermissionError:
+                out["ledger_" + mode] = "denied"
         print(json.dumps(out))
         """,
     )
@@ -359,6 +365,8 @@ def test_student_cannot_release_read_or_forge(host):
     assert "in use by another user's kernel" in got["steal"]
     assert "is not yours" in got["attach_other_pid"]
     assert got["released_own"] == ["gsbr_bob", "gsbr_bob"]
+    assert got["ledger_rb"] == got["ledger_ab"] == "denied"  # the file itself: neither readable nor writable
+    assert stat.S_IMODE(os.stat(broker.ledger).st_mode) == 0o600
     # what bob may see: his own kernels; others only as anonymous per-card totals
     for text in (json.dumps(got["leases"]), got["view"]):
         assert "gsbr_alice" not in text and STAFF not in text

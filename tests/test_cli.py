@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -71,9 +72,10 @@ def test_status_reads_the_local_ledger_as_json_and_as_tables(env):
     assert [k["kernel_id"] for k in view["kernels"]] == ids
     card = view["cards"][0]
     assert (card["total_mib"], card["reserved_mib"], card["unreserved_mib"]) == (10240, 2560 + 3584, 10240 - 6144)
+    assert card["used_mib"] == 0 and view["kernels"][0]["used_mib"] == 0  # simulated cards: nothing runs on them
     table = gpushare(env, "status")
     assert table.returncode == 0
-    for text in ("CARDS", "KERNELS", "QUEUE", "kernel-0", "kernel-1", "6 GiB", "3 GiB", "[simulated]"):
+    for text in ("CARDS", "KERNELS", "QUEUE", "IN USE", "kernel-0", "kernel-1", "6 GiB", "3 GiB", "[simulated]"):
         assert text in table.stdout, text
 
 
@@ -122,3 +124,22 @@ def test_doctor_finds_a_damaged_ledger_and_an_absent_broker(env, tmp_path):
     out = gpushare(env, "doctor", "--json", "--socket", str(tmp_path / "nobody.sock"))
     found = {f["check"]: f for f in json.loads(out.stdout)}
     assert out.returncode == 1 and found["broker"]["status"] == "error" and "systemctl start" in found["broker"]["fix"]
+
+
+def test_jupyter_dispatches_to_the_console_script(env, tmp_path):
+    """`jupyter gpushare ...` runs the `jupyter-gpushare` script that pyproject declares."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    scripts = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["jupyter-gpushare"] == "jupyter_gpushare.cli:main"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "jupyter-gpushare"  # what pip writes for that entry point, in short
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom jupyter_gpushare.cli import main\nsys.exit(main())\n")
+    script.chmod(0o755)
+    out = subprocess.run(
+        [sys.executable, "-m", "jupyter", "gpushare", "k8s-profiles", "--whole-gpu", "--format", "json"],
+        env={**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["singleuser"]["profileList"][1]["slug"] == "gpu-whole"
