@@ -249,6 +249,20 @@ def view_for(
     }
 
 
+def host_view(ledger: Any, user: str, cards: Sequence[Card], policy: Policy) -> dict[str, Any] | None:
+    """The host view for a server's API, whichever ledger it has (call it on the ledger thread).
+
+    Through a broker (a BrokerLedger): what the broker shows this server's user (view_for on the
+    broker's side; raises LedgerError while it is down). With an embedded Ledger: every lease in
+    it is this user's, so all of it. None when there is no ledger.
+    """
+    if ledger is None:
+        return None
+    if isinstance(ledger, BrokerLedger):
+        return ledger.view()
+    return view_for(Caller(user, os.getuid(), admin=True), ledger.leases(), ledger.waiters(), cards, policy)
+
+
 # -- the broker process ------------------------------------------------------------------------------
 
 

@@ -560,3 +560,16 @@ def test_a_failing_limits_hook_is_answered_not_dropped(inproc):
     broker.user_limits_hook = hook
     with pytest.raises(RuntimeError):
         broker.handle(who["bob"], "reserve", {"kernel_id": "b9", "mib": 1024})
+
+
+def test_host_view_of_an_embedded_ledger_is_all_of_it(tmp_path):
+    from jupyter_gpushare.broker import host_view
+    from jupyter_gpushare.ledger import Ledger, Request
+    from jupyter_gpushare.policy import parse_size
+
+    cards = [Card(0, "GPU-0", "H200", 10240)]
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.reserve(Request("k1", parse_size("2GiB"), "me", "python3"), Policy(), cards, wait=False)
+    view = host_view(ledger, "me", cards, Policy())
+    assert [k["kernel_id"] for k in view["kernels"]] == ["k1"] and view["cards"][0]["mine_reserved_mib"] == 2048 + 640
+    assert host_view(None, "me", cards, Policy()) is None
