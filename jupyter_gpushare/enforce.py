@@ -53,6 +53,10 @@ class _Watch:
     acting: bool = False
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 class Enforcer:
     """Applies the policies; ``states`` (kernel id -> near_quota | over_quota | idle) is read by the API."""
 
@@ -192,7 +196,7 @@ class Enforcer:
                 "idle",
                 kid,
                 f"The kernel holds {format_mib(rec.lease.reserved_mib)} of GPU memory and has not used the GPU or run "
-                f"anything for {idle_for / 60:.0f} min.{then} Shut it down when you are done to give the memory back.",
+                f"anything for {_duration(idle_for)}.{then} Shut it down when you are done to give the memory back.",
                 **figures,
             )
         elif (
