@@ -1,11 +1,12 @@
-"""Plots of a study run: jobs over time, per-job run times, card memory over time (PNG).
+"""Plots of study runs: jobs over time, per-job run times, card memory over time (PNG).
 
-    python bench/study/plot.py bench/results/study/results.json docs/img/
+    python bench/study/plot.py docs/img/ bench/results/study/study-*.json
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -17,55 +18,76 @@ import matplotlib.pyplot as plt  # noqa: E402
 COLORS = {"ok": "#2e7d32", "failed": "#c62828", "refused": "#6d4c41"}
 
 
-def main(results: str, outdir: str) -> None:
-    doc = json.loads(Path(results).read_text())
-    runs = [r for r in doc["results"] if "per_job" in r]
+def load(files: list[str]) -> tuple[list[dict], dict]:
+    runs, first = [], None
+    for name in files:
+        doc = json.loads(Path(name).read_text())
+        first = first or doc
+        for r in doc["results"]:
+            if "per_job" not in r:
+                continue
+            ws = doc["sizing"]["ws_mib"]
+            ws = ws[r["framework"]] if isinstance(ws, dict) else ws
+            r["label"] = f"{r['framework']} {r['scenario']}, {r['jobs']} jobs\n(working set {ws} MiB)"
+            r["card_mib"] = doc["sizing"]["card_mib"]
+            runs.append(r)
+    return runs, first
+
+
+def grid(n: int, w: float = 4.2, h: float = 2.6):
+    cols = 3
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(w * cols, h * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    return fig, axes.flat
+
+
+def main(outdir: str, files: list[str]) -> None:
+    runs, doc = load(files)
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
-    title = f"{doc['device']} — {doc['date'][:10]}"
+    title = f"{doc['device']}, {doc['date'][:10]}"
 
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.6 * len(runs) + 1), squeeze=False, sharex=True)
-    for ax, r in zip(axes[:, 0], runs):
+    fig, axes = grid(len(runs))
+    for ax, r in zip(axes, runs):
         for j in r["per_job"]:
-            y = j["index"]
-            ax.barh(y, j["wait_s"] or 0, left=j["requested"], color="#bdbdbd", height=0.8)
+            ax.barh(j["index"], j["wait_s"] or 0, left=j["requested"], color="#bdbdbd", height=0.8)
             if j["admitted"] is not None and j["finished"] is not None:
-                ax.barh(y, j["finished"] - j["admitted"], left=j["admitted"], color=COLORS.get(j["status"], "k"), height=0.8)
-        ax.set_ylabel(f"{r['framework']}\n{r['scenario']}\n{r['jobs']} jobs", rotation=0, ha="right", va="center", fontsize=8)
+                ax.barh(j["index"], j["finished"] - j["admitted"], left=j["admitted"], color=COLORS.get(j["status"], "k"), height=0.8)
+        ax.set_title(f"{r['label']}\nok {r['ok']}, failed {r['failed']}, queued {r['queued']}, all done in {r['total_s']:.0f} s", fontsize=8)
         ax.set_yticks([])
-        ax.text(1.0, 0.5, f"ok {r['ok']}, failed {r['failed']}, queued {r['queued']}", transform=ax.transAxes, ha="left", va="center", fontsize=8)
-    axes[-1, 0].set_xlabel("seconds since the jobs were submitted (grey: waiting in the queue; green: ran; red: failed)")
-    fig.suptitle(f"Jobs over time — {title}", fontsize=10)
+        ax.tick_params(labelsize=7)
+    fig.suptitle(f"Jobs over time (grey: waiting for a GPU; green: ran; red: failed) — {title}", fontsize=10)
+    fig.supxlabel("seconds since all jobs were submitted", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "study-jobs.png", dpi=110)
+    fig.savefig(out / "study-jobs.png", dpi=100)
 
-    fig, ax = plt.subplots(figsize=(10, 4))
-    labels = []
+    fig, ax = plt.subplots(figsize=(12, 4.2))
     for i, r in enumerate(runs):
-        times = [j["job_s"] for j in r["per_job"] if j["status"] == "ok" and j["job_s"] is not None]
-        ax.scatter([i] * len(times), times, s=12, color="#1565c0")
-        fails = sum(j["status"] != "ok" for j in r["per_job"])
-        labels.append(f"{r['framework']} {r['scenario']}\n{r['jobs']} jobs, {fails} failed")
-    ax.set_xticks(range(len(runs)), labels, fontsize=7)
-    ax.set_ylabel("run time of each finished job (s)")
-    ax.set_title(f"Per-job run times — {title}", fontsize=10)
+        ok = [j["job_s"] for j in r["per_job"] if j["status"] == "ok" and j["job_s"] is not None]
+        ax.scatter([i] * len(ok), ok, s=10, color="#1565c0")
+        ax.text(i, 0, f"{r['failed']} failed", ha="center", va="bottom", fontsize=7, color="#c62828" if r["failed"] else "#2e7d32")
+    ax.set_xticks(range(len(runs)), [r["label"] for r in runs], fontsize=6, rotation=30, ha="right")
+    ax.set_ylabel("run time of each finished job (s)", fontsize=8)
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"Per-job run times (training 5 epochs + inference, 60,000 images, batch 32) — {title}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(out / "study-runtimes.png", dpi=110)
+    fig.savefig(out / "study-runtimes.png", dpi=100)
 
-    fig, ax = plt.subplots(figsize=(10, 4))
-    for r in runs:
+    fig, axes = grid(len(runs))
+    for ax, r in zip(axes, runs):
         tl = r["timeline"]
-        if tl:
-            ax.plot([s["t"] for s in tl], [s["used_mib"] / 1024 for s in tl], label=f"{r['framework']} {r['scenario']} {r['jobs']}")
-    total = doc["sizing"]["card_mib"] / 1024
-    ax.axhline(total, color="k", linestyle="--", linewidth=0.8, label="card")
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("card memory used (GiB, NVML)")
-    ax.legend(fontsize=7)
-    ax.set_title(f"Card memory over time — {title}", fontsize=10)
+        ax.plot([s["t"] for s in tl], [s["used_mib"] / 1024 for s in tl], color="#1565c0", linewidth=1)
+        ax.axhline(r["card_mib"] / 1024, color="k", linestyle="--", linewidth=0.8)
+        ax.set_ylim(0, r["card_mib"] / 1024 * 1.05)
+        ax.set_title(r["label"].replace("\n", " "), fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle(f"Card memory used (GiB, NVML; dashed: the card) — {title}", fontsize=10)
+    fig.supxlabel("seconds", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "study-memory.png", dpi=110)
+    fig.savefig(out / "study-memory.png", dpi=100)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2:])
