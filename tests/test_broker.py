@@ -8,6 +8,8 @@ kernels start without a GPU and say why. Needs root (useradd, servers as other u
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import pwd
@@ -24,6 +26,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from jupyter_gpushare.broker import BrokerLedger, Caller, GpuShareBroker, view_for
@@ -32,9 +35,9 @@ from jupyter_gpushare.ledger import Lease, ProcessRef, Waiter
 from jupyter_gpushare.policy import Policy, PolicyError, UserLimits
 
 TOKEN = "gpushare-broker-test"
-STUDENTS = ("gsbr_alice", "gsbr_bob")
-STAFF = "gsbr_carol"
-STAFF_GROUP = "gsbr_staff"
+RUN = os.getpid() % 100000  # user names of this run: test runs on one machine may overlap
+ALICE, BOB, STAFF, STAFF_GROUP = f"gsa{RUN}", f"gsb{RUN}", f"gsc{RUN}", f"gss{RUN}"
+STUDENTS = (ALICE, BOB)
 KERNEL = 2560  # 2 GiB quota + 512 MiB context reserve, on a 10 GiB card: four fit
 
 needs_root = pytest.mark.skipif(
@@ -240,10 +243,47 @@ def as_user(user: pwd.struct_passwd, home: Path, code: str) -> dict:
 # -- the host: broker + three users' servers ----------------------------------------------------------
 
 
+TRAVERSE_STATE = "/tmp/.gpushare-test-root-traverse.json"
+
+
+@contextlib.contextmanager
+def root_traversable():
+    """Let other users reach the interpreter under /root/.pyenv (o+x on /root) while this runs.
+
+    Test runs may overlap (several people, one machine): the first to start records /root's mode,
+    the last to finish restores it; holders are tracked by pid, so a crashed run does not pin it.
+    """
+
+    def update(change):
+        with open(TRAVERSE_STATE + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                with open(TRAVERSE_STATE) as f:
+                    state = json.load(f)
+            except (OSError, ValueError):
+                state = {"mode": stat.S_IMODE(os.stat("/root").st_mode), "pids": []}
+            state["pids"] = [p for p in state["pids"] if psutil.pid_exists(p)]
+            change(state["pids"])
+            if state["pids"]:
+                os.chmod("/root", state["mode"] | 0o001)
+                with open(TRAVERSE_STATE, "w") as f:
+                    json.dump(state, f)
+            else:
+                os.chmod("/root", state["mode"])
+                with contextlib.suppress(OSError):
+                    os.unlink(TRAVERSE_STATE)
+
+    update(lambda pids: pids.append(os.getpid()))
+    try:
+        yield
+    finally:
+        update(lambda pids: pids.remove(os.getpid()) if os.getpid() in pids else None)
+
+
 @pytest.fixture(scope="module")
 def host():
-    root_mode = stat.S_IMODE(os.stat("/root").st_mode)
-    os.chmod("/root", root_mode | 0o001)  # other users must reach the interpreter under /root/.pyenv
+    traverse = root_traversable()
+    traverse.__enter__()
     base = Path(tempfile.mkdtemp(prefix="gpushare-broker-", dir="/tmp"))
     os.chmod(base, 0o755)
     users = {name: ensure_user(name) for name in STUDENTS}
@@ -260,7 +300,7 @@ def host():
         for server in servers.values():
             server.stop()
         broker.stop()
-        os.chmod("/root", root_mode)
+        traverse.__exit__(None, None, None)
         for name in users:
             remove_user(name)
         subprocess.run(["groupdel", STAFF_GROUP], capture_output=True)
@@ -283,7 +323,7 @@ def reserved(broker: Broker) -> int:
 @needs_root
 def test_admission_is_host_wide_and_per_user_limits_hold(host):
     broker, servers = host
-    alice, bob, carol = servers["gsbr_alice"], servers["gsbr_bob"], servers[STAFF]
+    alice, bob, carol = servers[ALICE], servers[BOB], servers[STAFF]
     a1, a2 = alice.start_kernel(), alice.start_kernel()
     code, message = alice.refused()  # a third 2 GiB kernel passes alice's 4 GiB total
     assert code == 400
@@ -296,9 +336,9 @@ def test_admission_is_host_wide_and_per_user_limits_hold(host):
     view = broker.admin_view()
     assert view["cards"][0]["reserved_mib"] <= view["cards"][0]["usable_mib"]
     assert {(k["user"], k["kernel_id"]) for k in view["kernels"]} == {
-        ("gsbr_alice", a1),
-        ("gsbr_alice", a2),
-        ("gsbr_bob", b1),
+        (ALICE, a1),
+        (ALICE, a2),
+        (BOB, b1),
         (STAFF, c1),
     }
     for kid in (a1, a2):  # every server reports the kernel's card and its own user
@@ -314,8 +354,8 @@ def test_admission_is_host_wide_and_per_user_limits_hold(host):
 @needs_root
 def test_student_cannot_release_read_or_forge(host):
     broker, servers = host
-    alice, bob = servers["gsbr_alice"], servers["gsbr_bob"]
-    alice_ids = [k["kernel_id"] for k in broker.admin_view()["kernels"] if k["user"] == "gsbr_alice"]
+    alice, bob = servers[ALICE], servers[BOB]
+    alice_ids = [k["kernel_id"] for k in broker.admin_view()["kernels"] if k["user"] == ALICE]
     alice_pid = alice.kernel(alice_ids[0])["pid"]
     assert len(alice_ids) == 2 and alice_pid
     got = as_user(
@@ -333,10 +373,10 @@ def test_student_cannot_release_read_or_forge(host):
         b.attach({alice_ids[0]!r}, None)
         out["leases"] = [(l.kernel_id, l.user, l.kernel_name) for l in b.leases()]
         out["view"] = json.dumps(b.view())
-        lease = b.reserve(Request("forged-1", parse_size("1GiB"), user="gsbr_alice"), None, [], False)
+        lease = b.reserve(Request("forged-1", parse_size("1GiB"), user={ALICE!r}), None, [], False)
         out["forged_user"] = lease.user
         s = socket.socket(socket.AF_UNIX); s.connect({broker.socket!r})
-        s.sendall(json.dumps({{"op": "reserve", "args": {{"kernel_id": "forged-2", "mib": 512, "user": "gsbr_alice",
+        s.sendall(json.dumps({{"op": "reserve", "args": {{"kernel_id": "forged-2", "mib": 512, "user": {ALICE!r},
                                 "uid": 0, "pid": 1}}}}).encode() + b"\\n")
         out["raw"] = json.loads(s.makefile().readline())
         for name, call in (("steal", lambda: b.reserve(Request({alice_ids[1]!r}, parse_size("1GiB")), None, [], False)),
@@ -359,17 +399,17 @@ def test_student_cannot_release_read_or_forge(host):
     view = broker.admin_view()
     assert set(alice_ids) <= {k["kernel_id"] for k in view["kernels"]}  # alice's reservations are untouched
     assert all(k["kernel_pid"] for k in view["kernels"] if k["kernel_id"] in alice_ids)  # and still attached
-    assert got["forged_user"] == "gsbr_bob"  # the name in the request is ignored
-    assert got["raw"]["ok"] and got["raw"]["result"]["lease"]["user"] == "gsbr_bob"
+    assert got["forged_user"] == BOB  # the name in the request is ignored
+    assert got["raw"]["ok"] and got["raw"]["result"]["lease"]["user"] == BOB
     assert got["raw"]["result"]["lease"]["owner"]["pid"] != 1
     assert "in use by another user's kernel" in got["steal"]
     assert "is not yours" in got["attach_other_pid"]
-    assert got["released_own"] == ["gsbr_bob", "gsbr_bob"]
+    assert got["released_own"] == [BOB, BOB]
     assert got["ledger_rb"] == got["ledger_ab"] == "denied"  # the file itself: neither readable nor writable
     assert stat.S_IMODE(os.stat(broker.ledger).st_mode) == 0o600
     # what bob may see: his own kernels; others only as anonymous per-card totals
     for text in (json.dumps(got["leases"]), got["view"]):
-        assert "gsbr_alice" not in text and STAFF not in text
+        assert ALICE not in text and STAFF not in text
         assert not any(kid in text for kid in alice_ids)
     bob_view = json.loads(got["view"])
     assert bob_view["admin"] is False and bob_view["cards"][0]["others_reserved_mib"] > 0
@@ -378,14 +418,14 @@ def test_student_cannot_release_read_or_forge(host):
 @needs_root
 def test_student_and_admin_views_through_servers_and_cli(host):
     broker, servers = host
-    bob = servers["gsbr_bob"]
+    bob = servers[BOB]
     b1 = bob.start_kernel()
-    others = [k["kernel_id"] for k in broker.admin_view()["kernels"] if k["user"] != "gsbr_bob"]
+    others = [k["kernel_id"] for k in broker.admin_view()["kernels"] if k["user"] != BOB]
     assert others
     # bob's own server: its API shows the host's reservations, but no other user's kernel or name
     for path in ("api/gpushare/cards", "api/gpushare/kernels", "api/gpushare/queue"):
         text = json.dumps(bob.call("GET", path))
-        assert not any(kid in text for kid in others) and "gsbr_alice" not in text and STAFF not in text, path
+        assert not any(kid in text for kid in others) and ALICE not in text and STAFF not in text, path
     assert bob.call("GET", "api/gpushare/cards")["cards"][0]["reserved_mib"] == reserved(broker)
     student = as_user(
         bob.user, bob.home,
@@ -394,23 +434,23 @@ def test_student_and_admin_views_through_servers_and_cli(host):
     )  # fmt: skip
     assert student["rc"] == 0
     text = student["out"]
-    assert b1 in text and not any(kid in text for kid in others) and "gsbr_alice" not in text
+    assert b1 in text and not any(kid in text for kid in others) and ALICE not in text
     table = subprocess.run(
         [sys.executable, "-m", "jupyter_gpushare.cli", "status", "--socket", broker.socket],
         capture_output=True,
         text=True,
     )
     assert table.returncode == 0 and "USERS" in table.stdout  # root is an admin: every user and kernel
-    assert all(kid in table.stdout for kid in others + [b1]) and "gsbr_alice" in table.stdout
+    assert all(kid in table.stdout for kid in others + [b1]) and ALICE in table.stdout
     bob.call("DELETE", f"api/kernels/{b1}")
 
 
 @needs_root
 def test_broker_restart_loses_nothing_alive_and_outage_falls_back_to_cpu(host):
     broker, servers = host
-    alice, bob = servers["gsbr_alice"], servers["gsbr_bob"]
+    alice, bob = servers[ALICE], servers[BOB]
     before = {k["kernel_id"]: k for k in broker.admin_view()["kernels"]}
-    gone = next(kid for kid, k in before.items() if k["user"] == "gsbr_alice")
+    gone = next(kid for kid, k in before.items() if k["user"] == ALICE)
     broker.stop()
     kid = bob.start_kernel()  # the broker is down: the kernel starts, without a GPU, and says why
     rec = bob.kernel(kid)
