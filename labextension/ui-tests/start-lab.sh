@@ -1,6 +1,7 @@
 #!/bin/sh
 # A JupyterLab for the browser tests: one simulated 10 GiB card, 3 GiB quotas + 512 MiB
-# context reserve, no headroom, so two notebooks fit and a third waits in the queue.
+# context reserve, no headroom, so two notebooks fit and a third waits in the queue. Workspaces and
+# user settings live in the run's own folder, so no earlier run's open notebooks or theme come back.
 set -e
 ROOT="${GPUSHARE_UI_ROOT:-$(mktemp -d -t gpushare-ui-XXXXXX)}"
 mkdir -p "$ROOT"
@@ -8,6 +9,7 @@ PYTHON="${PYTHON:-python}"
 exec "$PYTHON" -m jupyterlab --allow-root --no-browser \
   --ServerApp.ip=127.0.0.1 --ServerApp.port="${GPUSHARE_UI_PORT:-8899}" --ServerApp.port_retries=0 \
   --ServerApp.root_dir="$ROOT" \
+  --LabApp.workspaces_dir="$ROOT/.lab/workspaces" --LabApp.user_settings_dir="$ROOT/.lab/user-settings" \
   --IdentityProvider.token= --ServerApp.password= --ServerApp.disable_check_xsrf=True \
   --LabApp.expose_app_in_browser=True --LabApp.news_url=None \
   --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate \
