@@ -7,8 +7,13 @@ import * as path from 'path';
 // reserve per kernel, so nb1 and nb2 fit (7 GiB) and nb3 waits in the queue.
 
 const REPO = path.resolve(__dirname, '..', '..', '..');
-const IMG = path.join(REPO, 'docs', 'img');
-const RESULTS = path.join(REPO, 'bench', 'results');
+// Screenshots and render figures go to the repo's docs/ and bench/results/ only when asked
+// (GPUSHARE_UPDATE_DOCS=1), so an ordinary test run leaves the checkout as it was.
+const OUT = process.env.GPUSHARE_UPDATE_DOCS
+  ? null
+  : fs.mkdtempSync(path.join(os.tmpdir(), 'gpushare-ui-out-'));
+const IMG = OUT ?? path.join(REPO, 'docs', 'img');
+const RESULTS = OUT ?? path.join(REPO, 'bench', 'results');
 
 const notebook = {
   cells: [
