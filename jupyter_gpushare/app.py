@@ -128,11 +128,14 @@ class GpuShareApp(ExtensionApp):
     )
     over_quota_action = Enum(
         list(OVER_QUOTA_ACTIONS),
-        default_value="restart",
+        default_value="notify",
         config=True,
-        help="What happens to a kernel over its reservation for over_quota_grace seconds: 'notify' = an event only; "
-        "'interrupt' = interrupt the running cell (frameworks usually keep their memory cached); 'restart' = restart "
-        "the kernel, keeping its reservation; 'shutdown' = shut it down and release it. Default: 'restart'.",
+        help="What happens to a kernel over its reservation for over_quota_grace seconds: 'notify' = an event (and a "
+        "notification in JupyterLab) only; 'interrupt' = interrupt the running cell (frameworks usually keep their "
+        "memory cached); 'restart' = restart the kernel, keeping its reservation; 'shutdown' = shut it down and "
+        "release it. Default: 'notify', because a student loses the kernel's state on a restart and most overshoots "
+        "are CUDA libraries (cuDNN, cuBLAS) outside the framework cap; choose 'restart' where a neighbour's OOM "
+        "costs more than that.",
     )
     idle_timeout = Float(
         3600.0,

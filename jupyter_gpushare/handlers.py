@@ -8,6 +8,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
+from .ledger import LedgerError
 from .manager import QuotaManager
 from .policy import PolicyError, parse_size
 from .sampler import UsageSnapshot, card_view, kernel_view
@@ -106,6 +107,34 @@ class KernelHandler(GpuShareHandler):
             raise web.HTTPError(400, str(e)) from e
         self.finish(self.kernel(rec))
 
+    @web.authenticated
+    @authorized
+    async def delete(self, kernel_id: str) -> None:
+        """Stop a queued kernel's wait (a running kernel is shut down through /api/kernels)."""
+        self._record(kernel_id)
+        try:
+            rec = self.manager.cancel_start(kernel_id)
+        except PolicyError as e:
+            raise web.HTTPError(409, str(e)) from e
+        self.set_status(202)
+        self.finish(self.kernel(rec))
+
+
+class HostHandler(GpuShareHandler):
+    """Every server's reservations on this host, as this server's user may see them: own kernels in
+    detail, other users as anonymous totals per card (admins see all; see broker.view_for)."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        try:
+            view = await self.manager.host_view()
+        except LedgerError as e:
+            raise web.HTTPError(503, str(e)) from e
+        if view is None:
+            raise web.HTTPError(503, self.manager.ledger_error or "No ledger is open on this server.")
+        self.finish(view)
+
 
 class QueueHandler(GpuShareHandler):
     @web.authenticated
@@ -147,6 +176,7 @@ handlers = [
     (rf"{API}/cards", CardsHandler),
     (rf"{API}/kernels", KernelsHandler),
     (rf"{API}/kernels/([^/]+)", KernelHandler),
+    (rf"{API}/host", HostHandler),
     (rf"{API}/queue", QueueHandler),
     (rf"{API}/events", EventsHandler),
     (rf"{API}/config", ConfigHandler),

@@ -18,10 +18,10 @@ import fcntl
 import os
 import sqlite3
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import psutil
 
@@ -232,7 +232,15 @@ class Ledger:
 
     def waiters(self) -> list[Waiter]:
         return [
-            Waiter(r["ticket"], r["kernel_id"], r["quota"], r["user"], r["kernel_name"], ProcessRef(r["owner_pid"], r["owner_start"]), r["created"])
+            Waiter(
+                r["ticket"],
+                r["kernel_id"],
+                r["quota"],
+                r["user"],
+                r["kernel_name"],
+                ProcessRef(r["owner_pid"], r["owner_start"]),
+                r["created"],
+            )
             for r in self._db.execute("SELECT * FROM waiters ORDER BY ticket")
         ]
 
@@ -268,7 +276,16 @@ class Ledger:
                 db.execute(
                     "INSERT INTO waiters (kernel_id, quota, user, kernel_name, owner_pid, owner_start, created, heartbeat)"
                     " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(kernel_id) DO UPDATE SET heartbeat=excluded.heartbeat",
-                    (req.kernel_id, str(req.quota), req.user, req.kernel_name, self.owner.pid, self.owner.start, now, now),
+                    (
+                        req.kernel_id,
+                        str(req.quota),
+                        req.user,
+                        req.kernel_name,
+                        self.owner.pid,
+                        self.owner.start,
+                        now,
+                        now,
+                    ),
                 )
                 ticket = db.execute("SELECT ticket FROM waiters WHERE kernel_id=?", (req.kernel_id,)).fetchone()[0]
                 ahead = db.execute("SELECT count(*) FROM waiters WHERE ticket < ?", (ticket,)).fetchone()[0]
@@ -279,7 +296,11 @@ class Ledger:
             card = policy.place(req.quota, views) if ahead == 0 else None
             if card is None:
                 allowed = [v for v in views if policy.card_allowed(v.uuid, v.index)]
-                fitting = [policy.need_mib(req.quota, v.total_mib) for v in allowed if policy.need_mib(req.quota, v.total_mib) <= policy.usable_mib(v.total_mib)]
+                fitting = [
+                    policy.need_mib(req.quota, v.total_mib)
+                    for v in allowed
+                    if policy.need_mib(req.quota, v.total_mib) <= policy.usable_mib(v.total_mib)
+                ]
                 return Waiting(
                     kernel_id=req.kernel_id,
                     position=ahead + 1,
@@ -293,7 +314,18 @@ class Ledger:
             db.execute(
                 "INSERT INTO leases (kernel_id, card_uuid, card_index, quota_mib, reserve_mib, user, kernel_name,"
                 " owner_pid, owner_start, created) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (req.kernel_id, card.uuid, card.index, quota_mib, policy.context_reserve_mib, req.user, req.kernel_name, self.owner.pid, self.owner.start, now),
+                (
+                    req.kernel_id,
+                    card.uuid,
+                    card.index,
+                    quota_mib,
+                    policy.context_reserve_mib,
+                    req.user,
+                    req.kernel_name,
+                    self.owner.pid,
+                    self.owner.start,
+                    now,
+                ),
             )
             db.execute("DELETE FROM waiters WHERE kernel_id=?", (req.kernel_id,))
             return _lease(db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone())
@@ -321,7 +353,9 @@ class Ledger:
     def release_owned_except(self, keep: set[str]) -> list[Lease]:
         """Release this owner's leases for kernels it no longer knows (died past the restart limit)."""
         with self._tx() as db:
-            rows = db.execute("SELECT * FROM leases WHERE owner_pid=? AND owner_start=?", (self.owner.pid, self.owner.start)).fetchall()
+            rows = db.execute(
+                "SELECT * FROM leases WHERE owner_pid=? AND owner_start=?", (self.owner.pid, self.owner.start)
+            ).fetchall()
             gone = [_lease(r) for r in rows if r["kernel_id"] not in keep]
             db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in gone])
             return gone
@@ -329,7 +363,10 @@ class Ledger:
     def adopt(self, kernel_id: str) -> None:
         """Take over a lease whose owner is gone but whose kernel lives (a restarted server)."""
         with self._tx() as db:
-            db.execute("UPDATE leases SET owner_pid=?, owner_start=? WHERE kernel_id=?", (self.owner.pid, self.owner.start, kernel_id))
+            db.execute(
+                "UPDATE leases SET owner_pid=?, owner_start=? WHERE kernel_id=?",
+                (self.owner.pid, self.owner.start, kernel_id),
+            )
 
     def reap(self) -> list[Lease]:
         """Reclaim leases whose owner and kernel are both gone, and abandoned waiters."""

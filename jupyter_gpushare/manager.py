@@ -18,6 +18,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 from tornado import web
 
+from .broker import BrokerLedger, host_view
 from .gpu import Card, GpuBackend
 from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Waiting
 from .policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
@@ -71,6 +72,7 @@ class KernelRecord:
     queued_since: float | None = None
     pid: int | None = None
     path: str | None = None  # the notebook, when started through a session
+    cancelled: bool = False  # a queued start the user gave up on
 
     def to_dict(self) -> dict[str, Any]:
         lease = self.lease
@@ -134,9 +136,9 @@ class QuotaManager:
     def _open_ledger(self) -> None:
         try:
             if self.ledger_path.startswith("broker:"):  # many users on this host: their broker owns the ledger
-                from .broker import BrokerLedger  # reconnects on each call; down -> LedgerError, ledger_error set
-
-                self._ledger = BrokerLedger(self.ledger_path[len("broker:") :], on_state=lambda e: setattr(self, "ledger_error", e))  # type: ignore[assignment]
+                self._ledger = BrokerLedger(
+                    self.ledger_path[len("broker:") :], on_state=lambda e: setattr(self, "ledger_error", e)
+                )  # type: ignore[assignment]
             else:
                 self._ledger = Ledger(self.ledger_path)
             reclaimed = self._ledger.reap()
@@ -145,7 +147,9 @@ class QuotaManager:
             self.log.error("%s Kernels will start without a GPU until this is fixed.", e)
             return
         for lease in reclaimed:
-            self._event("reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone.")
+            self.event(
+                "reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone."
+            )
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -158,13 +162,10 @@ class QuotaManager:
 
     # -- admission -----------------------------------------------------------------------------
 
-    def _event(self, kind: str, kernel_id: str | None, message: str, **figures: Any) -> None:
-        self.events.append({"time": time.time(), "kind": kind, "kernel_id": kernel_id, "message": message, **figures})
-        self.log.info("gpushare %s %s: %s", kind, kernel_id or "", message)
-
     def event(self, kind: str, kernel_id: str | None, message: str, **figures: Any) -> None:
         """Record an event for the API (``/api/gpushare/events``) and the log, with the figures behind it."""
-        self._event(kind, kernel_id, message, **figures)
+        self.events.append({"time": time.time(), "kind": kind, "kernel_id": kernel_id, "message": message, **figures})
+        self.log.info("gpushare %s %s: %s", kind, kernel_id or "", message)
 
     def usage_targets(self) -> list[tuple[str, int | None, str | None]]:
         """(kernel id, root pid, card uuid) of every kernel record; safe to call from any thread."""
@@ -188,7 +189,13 @@ class QuotaManager:
             requested, rec.pending_quota = parse_size(rec.pending_quota, "quota"), None
         quota = self.policy.quota_for(kernel_name, language, requested)
         if quota is None:
-            return self._settle(rec, Grant("none", reason=f"Kernels of {kernel_name or language!r} reserve no GPU memory here (GpuShareApp.kernel_quotas)."))
+            return self._settle(
+                rec,
+                Grant(
+                    "none",
+                    reason=f"Kernels of {kernel_name or language!r} reserve no GPU memory here (GpuShareApp.kernel_quotas).",
+                ),
+            )
         rec.quota = str(quota)
         if not self.cards:
             return self._settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"))
@@ -197,9 +204,7 @@ class QuotaManager:
         try:
             self.policy.check_quota(quota, self._views({}))
         except PolicyError as e:
-            self.records.pop(kernel_id, None)
-            self._event("refused", kernel_id, str(e))
-            raise QuotaUnavailable(str(e), status=400) from e
+            raise self._refuse(kernel_id, str(e), status=400) from e
         wait = self.policy.on_full == "queue"
         deadline = time.monotonic() + self.policy.queue_timeout_s
         request = Request(kernel_id, quota, self.user, kernel_name)
@@ -208,23 +213,29 @@ class QuotaManager:
                 got = await self._run(self._ledger.reserve, request, self.policy, self.cards, wait)
                 if isinstance(got, Lease):
                     if rec.queued_since:
-                        self._event("admitted", kernel_id, f"Admitted after waiting {time.time() - rec.queued_since:.0f} s.")
+                        self.event(
+                            "admitted", kernel_id, f"Admitted after waiting {time.time() - rec.queued_since:.0f} s."
+                        )
                     return self._settle(rec, Grant("gpu", lease=got, card=self._card(got.card_uuid)))
                 if not wait or time.monotonic() >= deadline:
                     break
                 if rec.state != "queued":
                     rec.state, rec.queued_since = "queued", time.time()
-                    self._event("queued", kernel_id, f"Waiting for {format_mib(got.need_mib)} of GPU memory; position {got.position}.")
+                    self.event(
+                        "queued",
+                        kernel_id,
+                        f"Waiting for {format_mib(got.need_mib)} of GPU memory; position {got.position}.",
+                    )
                 rec.position, rec.need_mib, rec.free_mib = got.position, got.need_mib, got.free_mib
                 await asyncio.sleep(QUEUE_POLL_S)
+                if rec.cancelled:
+                    raise self._refuse(kernel_id, "Stopped waiting for a GPU: the start was cancelled.", status=409)
         except LedgerError as e:  # the host's broker is down (GpuShareApp.broker_socket): start without a GPU
             return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {e}"))
         except PolicyError as e:  # a per-user limit the broker enforces
             if wait:
                 await self._run(self._ledger.cancel_wait, kernel_id)
-            self.records.pop(kernel_id, None)
-            self._event("refused", kernel_id, str(e))
-            raise QuotaUnavailable(str(e), status=400) from e
+            raise self._refuse(kernel_id, str(e), status=400) from e
         except BaseException:
             if wait:
                 await self._run(self._ledger.cancel_wait, kernel_id)
@@ -235,9 +246,23 @@ class QuotaManager:
         rec.position = rec.queued_since = None
         if self.policy.on_full == "cpu":
             return self._settle(rec, Grant("cpu", reason=message + " This kernel was started without a GPU."))
+        raise self._refuse(kernel_id, message, need_mib=got.need_mib, free_mib=got.free_mib)
+
+    def _refuse(self, kernel_id: str, message: str, status: int = 503, **figures: Any) -> QuotaUnavailable:
+        """Forget a kernel that will not start, record why, and return the error to raise."""
         self.records.pop(kernel_id, None)
-        self._event("refused", kernel_id, message, need_mib=got.need_mib, free_mib=got.free_mib)
-        raise QuotaUnavailable(message)
+        self.event("refused", kernel_id, message, **figures)
+        return QuotaUnavailable(message, status=status)
+
+    def cancel_start(self, kernel_id: str) -> KernelRecord:
+        """Stop a queued kernel's wait: its start request then fails with a 409 that says so."""
+        rec = self.records[kernel_id]
+        if rec.state != "queued":
+            raise PolicyError(
+                f"Kernel {kernel_id} is not waiting for a GPU (it is {rec.state}); shut it down with DELETE /api/kernels/{kernel_id}."
+            )
+        rec.cancelled = True
+        return rec
 
     def _full_message(self, quota: Size, got: Waiting, waited: float | None) -> str:
         reserve = format_mib(self.policy.context_reserve_mib)
@@ -256,9 +281,14 @@ class QuotaManager:
         rec.state = {"gpu": "running"}.get(grant.mode, grant.mode)
         rec.lease, rec.card, rec.reason, rec.position = grant.lease, grant.card, grant.reason, None
         if grant.mode == "gpu" and grant.lease:
-            self._event("reserved", rec.kernel_id, f"{format_mib(grant.lease.reserved_mib)} on card {grant.lease.card_index}.", reserved_mib=grant.lease.reserved_mib)
+            self.event(
+                "reserved",
+                rec.kernel_id,
+                f"{format_mib(grant.lease.reserved_mib)} on card {grant.lease.card_index}.",
+                reserved_mib=grant.lease.reserved_mib,
+            )
         elif grant.mode == "cpu":
-            self._event("no-gpu", rec.kernel_id, grant.reason or "")
+            self.event("no-gpu", rec.kernel_id, grant.reason or "")
         return grant
 
     def max_quota_mib(self, grant: Grant) -> int | None:
@@ -297,27 +327,42 @@ class QuotaManager:
 
         await self._run(lambda: remove_reports(report_dir(), kernel_id))
         if lease is not None:
-            self._event("released", kernel_id, f"Released {format_mib(lease.reserved_mib)} ({why}).", reserved_mib=lease.reserved_mib)
+            self.event(
+                "released",
+                kernel_id,
+                f"Released {format_mib(lease.reserved_mib)} ({why}).",
+                reserved_mib=lease.reserved_mib,
+            )
         elif rec is not None and rec.state == "queued":
-            self._event("cancelled", kernel_id, f"Stopped waiting ({why}).")
+            self.event("cancelled", kernel_id, f"Stopped waiting ({why}).")
 
     async def reconcile(self) -> None:
         """Release this process's leases for kernels it no longer has, and reclaim the dead."""
         keep = set(self.records)
         for lease in await self._run(self._ledger_call, "release_owned_except", keep) or []:
-            self._event("reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel this server no longer has.")
+            self.event(
+                "reclaimed",
+                lease.kernel_id,
+                f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel this server no longer has.",
+            )
         for lease in await self._run(self._ledger_call, "reap") or []:
-            self._event("reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone.")
+            self.event(
+                "reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone."
+            )
 
     def request_quota(self, kernel_id: str, quota: Size) -> KernelRecord:
         """Ask for another quota for a kernel; it applies when the kernel next restarts."""
         rec = self.records[kernel_id]
         self.policy.check_quota(quota, self._views({}))
         rec.pending_quota = str(quota)
-        self._event("quota-requested", kernel_id, f"Quota {quota} requested; it applies at the next restart.")
+        self.event("quota-requested", kernel_id, f"Quota {quota} requested; it applies at the next restart.")
         return rec
 
     # -- views for the API ------------------------------------------------------------------------
+
+    async def host_view(self) -> dict[str, Any] | None:
+        """Every reservation on the host as this user may see it (broker.view_for); None without a ledger."""
+        return await self._run(host_view, self._ledger, self.user, self.cards, self.policy)
 
     async def snapshot(self) -> dict[str, Any]:
         """Cards with their reservations, this process's kernels, and the host-wide queue."""
@@ -364,7 +409,10 @@ class QuotaManager:
             **self.backend.describe(),
             "ledger": {"path": self.ledger_path, "error": self.ledger_error},
             "cards": cards,
-            "kernels": [{**r.to_dict(), "frameworks": (reports.get(r.kernel_id) or {}).get("frameworks")} for r in self.records.values()],
+            "kernels": [
+                {**r.to_dict(), "frameworks": (reports.get(r.kernel_id) or {}).get("frameworks")}
+                for r in self.records.values()
+            ],
             "queue": queue,
         }
 
@@ -372,4 +420,3 @@ class QuotaManager:
         if self._ledger is not None:
             self._executor.submit(self._ledger.close).result()
         self._executor.shutdown(wait=False)
-

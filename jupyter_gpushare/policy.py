@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 SIZE_EXAMPLES = "'4GiB', '4096MiB', '4G' or '25%' (of a card)"
 
@@ -73,7 +73,9 @@ def parse_size(value: object, name: str = "size", allow_percent: bool = True) ->
     number, unit = float(m.group(1)), m.group(2).lower()
     if unit == "%":
         if not allow_percent:
-            raise PolicyError(f"{name}: {text!r} is a percentage, but this setting needs an absolute size, e.g. '640MiB'.")
+            raise PolicyError(
+                f"{name}: {text!r} is a percentage, but this setting needs an absolute size, e.g. '640MiB'."
+            )
         if number > 100:
             raise PolicyError(f"{name}: {text!r} is more than a whole card; use at most '100%', e.g. '25%'.")
         return Size(percent=number)
@@ -151,7 +153,9 @@ class Policy:
         cards = [c for c in cards if self.card_allowed(c.uuid, c.index)]
         if not cards:
             return
-        if self.max_quota is not None and all(quota.resolve(c.total_mib) > self.max_quota.resolve(c.total_mib) for c in cards):
+        if self.max_quota is not None and all(
+            quota.resolve(c.total_mib) > self.max_quota.resolve(c.total_mib) for c in cards
+        ):
             biggest = max(self.max_quota.resolve(c.total_mib) for c in cards)
             raise PolicyError(
                 f"A quota of {quota} is more than the largest a kernel may have here "
@@ -252,7 +256,9 @@ def parse_limits(value: object, name: str) -> dict[str, Size | int | None]:
             out[key] = None
         elif key == "max_kernels":
             if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-                raise PolicyError(f"{name}[{key!r}]: {raw!r} is not a count of kernels; use e.g. 2 (or None: no limit).")
+                raise PolicyError(
+                    f"{name}[{key!r}]: {raw!r} is not a count of kernels; use e.g. 2 (or None: no limit)."
+                )
             out[key] = raw
         else:
             out[key] = parse_size(raw, f"{name}[{key!r}]")
@@ -291,7 +297,9 @@ class LimitRules:
         from_groups: dict[str, Size | int | None] = {}
         for group in groups:
             for key, value in self.groups.get(group, {}).items():
-                if key not in from_groups or _generosity(value, card_total_mib) > _generosity(from_groups[key], card_total_mib):
+                if key not in from_groups or _generosity(value, card_total_mib) > _generosity(
+                    from_groups[key], card_total_mib
+                ):
                     from_groups[key] = value
         merged.update(from_groups)
         merged.update(self.users.get(user, {}))

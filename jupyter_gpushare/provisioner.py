@@ -54,7 +54,12 @@ class GpuShareProvisioner(LocalProvisioner):
         language = (self.kernel_spec.language or "").lower()
         rec = manager.record(self.kernel_id, self._kernel_name, language)
         rec.path = self._notebook_path(env.get("JPY_SESSION_NAME")) or rec.path
-        keep = self._grant is not None and self._grant.mode == "gpu" and rec.pending_quota is None and rec.lease is not None
+        keep = (
+            self._grant is not None
+            and self._grant.mode == "gpu"
+            and rec.pending_quota is None
+            and rec.lease is not None
+        )
         if not keep:
             if self._grant is not None and self._grant.mode == "gpu":
                 await manager.release(self.kernel_id, "quota changed", forget=False)
@@ -68,7 +73,16 @@ class GpuShareProvisioner(LocalProvisioner):
                 self._forget_failed_start()
                 raise
         try:
-            env.update(kernel_env(self._grant, self.kernel_id, language == "python", env, report_dir(), manager.max_quota_mib(self._grant)))
+            env.update(
+                kernel_env(
+                    self._grant,
+                    self.kernel_id,
+                    language == "python",
+                    env,
+                    report_dir(),
+                    manager.max_quota_mib(self._grant),
+                )
+            )
         except BaseException:
             await self._release("failed to start")
             raise

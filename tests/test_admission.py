@@ -58,8 +58,6 @@ async def _queue_len(gpushare, n):
     return queue if len(queue) == n else None
 
 
-
-
 async def _fill_and_try_third(gpushare):
     ks = [await gpushare.start_kernel(), await gpushare.start_kernel()]
     with pytest.raises(HTTPClientError) as e:
@@ -108,11 +106,15 @@ async def kernel_env(jp_serverapp, kernel_id: str) -> dict:
     client.start_channels()
     try:
         await client.wait_for_ready(timeout=60)
-        reply = await client.execute_interactive(
-            "import os, json; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith(('GPUSHARE', 'CUDA', 'XLA', 'CUPY', 'TF_'))}))",
-            output_hook=lambda msg: out.append(msg),
-            timeout=60,
-        ) if (out := []) is not None else None
+        reply = (
+            await client.execute_interactive(
+                "import os, json; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith(('GPUSHARE', 'CUDA', 'XLA', 'CUPY', 'TF_'))}))",
+                output_hook=lambda msg: out.append(msg),
+                timeout=60,
+            )
+            if (out := []) is not None
+            else None
+        )
         assert reply["content"]["status"] == "ok"
     finally:
         client.stop_channels()
@@ -201,7 +203,7 @@ async def test_unknown_kernel_is_404(gpushare, jp_fetch):
 
 async def test_every_endpoint_refuses_unauthenticated_requests(gpushare, jp_base_url, jp_http_port):
     client = AsyncHTTPClient()
-    for path in ("cards", "kernels", "kernels/x", "queue", "events", "config"):
+    for path in ("cards", "kernels", "kernels/x", "host", "queue", "events", "config"):
         url = f"http://localhost:{jp_http_port}{jp_base_url}api/gpushare/{path}"
         with pytest.raises(HTTPClientError) as e:
             await client.fetch(url)
@@ -218,9 +220,15 @@ async def test_session_kernels_carry_the_notebook_path(gpushare, jp_fetch, jp_ro
 
 
 def _write_kernelspec(data_dir, name: str, language: str = "python", provisioner_config: dict | None = None):
-    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": name, "language": language}
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": name,
+        "language": language,
+    }
     if provisioner_config is not None:
-        spec["metadata"] = {"kernel_provisioner": {"provisioner_name": "gpushare-provisioner", "config": provisioner_config}}
+        spec["metadata"] = {
+            "kernel_provisioner": {"provisioner_name": "gpushare-provisioner", "config": provisioner_config}
+        }
     path = data_dir / "kernels" / name
     path.mkdir(parents=True)
     (path / "kernel.json").write_text(json.dumps(spec))
@@ -250,3 +258,28 @@ class TestKernelspecs:
         rec = await gpushare.kernel(kid)
         assert rec["state"] == "none" and rec["reserved_mib"] is None and "reserve no GPU memory" in rec["reason"]
         assert await reserved(gpushare) == 0
+
+
+async def test_a_queued_start_can_be_cancelled_and_a_running_kernel_cannot(gpushare, jp_fetch):
+    k1 = await gpushare.start_kernel()
+    await gpushare.start_kernel()
+    t3 = asyncio.ensure_future(gpushare.start_kernel())
+    (entry,) = await gpushare.wait_for(lambda: _queue_len(gpushare, 1), what="third kernel queued")
+    r = await jp_fetch("api", "gpushare", "kernels", entry["kernel_id"], method="DELETE")
+    assert r.code == 202 and json.loads(r.body)["state"] == "queued"
+    with pytest.raises(HTTPClientError) as e:
+        await asyncio.wait_for(t3, 20)
+    assert e.value.code == 409 and "Stopped waiting for a GPU" in json.loads(e.value.response.body)["message"]
+    assert (await gpushare.get("queue"))["queue"] == []
+    with pytest.raises(HTTPClientError) as e:
+        await jp_fetch("api", "gpushare", "kernels", k1, method="DELETE")
+    assert e.value.code == 409 and f"DELETE /api/kernels/{k1}" in json.loads(e.value.response.body)["message"]
+    assert (await gpushare.kernel(k1))["state"] == "running"
+
+
+async def test_host_view_lists_this_users_kernels_on_each_card(gpushare):
+    kid = await gpushare.start_kernel()
+    view = await gpushare.get("host")
+    assert [k["kernel_id"] for k in view["kernels"]] == [kid]
+    (card,) = view["cards"]
+    assert card["uuid"] == "GPU-simulated-0" and card["reserved_mib"] == 4608

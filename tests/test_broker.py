@@ -21,20 +21,19 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import psutil
 import pytest
+from servers import ServerProcess, wait_until
 
 from jupyter_gpushare.broker import BrokerLedger, Caller, GpuShareBroker, view_for
 from jupyter_gpushare.gpu import Card
 from jupyter_gpushare.ledger import Lease, ProcessRef, Waiter
 from jupyter_gpushare.policy import Policy, PolicyError, UserLimits
 
-TOKEN = "gpushare-broker-test"
 RUN = os.getpid() % 100000  # user names of this run: test runs on one machine may overlap
 ALICE, BOB, STAFF, STAFF_GROUP = f"gsa{RUN}", f"gsb{RUN}", f"gsc{RUN}", f"gss{RUN}"
 STUDENTS = (ALICE, BOB)
@@ -47,22 +46,6 @@ needs_root = pytest.mark.skipif(
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout: float = 30, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def ensure_user(name: str, group: str | None = None) -> pwd.struct_passwd:
@@ -156,11 +139,12 @@ class Broker:
             client.close()
 
 
-class UserServer:
+class UserServer(ServerProcess):
     """A `jupyter server` running as one Unix user, reserving through the broker."""
 
     def __init__(self, base: Path, user: pwd.struct_passwd, broker: Broker):
         self.user = user
+        self.name = f"server-{user.pw_name}"
         self.home = base / user.pw_name
         self.home.mkdir(exist_ok=True)
         (self.home / "root").mkdir(exist_ok=True)
@@ -168,47 +152,16 @@ class UserServer:
         os.chown(self.home / "root", user.pw_uid, user.pw_gid)
         os.chmod(self.home, 0o700)
         self.broker = broker
-        self.proc: subprocess.Popen | None = None
 
     def start(self) -> UserServer:
-        self.port = free_port()
-        self.log = open(self.home.parent / f"server-{self.user.pw_name}-{self.port}.log", "w+")
         settings = {
             "broker_socket": self.broker.socket, "gpu_backend": "simulated", "simulated_cards": "10GiB", "card_headroom": "0MiB",
             "context_reserve": "512MiB", "default_quota": "2GiB", "reconcile_interval": "0.5", "on_full": "reject",
         }  # fmt: skip
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_server", f"--port={self.port}", f"--IdentityProvider.token={TOKEN}",
-             "--ServerApp.open_browser=False", f"--ServerApp.root_dir={self.home / 'root'}",
-             *(f"--GpuShareApp.{k}={v}" for k, v in settings.items())],
-            stdout=self.log, stderr=subprocess.STDOUT, **run_as(self.user, self.home),
-        )  # fmt: skip
+        self.launch(
+            self.home.parent, [f"--ServerApp.root_dir={self.home / 'root'}"], settings, **run_as(self.user, self.home)
+        )
         return self
-
-    def wait_ready(self, timeout: float = 90) -> UserServer:
-        def ready():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"{self.user.pw_name}'s server exited {self.proc.returncode}:\n{self.output()}")
-            try:
-                self.call("GET", "api/status")
-                return True
-            except (urllib.error.URLError, ConnectionError):
-                return False
-
-        wait_until(ready, timeout, f"{self.user.pw_name}'s server")
-        return self
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def call(self, method: str, path: str, body: dict | None = None):
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/{path}", method=method, headers={"Authorization": f"token {TOKEN}"},
-            data=json.dumps(body).encode() if body is not None else None,
-        )  # fmt: skip
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.loads(r.read() or b"null")
 
     def start_kernel(self) -> str:
         return self.call("POST", "api/kernels", {"name": "python3"})["id"]
@@ -220,15 +173,6 @@ class UserServer:
 
     def kernel(self, kernel_id: str) -> dict:
         return next(k for k in self.call("GET", "api/gpushare/kernels")["kernels"] if k["kernel_id"] == kernel_id)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
 
 
 def as_user(user: pwd.struct_passwd, home: Path, code: str) -> dict:

@@ -21,7 +21,12 @@ def test_jupyterlab_browser_check_with_the_extension(tmp_path):
         pytest.skip("needs Node.js and Debian's chromium (apt-get install chromium)")
     if not CORE.is_dir():
         pytest.skip("needs labextension/ui-tests/node_modules (tests/test_ui.py installs it with jlpm install)")
-    env = {**os.environ, "JUPYTER_DATA_DIR": str(tmp_path / "data"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
+    env = {
+        **os.environ,
+        "JUPYTER_DATA_DIR": str(tmp_path / "data"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
+    }
     out = subprocess.run(
         [sys.executable, str(CHECK), "--allow-root", f"--ServerApp.root_dir={tmp_path}", "--GpuShareApp.gpu_backend=simulated",
          "--GpuShareApp.simulated_cards=10GiB", f"--GpuShareApp.ledger_path={tmp_path / 'ledger.sqlite'}"],

@@ -105,3 +105,24 @@ def test_cli_prints_yaml_and_json_of_the_same_values():
     assert yaml.safe_load(as_yaml.stdout) == expected == yaml.safe_load(dump(expected))
     bad = subprocess.run([*args[:4], "--mig", "huge"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "'huge' is not a MIG profile" in bad.stderr
+
+
+def test_the_nvml_backend_reports_a_hami_pods_share_not_the_whole_card(monkeypatch):
+    """Inside a HAMi pod NVML shows the whole card; the ledger must divide only the pod's slice."""
+    from types import SimpleNamespace
+
+    import pynvml
+
+    from jupyter_gpushare.gpu.fake import FakeNvml
+    from jupyter_gpushare.gpu.nvml import NvmlBackend
+
+    fake = FakeNvml([81920])
+    module = SimpleNamespace(
+        **{n: getattr(fake, n) for n in dir(fake) if n.startswith("nvml")}, NVMLError=pynvml.NVMLError
+    )
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", module)  # the real-driver path imports pynvml
+    monkeypatch.setenv("CUDA_DEVICE_MEMORY_LIMIT_0", "8000m")
+    (card,) = NvmlBackend().cards()
+    assert card.total_mib == 8000
+    monkeypatch.delenv("CUDA_DEVICE_MEMORY_LIMIT_0")
+    assert NvmlBackend().cards()[0].total_mib == 81920

@@ -138,7 +138,9 @@ def _stress(path: str, seed: int, steps: int, queue) -> None:
                 ledger.release(mine.pop(rng.randrange(len(mine))))
             else:
                 kid = f"{seed}-{step}"
-                got = ledger.reserve(Request(kid, Size(mib=rng.choice([512, 1024, 2048, 3072]))), POLICY, cards, wait=False)
+                got = ledger.reserve(
+                    Request(kid, Size(mib=rng.choice([512, 1024, 2048, 3072]))), POLICY, cards, wait=False
+                )
                 if isinstance(got, Lease):
                     mine.append(kid)
             for uuid, total in ledger.reserved_by_card().items():

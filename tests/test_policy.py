@@ -9,7 +9,16 @@ from jupyter_gpushare.policy import CardView, Policy, PolicyError, Size, format_
 
 @pytest.mark.parametrize(
     "text, mib",
-    [("4GiB", 4096), ("4096MiB", 4096), ("4G", 4096), ("4 GiB", 4096), ("1.5GiB", 1536), ("512M", 512), ("1TiB", 1048576), ("2GB", 1907)],
+    [
+        ("4GiB", 4096),
+        ("4096MiB", 4096),
+        ("4G", 4096),
+        ("4 GiB", 4096),
+        ("1.5GiB", 1536),
+        ("512M", 512),
+        ("1TiB", 1048576),
+        ("2GB", 1907),
+    ],
 )
 def test_absolute_sizes(text, mib):
     assert parse_size(text).mib == mib
@@ -20,7 +29,17 @@ def test_percent_resolves_against_the_card():
     assert size.percent == 25 and size.resolve(81559) == 20389
 
 
-@pytest.mark.parametrize("bad, hint", [("4", "add a unit"), ("four GiB", "is not a size"), ("4 parsecs", "not known"), ("150%", "more than a whole card"), ("", "is not a size"), ("-1GiB", "is not a size")])
+@pytest.mark.parametrize(
+    "bad, hint",
+    [
+        ("4", "add a unit"),
+        ("four GiB", "is not a size"),
+        ("4 parsecs", "not known"),
+        ("150%", "more than a whole card"),
+        ("", "is not a size"),
+        ("-1GiB", "is not a size"),
+    ],
+)
 def test_bad_sizes_name_the_setting_the_value_and_an_example(bad, hint):
     with pytest.raises(PolicyError) as e:
         parse_size(bad, "GpuShareApp.default_quota")

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
-from jupyter_gpushare.manager import QuotaManager
-
 
 async def test_kernel_start_reserves_on_a_card(gpushare):
     kid = await gpushare.start_kernel()
@@ -28,7 +24,9 @@ async def test_kernel_env_carries_the_quota(gpushare, jp_serverapp):
     client = km.client()
     client.start_channels()
     await client.wait_for_ready(timeout=30)
-    msg_id = client.execute("import os; print(os.environ['GPUSHARE_QUOTA_MIB'], os.environ['GPUSHARE_CARD_UUID'], repr(os.environ['CUDA_VISIBLE_DEVICES']))")
+    msg_id = client.execute(
+        "import os; print(os.environ['GPUSHARE_QUOTA_MIB'], os.environ['GPUSHARE_CARD_UUID'], repr(os.environ['CUDA_VISIBLE_DEVICES']))"
+    )
     out = ""
     while True:
         msg = await client.get_iopub_msg(timeout=30)

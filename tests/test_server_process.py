@@ -5,27 +5,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import time
-import urllib.error
-import urllib.request
 
 import psutil
 import pytest
-
-TOKEN = "gpushare-test"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from servers import ServerProcess, wait_until
 
 
-class Server:
+class Server(ServerProcess):
     """A `jupyter server` subprocess with the extension on a simulated card."""
 
     def __init__(self, tmp_path, *args: str):
@@ -36,74 +25,30 @@ class Server:
         for arg in args:  # --GpuShareApp.x=y replaces the default above
             key, _, value = arg.removeprefix("--GpuShareApp.").partition("=")
             settings[key] = value
-        self.port = free_port()
-        self.env = {
+        env = {
             **os.environ,
             "JUPYTER_DATA_DIR": str(tmp_path / "data"),
             "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
             "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
         }
         (tmp_path / "root").mkdir(exist_ok=True)
-        self.log = open(tmp_path / f"server-{self.port}.log", "w+")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_server", "--allow-root", f"--port={self.port}", f"--IdentityProvider.token={TOKEN}",
-             "--ServerApp.open_browser=False", f"--ServerApp.root_dir={tmp_path / 'root'}",
-             *(f"--GpuShareApp.{k}={v}" for k, v in settings.items())],
-            env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-    def wait_ready(self, timeout: float = 60) -> Server:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                self.call("GET", "api/status")
-                return self
-            except (urllib.error.URLError, ConnectionError):
-                time.sleep(0.2)
-        raise AssertionError("server did not start:\n" + self.output())
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def call(self, method: str, path: str, body: dict | None = None):
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/{path}", method=method, headers={"Authorization": f"token {TOKEN}"},
-            data=json.dumps(body).encode() if body is not None else None,
-        )  # fmt: skip
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.loads(r.read() or b"null")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
-
-
-def wait_until(predicate, timeout: float = 30, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+        self.launch(tmp_path, ["--allow-root", f"--ServerApp.root_dir={tmp_path / 'root'}"], settings, env=env)
 
 
 @pytest.mark.parametrize(
     "arg, expect",
     [
-        ("--GpuShareApp.default_quota=4", "GpuShareApp.default_quota: '4' is not a size: add a unit, e.g. '4MiB' or '4GiB'"),
+        (
+            "--GpuShareApp.default_quota=4",
+            "GpuShareApp.default_quota: '4' is not a size: add a unit, e.g. '4MiB' or '4GiB'",
+        ),
         ("--GpuShareApp.card_headroom=lots", "GpuShareApp.card_headroom: 'lots' is not a size"),
         ("--GpuShareApp.simulated_cards=3xbig", "GpuShareApp.simulated_cards: 'big' is not a size"),
         ("--GpuShareApp.context_reserve=10%", "GpuShareApp.context_reserve: '10%' is a percentage"),
-        ("--GpuShareApp.on_full=later", "The 'on_full' trait of a GpuShareApp instance expected any of ['queue', 'cpu', 'reject'], not the str 'later'"),
+        (
+            "--GpuShareApp.on_full=later",
+            "The 'on_full' trait of a GpuShareApp instance expected any of ['queue', 'cpu', 'reject'], not the str 'later'",
+        ),
     ],
 )
 def test_bad_config_stops_the_server_with_the_setting_and_value(tmp_path, arg, expect):
@@ -119,7 +64,12 @@ def write_survivor_kernelspec(data_dir) -> None:
     """A Python kernel that does not exit with its server (ipykernel polls its parent only when
     JPY_PARENT_PID is set), standing for any kernel that outlives a crashed server."""
     spec = {
-        "argv": ["/bin/sh", "-c", f'unset JPY_PARENT_PID; exec "{sys.executable}" -m ipykernel_launcher -f "$0"', "{connection_file}"],
+        "argv": [
+            "/bin/sh",
+            "-c",
+            f'unset JPY_PARENT_PID; exec "{sys.executable}" -m ipykernel_launcher -f "$0"',
+            "{connection_file}",
+        ],
         "display_name": "survivor",
         "language": "python",
     }
@@ -176,18 +126,22 @@ def test_nbclient_kernels_get_quotas_outside_the_server(tmp_path):
         from jupyter_gpushare.ledger import Ledger
         nb = nbformat.v4.new_notebook()
         nb.cells.append(nbformat.v4.new_code_cell("import os; print(os.environ.get('GPUSHARE_MODE'), os.environ.get('GPUSHARE_QUOTA_MIB'))"))
-        nb.cells.append(nbformat.v4.new_code_cell("from jupyter_gpushare.ledger import Ledger; print(len(Ledger({str(tmp_path / 'l.sqlite')!r}).leases()))"))
+        nb.cells.append(nbformat.v4.new_code_cell("from jupyter_gpushare.ledger import Ledger; print(len(Ledger({str(tmp_path / "l.sqlite")!r}).leases()))"))
         c = Config()
         c.GpuShareApp.gpu_backend = "simulated"
         c.GpuShareApp.simulated_cards = "8GiB"
         c.GpuShareApp.default_quota = "3GiB"
-        c.GpuShareApp.ledger_path = {str(tmp_path / 'l.sqlite')!r}
+        c.GpuShareApp.ledger_path = {str(tmp_path / "l.sqlite")!r}
         NotebookClient(nb, kernel_name="python3", config=c).execute()
         print("OUT", nb.cells[0].outputs[0]["text"].strip(), "|", nb.cells[1].outputs[0]["text"].strip())
-        print("AFTER", len(Ledger({str(tmp_path / 'l.sqlite')!r}).leases()))
+        print("AFTER", len(Ledger({str(tmp_path / "l.sqlite")!r}).leases()))
         """
     )
-    env = {**os.environ, "JUPYTER_DEFAULT_PROVISIONER_NAME": "gpushare-provisioner", "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt")}
+    env = {
+        **os.environ,
+        "JUPYTER_DEFAULT_PROVISIONER_NAME": "gpushare-provisioner",
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
+    }
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "OUT gpu 3072 | 1" in out.stdout  # the kernel held one lease while it ran

@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 from .base import Card, DeviceSample, GpuBackend, GpuUnavailable, ProcessSample
+from .pod import apply_pod_limits
 
 MIB = 2**20
 NVML_GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
@@ -88,6 +89,8 @@ class NvmlBackend(GpuBackend):
                 continue  # a lost or inaccessible card is not schedulable
             self._handles[i] = handle
             cards.append(self._make_card(i, uuid, name, int(total)))
+        if self._library is None:
+            cards = apply_pod_limits(cards)  # a HAMi slice is what this pod may use, not the whole card
         self._cards = cards
         return list(cards)
 

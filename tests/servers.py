@@ -1,0 +1,81 @@
+"""Whole `jupyter server` processes for tests: start one, call its REST API, stop it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+TOKEN = "gpushare-test"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float = 30, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class ServerProcess:
+    """A `jupyter server` subprocess with jupyter-gpushare, its log in a file."""
+
+    name = "server"
+    proc: subprocess.Popen | None = None
+
+    def launch(self, log_dir: Path, args: list[str], settings: dict[str, str], **popen) -> None:
+        """Start it with ``args`` and ``--GpuShareApp.<k>=<v>`` for each setting."""
+        self.port = free_port()
+        self.log = open(Path(log_dir) / f"{self.name}-{self.port}.log", "w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_server", f"--port={self.port}", f"--IdentityProvider.token={TOKEN}",
+             "--ServerApp.open_browser=False", *args, *(f"--GpuShareApp.{k}={v}" for k, v in settings.items())],
+            stdout=self.log, stderr=subprocess.STDOUT, **popen,
+        )  # fmt: skip
+
+    def wait_ready(self, timeout: float = 90):
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                self.call("GET", "api/status")
+                return True
+            except (urllib.error.URLError, ConnectionError):
+                return False
+
+        wait_until(ready, timeout, f"{self.name} to answer")
+        return self
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def call(self, method: str, path: str, body: dict | None = None):
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/{path}", method=method, headers={"Authorization": f"token {TOKEN}"},
+            data=json.dumps(body).encode() if body is not None else None,
+        )  # fmt: skip
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read() or b"null")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
