@@ -31,6 +31,7 @@ from .policy import CardView, Policy, Size, UserLimits
 SCHEMA_VERSION = 1
 WAITER_STALE_S = 30.0  # a waiter not heard from for this long has been abandoned
 ALIVE_CACHE_S = 1.0  # how long a "still running" answer is trusted (a gone process stays gone)
+REAP_EVERY_S = 1.0  # reserve() reaps at most this often, and always before it answers "no room"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -172,6 +173,7 @@ class Ledger:
         self.path = Path(path)
         self.owner = owner or ProcessRef.me()
         self._alive_until: dict[ProcessRef, float] = {}
+        self._last_reap = 0.0
         self._dead: set[ProcessRef] = set()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -264,7 +266,9 @@ class Ledger:
         """
         now = time.time()
         with self._tx() as db:
-            self._reap(db, now)
+            reaped = now - self._last_reap >= REAP_EVERY_S
+            if reaped:
+                self._reap(db, now)
             row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone()
             if row:
                 return _lease(row)
@@ -287,13 +291,12 @@ class Ledger:
                         now,
                     ),
                 )
-                ticket = db.execute("SELECT ticket FROM waiters WHERE kernel_id=?", (req.kernel_id,)).fetchone()[0]
-                ahead = db.execute("SELECT count(*) FROM waiters WHERE ticket < ?", (ticket,)).fetchone()[0]
-            else:
-                ahead = db.execute("SELECT count(*) FROM waiters").fetchone()[0]
-            reserved = self._reserved(db)
-            views = [CardView(c.uuid, c.index, c.total_mib, reserved.get(c.uuid, 0)) for c in cards]
+            ahead, views = self._ahead(db, req.kernel_id, wait), self._views(db, cards)
             card = policy.place(req.quota, views) if ahead == 0 else None
+            if card is None and not reaped:  # room held by kernels that are gone is room
+                self._reap(db, now)
+                ahead, views = self._ahead(db, req.kernel_id, wait), self._views(db, cards)
+                card = policy.place(req.quota, views) if ahead == 0 else None
             if card is None:
                 allowed = [v for v in views if policy.card_allowed(v.uuid, v.index)]
                 fitting = [
@@ -388,14 +391,26 @@ class Ledger:
         self._dead.add(proc)
         return False
 
+    @staticmethod
+    def _ahead(db: sqlite3.Connection, kernel_id: str, waiting: bool) -> int:
+        """Waiters before this request (all of them, for a request that does not queue)."""
+        if not waiting:
+            return db.execute("SELECT count(*) FROM waiters").fetchone()[0]
+        ticket = db.execute("SELECT ticket FROM waiters WHERE kernel_id=?", (kernel_id,)).fetchone()[0]
+        return db.execute("SELECT count(*) FROM waiters WHERE ticket < ?", (ticket,)).fetchone()[0]
+
+    def _views(self, db: sqlite3.Connection, cards: Sequence[Card]) -> list[CardView]:
+        reserved = self._reserved(db)
+        return [CardView(c.uuid, c.index, c.total_mib, reserved.get(c.uuid, 0)) for c in cards]
+
     def _reap(self, db: sqlite3.Connection, now: float) -> list[Lease]:
+        self._last_reap = now
         dead = []
         for row in db.execute("SELECT * FROM leases").fetchall():
-            lease = _lease(row)
-            if self._alive(lease.owner):
+            if self._alive(ProcessRef(row["owner_pid"], row["owner_start"])):
                 continue
-            if lease.kernel is None or not self._alive(lease.kernel):
-                dead.append(lease)
+            if row["kernel_pid"] is None or not self._alive(ProcessRef(row["kernel_pid"], row["kernel_start"])):
+                dead.append(_lease(row))
         db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in dead])
         for row in db.execute("SELECT * FROM waiters").fetchall():
             owner = ProcessRef(row["owner_pid"], row["owner_start"])

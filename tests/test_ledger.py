@@ -176,3 +176,14 @@ def test_ledger_path_that_cannot_be_created(tmp_path):
     with pytest.raises(LedgerError, match="cannot be used"):
         Ledger(blocker / "sub" / "l.sqlite")
     assert os.path.isfile(blocker)
+
+
+def test_room_held_by_the_dead_is_found_between_periodic_reaps(tmp_path):
+    path = tmp_path / "l.sqlite"
+    ledger = Ledger(path)
+    ledger.reap()  # reserve() will not reap again on its own for a second...
+    gone = Ledger(path, owner=dead_process())
+    assert isinstance(gone.reserve(req("dead", 9), POLICY, CARDS[:1], wait=False), Lease)
+    got = ledger.reserve(req("k", 4), POLICY, CARDS[:1], wait=False)
+    assert isinstance(got, Lease)  # ...except before it answers "no room"
+    assert [lease.kernel_id for lease in ledger.leases()] == ["k"]
