@@ -279,6 +279,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
           void showErrorMessage('Shut down failed', (e as Error).message);
         }
         void model.refresh();
+      },
+      stopWaiting: async k => {
+        try {
+          await model.stopWaiting(k.kernel_id);
+        } catch (e) {
+          void showErrorMessage('Could not stop waiting', (e as Error).message);
+        }
       }
     };
 

@@ -183,6 +183,16 @@ export class GpuShareModel {
     return k;
   }
 
+  /** Stop a queued kernel's wait; its start request then fails with the server's message. */
+  async stopWaiting(kernelId: string): Promise<void> {
+    await requestAPI<IKernel>(
+      `kernels/${encodeURIComponent(kernelId)}`,
+      this.serverSettings,
+      { method: 'DELETE' }
+    );
+    void this.refresh();
+  }
+
   /** Replies dropped because their kernel was no longer current (for tests). */
   droppedReplies = 0;
 

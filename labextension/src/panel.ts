@@ -18,6 +18,8 @@ export interface IPanelActions {
   open(kernel: IKernel): void;
   changeQuota(kernel: IKernel): void;
   shutdown(kernel: IKernel): void;
+  /** Stop waiting for a GPU (a queued kernel). */
+  stopWaiting(kernel: IKernel): void;
   refresh(): void;
   /** The notebook path to show for a kernel (from its session when known). */
   pathOf(kernel: IKernel): string | null;
@@ -263,7 +265,16 @@ function renderKernel(
           ]
         : []),
       ...(k.state === 'queued'
-        ? []
+        ? [
+            h.button(
+              {
+                className: `jp-Button ${C}-btn ${C}-stop-btn`,
+                title: 'Stop waiting for a GPU: the kernel is not started',
+                onclick: () => actions.stopWaiting(k)
+              },
+              'Stop waiting'
+            )
+          ]
         : [
             h.button(
               {

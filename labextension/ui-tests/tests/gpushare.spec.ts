@@ -72,7 +72,7 @@ const item = (page: Page, name: string) =>
 test.describe.configure({ mode: 'serial' });
 
 test.beforeAll(async ({ request }) => {
-  for (const name of ['nb1.ipynb', 'nb2.ipynb', 'nb3.ipynb']) {
+  for (const name of ['nb1.ipynb', 'nb2.ipynb', 'nb3.ipynb', 'nb4.ipynb']) {
     const r = await request.put(`/api/contents/${name}`, {
       data: { type: 'notebook', format: 'json', content: notebook }
     });
@@ -261,6 +261,34 @@ test('sidebar: kernels with quota bars, a queued kernel, quota change, status ba
     `render 50 kernels: median ${bench.median_ms.toFixed(2)} ms, p95 ${bench.p95_ms.toFixed(2)} ms`
   );
   expect(bench.median_ms).toBeLessThan(50);
+
+  // A fourth notebook waits (2.5 + 3.5 + 3.5 of 10 GiB are held); "Stop waiting" cancels its start,
+  // and JupyterLab reports the failed start with the server's message.
+  await openNotebook(page, 'nb4.ipynb');
+  await expect(item(page, 'nb4.ipynb')).toHaveAttribute(
+    'data-state',
+    'queued',
+    {
+      timeout: 30000
+    }
+  );
+  await item(page, 'nb4.ipynb').locator('.jp-gpushare-stop-btn').click();
+  await expect(item(page, 'nb4.ipynb')).toHaveCount(0, { timeout: 30000 });
+  await expect(page.locator('.jp-Dialog')).toContainText(
+    'Stopped waiting for a GPU',
+    { timeout: 30000 }
+  );
+  await page.locator('.jp-Dialog-footer button').last().click();
+  // JupyterLab then offers to pick another kernel for nb4: decline.
+  for (
+    let i = 0;
+    i < 3 && (await page.locator('.jp-Dialog').count()) > 0;
+    i++
+  ) {
+    await page.locator('.jp-Dialog-footer button').first().click();
+    await page.waitForTimeout(300);
+  }
+  await expect(page.locator('.jp-Dialog')).toHaveCount(0);
 
   // Shut nb2's kernel down from the panel.
   await item(page, 'nb2.ipynb').locator('.jp-gpushare-shutdown-btn').click();
