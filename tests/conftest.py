@@ -83,3 +83,24 @@ def gpushare(jp_fetch, jp_serverapp):
             raise AssertionError(f"timed out waiting for {what}")
 
     return Client()
+
+
+@pytest.fixture(scope="session")
+def ui_tests_dir():
+    """labextension/ui-tests with its node_modules (Playwright, driving Debian's Chromium): installed
+    from the committed yarn.lock when missing. Skips when Node.js, jlpm or Chromium is missing."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    ui = Path(__file__).resolve().parent.parent / "labextension" / "ui-tests"
+    chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+    jlpm = shutil.which("jlpm")
+    if shutil.which("node") is None or jlpm is None:
+        pytest.skip("needs Node.js and jlpm (pip install jupyterlab) for the browser tests")
+    if not os.path.exists(chromium):
+        pytest.skip(f"no Chromium at {chromium}: apt-get install -y chromium (or set CHROMIUM=/path)")
+    if not (ui / "node_modules" / "playwright-core").is_dir():
+        subprocess.run([jlpm, "install"], cwd=ui, check=True, timeout=600)
+    return ui

@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 HERE = Path(__file__).resolve().parent
 CHECK = HERE / "browser_check_system_chromium.py"
-CORE = HERE.parent / "labextension" / "ui-tests" / "node_modules" / "playwright-core"
 
 
-def test_jupyterlab_browser_check_with_the_extension(tmp_path):
-    chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-    if shutil.which("node") is None or not os.path.exists(chromium):
-        pytest.skip("needs Node.js and Debian's chromium (apt-get install chromium)")
-    if not CORE.is_dir():
-        pytest.skip("needs labextension/ui-tests/node_modules (tests/test_ui.py installs it with jlpm install)")
+def test_jupyterlab_browser_check_with_the_extension(tmp_path, ui_tests_dir):
     env = {
         **os.environ,
         "JUPYTER_DATA_DIR": str(tmp_path / "data"),
