@@ -197,8 +197,7 @@ class GpuShareApp(ExtensionApp):
     def build_manager(self) -> QuotaManager:
         policy = self.build_policy()
         backend = open_backend(self.gpu_backend, self.simulated_cards)
-        ledger = f"broker:{self.broker_socket}" if self.broker_socket else self.ledger_path
-        return QuotaManager(policy, backend, ledger, log=self.log)
+        return QuotaManager(policy, backend, self.ledger_path, log=self.log, broker_socket=self.broker_socket or None)
 
     def _link_jupyter_server_extension(self, serverapp) -> None:
         # jupyter_server only logs a warning when an extension's config cannot be loaded, and would

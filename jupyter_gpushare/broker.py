@@ -47,7 +47,6 @@ log = logging.getLogger("jupyter_gpushare.broker")
 
 DEFAULT_SOCKET = "/run/jupyter-gpushare/broker.sock"
 DEFAULT_LEDGER = "/var/lib/jupyter-gpushare/ledger.sqlite"
-BROKER_PREFIX = "broker:"  # QuotaManager.ledger_path of a server that reserves through a broker
 MAX_LINE = 1 << 20
 
 

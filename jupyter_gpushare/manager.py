@@ -104,10 +104,19 @@ class QuotaManager:
 
     _current: ClassVar[QuotaManager | None] = None
 
-    def __init__(self, policy: Policy, backend: GpuBackend, ledger_path: str, log: logging.Logger | None = None):
+    def __init__(
+        self,
+        policy: Policy,
+        backend: GpuBackend,
+        ledger_path: str,
+        log: logging.Logger | None = None,
+        broker_socket: str | None = None,
+    ):
+        """``broker_socket``: reserve through the host's broker (broker.py) instead of the ledger file."""
         self.policy = policy
         self.backend = backend
         self.ledger_path = ledger_path
+        self.broker_socket = broker_socket
         self.log = log or logging.getLogger("jupyter_gpushare")
         self.user = getpass.getuser()
         self.records: dict[str, KernelRecord] = {}
@@ -135,10 +144,8 @@ class QuotaManager:
 
     def _open_ledger(self) -> None:
         try:
-            if self.ledger_path.startswith("broker:"):  # many users on this host: their broker owns the ledger
-                self._ledger = BrokerLedger(
-                    self.ledger_path[len("broker:") :], on_state=lambda e: setattr(self, "ledger_error", e)
-                )  # type: ignore[assignment]
+            if self.broker_socket:  # many users on this host: their broker owns the ledger
+                self._ledger = BrokerLedger(self.broker_socket, on_state=lambda e: setattr(self, "ledger_error", e))  # type: ignore[assignment]
             else:
                 self._ledger = Ledger(self.ledger_path)
             reclaimed = self._ledger.reap()
@@ -407,7 +414,11 @@ class QuotaManager:
         ]
         return {
             **self.backend.describe(),
-            "ledger": {"path": self.ledger_path, "error": self.ledger_error},
+            "ledger": {
+                "path": None if self.broker_socket else self.ledger_path,
+                "broker": self.broker_socket,
+                "error": self.ledger_error,
+            },
             "cards": cards,
             "kernels": [
                 {**r.to_dict(), "frameworks": (reports.get(r.kernel_id) or {}).get("frameworks")}
