@@ -283,3 +283,14 @@ async def test_host_view_lists_this_users_kernels_on_each_card(gpushare):
     assert [k["kernel_id"] for k in view["kernels"]] == [kid]
     (card,) = view["cards"]
     assert card["uuid"] == "GPU-simulated-0" and card["reserved_mib"] == 4608
+
+
+async def test_events_since_filters_and_a_bad_since_is_400(gpushare, jp_fetch):
+    kid = await gpushare.start_kernel()
+    events = (await gpushare.get("events"))["events"]
+    assert [e["kind"] for e in events if e["kernel_id"] == kid] == ["reserved"]
+    r = await jp_fetch("api", "gpushare", "events", params={"since": str(events[-1]["time"])}, method="GET")
+    assert json.loads(r.body)["events"] == []
+    with pytest.raises(HTTPClientError) as e:
+        await jp_fetch("api", "gpushare", "events", params={"since": "yesterday"}, method="GET")
+    assert e.value.code == 400 and "'since' must be a Unix time" in json.loads(e.value.response.body)["message"]
