@@ -9,7 +9,7 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
 from .ledger import LedgerError
-from .manager import QuotaManager
+from .manager import KernelRecord, QuotaManager
 from .policy import PolicyError, parse_size
 from .sampler import UsageSnapshot, card_view, kernel_view
 
@@ -65,18 +65,13 @@ class KernelsHandler(GpuShareHandler):
         records = list(self.manager.records.values())
         enforcer = self.settings.get("gpushare_enforcer")
         usage = self.usage
-        key = (usage.seq, enforcer.version if enforcer else None, tuple(_signature(r) for r in records))
+        key = (usage.seq, enforcer.version if enforcer else None, KernelRecord.changes, tuple(self.manager.records))
         cache = self.settings.setdefault("gpushare_kernels_cache", {})
         if cache.get("key") != key:
             cache["body"] = json.dumps({"kernels": [self.kernel(rec) for rec in records]})
             cache["key"] = key
         self.set_header("Content-Type", "application/json")
         self.finish(cache["body"])
-
-
-def _signature(rec) -> tuple:
-    """Changes whenever a field of the record is set (``to_dict()`` is a function of its fields)."""
-    return tuple(map(id, vars(rec).values()))
 
 
 class KernelHandler(GpuShareHandler):

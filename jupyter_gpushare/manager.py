@@ -55,6 +55,12 @@ class Grant:
 class KernelRecord:
     """What the API says of one kernel of this process."""
 
+    changes: ClassVar[int] = 0  # bumped on every field assignment: lets the API reuse an encoded reply
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        KernelRecord.changes += 1
+
     kernel_id: str
     kernel_name: str
     language: str
