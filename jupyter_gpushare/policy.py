@@ -230,11 +230,12 @@ class UserLimits:
         if self.max_total is not None:
             limit, held = self.max_total.resolve(card_total_mib), sum(held_quota_mib)
             if held + quota_mib > limit:
+                left = limit - held
+                smaller = f", or ask for at most {format_mib(left)}" if left > 0 else ""
                 raise PolicyError(
                     f"{who} may hold at most {format_mib(limit)} of GPU memory in all kernels together (per-user "
                     f"limit max_total); your kernels already hold {format_mib(held)} and this one asks for "
-                    f"{format_mib(quota_mib)}. Shut down a kernel you no longer use, or ask for at most "
-                    f"{format_mib(max(0, limit - held))}."
+                    f"{format_mib(quota_mib)}. Shut down a kernel you no longer use{smaller}."
                 )
 
 

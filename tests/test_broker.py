@@ -77,23 +77,27 @@ def run_as(user: pwd.struct_passwd, home: Path, env: dict | None = None) -> dict
     }  # fmt: skip
 
 
+SIMULATED = {"gpu_backend": "simulated", "simulated_cards": "10GiB"}
+
+
 class Broker:
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, gpu: dict | None = None, limits: dict | None = None):
         self.base = base
+        gpu = SIMULATED if gpu is None else gpu
+        limits = {"max_total": "4GiB"} if limits is None else limits
         self.socket = str(base / "run" / "broker.sock")
         self.ledger = str(base / "lib" / "ledger.sqlite")
         config = base / "broker_config.py"
         config.write_text(
             textwrap.dedent(
                 f"""
-                c.GpuShareApp.gpu_backend = "simulated"
-                c.GpuShareApp.simulated_cards = "10GiB"
+                {"".join(f"c.GpuShareApp.{k} = {v!r}; " for k, v in gpu.items())}
                 c.GpuShareApp.card_headroom = "0MiB"
                 c.GpuShareApp.context_reserve = "512MiB"
                 c.GpuShareBroker.socket_path = {self.socket!r}
                 c.GpuShareBroker.ledger_path = {self.ledger!r}
                 c.GpuShareBroker.reap_interval = 0.5
-                c.GpuShareBroker.default_limits = {{"max_total": "4GiB"}}
+                c.GpuShareBroker.default_limits = {limits!r}
                 c.GpuShareBroker.group_limits = {{{STAFF_GROUP!r}: {{"max_total": None}}}}
                 """
             )
@@ -142,8 +146,9 @@ class Broker:
 class UserServer(ServerProcess):
     """A `jupyter server` running as one Unix user, reserving through the broker."""
 
-    def __init__(self, base: Path, user: pwd.struct_passwd, broker: Broker):
+    def __init__(self, base: Path, user: pwd.struct_passwd, broker: Broker, gpu: dict | None = None):
         self.user = user
+        self.gpu = SIMULATED if gpu is None else gpu
         self.name = f"server-{user.pw_name}"
         self.home = base / user.pw_name
         self.home.mkdir(exist_ok=True)
@@ -155,8 +160,8 @@ class UserServer(ServerProcess):
 
     def start(self) -> UserServer:
         settings = {
-            "broker_socket": self.broker.socket, "gpu_backend": "simulated", "simulated_cards": "10GiB", "card_headroom": "0MiB",
-            "context_reserve": "512MiB", "default_quota": "2GiB", "reconcile_interval": "0.5", "on_full": "reject",
+            "broker_socket": self.broker.socket, "card_headroom": "0MiB", "context_reserve": "512MiB",
+            "default_quota": "2GiB", "reconcile_interval": "0.5", "on_full": "reject", **self.gpu,
         }  # fmt: skip
         self.launch(
             self.home.parent, [f"--ServerApp.root_dir={self.home / 'root'}"], settings, **run_as(self.user, self.home)

@@ -89,3 +89,14 @@ def test_check_quota_names_the_maximum():
     with pytest.raises(PolicyError, match="does not fit on any card"):
         Policy(context_reserve_mib=512).check_quota(Size(mib=24576), [CardView("a", 0, 24576)])
     p.check_quota(Size(mib=8192), [CardView("a", 0, 24576)])
+
+
+def test_user_total_limit_message_offers_what_is_left():
+    from jupyter_gpushare.policy import UserLimits
+
+    limits = UserLimits(max_total=parse_size("16GiB"))
+    with pytest.raises(PolicyError, match=r"already hold 12 GiB .* or ask for at most 4 GiB\."):
+        limits.check("alice", 8192, 81920, [8192, 4096])
+    with pytest.raises(PolicyError) as e:  # nothing left: no "ask for at most 0 MiB"
+        limits.check("alice", 8192, 81920, [8192, 8192])
+    assert "at most 0" not in str(e.value) and str(e.value).endswith("no longer use.")
