@@ -162,9 +162,10 @@ class GpuShareApp(ExtensionApp):
         "",
         config=True,
         help="Unix socket of this host's GPU broker (`jupyter gpushare broker`, docs/multi-user.md), e.g. "
-        "'/run/jupyter-gpushare/broker.sock'. When set, reservations go through the broker, which owns the "
-        "host's ledger and applies per-user limits, and ledger_path is not used. Default: '' = no broker: "
-        "this server uses ledger_path itself.",
+        "'/run/jupyter-gpushare/broker.sock', or 'tcp://host:port' for a server in a container, which then "
+        "identifies itself with its $JUPYTERHUB_API_TOKEN. When set, reservations go through the broker, which "
+        "owns the host's ledger and applies per-user limits, and ledger_path is not used. Default: '' = no "
+        "broker: this server uses ledger_path itself.",
     )
 
     @default("ledger_path")
@@ -177,6 +178,13 @@ class GpuShareApp(ExtensionApp):
             raise PolicyError(
                 f"GpuShareApp.queue_timeout: {self.queue_timeout!r} is negative; use seconds, e.g. 600, or 0 for no limit."
             )
+        if self.broker_socket.startswith("tcp://"):
+            from .broker import parse_tcp
+
+            try:
+                parse_tcp(self.broker_socket, "GpuShareApp.broker_socket")
+            except ValueError as e:
+                raise PolicyError(str(e)) from e
         default_quota = parse_size(self.default_quota, "GpuShareApp.default_quota")
         if default_quota.is_zero:
             raise PolicyError("GpuShareApp.default_quota: '0' gives Python kernels no GPU; use e.g. '4GiB'.")

@@ -5,19 +5,23 @@ Deployment mode 2 (docs/multi-user.md). The broker runs as its own user (or root
 ``{"op": "reserve", "args": {...}}`` -> ``{"ok": true, "result": ...}`` or
 ``{"ok": false, "error": "PolicyError", "message": "..."}``.
 
-The caller is identified by the kernel, never by what it says: SO_PEERCRED gives the uid (-> user name
-and groups) and the pid (-> the calling server process, the owner of its leases, as pid + start time).
+The caller is identified by the kernel or by the JupyterHub, never by what it says about itself:
+- On the Unix socket, SO_PEERCRED gives the uid (-> user name and groups) and the pid (-> the
+  calling server process, the owner of its leases, as pid + start time).
+- On TCP (``tcp_address``, for servers in containers: other PID namespaces, one shared uid), the
+  first request must be ``auth`` with the server's JupyterHub API token; the Hub says whose it is
+  (hub.py). Its leases belong to a session (ledger.SessionRef) that lives while the server keeps
+  calling (its reconcile loop does every 10 s) and expires ``session_ttl`` seconds after the last call.
 A student's server can only reserve as that student, only release, attach or adopt that student's
 leases, attach only processes of the same uid, and sees other users only as anonymous per-card
-totals. Admins (``admin_users``, ``admin_groups``, root and the broker's own user) see everything.
-
-Not built: identification by JupyterHub API token for servers in containers (other PID namespaces,
-where SO_PEERCRED gives no usable pid). Such servers are refused with a message that says so.
+totals. Admins (``admin_users``, ``admin_groups``, root, the broker's own user and Hub admins) see
+everything. With a Hub configured, Hub groups count as groups for limits and ``admin_groups``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import grp
 import json
 import logging
@@ -28,6 +32,7 @@ import socket
 import stat
 import struct
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -40,7 +45,8 @@ from traitlets import Any as AnyTrait
 from traitlets import Dict, Float, List, Unicode, default
 
 from .gpu import Card
-from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Waiter, Waiting
+from .hub import HubClient, HubError
+from .ledger import Lease, Ledger, LedgerError, Owner, ProcessRef, Request, SessionRef, Waiter, Waiting
 from .policy import CardView, LimitRules, Policy, PolicyError, Size, UserLimits, format_mib, parse_limits
 
 log = logging.getLogger("jupyter_gpushare.broker")
@@ -48,6 +54,7 @@ log = logging.getLogger("jupyter_gpushare.broker")
 DEFAULT_SOCKET = "/run/jupyter-gpushare/broker.sock"
 DEFAULT_LEDGER = "/var/lib/jupyter-gpushare/ledger.sqlite"
 MAX_LINE = 1 << 20
+HUB_TOKEN_ENV = "JUPYTERHUB_API_TOKEN"  # what a server started by a JupyterHub authenticates with
 
 
 class BrokerRefused(RuntimeError):
@@ -66,6 +73,11 @@ class Caller:
     groups: tuple[str, ...] = ()
     admin: bool = False
     process: ProcessRef | None = None
+    session: SessionRef | None = None  # a server identified by its Hub token (no process to see)
+
+    @property
+    def owner(self) -> Owner | None:
+        return self.session or self.process
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -93,7 +105,26 @@ def user_and_groups(uid: int) -> tuple[str, tuple[str, ...]]:
     return entry.pw_name, tuple(sorted(names))
 
 
+def parse_tcp(address: str, what: str) -> tuple[str, int]:
+    """'host:port' (or 'tcp://host:port') -> (host, port); ValueError that names ``what``."""
+    rest = address.removeprefix("tcp://")
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{what} = {address!r} is not host:port; e.g. 'tcp://gpushare-broker.jhub.svc:8765'.")
+    return host.strip("[]"), int(port)
+
+
 # -- wire format -----------------------------------------------------------------------------------
+
+
+def owner_to_json(owner: Owner) -> dict:
+    if isinstance(owner, SessionRef):
+        return {"session": owner.id}
+    return {"pid": owner.pid, "start": owner.start}
+
+
+def owner_from_json(d: dict) -> Owner:
+    return SessionRef(d["session"]) if "session" in d else ProcessRef(d["pid"], d["start"])
 
 
 def lease_to_json(lease: Lease) -> dict:
@@ -107,7 +138,7 @@ def lease_to_json(lease: Lease) -> dict:
         "reserved_mib": lease.reserved_mib,
         "user": lease.user,
         "kernel_name": lease.kernel_name,
-        "owner": {"pid": lease.owner.pid, "start": lease.owner.start},
+        "owner": owner_to_json(lease.owner),
         "kernel": {"pid": kernel.pid, "start": kernel.start} if kernel else None,
         "created": lease.created,
     }
@@ -123,7 +154,7 @@ def lease_from_json(d: dict) -> Lease:
         reserve_mib=d["reserve_mib"],
         user=d["user"],
         kernel_name=d["kernel_name"],
-        owner=ProcessRef(**d["owner"]),
+        owner=owner_from_json(d["owner"]),
         kernel=ProcessRef(**kernel) if kernel else None,
         created=d["created"],
     )
@@ -136,14 +167,14 @@ def waiter_to_json(w: Waiter) -> dict:
         "quota": w.quota,
         "user": w.user,
         "kernel_name": w.kernel_name,
-        "owner": {"pid": w.owner.pid, "start": w.owner.start},
+        "owner": owner_to_json(w.owner),
         "created": w.created,
     }
 
 
 def waiter_from_json(d: dict) -> Waiter:
     return Waiter(
-        d["ticket"], d["kernel_id"], d["quota"], d["user"], d["kernel_name"], ProcessRef(**d["owner"]), d["created"]
+        d["ticket"], d["kernel_id"], d["quota"], d["user"], d["kernel_name"], owner_from_json(d["owner"]), d["created"]
     )
 
 
@@ -210,7 +241,7 @@ def view_for(
             "quota_mib": lease.quota_mib,
             "reserve_mib": lease.reserve_mib,
             "reserved_mib": lease.reserved_mib,
-            "server_pid": lease.owner.pid,
+            "server_pid": lease.owner.pid if isinstance(lease.owner, ProcessRef) else None,
             "kernel_pid": lease.kernel.pid if lease.kernel else None,
             "age_s": round(now - lease.created, 1),
         }
@@ -335,6 +366,41 @@ class GpuShareBroker(JupyterApp):
         help="Seconds between sweeps that reclaim the reservations of servers and kernels that are gone "
         "(every reservation also sweeps first). Default: 5.",
     )
+    tcp_address = Unicode(
+        "",
+        config=True,
+        help="Also listen on TCP at 'host:port', for Jupyter servers in containers (DockerSpawner, "
+        "KubeSpawner), which cannot be identified by the Unix socket. They point GpuShareApp.broker_socket at "
+        "'tcp://<this host>:<port>' and authenticate with their JupyterHub API token, so hub_api_url is "
+        "needed. Plain TCP: bind it to an address only the servers can reach (e.g. the Docker bridge or a "
+        "cluster-internal Service). Default: '' = Unix socket only.",
+    )
+    hub_api_url = Unicode(
+        config=True,
+        help="The JupyterHub API, e.g. 'http://127.0.0.1:8081/hub/api': tokens of servers on TCP are checked "
+        "against it, and Hub groups and Hub admins count for limits and admin rights (also for Unix-socket "
+        "callers, by user name). Default: $JUPYTERHUB_API_URL (set when the Hub runs the broker as a service), "
+        "else '' = no Hub.",
+    )
+    hub_api_token = Unicode(
+        config=True,
+        help="The broker's own Hub API token, to look up the Hub groups and admin flag of Unix-socket callers "
+        "(scopes read:users:name and read:users:groups). Default: $JUPYTERHUB_API_TOKEN.",
+    )
+    session_ttl = Float(
+        60.0,
+        config=True,
+        help="Seconds a server identified by its Hub token keeps its reservations after its last call (it calls "
+        "at least every GpuShareApp.reconcile_interval, 10 s); then they are reclaimed. Default: 60.",
+    )
+
+    @default("hub_api_url")
+    def _default_hub_api_url(self) -> str:
+        return os.environ.get("JUPYTERHUB_API_URL", "")
+
+    @default("hub_api_token")
+    def _default_hub_api_token(self) -> str:
+        return os.environ.get(HUB_TOKEN_ENV, "")
 
     @default("log_level")
     def _default_log_level(self) -> int:
@@ -366,6 +432,19 @@ class GpuShareBroker(JupyterApp):
         self._me = ProcessRef.me()
         self._ledger: Ledger | None = None
         self._biggest = max((c.total_mib for c in self.cards), default=0)
+        self.hub = HubClient(self.hub_api_url, self.hub_api_token) if self.hub_api_url else None
+        self._touched: dict[str, float] = {}
+        if self.tcp_address:
+            try:
+                self._tcp = parse_tcp(self.tcp_address, "GpuShareBroker.tcp_address")
+            except ValueError as e:
+                raise PolicyError(str(e)) from e
+            if self.hub is None:
+                raise PolicyError(
+                    "GpuShareBroker.tcp_address needs GpuShareBroker.hub_api_url: servers on TCP are identified by "
+                    "their JupyterHub API token. Set it (e.g. 'http://127.0.0.1:8081/hub/api'), or run the broker as "
+                    "a Hub service, which sets $JUPYTERHUB_API_URL."
+                )
 
     def limits_for(self, caller: Caller) -> UserLimits:
         limits = self.rules.for_user(caller.user, caller.groups, self._biggest)
@@ -379,11 +458,43 @@ class GpuShareBroker(JupyterApp):
                 limits = UserLimits(**merged)  # type: ignore[arg-type]
         return limits
 
+    def _is_admin(self, user: str, groups: Sequence[str]) -> bool:
+        return user in self._admin_users or bool(self._admin_groups & set(groups))
+
     def identify(self, pid: int, uid: int) -> Caller:
+        """A Unix-socket caller: who the kernel says it is (plus its Hub groups, with a Hub)."""
         user, groups = user_and_groups(uid)
-        admin = uid == 0 or uid == os.getuid() or user in self._admin_users or bool(self._admin_groups & set(groups))
+        hub_user = self.hub.user(user) if self.hub else None
+        if hub_user:
+            groups = tuple(sorted(set(groups) | set(hub_user.groups)))
+        admin = uid == 0 or uid == os.getuid() or bool(hub_user and hub_user.admin) or self._is_admin(user, groups)
         process = ProcessRef.of(pid) if pid > 0 else None
         return Caller(user, uid, groups, admin, process)
+
+    def authenticate(self, token: str, instance: str) -> Caller:
+        """A server that sent its JupyterHub API token: who the Hub says it is, owning through a session."""
+        if self.hub is None:
+            raise BrokerRefused(
+                "This broker has no JupyterHub configured (GpuShareBroker.hub_api_url), so it cannot check tokens; "
+                "connect over its Unix socket instead."
+            )
+        if not instance or len(instance) > 64 or not instance.replace("-", "").isalnum():
+            raise BrokerRefused(f"A server instance id is 1-64 letters, digits and '-'; got {instance!r}.")
+        try:
+            who = self.hub.whoami(token)
+        except HubError as e:
+            raise BrokerRefused(f"The broker could not identify this server by its JupyterHub token: {e}.") from e
+        admin = who.admin or self._is_admin(who.name, who.groups)
+        return Caller(who.name, -1, who.groups, admin, None, SessionRef(f"hub:{who.name}:{instance}"))
+
+    def _touch(self, caller: Caller) -> None:
+        """Keep a token-identified server's session alive (a ledger write at most every ttl/6)."""
+        if caller.session is None or self._ledger is None:
+            return
+        now = time.monotonic()
+        if now - self._touched.get(caller.session.id, float("-inf")) >= self.session_ttl / 6:
+            self._ledger.touch_session(caller.session, caller.user, time.time() + self.session_ttl)
+            self._touched[caller.session.id] = now
 
     def _open_ledger(self) -> Ledger:
         path = Path(self.ledger_path)
@@ -408,13 +519,13 @@ class GpuShareBroker(JupyterApp):
     def _as_owner(self, caller: Caller) -> Iterator[Ledger]:
         """The ledger with the caller's server process as the owner of what it writes."""
         assert self._ledger is not None
-        if caller.process is None:
+        if caller.owner is None:
             raise BrokerRefused(
                 "The broker cannot see the calling process (it runs in another PID namespace, e.g. a container). "
-                "Servers in containers are not supported by this broker (no JupyterHub-token identification yet); "
-                "run the server on the host, or use the embedded ledger inside each container."
+                "Servers in containers connect over TCP with their JupyterHub token: set GpuShareApp.broker_socket "
+                "to 'tcp://<broker host>:<port>' (GpuShareBroker.tcp_address, docs/multi-user.md)."
             )
-        self._ledger.owner = caller.process
+        self._ledger.owner = caller.owner
         try:
             yield self._ledger
         finally:
@@ -433,6 +544,7 @@ class GpuShareBroker(JupyterApp):
                 "uid": caller.uid,
                 "admin": caller.admin,
                 "pid": caller.process.pid if caller.process else None,
+                "session": caller.session.id if caller.session else None,
                 "cards": [c.to_dict() for c in self.cards],
                 "limits": self.limits_for(caller).to_dict(),
                 "context_reserve_mib": self.policy.context_reserve_mib,
@@ -450,10 +562,19 @@ class GpuShareBroker(JupyterApp):
                 raise BrokerRefused(f"Kernel id {kernel_id} is in use by another user's kernel; use a new id.")
             if any(w.kernel_id == kernel_id and w.user != caller.user for w in ledger.waiters()):
                 raise BrokerRefused(f"Kernel id {kernel_id} is in use by another user's kernel; use a new id.")
-            self.policy.check_quota(quota, [CardView(c.uuid, c.index, c.total_mib) for c in self.cards])
+            cards = self.cards
+            if args.get("cards"):  # the server sees only these (a container given some of the host's cards)
+                cards = [c for c in self.cards if c.uuid in set(args["cards"])]
+                if not cards:
+                    raise BrokerRefused(
+                        f"None of the cards this server sees ({', '.join(args['cards'])}) is one of the broker's "
+                        f"({', '.join(c.uuid for c in self.cards) or 'none'}). Give the server's container one of "
+                        "the broker's cards, or check that both read the same host's cards."
+                    )
+            self.policy.check_quota(quota, [CardView(c.uuid, c.index, c.total_mib) for c in cards])
             request = Request(kernel_id, quota, caller.user, str(args.get("kernel_name", ""))[:200])
             with self._as_owner(caller) as led:
-                got = led.reserve(request, self.policy, self.cards, bool(args.get("wait")), self.limits_for(caller))
+                got = led.reserve(request, self.policy, cards, bool(args.get("wait")), self.limits_for(caller))
             if isinstance(got, Lease):
                 return {"lease": lease_to_json(got)}
             return {"waiting": asdict(got)}
@@ -465,8 +586,8 @@ class GpuShareBroker(JupyterApp):
         if op == "attach":
             kernel_id, pid = str(args["kernel_id"]), args.get("pid")
             lease = ledger.get(kernel_id)
-            if lease is None or not self._mine(caller, lease.user):
-                return None
+            if lease is None or not self._mine(caller, lease.user) or caller.session is not None:
+                return None  # a server in a container: its pids mean nothing here; its session keeps the lease
             ref = None
             if pid is not None:
                 try:
@@ -546,10 +667,13 @@ class GpuShareBroker(JupyterApp):
     # Ledger calls run on the event loop's own thread: each takes well under a millisecond, only the
     # broker writes the file (no lock waits), and a thread hop per request cost more than the call.
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tcp: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        caller: Caller | None = None
         try:
-            pid, uid, _gid = peer_credentials(writer.get_extra_info("socket"))
-            caller = await asyncio.get_running_loop().run_in_executor(None, self.identify, pid, uid)  # NSS may be slow
+            if not tcp:  # Unix socket: the kernel says who is calling (NSS lookups may be slow: off the loop)
+                pid, uid, _gid = peer_credentials(writer.get_extra_info("socket"))
+                caller = await loop.run_in_executor(None, self.identify, pid, uid)
             while True:
                 line = await reader.readline()
                 if not line:
@@ -557,7 +681,20 @@ class GpuShareBroker(JupyterApp):
                 try:
                     msg = json.loads(line)
                     op, args = str(msg["op"]), dict(msg.get("args") or {})
-                    result = self.handle(caller, op, args)
+                    if op == "auth":  # a server's JupyterHub token (asks the Hub: off the loop)
+                        caller = await loop.run_in_executor(
+                            None, self.authenticate, str(args.get("token", "")), str(args.get("instance", ""))
+                        )
+                        self.log.info("%s authenticated by JupyterHub token as %s", writer.get_extra_info("peername") or "a Unix-socket client", caller.session.id)  # type: ignore[union-attr]  # fmt: skip
+                    if caller is None:
+                        raise BrokerRefused(
+                            "Send your JupyterHub API token first ({'op': 'auth', 'args': {'token': ..., 'instance': "
+                            "...}}): on TCP the broker knows callers only by it."
+                        )
+                    self._touch(caller)
+                    result = (
+                        {"user": caller.user, "admin": caller.admin} if op == "auth" else self.handle(caller, op, args)
+                    )
                     reply: dict[str, Any] = {"ok": True, "result": result}
                 except PolicyError as e:
                     reply = {"ok": False, "error": "PolicyError", "message": str(e)}
@@ -568,7 +705,7 @@ class GpuShareBroker(JupyterApp):
                 except (ValueError, KeyError, TypeError) as e:
                     reply = {"ok": False, "error": "Refused", "message": f"Bad request ({type(e).__name__}: {e})."}
                 except Exception as e:  # a bug, or a user_limits_hook that raised: answer, keep serving
-                    self.log.exception("jupyter-gpushare broker: %r from %s failed", line[:200], caller.user)
+                    self.log.exception("jupyter-gpushare broker: %r from %s failed", line[:200], caller)
                     reply = {
                         "ok": False,
                         "error": "LedgerError",
@@ -614,18 +751,29 @@ class GpuShareBroker(JupyterApp):
 
     async def serve(self, ready: Callable[[], None] | None = None) -> None:
         self._ledger = self._open_ledger()
+        self._ledger.extend_sessions(time.time() + self.session_ttl)  # servers could not call while it was down
         gone = self._ledger.reap()
         self._log_reclaimed(gone)
         self._prepare_socket()
         server = await asyncio.start_unix_server(self._client, path=self.socket_path, limit=MAX_LINE)
         self._secure_socket()
+        tcp_server = None
+        if self.tcp_address:
+            host, port = self._tcp
+            try:
+                tcp_server = await asyncio.start_server(
+                    functools.partial(self._client, tcp=True), host, port, limit=MAX_LINE
+                )
+            except OSError as e:
+                raise SystemExit(f"jupyter-gpushare broker: cannot listen on {self.tcp_address}: {e}") from e
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         self.log.info(
-            "jupyter-gpushare broker: %d card(s) %s, ledger %s, socket %s",
+            "jupyter-gpushare broker: %d card(s) %s, ledger %s, socket %s%s",
             len(self.cards), [f"{c.index}:{format_mib(c.total_mib)}" for c in self.cards], self.ledger_path, self.socket_path,
+            f", TCP {self.tcp_address} (JupyterHub tokens, Hub {self.hub_api_url})" if tcp_server else "",
         )  # fmt: skip
         if ready:
             ready()
@@ -635,12 +783,16 @@ class GpuShareBroker(JupyterApp):
                 await asyncio.sleep(self.reap_interval)
                 try:
                     self._log_reclaimed(self._ledger.reap())
+                    stale = time.monotonic() - self.session_ttl
+                    self._touched = {k: t for k, t in self._touched.items() if t > stale}
                 except Exception:
                     self.log.exception("jupyter-gpushare broker: reclaiming failed")
 
         sweeper = asyncio.ensure_future(sweep())
         async with server:
             await stop.wait()
+        if tcp_server is not None:
+            tcp_server.close()
         sweeper.cancel()
         try:
             os.unlink(self.socket_path)
@@ -669,6 +821,10 @@ class _Outage:
     message: str
 
 
+class _AuthRefused(Exception):
+    """The broker did not accept this server's JupyterHub token."""
+
+
 @dataclass
 class BrokerLedger:
     """The Ledger interface, answered by the host's broker over its Unix socket.
@@ -678,12 +834,18 @@ class BrokerLedger:
     broker restart is invisible; while the broker is down, reserve (and adopt) raise LedgerError with
     what to do, releases and attaches are kept and sent once it is back, and queries answer empty,
     with ``on_state`` told the reason (and None once the broker answers again).
+
+    ``path`` is the broker's Unix socket, or 'tcp://host:port' for a server in a container: it then
+    authenticates with ``token`` (default: $JUPYTERHUB_API_TOKEN, which every Hub-started server has)
+    and an instance id of its own, which names its session at the broker.
     """
 
     path: str
     timeout: float = 15.0
     on_state: Callable[[str | None], None] | None = None
     owner: ProcessRef = field(default_factory=ProcessRef.me)
+    token: str | None = None
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex)
     _sock: socket.socket | None = field(default=None, repr=False)
     _file: Any = field(default=None, repr=False)
     _pending_release: set = field(default_factory=set, repr=False)
@@ -692,15 +854,34 @@ class BrokerLedger:
 
     # -- transport ---------------------------------------------------------------------------------------
 
+    @property
+    def tcp(self) -> bool:
+        return self.path.startswith("tcp://")
+
     def _connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.path)
-        except OSError:
-            sock.close()
-            raise
+        if self.tcp:
+            sock = socket.create_connection(parse_tcp(self.path, "GpuShareApp.broker_socket"), timeout=self.timeout)
+        else:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(self.path)
+            except OSError:
+                sock.close()
+                raise
         self._sock, self._file = sock, sock.makefile("rb")
+        token = os.environ.get(HUB_TOKEN_ENV, "") if self.token is None and self.tcp else self.token
+        if self.tcp and not token:
+            self._drop()
+            raise _AuthRefused(
+                f"This server has no JupyterHub API token (${HUB_TOKEN_ENV}) to identify itself to the GPU broker at "
+                f"{self.path}. A broker on TCP serves servers started by a JupyterHub; outside one, use its Unix socket."
+            )
+        if token:
+            reply = self._exchange("auth", {"token": token, "instance": self.instance})
+            if not reply.get("ok"):
+                self._drop()
+                raise _AuthRefused(f"The GPU broker at {self.path} refused this server: {reply.get('message', reply)}")
 
     def _drop(self) -> None:
         if self._sock is not None:
@@ -735,11 +916,11 @@ class BrokerLedger:
                     self._replay()
                 reply = self._exchange(op, args)
                 break
-            except (OSError, ValueError) as e:
+            except (OSError, ValueError, _AuthRefused) as e:
                 self._drop()
-                if attempt:
-                    message = self._down_message(e)
-                    if self.outage is None:
+                if attempt or isinstance(e, _AuthRefused):
+                    message = str(e) if isinstance(e, _AuthRefused) else self._down_message(e)
+                    if self.outage is None or self.outage.message != message:
                         self.outage = _Outage(time.time(), message)
                         log.error("%s", message)
                         if self.on_state:
@@ -795,8 +976,10 @@ class BrokerLedger:
         wait: bool = False,
         limits: UserLimits | None = None,
     ) -> Lease | Waiting:
-        """Reserve through the broker. ``policy``, ``cards``, ``limits`` and ``req.user`` are the broker's to decide and are not sent."""
-        got = self._call("reserve", kernel_id=req.kernel_id, mib=req.quota.mib, percent=req.quota.percent, kernel_name=req.kernel_name, wait=wait)  # fmt: skip
+        """Reserve through the broker. ``policy``, ``limits`` and ``req.user`` are the broker's to decide and are
+        not sent; ``cards`` (the real cards this server sees) restrict where the broker may place the kernel."""
+        visible = [c.uuid for c in cards if not c.simulated]
+        got = self._call("reserve", kernel_id=req.kernel_id, mib=req.quota.mib, percent=req.quota.percent, kernel_name=req.kernel_name, wait=wait, **({"cards": visible} if visible else {}))  # fmt: skip
         if "lease" in got:
             return lease_from_json(got["lease"])
         return Waiting(**got["waiting"])

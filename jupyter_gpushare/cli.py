@@ -296,7 +296,9 @@ def diagnose(config_file: str | None = None, socket_path: str | None = None) -> 
             add("broker", "ok", f"The broker at {socket_path} answers: you are {hello['user']!r}"
                 f"{' (admin)' if hello['admin'] else ''}, {len(hello['cards'])} card(s), your limits {hello['limits']}.")  # fmt: skip
         except (LedgerError, PolicyError) as e:
-            add("broker", "error", str(e), "Start it: systemctl start jupyter-gpushare-broker (docs/multi-user.md).")
+            down = "not reachable" in str(e)
+            add("broker", "error", str(e), "Start it: systemctl start jupyter-gpushare-broker (docs/multi-user.md)." if down
+                else "See the message; docs/multi-user.md describes the broker's settings.")  # fmt: skip
         finally:
             client.close()
     else:

@@ -10,6 +10,11 @@ Leases name two processes, each as (pid, start time) so a reused pid is not mist
 original: the owner (the Jupyter server or nbclient process that reserved) and the kernel.
 A lease whose owner and kernel are both gone is reclaimed by whoever next opens a transaction;
 leases of a live owner are released by that owner (see manager.py).
+
+A server the broker cannot see as a process (in a container, identified by its JupyterHub token)
+owns its leases through a session instead (``sessions``): alive while it keeps calling the broker
+before ``expires``; its leases name no kernel process (the server releases those of kernels it no
+longer has), and they are reclaimed once the session expires.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import psutil
 from .gpu import Card
 from .policy import CardView, Policy, Size, UserLimits
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: sessions, and an owner_session column in leases and waiters
 WAITER_STALE_S = 30.0  # a waiter not heard from for this long has been abandoned
 ALIVE_CACHE_S = 1.0  # how long a "still running" answer is trusted (a gone process stays gone)
 REAP_EVERY_S = 1.0  # reserve() reaps at most this often, and always before it answers "no room"
@@ -44,6 +49,7 @@ CREATE TABLE IF NOT EXISTS leases (
     kernel_name  TEXT NOT NULL DEFAULT '',
     owner_pid    INTEGER NOT NULL,
     owner_start  REAL NOT NULL,
+    owner_session TEXT,
     kernel_pid   INTEGER,
     kernel_start REAL,
     created      REAL NOT NULL
@@ -56,9 +62,19 @@ CREATE TABLE IF NOT EXISTS waiters (
     kernel_name  TEXT NOT NULL DEFAULT '',
     owner_pid    INTEGER NOT NULL,
     owner_start  REAL NOT NULL,
+    owner_session TEXT,
     created      REAL NOT NULL,
     heartbeat    REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS sessions (
+    id           TEXT PRIMARY KEY,
+    user         TEXT NOT NULL,
+    expires      REAL NOT NULL
+)
+"""
+_MIGRATE_FROM_1 = """
+ALTER TABLE leases ADD COLUMN owner_session TEXT;
+ALTER TABLE waiters ADD COLUMN owner_session TEXT
 """
 
 
@@ -95,6 +111,29 @@ class ProcessRef:
 
 
 @dataclass(frozen=True)
+class SessionRef:
+    """A server known to the broker by a session (see the module's doc), not as a process it can see."""
+
+    id: str
+
+
+Owner = ProcessRef | SessionRef
+
+
+def _owner(row: sqlite3.Row) -> Owner:
+    if row["owner_session"]:
+        return SessionRef(row["owner_session"])
+    return ProcessRef(row["owner_pid"], row["owner_start"])
+
+
+def _owner_columns(owner: Owner) -> tuple[int, float, str | None]:
+    """(owner_pid, owner_start, owner_session) for a row."""
+    if isinstance(owner, SessionRef):
+        return 0, 0.0, owner.id
+    return owner.pid, owner.start, None
+
+
+@dataclass(frozen=True)
 class Lease:
     kernel_id: str
     card_uuid: str
@@ -103,7 +142,7 @@ class Lease:
     reserve_mib: int
     user: str
     kernel_name: str
-    owner: ProcessRef
+    owner: Owner
     kernel: ProcessRef | None
     created: float
 
@@ -135,7 +174,7 @@ class Waiter:
     quota: str
     user: str
     kernel_name: str
-    owner: ProcessRef
+    owner: Owner
     created: float
 
 
@@ -145,6 +184,10 @@ class Request:
     quota: Size
     user: str = ""
     kernel_name: str = ""
+
+
+def _waiter(r: sqlite3.Row) -> Waiter:
+    return Waiter(r["ticket"], r["kernel_id"], r["quota"], r["user"], r["kernel_name"], _owner(r), r["created"])
 
 
 def _lease(row: sqlite3.Row) -> Lease:
@@ -157,7 +200,7 @@ def _lease(row: sqlite3.Row) -> Lease:
         reserve_mib=row["reserve_mib"],
         user=row["user"],
         kernel_name=row["kernel_name"],
-        owner=ProcessRef(row["owner_pid"], row["owner_start"]),
+        owner=_owner(row),
         kernel=kernel,
         created=row["created"],
     )
@@ -169,7 +212,7 @@ class Ledger:
     Not thread-safe: use one Ledger per thread (the manager keeps one on a worker thread).
     """
 
-    def __init__(self, path: str | os.PathLike, owner: ProcessRef | None = None):
+    def __init__(self, path: str | os.PathLike, owner: Owner | None = None):
         self.path = Path(path)
         self.owner = owner or ProcessRef.me()
         self._alive_until: dict[ProcessRef, float] = {}
@@ -191,6 +234,10 @@ class Ledger:
                     f"this one knows {SCHEMA_VERSION}). Upgrade jupyter-gpushare on every server of this host."
                 )
             with self._tx():
+                version = self._db.execute("PRAGMA user_version").fetchone()[0]  # again, under the lock
+                exists = self._db.execute("SELECT 1 FROM sqlite_master WHERE name='leases'").fetchone()
+                for statement in filter(str.strip, (_MIGRATE_FROM_1 if exists and version == 1 else "").split(";")):
+                    self._db.execute(statement)
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -233,18 +280,7 @@ class Ledger:
         return _lease(row) if row else None
 
     def waiters(self) -> list[Waiter]:
-        return [
-            Waiter(
-                r["ticket"],
-                r["kernel_id"],
-                r["quota"],
-                r["user"],
-                r["kernel_name"],
-                ProcessRef(r["owner_pid"], r["owner_start"]),
-                r["created"],
-            )
-            for r in self._db.execute("SELECT * FROM waiters ORDER BY ticket")
-        ]
+        return [_waiter(r) for r in self._db.execute("SELECT * FROM waiters ORDER BY ticket")]
 
     def reserved_by_card(self) -> dict[str, int]:
         return self._reserved(self._db)
@@ -278,18 +314,10 @@ class Ledger:
                 limits.check(req.user, req.quota.resolve(biggest), biggest, held)
             if wait:
                 db.execute(
-                    "INSERT INTO waiters (kernel_id, quota, user, kernel_name, owner_pid, owner_start, created, heartbeat)"
-                    " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(kernel_id) DO UPDATE SET heartbeat=excluded.heartbeat",
-                    (
-                        req.kernel_id,
-                        str(req.quota),
-                        req.user,
-                        req.kernel_name,
-                        self.owner.pid,
-                        self.owner.start,
-                        now,
-                        now,
-                    ),
+                    "INSERT INTO waiters (kernel_id, quota, user, kernel_name, owner_pid, owner_start, owner_session,"
+                    " created, heartbeat) VALUES (?,?,?,?,?,?,?,?,?)"
+                    " ON CONFLICT(kernel_id) DO UPDATE SET heartbeat=excluded.heartbeat",
+                    (req.kernel_id, str(req.quota), req.user, req.kernel_name, *_owner_columns(self.owner), now, now),
                 )
             ahead, views = self._ahead(db, req.kernel_id, wait), self._views(db, cards)
             card = policy.place(req.quota, views) if ahead == 0 else None
@@ -316,7 +344,7 @@ class Ledger:
                 limits.check(req.user, quota_mib, card.total_mib, held)
             db.execute(
                 "INSERT INTO leases (kernel_id, card_uuid, card_index, quota_mib, reserve_mib, user, kernel_name,"
-                " owner_pid, owner_start, created) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                " owner_pid, owner_start, owner_session, created) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     req.kernel_id,
                     card.uuid,
@@ -325,8 +353,7 @@ class Ledger:
                     policy.context_reserve_mib,
                     req.user,
                     req.kernel_name,
-                    self.owner.pid,
-                    self.owner.start,
+                    *_owner_columns(self.owner),
                     now,
                 ),
             )
@@ -357,7 +384,8 @@ class Ledger:
         """Release this owner's leases for kernels it no longer knows (died past the restart limit)."""
         with self._tx() as db:
             rows = db.execute(
-                "SELECT * FROM leases WHERE owner_pid=? AND owner_start=?", (self.owner.pid, self.owner.start)
+                "SELECT * FROM leases WHERE owner_pid=? AND owner_start=? AND owner_session IS ?",
+                _owner_columns(self.owner),
             ).fetchall()
             gone = [_lease(r) for r in rows if r["kernel_id"] not in keep]
             db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in gone])
@@ -367,18 +395,34 @@ class Ledger:
         """Take over a lease whose owner is gone but whose kernel lives (a restarted server)."""
         with self._tx() as db:
             db.execute(
-                "UPDATE leases SET owner_pid=?, owner_start=? WHERE kernel_id=?",
-                (self.owner.pid, self.owner.start, kernel_id),
+                "UPDATE leases SET owner_pid=?, owner_start=?, owner_session=? WHERE kernel_id=?",
+                (*_owner_columns(self.owner), kernel_id),
             )
+
+    def touch_session(self, session: SessionRef, user: str, expires: float) -> None:
+        """Open or extend a session: its leases live until ``expires`` unless touched again."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO sessions (id, user, expires) VALUES (?,?,?)"
+                " ON CONFLICT(id) DO UPDATE SET expires=max(expires, excluded.expires)",
+                (session.id, user, expires),
+            )
+
+    def extend_sessions(self, until: float) -> None:
+        """Give every session until ``until`` to call again (a broker that was down could not be called)."""
+        with self._tx() as db:
+            db.execute("UPDATE sessions SET expires=? WHERE expires < ?", (until, until))
 
     def reap(self) -> list[Lease]:
         """Reclaim leases whose owner and kernel are both gone, and abandoned waiters."""
         with self._tx() as db:
             return self._reap(db, time.time())
 
-    def _alive(self, proc: ProcessRef) -> bool:
+    def _alive(self, proc: Owner, sessions: set[str]) -> bool:
         if proc == self.owner:
             return True
+        if isinstance(proc, SessionRef):
+            return proc.id in sessions
         if proc in self._dead:
             return False
         now = time.monotonic()
@@ -405,16 +449,18 @@ class Ledger:
 
     def _reap(self, db: sqlite3.Connection, now: float) -> list[Lease]:
         self._last_reap = now
+        db.execute("DELETE FROM sessions WHERE expires < ?", (now,))
+        sessions = {r[0] for r in db.execute("SELECT id FROM sessions")}
         dead = []
         for row in db.execute("SELECT * FROM leases").fetchall():
-            if self._alive(ProcessRef(row["owner_pid"], row["owner_start"])):
+            if self._alive(_owner(row), sessions):
                 continue
-            if row["kernel_pid"] is None or not self._alive(ProcessRef(row["kernel_pid"], row["kernel_start"])):
+            kernel = ProcessRef(row["kernel_pid"], row["kernel_start"]) if row["kernel_pid"] else None
+            if kernel is None or not self._alive(kernel, sessions):
                 dead.append(_lease(row))
         db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in dead])
         for row in db.execute("SELECT * FROM waiters").fetchall():
-            owner = ProcessRef(row["owner_pid"], row["owner_start"])
-            if now - row["heartbeat"] > WAITER_STALE_S or not self._alive(owner):
+            if now - row["heartbeat"] > WAITER_STALE_S or not self._alive(_owner(row), sessions):
                 db.execute("DELETE FROM waiters WHERE ticket=?", (row["ticket"],))
         return dead
 
@@ -448,10 +494,7 @@ def read_ledger(path: str | os.PathLike) -> tuple[list[Lease], list[Waiter]]:
     db = _open_readonly(path)
     try:
         leases = [_lease(r) for r in db.execute("SELECT * FROM leases ORDER BY created")]
-        waiters = [
-            Waiter(r["ticket"], r["kernel_id"], r["quota"], r["user"], r["kernel_name"], ProcessRef(r["owner_pid"], r["owner_start"]), r["created"])
-            for r in db.execute("SELECT * FROM waiters ORDER BY ticket")
-        ]  # fmt: skip
+        waiters = [_waiter(r) for r in db.execute("SELECT * FROM waiters ORDER BY ticket")]
         return leases, waiters
     finally:
         db.close()

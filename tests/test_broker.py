@@ -81,7 +81,8 @@ SIMULATED = {"gpu_backend": "simulated", "simulated_cards": "10GiB"}
 
 
 class Broker:
-    def __init__(self, base: Path, gpu: dict | None = None, limits: dict | None = None):
+    def __init__(self, base: Path, gpu: dict | None = None, limits: dict | None = None, extra: str = ""):
+        """``extra``: more config lines (Python), e.g. GpuShareBroker.tcp_address."""
         self.base = base
         gpu = SIMULATED if gpu is None else gpu
         limits = {"max_total": "4GiB"} if limits is None else limits
@@ -101,6 +102,7 @@ class Broker:
                 c.GpuShareBroker.group_limits = {{{STAFF_GROUP!r}: {{"max_total": None}}}}
                 """
             )
+            + textwrap.dedent(extra)
         )
         self.config = str(config)
         self.proc: subprocess.Popen | None = None
@@ -562,3 +564,41 @@ def test_host_view_of_an_embedded_ledger_is_all_of_it(tmp_path):
     view = host_view(ledger, "me", cards, Policy())
     assert [k["kernel_id"] for k in view["kernels"]] == ["k1"] and view["cards"][0]["mine_reserved_mib"] == 2048 + 640
     assert host_view(None, "me", cards, Policy()) is None
+
+
+def test_a_token_identified_server_owns_through_its_session(inproc):
+    """Servers in containers (test_hub.py runs them for real): no pids to trust, a session instead,
+    and placement only on the cards the server can see."""
+    from jupyter_gpushare.broker import BrokerRefused
+    from jupyter_gpushare.ledger import SessionRef
+
+    broker, who = inproc
+    broker.cards = [Card(0, "GPU-0", "H200", 10240), Card(1, "GPU-1", "H200", 10240)]
+    container = Caller("dana", -1, session=SessionRef("hub:dana:abc"))
+    got = broker.handle(container, "reserve", {"kernel_id": "d1", "mib": 1024, "cards": ["GPU-1"]})
+    assert got["lease"]["card_uuid"] == "GPU-1" and got["lease"]["owner"] == {"session": "hub:dana:abc"}
+    broker.handle(container, "attach", {"kernel_id": "d1", "pid": os.getpid()})  # a pid of another namespace
+    assert broker._ledger.get("d1").kernel is None
+    with pytest.raises(BrokerRefused, match="None of the cards this server sees"):
+        broker.handle(container, "reserve", {"kernel_id": "d2", "mib": 1024, "cards": ["GPU-elsewhere"]})
+    assert broker.handle(container, "release_owned_except", {"keep": []})[0]["kernel_id"] == "d1"
+    with pytest.raises(BrokerRefused, match="tcp://"):  # neither a process nor a session: say how to connect
+        broker.handle(Caller("eve", 5005), "reserve", {"kernel_id": "e1", "mib": 1024})
+
+
+def test_tcp_settings_are_checked():
+    from traitlets.config import Config
+
+    from jupyter_gpushare.app import GpuShareApp
+
+    c = Config()
+    c.GpuShareApp.gpu_backend, c.GpuShareApp.simulated_cards = "simulated", "10GiB"
+    c.GpuShareBroker.tcp_address = "0.0.0.0:8765"
+    c.GpuShareBroker.hub_api_url = ""
+    with pytest.raises(PolicyError, match="needs GpuShareBroker.hub_api_url"):
+        GpuShareBroker(config=c).setup()
+    c.GpuShareBroker.tcp_address = "8765"
+    with pytest.raises(PolicyError, match="is not host:port"):
+        GpuShareBroker(config=c).setup()
+    with pytest.raises(PolicyError, match=r"GpuShareApp.broker_socket = 'tcp://broker' is not host:port"):
+        GpuShareApp(broker_socket="tcp://broker").build_policy()

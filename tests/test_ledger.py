@@ -187,3 +187,62 @@ def test_room_held_by_the_dead_is_found_between_periodic_reaps(tmp_path):
     got = ledger.reserve(req("k", 4), POLICY, CARDS[:1], wait=False)
     assert isinstance(got, Lease)  # ...except before it answers "no room"
     assert [lease.kernel_id for lease in ledger.leases()] == ["k"]
+
+
+V1_SCHEMA = """
+CREATE TABLE leases (kernel_id TEXT PRIMARY KEY, card_uuid TEXT NOT NULL, card_index INTEGER NOT NULL,
+    quota_mib INTEGER NOT NULL, reserve_mib INTEGER NOT NULL, user TEXT NOT NULL DEFAULT '',
+    kernel_name TEXT NOT NULL DEFAULT '', owner_pid INTEGER NOT NULL, owner_start REAL NOT NULL,
+    kernel_pid INTEGER, kernel_start REAL, created REAL NOT NULL);
+CREATE TABLE waiters (ticket INTEGER PRIMARY KEY AUTOINCREMENT, kernel_id TEXT NOT NULL UNIQUE,
+    quota TEXT NOT NULL, user TEXT NOT NULL DEFAULT '', kernel_name TEXT NOT NULL DEFAULT '',
+    owner_pid INTEGER NOT NULL, owner_start REAL NOT NULL, created REAL NOT NULL, heartbeat REAL NOT NULL);
+PRAGMA user_version=1;
+"""
+
+
+def test_a_schema_1_ledger_is_migrated_with_its_leases(tmp_path):
+    """A ledger written by the previous release (schema 1) keeps its live leases after the upgrade."""
+    path = tmp_path / "l.sqlite"
+    me = ProcessRef.me()
+    db = sqlite3.connect(path)
+    db.executescript(V1_SCHEMA)
+    db.execute(
+        "INSERT INTO leases VALUES ('old', 'GPU-a', 0, 2048, 512, 'alice', 'python3', ?, ?, ?, ?, 1.0)",
+        (me.pid, me.start, me.pid, me.start),
+    )
+    db.commit()
+    db.close()
+    ledger = Ledger(path, owner=dead_process())
+    assert ledger.reap() == []  # its kernel (this process) lives: kept
+    assert [(x.kernel_id, x.owner, x.kernel) for x in ledger.leases()] == [("old", me, me)]
+    assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert isinstance(ledger.reserve(req("new", 2), POLICY, CARDS, wait=False), Lease)
+
+
+def test_session_owned_leases_live_while_the_session_is_touched(tmp_path):
+    """A server seen only through a session (a container): its leases go when the session expires."""
+    import time
+
+    from jupyter_gpushare.ledger import SessionRef
+
+    path = tmp_path / "l.sqlite"
+    session = SessionRef("hub:alice:1234")
+    broker = Ledger(path, owner=session)
+    broker.touch_session(session, "alice", time.time() + 60)
+    got = broker.reserve(req("s1", 2), POLICY, CARDS, wait=False)
+    assert isinstance(got, Lease) and got.owner == session and got.kernel is None
+    waiting = broker.reserve(req("s2", 30), POLICY, CARDS[:1], wait=True)
+    assert isinstance(waiting, Waiting) and broker.waiters()[0].owner == session
+    other = Ledger(path, owner=dead_process())
+    assert other.reap() == [] and {x.kernel_id for x in other.leases()} == {"s1"}
+    assert broker.release_owned_except({"s1"}) == []  # the session's own bookkeeping
+    broker.touch_session(session, "alice", time.time() - 1)  # touching never shortens a session
+    assert other.reap() == []
+    other._db.execute("UPDATE sessions SET expires=?", (time.time() - 1,))  # it stopped calling
+    assert [x.kernel_id for x in other.reap()] == ["s1"] and other.waiters() == []
+    assert other._db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 0
+    # a broker back from an outage gives every session time to call again
+    broker.touch_session(session, "alice", time.time() - 100)
+    broker.extend_sessions(time.time() + 60)
+    assert other._db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 1

@@ -37,9 +37,13 @@ from test_broker import Broker, UserServer, ensure_user, remove_user, root_trave
 
 SMOKE = os.environ.get("GPUSHARE_CHECK_SMOKE") == "1"  # the plumbing on a simulated 40 GiB card, no GPU
 NVML = {"gpu_backend": "simulated", "simulated_cards": "40GiB"} if SMOKE else {"gpu_backend": "nvml"}
-ALLOC = "print('allocated (smoke)')" if SMOKE else (
-    "import torch; x = torch.empty(3 * 2**30, dtype=torch.uint8, device='cuda'); x.fill_(1); "
-    "torch.cuda.synchronize(); print('allocated', torch.cuda.memory_reserved() >> 20)"
+ALLOC = (
+    "print('allocated (smoke)')"
+    if SMOKE
+    else (
+        "import torch; x = torch.empty(3 * 2**30, dtype=torch.uint8, device='cuda'); x.fill_(1); "
+        "torch.cuda.synchronize(); print('allocated', torch.cuda.memory_reserved() >> 20)"
+    )
 )
 
 
