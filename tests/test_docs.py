@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpushare.app import GpuShareApp
+from jupyter_gpushare.broker import GpuShareBroker
 from jupyter_gpushare.provisioner import GpuShareProvisioner
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("cls", [GpuShareApp, GpuShareProvisioner])
+@pytest.mark.parametrize("cls", [GpuShareApp, GpuShareProvisioner, GpuShareBroker])
 def test_every_option_is_in_the_admin_guide_with_its_default(cls):
     guide = (ROOT / "docs" / "admin-guide.md").read_text()
     missing = []
