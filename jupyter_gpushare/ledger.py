@@ -121,7 +121,7 @@ Owner = ProcessRef | SessionRef
 
 
 def _owner(row: sqlite3.Row) -> Owner:
-    if row["owner_session"]:
+    if "owner_session" in row.keys() and row["owner_session"]:  # (read_ledger may read a schema-1 file)
         return SessionRef(row["owner_session"])
     return ProcessRef(row["owner_pid"], row["owner_start"])
 

@@ -213,6 +213,9 @@ def test_a_schema_1_ledger_is_migrated_with_its_leases(tmp_path):
     )
     db.commit()
     db.close()
+    from jupyter_gpushare.ledger import read_ledger
+
+    assert read_ledger(path)[0][0].owner == me  # `jupyter gpushare status` reads it without migrating it
     ledger = Ledger(path, owner=dead_process())
     assert ledger.reap() == []  # its kernel (this process) lives: kept
     assert [(x.kernel_id, x.owner, x.kernel) for x in ledger.leases()] == [("old", me, me)]
