@@ -23,6 +23,7 @@ import tempfile
 import textwrap
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -231,31 +232,38 @@ def root_traversable():
         update(lambda pids: pids.remove(os.getpid()) if os.getpid() in pids else None)
 
 
+@contextlib.contextmanager
+def shared_scratch(prefix: str) -> Iterator[Path]:
+    """A scratch directory every user can read, while other users can reach this interpreter."""
+    with root_traversable():
+        base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+        os.chmod(base, 0o755)
+        try:
+            yield base
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def host():
-    traverse = root_traversable()
-    traverse.__enter__()
-    base = Path(tempfile.mkdtemp(prefix="gpushare-broker-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    users = {name: ensure_user(name) for name in STUDENTS}
-    users[STAFF] = ensure_user(STAFF, STAFF_GROUP)
-    broker = Broker(base)
-    servers: dict[str, UserServer] = {}
-    try:
-        broker.start()
-        servers = {name: UserServer(base, user, broker).start() for name, user in users.items()}
-        for server in servers.values():
-            server.wait_ready()
-        yield broker, servers
-    finally:
-        for server in servers.values():
-            server.stop()
-        broker.stop()
-        traverse.__exit__(None, None, None)
-        for name in users:
-            remove_user(name)
-        subprocess.run(["groupdel", STAFF_GROUP], capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
+    with shared_scratch("gpushare-broker-") as base:
+        users = {name: ensure_user(name) for name in STUDENTS}
+        users[STAFF] = ensure_user(STAFF, STAFF_GROUP)
+        broker = Broker(base)
+        servers: dict[str, UserServer] = {}
+        try:
+            broker.start()
+            servers = {name: UserServer(base, user, broker).start() for name, user in users.items()}
+            for server in servers.values():
+                server.wait_ready()
+            yield broker, servers
+        finally:
+            for server in servers.values():
+                server.stop()
+            broker.stop()
+            for name in users:
+                remove_user(name)
+            subprocess.run(["groupdel", STAFF_GROUP], capture_output=True)
 
 
 def stop_all_kernels(servers) -> None:

@@ -19,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import urllib.error
@@ -29,7 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 from servers import free_port, wait_until
-from test_broker import Broker, as_user, ensure_user, remove_user, root_traversable
+from test_broker import Broker, as_user, ensure_user, remove_user, shared_scratch
 
 from jupyter_gpushare.broker import BrokerLedger
 from jupyter_gpushare.ledger import LedgerError, Request
@@ -184,42 +183,37 @@ class Hub:
 
 @pytest.fixture(scope="module")
 def hub_host():
-    traverse = root_traversable()
-    traverse.__enter__()
-    base = Path(tempfile.mkdtemp(prefix="gpushare-hub-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    shared = ensure_user(SHARED)
-    ensure_user(UNIX_HUB_USER)
-    broker_port = free_port()
-    broker = hub = None
-    try:
-        hub = Hub(base, f"tcp://127.0.0.1:{broker_port}", SHARED)
-        for user in (ALICE, BOB, CAROL):
-            home = hub.homes / user
-            home.mkdir()
-            os.chown(home, shared.pw_uid, shared.pw_gid)
-        broker = Broker(
-            base,
-            extra=f"""
-            c.GpuShareBroker.tcp_address = "127.0.0.1:{broker_port}"
-            c.GpuShareBroker.hub_api_url = {hub.api_url!r}
-            c.GpuShareBroker.hub_api_token = {BROKER_TOKEN!r}
-            c.GpuShareBroker.session_ttl = {TTL}
-            c.GpuShareBroker.group_limits = {{{HUB_GROUP!r}: {{"max_total": None}}}}
-            """,
-        ).start()
-        hub.start()
-        pids = {user: hub.spawn(user) for user in (ALICE, BOB, CAROL)}
-        yield broker, hub, pids, broker_port
-    finally:
-        if hub is not None and hasattr(hub, "proc"):
-            hub.stop()
-        if broker is not None:
-            broker.stop()
-        traverse.__exit__(None, None, None)
-        for name in (SHARED, UNIX_HUB_USER):
-            remove_user(name)
-        shutil.rmtree(base, ignore_errors=True)
+    with shared_scratch("gpushare-hub-") as base:
+        shared = ensure_user(SHARED)
+        ensure_user(UNIX_HUB_USER)
+        broker_port = free_port()
+        broker = hub = None
+        try:
+            hub = Hub(base, f"tcp://127.0.0.1:{broker_port}", SHARED)
+            for user in (ALICE, BOB, CAROL):
+                home = hub.homes / user
+                home.mkdir()
+                os.chown(home, shared.pw_uid, shared.pw_gid)
+            broker = Broker(
+                base,
+                extra=f"""
+                c.GpuShareBroker.tcp_address = "127.0.0.1:{broker_port}"
+                c.GpuShareBroker.hub_api_url = {hub.api_url!r}
+                c.GpuShareBroker.hub_api_token = {BROKER_TOKEN!r}
+                c.GpuShareBroker.session_ttl = {TTL}
+                c.GpuShareBroker.group_limits = {{{HUB_GROUP!r}: {{"max_total": None}}}}
+                """,
+            ).start()
+            hub.start()
+            pids = {user: hub.spawn(user) for user in (ALICE, BOB, CAROL)}
+            yield broker, hub, pids, broker_port
+        finally:
+            if hub is not None and hasattr(hub, "proc"):
+                hub.stop()
+            if broker is not None:
+                broker.stop()
+            for name in (SHARED, UNIX_HUB_USER):
+                remove_user(name)
 
 
 def kernels_by_user(broker: Broker) -> dict[str, list[str]]:
