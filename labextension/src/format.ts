@@ -49,6 +49,14 @@ export function formatMiB(mib: number | null | undefined): string {
 }
 
 /**
+ * A size in GiB with one decimal place, whatever its size ("0.5 GiB", "2.5 GiB",
+ * "80.0 GiB"): figures side by side in one unit. "–" when unknown.
+ */
+export function formatGiB(mib: number | null | undefined): string {
+  return isMeasured(mib) ? `${fixed1(mib / 1024)} GiB` : '–';
+}
+
+/**
  * "used / total unit" with one unit chosen from the total, e.g. "1.2 / 4.0 GiB",
  * "– / 4.0 GiB" when use is not measured, "300 / 512 MiB" for small quotas.
  */

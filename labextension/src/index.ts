@@ -25,6 +25,24 @@ import { GpuSharePanel, IPanelActions } from './panel';
 import type { IKernel } from './types';
 
 const PLUGIN_ID = 'jupyter-gpushare:plugin';
+/** localStorage key: the "This host" section was left open (per browser). */
+const HOST_OPEN_KEY = 'jupyter-gpushare:host-open';
+
+function remembered(key: string): boolean {
+  try {
+    return window.localStorage.getItem(key) === 'true';
+  } catch {
+    return false; // storage disabled: start closed
+  }
+}
+
+function remember(key: string, value: boolean): void {
+  try {
+    window.localStorage.setItem(key, String(value));
+  } catch {
+    // storage disabled or full: the section just starts closed next time
+  }
+}
 
 namespace CommandIDs {
   export const open = 'gpushare:open-panel';
@@ -82,6 +100,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const { serviceManager, commands, shell } = app;
     const serverSettings = serviceManager.serverSettings;
     const model = new GpuShareModel(serverSettings);
+    model.hostOpen = remembered(HOST_OPEN_KEY);
 
     // -- sessions: kernel id → notebook path (relative to the server root) -----------
     const sessionPath = new Map<string, string>();
@@ -192,6 +211,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const actions: IPanelActions = {
       pathOf: pathOfKernel,
       refresh: () => void model.refresh(),
+      toggleHost: () => {
+        model.hostOpen = !model.hostOpen;
+        remember(HOST_OPEN_KEY, model.hostOpen);
+      },
       open: k => {
         const path = pathOfKernel(k);
         if (path) {
@@ -392,7 +415,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
                 path: null,
                 hasSession: true
               },
-              settings: model.settings
+              settings: model.settings,
+              hostOpen: false
             })
           );
         }

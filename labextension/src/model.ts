@@ -9,6 +9,7 @@ import type {
   ICardsReply,
   IConfig,
   IEvent,
+  IHostView,
   IKernel,
   IQueueEntry
 } from './types';
@@ -57,6 +58,24 @@ export interface ISnapshot {
   error: IModelError | null;
   /** Client time of the last good refresh (ms). */
   updated: number | null;
+  /** GET /host, read only while the "This host" section is open and the panel shown. */
+  host: IHostView | null;
+  /** Why /host could not be read (e.g. 503: the broker is down); the rest is unaffected. */
+  hostError: IModelError | null;
+}
+
+/** An error of the API for people: what kind, and the server's message. */
+function modelError(error: unknown): IModelError {
+  const e = error as GpuShareError;
+  const kind: ErrorKind =
+    e.status === 404
+      ? 'missing'
+      : e.status === 403
+        ? 'forbidden'
+        : e.status === null
+          ? 'unreachable'
+          : 'server';
+  return { kind, message: e.message ?? String(e) };
 }
 
 /**
@@ -196,13 +215,70 @@ export class GpuShareModel {
   /** Replies dropped because their kernel was no longer current (for tests). */
   droppedReplies = 0;
 
+  /** The "This host" section is open: /host is read with each refresh. */
+  get hostOpen(): boolean {
+    return this._hostOpen;
+  }
+
+  set hostOpen(value: boolean) {
+    if (value === this._hostOpen) {
+      return;
+    }
+    this._hostOpen = value;
+    this._watchHost();
+    this._changed.emit();
+  }
+
+  /** The panel is on screen (the host view is read only then). */
+  setPanelVisible(visible: boolean): void {
+    if (visible !== this._panelVisible) {
+      this._panelVisible = visible;
+      this._watchHost();
+    }
+  }
+
   dispose(): void {
     this._poll.dispose();
     Signal.clearData(this);
   }
 
+  /** Start or stop reading /host; a reply that comes after a change is dropped. */
+  private _watchHost(): void {
+    const watched = this._hostOpen && this._panelVisible;
+    this._hostGuard.setCurrent(watched ? 'host' : null);
+    if (watched) {
+      void this._refreshHost();
+    } else if (this._snapshot.host || this._snapshot.hostError) {
+      // Not read while closed: show no stale figures when it opens again.
+      this._update({ ...this._snapshot, host: null, hostError: null });
+    }
+  }
+
+  /** Read /host (never rejects: its errors stay in its section). */
+  private async _refreshHost(): Promise<void> {
+    if (this._hostGuard.current === null) {
+      return;
+    }
+    const ticket = this._hostGuard.ticket();
+    let host: IHostView | null = null;
+    let hostError: IModelError | null = null;
+    try {
+      host = await requestAPI<IHostView>('host', this.serverSettings);
+    } catch (error) {
+      hostError = modelError(error);
+    }
+    if (!this._hostGuard.accept(ticket)) {
+      return; // closed (or reopened) meanwhile, or a newer reply came first
+    }
+    this._update({ ...this._snapshot, host, hostError });
+  }
+
   private async _refresh(): Promise<void> {
     const s = this.serverSettings;
+    // The host view is read alongside, only while watched. It never rejects, so its errors
+    // (e.g. 503 while the broker is down) neither fail this refresh nor back the poll off;
+    // the next tick waits for it, so slow replies do not pile up.
+    const host = this._refreshHost();
     try {
       const first = this._snapshot.config === null;
       const [cards, kernels, queue, config, events] = await Promise.all([
@@ -219,6 +295,7 @@ export class GpuShareModel {
       ]);
       this._tick++;
       this._update({
+        ...this._snapshot,
         cards,
         kernels: kernels.kernels ?? [],
         queue: queue.queue ?? [],
@@ -231,21 +308,10 @@ export class GpuShareModel {
         this._events.emit(fresh);
       }
     } catch (error) {
-      const e = error as GpuShareError;
-      const kind: ErrorKind =
-        e.status === 404
-          ? 'missing'
-          : e.status === 403
-            ? 'forbidden'
-            : e.status === null
-              ? 'unreachable'
-              : 'server';
-      this._update({
-        ...this._snapshot,
-        error: { kind, message: e.message ?? String(e) }
-      });
+      this._update({ ...this._snapshot, error: modelError(error) });
       throw error; // the poll backs off
     }
+    await host;
   }
 
   private _update(next: ISnapshot): void {
@@ -254,7 +320,9 @@ export class GpuShareModel {
       next.kernels,
       next.queue,
       next.config,
-      next.error
+      next.error,
+      next.host,
+      next.hostError
     ]);
     this._snapshot = next;
     if (key !== this._lastKey) {
@@ -273,7 +341,9 @@ export class GpuShareModel {
     queue: [],
     config: null,
     error: null,
-    updated: null
+    updated: null,
+    host: null,
+    hostError: null
   };
   private _current: ICurrent = {
     kernelId: null,
@@ -281,6 +351,9 @@ export class GpuShareModel {
     hasSession: false
   };
   private _guard = new ReplyGuard<string>();
+  private _hostGuard = new ReplyGuard<string>();
+  private _hostOpen = false;
+  private _panelVisible = false;
   private _cursor = new EventCursor();
   private _changed = new Signal<this, void>(this);
   private _events = new Signal<this, IEvent[]>(this);

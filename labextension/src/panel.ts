@@ -9,6 +9,8 @@ import {
   formatUsage,
   isMeasured
 } from './format';
+import { bar, C, notice } from './dom';
+import { renderHostSection } from './hostpanel';
 import { GpuShareModel, ISettings, ISnapshot, ICurrent } from './model';
 import { cardSegments, describeState, findKernel, quotaMiB } from './state';
 import type { ICard, IKernel } from './types';
@@ -21,6 +23,8 @@ export interface IPanelActions {
   /** Stop waiting for a GPU (a queued kernel). */
   stopWaiting(kernel: IKernel): void;
   refresh(): void;
+  /** Open or close the "This host" section. */
+  toggleHost(): void;
   /** The notebook path to show for a kernel (from its session when known). */
   pathOf(kernel: IKernel): string | null;
 }
@@ -29,31 +33,8 @@ export interface IPanelView {
   snapshot: ISnapshot;
   current: ICurrent;
   settings: ISettings;
-}
-
-const C = 'jp-gpushare';
-
-function bar(
-  segments: { cls: string; mib: number; title: string }[],
-  totalMiB: number,
-  extra?: VirtualElement
-): VirtualElement {
-  const total = Math.max(1, totalMiB);
-  return h.div(
-    { className: `${C}-bar`, role: 'img' },
-    ...segments
-      .filter(s => s.mib > 0)
-      .map(s =>
-        h.div({
-          className: `${C}-seg ${C}-seg-${s.cls}`,
-          title: s.title,
-          style: {
-            width: `${Math.min(100, (100 * s.mib) / total).toFixed(2)}%`
-          }
-        })
-      ),
-    ...(extra ? [extra] : [])
-  );
+  /** The "This host" section is open. */
+  hostOpen: boolean;
 }
 
 function renderCard(card: ICard, mine: IKernel[]): VirtualElement {
@@ -289,18 +270,6 @@ function renderKernel(
   );
 }
 
-function notice(
-  cls: string,
-  title: string,
-  ...body: (string | VirtualElement)[]
-): VirtualElement {
-  return h.div(
-    { className: `${C}-notice ${C}-notice-${cls}` },
-    h.div({ className: `${C}-notice-title` }, title),
-    ...body.map(b => (typeof b === 'string' ? h.p(b) : b))
-  );
-}
-
 /** The panel's content for one snapshot (a pure function of the view). */
 export function renderPanel(
   view: IPanelView,
@@ -463,6 +432,14 @@ export function renderPanel(
       )
     );
   }
+  out.push(
+    renderHostSection({
+      snapshot,
+      open: view.hostOpen,
+      toggle: () => actions.toggleHost(),
+      pathOf: k => actions.pathOf(k)
+    })
+  );
   return out;
 }
 
@@ -488,7 +465,8 @@ export class GpuSharePanel extends Widget {
     const v: IPanelView = view ?? {
       snapshot: this.model.snapshot,
       current: this.model.current,
-      settings: this.model.settings
+      settings: this.model.settings,
+      hostOpen: this.model.hostOpen
     };
     VirtualDOM.render(renderPanel(v, this.actions), this.node);
     void this.node.offsetHeight; // force layout so that it is counted
@@ -498,11 +476,21 @@ export class GpuSharePanel extends Widget {
   }
 
   protected onAfterShow(): void {
+    this.model.setPanelVisible(true);
     this.renderNow();
   }
 
+  protected onAfterHide(): void {
+    this.model.setPanelVisible(false);
+  }
+
   protected onAfterAttach(): void {
+    this.model.setPanelVisible(this.isVisible);
     this.renderNow();
+  }
+
+  protected onBeforeDetach(): void {
+    this.model.setPanelVisible(false);
   }
 
   private _schedule(): void {

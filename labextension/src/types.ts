@@ -102,3 +102,68 @@ export interface IConfig {
   on_full?: 'queue' | 'cpu' | 'reject' | string;
   queue_timeout_s?: number | null;
 }
+
+/** Per-user limits of the broker (policy.UserLimits.to_dict); null fields: no limit of that kind. */
+export interface IUserLimits {
+  /** Sum of the user's kernel quotas, e.g. "16 GiB" or "25%" (of a card). */
+  max_total?: string | null;
+  /** Largest quota of one kernel. */
+  max_kernel?: string | null;
+  /** Most kernels holding GPU memory at once. */
+  max_kernels?: number | null;
+}
+
+/** A card as GET /host shows it: everyone's reservations, split into mine and others'. */
+export interface IHostCard extends ICardRef {
+  usable_mib: number;
+  reserved_mib: number;
+  unreserved_mib: number;
+  mine_reserved_mib: number;
+  others_reserved_mib: number;
+  allowed: boolean;
+}
+
+export interface IHostUser {
+  user: string;
+  kernels: number;
+  quota_mib: number;
+  reserved_mib: number;
+}
+
+export interface IHostKernel {
+  kernel_id: string;
+  kernel_name: string;
+  user: string;
+  card_index: number;
+  card_uuid: string;
+  quota_mib: number;
+  reserve_mib: number;
+  reserved_mib: number;
+  /** null where the broker cannot see the process (e.g. a server in a container). */
+  server_pid?: number | null;
+  kernel_pid?: number | null;
+  age_s: number;
+}
+
+/** A place in the host queue; another user's entry has null names (a student's view). */
+export interface IHostQueueEntry {
+  position: number;
+  mine: boolean;
+  kernel_id?: string | null;
+  kernel_name?: string | null;
+  user?: string | null;
+  quota?: string | null;
+  waited_s: number;
+}
+
+/** GET /api/gpushare/host: the host as this server's user may see it (broker.view_for). */
+export interface IHostView {
+  user: string;
+  admin: boolean;
+  limits?: IUserLimits | null;
+  context_reserve_mib?: number;
+  cards: IHostCard[];
+  users?: IHostUser[];
+  kernels: IHostKernel[];
+  queue: IHostQueueEntry[];
+}

@@ -4,6 +4,7 @@ import { test } from 'node:test';
 import {
   basename,
   formatDuration,
+  formatGiB,
   formatMiB,
   formatPercent,
   formatUsage,
@@ -21,6 +22,15 @@ test('formatMiB picks MiB below 1 GiB, GiB above, and a dash when unknown', () =
   assert.equal(formatMiB(null), '–');
   assert.equal(formatMiB(undefined), '–');
   assert.equal(formatMiB(NaN), '–');
+});
+
+test('formatGiB: one unit for figures side by side, a dash when unknown', () => {
+  assert.equal(formatGiB(512), '0.5 GiB');
+  assert.equal(formatGiB(2560), '2.5 GiB');
+  assert.equal(formatGiB(0), '0.0 GiB');
+  assert.equal(formatGiB(81920), '80.0 GiB');
+  assert.equal(formatGiB(null), '–');
+  assert.equal(formatGiB(undefined), '–');
 });
 
 test('formatUsage: one unit from the total, dash while use is not measured', () => {

@@ -180,6 +180,52 @@ test('sidebar: kernels with quota bars, a queued kernel, quota change, status ba
   await page.screenshot({ path: path.join(IMG, 'lab-light.png') });
   await hideToasts.evaluate(node => node.remove());
 
+  // "This host" (GET /host). One server without a broker: an admin's view, with one user.
+  const host = panel(page).locator('.jp-gpushare-host');
+  await expect(host).toHaveAttribute('data-open', 'false');
+  await host.locator('.jp-gpushare-host-toggle').click();
+  await expect(host).toHaveAttribute('data-view', 'admin');
+  await expect(host.locator('.jp-gpushare-host-mine')).toHaveText(
+    'yours 7.0 GiB'
+  );
+  await expect(host.locator('.jp-gpushare-host-others')).toHaveText(
+    'other users 0.0 GiB'
+  );
+  await expect(host.locator('.jp-gpushare-host-free')).toHaveText(
+    'unreserved 3.0 GiB'
+  );
+  await expect(host).toContainText('No per-user limits apply to you.');
+  const userRows = host.locator('.jp-gpushare-users tbody tr[data-user]');
+  await expect(userRows).toHaveCount(1);
+  await expect(userRows.first().locator('td')).toHaveText([
+    / \(you\)$/,
+    '2',
+    '7.0 GiB'
+  ]);
+  const hostKernels = host.locator(
+    '.jp-gpushare-host-kernels tbody tr[data-kernelid]'
+  );
+  await expect(hostKernels).toHaveCount(2);
+  await expect(hostKernels.locator('.jp-gpushare-table-name')).toHaveText([
+    'nb1.ipynb',
+    'nb2.ipynb'
+  ]);
+  await expect(hostKernels.first().locator('td')).toHaveText([
+    'nb1.ipynb',
+    '0',
+    '3.0 GiB',
+    /^\d+ s$/
+  ]);
+  await expect(
+    host.locator('.jp-gpushare-host-kernels .jp-gpushare-table-group')
+  ).toHaveText([/ \(you\)$/]);
+  await expect(host.locator('.jp-gpushare-host-queue li')).toHaveText([
+    /^#1 your python3 kernel, 3 GiB · waiting \d+ s$/
+  ]);
+  await host.locator('.jp-gpushare-host-toggle').click();
+  await expect(host).toHaveAttribute('data-open', 'false');
+  await expect(host.locator('.jp-gpushare-host-body')).toHaveCount(0);
+
   // Change nb1's quota to 2 GiB: confirm, PATCH, restart. Then 2.5 + 3.5 GiB leave room for nb3.
   await item(page, 'nb1.ipynb').locator('.jp-gpushare-quota-btn').click();
   const dialog = page.locator('.jp-Dialog');
@@ -329,4 +375,56 @@ test('empty and error states explain themselves', async ({ page }) => {
   await expect(panel(page)).toContainText('libnvidia-ml.so.1 not found');
   await page.mouse.move(0, 0);
   await panel(page).screenshot({ path: path.join(IMG, 'panel-no-gpu.png') });
+});
+
+test('the host view is read only while open and shown; its 503 stays in its section', async ({
+  page
+}) => {
+  const hostCalls: string[] = [];
+  await page.route(/\/api\/gpushare\/host(\?|$)/, route => {
+    hostCalls.push(route.request().url());
+    return route.fulfill({
+      status: 503,
+      json: { message: 'The GPU broker is not reachable (test).' }
+    });
+  });
+  await page.goto('/lab');
+  await waitForLab(page);
+  await run(page, 'gpushare:open-panel');
+  await expect(panel(page).locator('.jp-gpushare-card')).toHaveCount(1);
+  // closed: never read, over more than one refresh (3 s)
+  await page.waitForTimeout(4000);
+  expect(hostCalls).toHaveLength(0);
+
+  const host = panel(page).locator('.jp-gpushare-host');
+  await host.locator('.jp-gpushare-host-toggle').click();
+  await expect(host).toContainText('The host view is unavailable');
+  await expect(host).toContainText('The GPU broker is not reachable (test).');
+  // the rest of the panel keeps working, with no error of its own
+  await expect(panel(page).locator('.jp-gpushare-card')).toHaveCount(1);
+  await expect(panel(page).locator('.jp-gpushare-notice-error')).toHaveCount(1);
+  await expect(panel(page)).not.toContainText('Showing the last known figures');
+  await expect(panel(page)).toContainText('My kernels');
+  // read again with each refresh while open
+  await expect
+    .poll(() => hostCalls.length, { timeout: 15000 })
+    .toBeGreaterThan(2);
+
+  // The sidebar closed: the section stays open but is not read.
+  await run(page, 'application:toggle-right-area');
+  await expect(panel(page)).toBeHidden();
+  await page.waitForTimeout(500);
+  let n = hostCalls.length;
+  await page.waitForTimeout(4000);
+  expect(hostCalls.length).toBe(n);
+  await run(page, 'gpushare:open-panel');
+  await expect.poll(() => hostCalls.length).toBeGreaterThan(n);
+  await expect(host).toHaveAttribute('data-open', 'true');
+
+  // Closed again: no more reads.
+  await host.locator('.jp-gpushare-host-toggle').click();
+  await page.waitForTimeout(500);
+  n = hostCalls.length;
+  await page.waitForTimeout(4000);
+  expect(hostCalls.length).toBe(n);
 });

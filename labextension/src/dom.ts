@@ -1,0 +1,45 @@
+/**
+ * Small virtual-DOM pieces shared by the panel's sections: the class prefix,
+ * capacity bars and notices.
+ */
+import { h, VirtualElement } from '@lumino/virtualdom';
+
+/** The CSS class prefix of every element of the panel. */
+export const C = 'jp-gpushare';
+
+/** A horizontal bar of segments, each a share of `totalMiB`, with a tooltip. */
+export function bar(
+  segments: { cls: string; mib: number; title: string }[],
+  totalMiB: number,
+  extra?: VirtualElement
+): VirtualElement {
+  const total = Math.max(1, totalMiB);
+  return h.div(
+    { className: `${C}-bar`, role: 'img' },
+    ...segments
+      .filter(s => s.mib > 0)
+      .map(s =>
+        h.div({
+          className: `${C}-seg ${C}-seg-${s.cls}`,
+          title: s.title,
+          style: {
+            width: `${Math.min(100, (100 * s.mib) / total).toFixed(2)}%`
+          }
+        })
+      ),
+    ...(extra ? [extra] : [])
+  );
+}
+
+/** A boxed message: a title and paragraphs (or elements). */
+export function notice(
+  cls: string,
+  title: string,
+  ...body: (string | VirtualElement)[]
+): VirtualElement {
+  return h.div(
+    { className: `${C}-notice ${C}-notice-${cls}` },
+    h.div({ className: `${C}-notice-title` }, title),
+    ...body.map(b => (typeof b === 'string' ? h.p(b) : b))
+  );
+}

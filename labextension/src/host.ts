@@ -1,0 +1,249 @@
+/**
+ * The host-wide view (GET /api/gpushare/host) for people: card splits, the
+ * user's limits and their use, table rows and queue lines. Pure functions (no
+ * JupyterLab imports) so that they run under node's test runner.
+ *
+ * A student's view names no other user (the server leaves them out); these
+ * functions never add a name either: another user's queue entry is "another
+ * user's kernel", and their reservations are one total per card.
+ */
+import {
+  basename,
+  formatDuration,
+  formatGiB,
+  isMeasured,
+  parseSize
+} from './format';
+import type {
+  IHostCard,
+  IHostKernel,
+  IHostQueueEntry,
+  IHostUser,
+  IHostView,
+  IUserLimits
+} from './types';
+
+export interface IHostSegment {
+  key: 'mine' | 'others' | 'headroom' | 'free';
+  label: string;
+  mib: number;
+  /** The tooltip: what the figure is. */
+  title: string;
+}
+
+/**
+ * A card's capacity split for the host bar: yours, other users (one total),
+ * kept free by the admin (headroom) and unreserved. Each segment is clamped to
+ * what is left of the card, so the segments sum to its total.
+ */
+export function hostCardSegments(
+  card: IHostCard,
+  admin = false
+): IHostSegment[] {
+  const total = Math.max(0, card.total_mib);
+  const headroom = Math.max(0, total - card.usable_mib);
+  let room = total;
+  const segs: IHostSegment[] = [];
+  const push = (
+    key: IHostSegment['key'],
+    label: string,
+    mib: number,
+    title: (v: string) => string
+  ) => {
+    const v = Math.max(0, Math.min(isMeasured(mib) ? mib : 0, room));
+    room -= v;
+    segs.push({ key, label, mib: v, title: title(formatGiB(v)) });
+  };
+  push(
+    'mine',
+    'yours',
+    card.mine_reserved_mib,
+    v =>
+      `Yours: ${v} reserved by your kernels on this GPU (quotas + CUDA context)`
+  );
+  push(
+    'others',
+    'other users',
+    card.others_reserved_mib,
+    v =>
+      `Other users: ${v} reserved by other users’ kernels` +
+      (admin
+        ? ' (see the kernel table)'
+        : ' (one total: who holds it is not shown)')
+  );
+  push(
+    'headroom',
+    'kept free by the admin',
+    headroom,
+    v => `Kept free by the admin: ${v} (card_headroom), never reserved`
+  );
+  push(
+    'free',
+    'unreserved',
+    // what is left of the usable part (the server's figure, or the rest of the card)
+    isMeasured(card.unreserved_mib) ? card.unreserved_mib : room,
+    v => `Unreserved: ${v} that new kernels can reserve`
+  );
+  return segs;
+}
+
+/** A size limit for people: "16 GiB", or "25% of a card" for a share. */
+function limitSize(text: string): string {
+  return text.trim().endsWith('%') ? `${text.trim()} of a card` : text.trim();
+}
+
+/** True when a limits object sets at least one limit. */
+export function hasLimits(limits: IUserLimits | null | undefined): boolean {
+  return (
+    !!limits &&
+    (!!limits.max_total ||
+      !!limits.max_kernel ||
+      isMeasured(limits.max_kernels))
+  );
+}
+
+/**
+ * The user's limits in one phrase: "up to 16 GiB in total, 8 GiB per kernel,
+ * 2 GPU kernels". null when no limit applies.
+ */
+export function limitsText(
+  limits: IUserLimits | null | undefined
+): string | null {
+  if (!limits || !hasLimits(limits)) {
+    return null;
+  }
+  const parts: string[] = [];
+  if (limits.max_total) {
+    parts.push(`${limitSize(limits.max_total)} in total`);
+  }
+  if (limits.max_kernel) {
+    parts.push(`${limitSize(limits.max_kernel)} per kernel`);
+  }
+  if (isMeasured(limits.max_kernels)) {
+    const n = limits.max_kernels;
+    parts.push(`${n} GPU kernel${n === 1 ? '' : 's'}`);
+  }
+  return `up to ${parts.join(', ')}`;
+}
+
+export interface ILimitsUse {
+  /** "You hold 4.0 of 16.0 GiB and 1 of 2 GPU kernels." */
+  text: string;
+  /** A limit is reached: the next kernel (or a larger quota) will be refused. */
+  full: boolean;
+}
+
+/**
+ * How much of their limits the user holds, from their row in `users`
+ * (the sum of their kernels' quotas; the CUDA context reserve is not counted,
+ * as the broker does not count it). A share ("25%") is read against the
+ * largest card. null when no total or count limit applies.
+ */
+export function limitsUse(view: IHostView): ILimitsUse | null {
+  const limits = view.limits;
+  if (!limits) {
+    return null;
+  }
+  const me: IHostUser | undefined = (view.users ?? []).find(
+    u => u.user === view.user
+  );
+  const quota = me?.quota_mib ?? 0;
+  const kernels = me?.kernels ?? 0;
+  const biggest = Math.max(0, ...view.cards.map(c => c.total_mib));
+  const parts: string[] = [];
+  let full = false;
+  if (limits.max_total) {
+    const limit = parseSize(limits.max_total, biggest || undefined);
+    if (limit !== null) {
+      parts.push(`${formatGiB(quota)} of ${formatGiB(limit)}`);
+      full = full || quota >= limit;
+    }
+  }
+  if (isMeasured(limits.max_kernels)) {
+    parts.push(
+      `${kernels} of ${limits.max_kernels} GPU kernel${limits.max_kernels === 1 ? '' : 's'}`
+    );
+    full = full || kernels >= limits.max_kernels;
+  }
+  if (!parts.length) {
+    return null;
+  }
+  return { text: `You hold ${parts.join(' and ')}.`, full };
+}
+
+/** One line of the host queue. Another user's entry says only that it is one. */
+export function queueEntryText(entry: IHostQueueEntry): string {
+  const quota = entry.quota ? `, ${entry.quota}` : '';
+  const kind = entry.kernel_name ? `${entry.kernel_name} kernel` : 'kernel';
+  let who: string;
+  if (entry.mine) {
+    who = `your ${kind}${quota}`;
+  } else if (entry.user) {
+    who = `${entry.user}’s ${kind}${quota}`; // an admin's view
+  } else {
+    who = 'another user’s kernel';
+  }
+  return `#${entry.position} ${who} · waiting ${formatDuration(entry.waited_s)}`;
+}
+
+export interface IHostKernelRow {
+  kernelId: string;
+  user: string;
+  /** The notebook's name when this server knows the kernel, else "python3 · 1a2b3c4d". */
+  name: string;
+  /** The card's index (the column is headed "GPU"). */
+  card: string;
+  quota: string;
+  age: string;
+  /** Tooltip: kernel id, reservation, processes. */
+  title: string;
+  mine: boolean;
+}
+
+/**
+ * Rows of the admin's kernel table, by user then oldest first. `pathOf`
+ * gives a notebook path for kernels this server runs (others: null).
+ */
+export function hostKernelRows(
+  view: IHostView,
+  pathOf: (kernelId: string) => string | null = () => null
+): IHostKernelRow[] {
+  const pid = (p: number | null | undefined) =>
+    isMeasured(p) ? String(p) : 'not visible';
+  return [...view.kernels]
+    .sort(
+      (a, b) =>
+        a.user.localeCompare(b.user) ||
+        b.age_s - a.age_s ||
+        a.kernel_id.localeCompare(b.kernel_id)
+    )
+    .map((k: IHostKernel) => ({
+      kernelId: k.kernel_id,
+      user: k.user,
+      name:
+        basename(pathOf(k.kernel_id)) ||
+        `${k.kernel_name} · ${k.kernel_id.slice(0, 8)}`,
+      card: String(k.card_index),
+      quota: formatGiB(k.quota_mib),
+      age: formatDuration(k.age_s),
+      title:
+        `kernel ${k.kernel_id} (${k.kernel_name}) on GPU ${k.card_index}: quota ${formatGiB(k.quota_mib)}` +
+        ` + ${formatGiB(k.reserve_mib)} CUDA context = ${formatGiB(k.reserved_mib)} reserved;` +
+        ` server pid ${pid(k.server_pid)}, kernel pid ${pid(k.kernel_pid)}`,
+      mine: k.user === view.user
+    }));
+}
+
+/** The totals row of the per-user table: kernels and reserved memory of everyone shown. */
+export function usersTotal(users: IHostUser[]): {
+  kernels: number;
+  reserved_mib: number;
+} {
+  return users.reduce(
+    (t, u) => ({
+      kernels: t.kernels + u.kernels,
+      reserved_mib: t.reserved_mib + u.reserved_mib
+    }),
+    { kernels: 0, reserved_mib: 0 }
+  );
+}

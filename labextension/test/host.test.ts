@@ -1,0 +1,264 @@
+import { strict as assert } from 'node:assert';
+import { test } from 'node:test';
+
+import {
+  hasLimits,
+  hostCardSegments,
+  hostKernelRows,
+  limitsText,
+  limitsUse,
+  queueEntryText,
+  usersTotal
+} from '../src/host';
+import type { IHostCard, IHostKernel, IHostView } from '../src/types';
+
+const card: IHostCard = {
+  index: 0,
+  uuid: 'GPU-sim-0',
+  name: 'Simulated GPU',
+  total_mib: 10240,
+  simulated: true,
+  usable_mib: 9216, // 1 GiB headroom
+  reserved_mib: 5120,
+  unreserved_mib: 4096,
+  mine_reserved_mib: 2560,
+  others_reserved_mib: 2560,
+  allowed: true
+};
+
+function hostKernel(over: Partial<IHostKernel> = {}): IHostKernel {
+  return {
+    kernel_id: '11111111-aaaa-bbbb-cccc-000000000000',
+    kernel_name: 'python3',
+    user: 'me',
+    card_index: 0,
+    card_uuid: 'GPU-sim-0',
+    quota_mib: 2048,
+    reserve_mib: 512,
+    reserved_mib: 2560,
+    server_pid: 100,
+    kernel_pid: 101,
+    age_s: 30,
+    ...over
+  };
+}
+
+function view(over: Partial<IHostView> = {}): IHostView {
+  return {
+    user: 'me',
+    admin: false,
+    limits: null,
+    context_reserve_mib: 512,
+    cards: [card],
+    users: [{ user: 'me', kernels: 1, quota_mib: 2048, reserved_mib: 2560 }],
+    kernels: [hostKernel()],
+    queue: [],
+    ...over
+  };
+}
+
+const sum = (xs: { mib: number }[]) => xs.reduce((s, x) => s + x.mib, 0);
+
+test('host card: yours, other users, kept free, unreserved; they sum to the card', () => {
+  const segs = hostCardSegments(card);
+  assert.deepEqual(
+    segs.map(s => [s.key, s.mib]),
+    [
+      ['mine', 2560],
+      ['others', 2560],
+      ['headroom', 1024],
+      ['free', 4096]
+    ]
+  );
+  assert.equal(sum(segs), card.total_mib);
+  assert.deepEqual(
+    segs.map(s => s.label),
+    ['yours', 'other users', 'kept free by the admin', 'unreserved']
+  );
+  // tooltips give the figure in GiB and say what it is
+  assert.match(segs[0].title, /^Yours: 2\.5 GiB reserved by your kernels/);
+  assert.match(segs[1].title, /^Other users: 2\.5 GiB .*not shown/);
+  assert.match(segs[3].title, /^Unreserved: 4\.0 GiB/);
+  assert.match(hostCardSegments(card, true)[1].title, /kernel table/);
+});
+
+test('host card: figures past the card are clamped, never more than its total', () => {
+  const over: IHostCard = {
+    ...card,
+    mine_reserved_mib: 6000,
+    others_reserved_mib: 6000,
+    unreserved_mib: 0
+  };
+  const segs = hostCardSegments(over);
+  assert.equal(sum(segs), over.total_mib);
+  assert.deepEqual(
+    segs.map(s => s.mib),
+    [6000, 4240, 0, 0]
+  );
+  assert.ok(segs.every(s => s.mib >= 0));
+  // an empty card: all unreserved (no headroom)
+  const empty = hostCardSegments({
+    ...card,
+    usable_mib: 10240,
+    reserved_mib: 0,
+    unreserved_mib: 10240,
+    mine_reserved_mib: 0,
+    others_reserved_mib: 0
+  });
+  assert.deepEqual(
+    empty.map(s => s.mib),
+    [0, 0, 0, 10240]
+  );
+});
+
+test('limits in one phrase, only those set', () => {
+  assert.equal(
+    limitsText({ max_total: '16 GiB', max_kernel: '8 GiB', max_kernels: 2 }),
+    'up to 16 GiB in total, 8 GiB per kernel, 2 GPU kernels'
+  );
+  assert.equal(limitsText({ max_total: '4 GiB' }), 'up to 4 GiB in total');
+  assert.equal(
+    limitsText({ max_total: null, max_kernel: '25%', max_kernels: 1 }),
+    'up to 25% of a card per kernel, 1 GPU kernel'
+  );
+  assert.equal(
+    limitsText({ max_total: null, max_kernel: null, max_kernels: null }),
+    null
+  );
+  assert.equal(limitsText(null), null);
+  assert.equal(hasLimits({ max_kernels: 0 }), true);
+  assert.equal(hasLimits({}), false);
+});
+
+test('limits use: my quotas (not the context reserve) and my kernels against the limits', () => {
+  const v = view({ limits: { max_total: '4 GiB', max_kernels: 2 } });
+  assert.deepEqual(limitsUse(v), {
+    text: 'You hold 2.0 GiB of 4.0 GiB and 1 of 2 GPU kernels.',
+    full: false
+  });
+  // at the limit: the next kernel is refused
+  const full = view({
+    limits: { max_total: '4 GiB' },
+    users: [{ user: 'me', kernels: 2, quota_mib: 4096, reserved_mib: 5120 }]
+  });
+  assert.deepEqual(limitsUse(full), {
+    text: 'You hold 4.0 GiB of 4.0 GiB.',
+    full: true
+  });
+  // no kernels yet: no row of mine
+  assert.equal(
+    limitsUse(view({ limits: { max_kernels: 1 }, users: [] }))?.text,
+    'You hold 0 of 1 GPU kernel.'
+  );
+  // a share of a card is read against the largest card
+  assert.equal(
+    limitsUse(view({ limits: { max_total: '50%' } }))?.text,
+    'You hold 2.0 GiB of 5.0 GiB.'
+  );
+  // only a per-kernel limit: nothing to add up
+  assert.equal(limitsUse(view({ limits: { max_kernel: '8 GiB' } })), null);
+  assert.equal(limitsUse(view({ limits: null })), null);
+  // an admin's view lists others too: only my row counts
+  const admin = view({
+    admin: true,
+    limits: { max_total: '8 GiB' },
+    users: [
+      { user: 'alice', kernels: 3, quota_mib: 6144, reserved_mib: 7680 },
+      { user: 'me', kernels: 1, quota_mib: 1024, reserved_mib: 1536 }
+    ]
+  });
+  assert.equal(limitsUse(admin)?.text, 'You hold 1.0 GiB of 8.0 GiB.');
+});
+
+test('queue lines: mine in detail, another user’s entry says only that it is one', () => {
+  assert.equal(
+    queueEntryText({
+      position: 2,
+      mine: true,
+      kernel_id: 'k2',
+      kernel_name: 'python3',
+      user: 'me',
+      quota: '2 GiB',
+      waited_s: 75
+    }),
+    '#2 your python3 kernel, 2 GiB · waiting 1 min'
+  );
+  const hidden = queueEntryText({
+    position: 1,
+    mine: false,
+    kernel_id: null,
+    kernel_name: null,
+    user: null,
+    quota: null,
+    waited_s: 12
+  });
+  assert.equal(hidden, '#1 another user’s kernel · waiting 12 s');
+  assert.doesNotMatch(hidden, /null|undefined/);
+  // an admin sees whose it is
+  assert.equal(
+    queueEntryText({
+      position: 3,
+      mine: false,
+      kernel_id: 'k9',
+      kernel_name: 'ir',
+      user: 'alice',
+      quota: '1 GiB',
+      waited_s: 3
+    }),
+    '#3 alice’s ir kernel, 1 GiB · waiting 3 s'
+  );
+});
+
+test('kernel table rows: by user, oldest first; notebook names for this server’s kernels', () => {
+  const v = view({
+    admin: true,
+    kernels: [
+      hostKernel({ kernel_id: 'b-new-0000', user: 'bob', age_s: 10 }),
+      hostKernel({ kernel_id: 'me-000000001', user: 'me', age_s: 100 }),
+      hostKernel({
+        kernel_id: 'b-old-0000',
+        user: 'bob',
+        age_s: 4000,
+        kernel_name: 'ir',
+        server_pid: null,
+        kernel_pid: null
+      }),
+      hostKernel({ kernel_id: 'a-1-000000', user: 'alice', age_s: 5 })
+    ]
+  });
+  const rows = hostKernelRows(v, id =>
+    id === 'me-000000001' ? 'course/week1/lab.ipynb' : null
+  );
+  assert.deepEqual(
+    rows.map(r => [r.user, r.kernelId]),
+    [
+      ['alice', 'a-1-000000'],
+      ['bob', 'b-old-0000'],
+      ['bob', 'b-new-0000'],
+      ['me', 'me-000000001']
+    ]
+  );
+  assert.equal(rows[1].name, 'ir · b-old-00');
+  assert.equal(rows[1].age, '1 h 6 min');
+  assert.equal(rows[3].name, 'lab.ipynb');
+  assert.equal(rows[3].mine, true);
+  assert.equal(rows[0].mine, false);
+  assert.equal(rows[0].quota, '2.0 GiB');
+  assert.equal(rows[0].card, '0');
+  assert.match(rows[0].title, /^kernel a-1-000000 \(python3\) on GPU 0: /);
+  // a server in a container: its processes are not visible to the broker
+  assert.match(rows[1].title, /server pid not visible, kernel pid not visible/);
+  assert.match(rows[0].title, /server pid 100, kernel pid 101/);
+  assert.match(rows[0].title, /2\.0 GiB \+ 0\.5 GiB CUDA context = 2\.5 GiB/);
+});
+
+test('users total', () => {
+  assert.deepEqual(
+    usersTotal([
+      { user: 'a', kernels: 2, quota_mib: 4096, reserved_mib: 5120 },
+      { user: 'b', kernels: 1, quota_mib: 1024, reserved_mib: 1536 }
+    ]),
+    { kernels: 3, reserved_mib: 6656 }
+  );
+  assert.deepEqual(usersTotal([]), { kernels: 0, reserved_mib: 0 });
+});
