@@ -24,19 +24,16 @@ import os
 import platform
 import sys
 import time
-from importlib.metadata import EntryPoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
 
 import pynvml  # noqa: E402
+from _manager import install_quota_manager  # noqa: E402
 from jupyter_client.manager import AsyncKernelManager  # noqa: E402
-from jupyter_client.provisioning import KernelProvisionerFactory  # noqa: E402
 
 from jupyter_gpushare.gpu import SimulatedBackend  # noqa: E402
 from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
-from jupyter_gpushare.manager import QuotaManager  # noqa: E402
-from jupyter_gpushare.policy import Policy, Size  # noqa: E402
 from jupyter_gpushare.provisioner import report_dir  # noqa: E402
 
 QUOTA_MIB = 4096
@@ -152,17 +149,8 @@ async def main(path: str) -> int:
         except Exception as e:
             result[f"{name}_version"] = f"not importable: {e}"
 
-    policy = Policy(default_quota=Size(mib=QUOTA_MIB), context_reserve_mib=RESERVE_MIB, on_full="reject")
     backend = SimulatedBackend([total]) if SMOKE else NvmlBackend()
-    manager = QuotaManager(policy, backend, os.path.join(os.environ.get("JUPYTER_DATA_DIR", "/tmp"), "ledger.sqlite"))
-    QuotaManager.install(manager)
-    factory = KernelProvisionerFactory.instance()
-    factory.provisioners["gpushare-provisioner"] = EntryPoint(
-        name="gpushare-provisioner",
-        value="jupyter_gpushare.provisioner:GpuShareProvisioner",
-        group="jupyter_client.kernel_provisioners",
-    )
-    factory.default_provisioner_name = "gpushare-provisioner"
+    manager = install_quota_manager(backend, QUOTA_MIB, RESERVE_MIB)
 
     kernels = {}
     for fw in FRAMEWORKS:

@@ -26,21 +26,18 @@ import platform
 import statistics
 import sys
 import time
-from importlib.metadata import EntryPoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
 
 import psutil  # noqa: E402
 import pynvml  # noqa: E402
+from _manager import install_quota_manager  # noqa: E402
 from jupyter_client.multikernelmanager import AsyncMultiKernelManager  # noqa: E402
-from jupyter_client.provisioning import KernelProvisionerFactory  # noqa: E402
 
 from jupyter_gpushare.enforce import EnforcePolicy, Enforcer  # noqa: E402
 from jupyter_gpushare.gpu import SimulatedBackend  # noqa: E402
 from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
-from jupyter_gpushare.manager import QuotaManager  # noqa: E402
-from jupyter_gpushare.policy import Policy, Size  # noqa: E402
 from jupyter_gpushare.sampler import Sampler, kernel_view  # noqa: E402
 
 QUOTA_MIB, RESERVE_MIB = 2048, 1024
@@ -138,16 +135,7 @@ async def main(path: str) -> int:
         "kernels": {},
         "checks": {},
     }
-    policy = Policy(default_quota=Size(mib=QUOTA_MIB), context_reserve_mib=RESERVE_MIB, on_full="reject")
-    manager = QuotaManager(policy, backend, os.path.join(os.environ.get("JUPYTER_DATA_DIR", "/tmp"), "ledger.sqlite"))
-    QuotaManager.install(manager)
-    factory = KernelProvisionerFactory.instance()
-    factory.provisioners["gpushare-provisioner"] = EntryPoint(
-        name="gpushare-provisioner",
-        value="jupyter_gpushare.provisioner:GpuShareProvisioner",
-        group="jupyter_client.kernel_provisioners",
-    )
-    factory.default_provisioner_name = "gpushare-provisioner"
+    manager = install_quota_manager(backend, QUOTA_MIB, RESERVE_MIB)
     mkm = AsyncMultiKernelManager()
     enforcer = Enforcer(manager, mkm, EnforcePolicy(over_grace_s=0.0, over_action="restart", idle_timeout_s=0))
     sampler = Sampler(manager, INTERVAL_S, loop=asyncio.get_running_loop(), on_sample=enforcer.on_sample)
