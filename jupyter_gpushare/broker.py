@@ -331,7 +331,8 @@ class GpuShareBroker(JupyterApp):
         Unicode(),
         default_value=[],
         config=True,
-        help="Unix groups whose members are admins (see admin_users). Default: [].",
+        help="Groups whose members are admins (see admin_users): Unix groups, and JupyterHub groups when "
+        "hub_api_url is set. Default: [].",
     )
     default_limits = Dict(
         default_value={},
@@ -349,7 +350,8 @@ class GpuShareBroker(JupyterApp):
     group_limits = Dict(
         default_value={},
         config=True,
-        help="Limits per Unix group, e.g. {'staff': {'max_total': None}, 'students': {'max_total': '8GiB'}}. "
+        help="Limits per group (Unix groups, and JupyterHub groups when hub_api_url is set), e.g. "
+        "{'staff': {'max_total': None}, 'students': {'max_total': '8GiB'}}. "
         "A user in several groups gets the most generous value of each field. Default: {}.",
     )
     user_limits_hook = AnyTrait(
