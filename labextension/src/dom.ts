@@ -1,11 +1,23 @@
 /**
  * Small virtual-DOM pieces shared by the panel's sections: the class prefix,
- * capacity bars and notices.
+ * card headings, capacity bars and notices.
  */
 import { h, VirtualElement } from '@lumino/virtualdom';
 
 /** The CSS class prefix of every element of the panel. */
 export const C = 'jp-gpushare';
+
+/** A card's heading: "GPU <index> · <name>" and its size. */
+export function cardHead(
+  card: { index: number; name: string },
+  total: string
+): VirtualElement {
+  return h.div(
+    { className: `${C}-card-head` },
+    h.span({ className: `${C}-card-name` }, `GPU ${card.index} · ${card.name}`),
+    h.span({ className: `${C}-card-total` }, total)
+  );
+}
 
 /** A horizontal bar of segments, each a share of `totalMiB`, with a tooltip. */
 export function bar(

@@ -6,7 +6,7 @@
  */
 import { h, VirtualElement } from '@lumino/virtualdom';
 
-import { bar, C, notice } from './dom';
+import { bar, C, cardHead, notice } from './dom';
 import { formatGiB, formatMiB } from './format';
 import {
   hostCardSegments,
@@ -35,14 +35,7 @@ function hostCard(card: IHostCard, admin: boolean): VirtualElement {
       className: `${C}-host-card${card.allowed ? '' : ` ${C}-card-disallowed`}`,
       dataset: { uuid: card.uuid }
     },
-    h.div(
-      { className: `${C}-card-head` },
-      h.span(
-        { className: `${C}-card-name` },
-        `GPU ${card.index} · ${card.name}`
-      ),
-      h.span({ className: `${C}-card-total` }, formatGiB(card.total_mib))
-    ),
+    cardHead(card, formatGiB(card.total_mib)),
     bar(
       segs.map(s => ({ cls: s.key, mib: s.mib, title: s.title })),
       card.total_mib

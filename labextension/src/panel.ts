@@ -9,7 +9,7 @@ import {
   formatUsage,
   isMeasured
 } from './format';
-import { bar, C, notice } from './dom';
+import { bar, C, cardHead, notice } from './dom';
 import { renderHostSection } from './hostpanel';
 import { GpuShareModel, ISettings, ISnapshot, ICurrent } from './model';
 import { cardSegments, describeState, findKernel, quotaMiB } from './state';
@@ -45,14 +45,7 @@ function renderCard(card: ICard, mine: IKernel[]): VirtualElement {
       className: `${C}-card${card.allowed ? '' : ` ${C}-card-disallowed`}`,
       dataset: { uuid: card.uuid }
     },
-    h.div(
-      { className: `${C}-card-head` },
-      h.span(
-        { className: `${C}-card-name` },
-        `GPU ${card.index} · ${card.name}`
-      ),
-      h.span({ className: `${C}-card-total` }, formatMiB(card.total_mib))
-    ),
+    cardHead(card, formatMiB(card.total_mib)),
     bar(
       segs.map(s => ({
         cls: s.key,
