@@ -861,6 +861,12 @@ class BrokerLedger:
         return self.path.startswith("tcp://")
 
     def _connect(self) -> None:
+        token = os.environ.get(HUB_TOKEN_ENV, "") if self.token is None and self.tcp else self.token
+        if self.tcp and not token:
+            raise _AuthRefused(
+                f"This server has no JupyterHub API token (${HUB_TOKEN_ENV}) to identify itself to the GPU broker at "
+                f"{self.path}. A broker on TCP serves servers started by a JupyterHub; outside one, use its Unix socket."
+            )
         if self.tcp:
             sock = socket.create_connection(parse_tcp(self.path, "GpuShareApp.broker_socket"), timeout=self.timeout)
         else:
@@ -872,13 +878,6 @@ class BrokerLedger:
                 sock.close()
                 raise
         self._sock, self._file = sock, sock.makefile("rb")
-        token = os.environ.get(HUB_TOKEN_ENV, "") if self.token is None and self.tcp else self.token
-        if self.tcp and not token:
-            self._drop()
-            raise _AuthRefused(
-                f"This server has no JupyterHub API token (${HUB_TOKEN_ENV}) to identify itself to the GPU broker at "
-                f"{self.path}. A broker on TCP serves servers started by a JupyterHub; outside one, use its Unix socket."
-            )
         if token:
             reply = self._exchange("auth", {"token": token, "instance": self.instance})
             if not reply.get("ok"):

@@ -610,3 +610,28 @@ def test_tcp_settings_are_checked():
         GpuShareBroker(config=c).setup()
     with pytest.raises(PolicyError, match=r"GpuShareApp.broker_socket = 'tcp://broker' is not host:port"):
         GpuShareApp(broker_socket="tcp://broker").build_policy()
+
+
+def test_bad_tcp_callers_get_reasons(inproc, monkeypatch):
+    """No token to send, a malformed instance id, a Hub that cannot be reached: each says what is wrong."""
+    from servers import free_port
+
+    from jupyter_gpushare.broker import BrokerRefused
+    from jupyter_gpushare.hub import HubClient
+    from jupyter_gpushare.ledger import LedgerError
+
+    monkeypatch.delenv("JUPYTERHUB_API_TOKEN", raising=False)
+    with pytest.raises(LedgerError, match=r"no JupyterHub API token \(\$JUPYTERHUB_API_TOKEN\)"):
+        BrokerLedger(f"tcp://127.0.0.1:{free_port()}").view()
+    broker, _ = inproc
+    with pytest.raises(BrokerRefused, match="no JupyterHub configured"):
+        broker.authenticate("some-token", "abc")
+    broker.hub = HubClient(f"http://127.0.0.1:{free_port()}/hub/api", timeout=2)  # nothing listens there
+    with pytest.raises(BrokerRefused, match="instance id is 1-64 letters"):
+        broker.authenticate("some-token", "../../etc")
+    with pytest.raises(
+        BrokerRefused, match="could not identify this server by its JupyterHub token: the Hub at .* cannot be reached"
+    ):
+        broker.authenticate("some-token", "abc")
+    broker.hub.token = "broker-token"  # a Unix-socket caller while the Hub is down: no Hub groups, not refused
+    assert broker.hub.user("alice") is None and broker.identify(os.getpid(), os.getuid()).user
