@@ -52,6 +52,8 @@ class HubClient:
         except urllib.error.HTTPError as e:
             if e.code == 404:
                 return None
+            if e.code in (401, 403):
+                raise HubError(f"the Hub at {self.api_url} does not accept this token (expired or revoked?)") from e
             raise HubError(f"the Hub at {self.api_url} answered {e.code} {e.reason} to GET /{path}") from e
         except (OSError, ValueError) as e:
             raise HubError(f"the Hub at {self.api_url} cannot be reached ({e})") from e
@@ -60,12 +62,7 @@ class HubClient:
         """The user a Hub API token belongs to (a single-user server's JUPYTERHUB_API_TOKEN, say)."""
         if not token:
             raise HubError("no JupyterHub API token was sent")
-        try:
-            model = self._get("user", token)
-        except HubError as e:
-            if "answered 403" in str(e) or "answered 401" in str(e):
-                raise HubError(f"the Hub at {self.api_url} does not accept this token (expired or revoked?)") from e
-            raise
+        model = self._get("user", token)
         if not model or model.get("kind", "user") != "user" or not model.get("name"):
             raise HubError(f"the token belongs to a {(model or {}).get('kind', 'unknown')}, not to a Hub user")
         return HubUser(model["name"], tuple(sorted(model.get("groups") or ())), bool(model.get("admin")))
