@@ -19,7 +19,8 @@ def test_study_harness_runs_jobs_through_a_real_server_and_queues_the_one_that_d
     doc = json.loads((tmp_path / "results.json").read_text())
     (run,) = doc["results"]
     assert run["scenario"] == "gpushare" and run["jobs"] == 3 and run["fit"] == 2
-    assert run["ok"] == 3 and run["failed"] == 0 and run["refused"] == 0
+    logs = "".join(f"\n--- {p.name}\n{p.read_text()[-6000:]}" for p in tmp_path.glob("server-*.log"))
+    assert (run["ok"], run["failed"], run["refused"]) == (3, 0, 0), f"{run['per_job']}\n{run['events']}{logs}"
     assert run["queued"] == 1 and "queued" in run["events"] and "admitted" in run["events"]
     waits = sorted(j["wait_s"] for j in run["per_job"])
     assert waits[-1] >= min(j["run_s"] for j in run["per_job"])  # it waited for a job to finish

@@ -214,7 +214,7 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
     content = {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
     await ws.write_message(json.dumps({"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": "shell", "buffers": []}))
     start = time.time() - t0
-    reply, idle = None, False
+    reply, idle, pending = None, False, ""
     deadline = time.monotonic() + timeout
     try:
         while not (reply and idle):
@@ -229,8 +229,10 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
                 break
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
-            if kind == "stream":
-                for line in body["text"].splitlines():
+            if kind == "stream":  # the kernel flushes on a timer, so one print can arrive in pieces
+                pending += body["text"]
+                *lines, pending = pending.split("\n")
+                for line in lines:
                     job.output.append(line)
                     if line.startswith("PID "):
                         job.pid = int(line.split()[1])
@@ -281,6 +283,7 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
     server = Server(scenario == "gpushare", gpushare, env, Path(args.workdir))
     label = f"{framework}/{scenario}/{n_jobs}"
     print(f"[{label}] starting server", flush=True)
+    jobs: list[Job] = []
     try:
         await server.wait_ready()
         code = job_code(framework, sizing["ws_mib"][framework], epochs=args.epochs, n=args.images)
@@ -298,6 +301,8 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
             j.peak_mib = monitor.peak_by_pid.get(j.pid) if j.pid else None
     finally:
         server.stop()
+        if any(j.status != "ok" for j in jobs):  # keep the server's log to explain the failures
+            shutil.copy(server.dir / "server.log", Path(args.out) / f"server-{label.replace('/', '-')}.log")
         shutil.rmtree(server.dir, ignore_errors=True)
     await drain(nvml)
     ok = [j for j in jobs if j.status == "ok"]
