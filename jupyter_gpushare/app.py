@@ -12,6 +12,7 @@ from jupyter_server.extension.application import ExtensionApp
 from traitlets import Dict, Enum, Float, List, TraitError, Unicode, default
 from traitlets.config import Config
 
+from .broker import is_tcp, parse_tcp
 from .enforce import IDLE_ACTIONS, OVER_QUOTA_ACTIONS, EnforcePolicy
 from .gpu import open_backend
 from .manager import QuotaManager
@@ -162,10 +163,17 @@ class GpuShareApp(ExtensionApp):
         "",
         config=True,
         help="Unix socket of this host's GPU broker (`jupyter gpushare broker`, docs/multi-user.md), e.g. "
-        "'/run/jupyter-gpushare/broker.sock', or 'tcp://host:port' for a server in a container, which then "
-        "identifies itself with its $JUPYTERHUB_API_TOKEN. When set, reservations go through the broker, which "
+        "'/run/jupyter-gpushare/broker.sock', or 'tcp://host:port' ('tls://host:port' when the broker has "
+        "GpuShareBroker.tcp_certfile) for a server in a container, which then identifies itself with its "
+        "$JUPYTERHUB_API_TOKEN. When set, reservations go through the broker, which "
         "owns the host's ledger and applies per-user limits, and ledger_path is not used. Default: '' = no "
         "broker: this server uses ledger_path itself.",
+    )
+    broker_ca_file = Unicode(
+        "",
+        config=True,
+        help="PEM file of the CA that signed the broker's TLS certificate (GpuShareBroker.tcp_certfile), for "
+        "broker_socket = 'tls://host:port'. Default: '' = the system's trusted CAs.",
     )
 
     @default("ledger_path")
@@ -178,13 +186,16 @@ class GpuShareApp(ExtensionApp):
             raise PolicyError(
                 f"GpuShareApp.queue_timeout: {self.queue_timeout!r} is negative; use seconds, e.g. 600, or 0 for no limit."
             )
-        if self.broker_socket.startswith("tcp://"):
-            from .broker import parse_tcp
-
+        if is_tcp(self.broker_socket):
             try:
                 parse_tcp(self.broker_socket, "GpuShareApp.broker_socket")
             except ValueError as e:
                 raise PolicyError(str(e)) from e
+        if self.broker_ca_file and not os.access(self.broker_ca_file, os.R_OK):
+            raise PolicyError(
+                f"GpuShareApp.broker_ca_file = {self.broker_ca_file!r} is not a file this server can read; name the "
+                "PEM file of the CA that signed the broker's certificate, or '' for the system's CAs."
+            )
         default_quota = parse_size(self.default_quota, "GpuShareApp.default_quota")
         if default_quota.is_zero:
             raise PolicyError("GpuShareApp.default_quota: '0' gives Python kernels no GPU; use e.g. '4GiB'.")
@@ -205,7 +216,14 @@ class GpuShareApp(ExtensionApp):
     def build_manager(self) -> QuotaManager:
         policy = self.build_policy()
         backend = open_backend(self.gpu_backend, self.simulated_cards)
-        return QuotaManager(policy, backend, self.ledger_path, log=self.log, broker_socket=self.broker_socket or None)
+        return QuotaManager(
+            policy,
+            backend,
+            self.ledger_path,
+            log=self.log,
+            broker_socket=self.broker_socket or None,
+            broker_ca_file=self.broker_ca_file,
+        )
 
     def _link_jupyter_server_extension(self, serverapp) -> None:
         # jupyter_server only logs a warning when an extension's config cannot be loaded, and would

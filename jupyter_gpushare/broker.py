@@ -10,7 +10,7 @@ The caller is identified by the kernel or by the JupyterHub, never by what it sa
   calling server process, the owner of its leases, as pid + start time).
 - On TCP (``tcp_address``, for servers in containers: other PID namespaces, one shared uid), the
   first request must be ``auth`` with the server's JupyterHub API token; the Hub says whose it is
-  (hub.py). Its leases belong to a session (ledger.SessionRef) that lives while the server keeps
+  (hub.py). With ``tcp_certfile`` the listener speaks TLS and servers connect to 'tls://host:port'. Its leases belong to a session (ledger.SessionRef) that lives while the server keeps
   calling (its reconcile loop does every 10 s) and expires ``session_ttl`` seconds after the last call.
 A student's server can only reserve as that student, only release, attach or adopt that student's
 leases, attach only processes of the same uid, and sees other users only as anonymous per-card
@@ -29,6 +29,7 @@ import os
 import pwd
 import signal
 import socket
+import ssl
 import stat
 import struct
 import time
@@ -105,9 +106,13 @@ def user_and_groups(uid: int) -> tuple[str, tuple[str, ...]]:
     return entry.pw_name, tuple(sorted(names))
 
 
+def is_tcp(address: str) -> bool:
+    return address.startswith(("tcp://", "tls://"))
+
+
 def parse_tcp(address: str, what: str) -> tuple[str, int]:
-    """'host:port' (or 'tcp://host:port') -> (host, port); ValueError that names ``what``."""
-    rest = address.removeprefix("tcp://")
+    """'host:port' (or 'tcp://host:port', 'tls://host:port') -> (host, port); ValueError that names ``what``."""
+    rest = address.removeprefix("tcp://").removeprefix("tls://")
     host, _, port = rest.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{what} = {address!r} is not host:port; e.g. 'tcp://gpushare-broker.jhub.svc:8765'.")
@@ -373,9 +378,22 @@ class GpuShareBroker(JupyterApp):
         config=True,
         help="Also listen on TCP at 'host:port', for Jupyter servers in containers (DockerSpawner, "
         "KubeSpawner), which cannot be identified by the Unix socket. They point GpuShareApp.broker_socket at "
-        "'tcp://<this host>:<port>' and authenticate with their JupyterHub API token, so hub_api_url is "
-        "needed. Plain TCP: bind it to an address only the servers can reach (e.g. the Docker bridge or a "
-        "cluster-internal Service). Default: '' = Unix socket only.",
+        "'tcp://<this host>:<port>' ('tls://...' with tcp_certfile) and authenticate with their JupyterHub API "
+        "token, so hub_api_url is needed. Without tcp_certfile the tokens cross it in plain text: bind it to an "
+        "address only the servers can reach (e.g. the Docker bridge or a cluster-internal Service). "
+        "Default: '' = Unix socket only.",
+    )
+    tcp_certfile = Unicode(
+        "",
+        config=True,
+        help="PEM certificate (chain) for TLS on tcp_address; servers then connect to 'tls://host:port', with "
+        "GpuShareApp.broker_ca_file naming the CA that signed it unless the system trusts it. The certificate "
+        "must name the host the servers connect to. Default: '' = plain TCP.",
+    )
+    tcp_keyfile = Unicode(
+        "",
+        config=True,
+        help="PEM private key of tcp_certfile, if it is not in that file. Default: ''.",
     )
     hub_api_url = Unicode(
         config=True,
@@ -447,6 +465,24 @@ class GpuShareBroker(JupyterApp):
                     "their JupyterHub API token. Set it (e.g. 'http://127.0.0.1:8081/hub/api'), or run the broker as "
                     "a Hub service, which sets $JUPYTERHUB_API_URL."
                 )
+        self._tls = self._tls_context()
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        if not self.tcp_certfile:
+            if self.tcp_keyfile:
+                raise PolicyError("GpuShareBroker.tcp_keyfile is set but tcp_certfile is not: set both, or neither.")
+            return None
+        if not self.tcp_address:
+            raise PolicyError("GpuShareBroker.tcp_certfile is for the TCP listener: set tcp_address too, or drop it.")
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            context.load_cert_chain(self.tcp_certfile, self.tcp_keyfile or None)
+        except (OSError, ssl.SSLError) as e:
+            raise PolicyError(
+                f"GpuShareBroker.tcp_certfile {self.tcp_certfile!r} / tcp_keyfile {self.tcp_keyfile!r} cannot be "
+                f"used ({e}): both are PEM files the broker's user can read, the key matching the certificate."
+            ) from e
+        return context
 
     def limits_for(self, caller: Caller) -> UserLimits:
         limits = self.rules.for_user(caller.user, caller.groups, self._biggest)
@@ -764,7 +800,7 @@ class GpuShareBroker(JupyterApp):
             host, port = self._tcp
             try:
                 tcp_server = await asyncio.start_server(
-                    functools.partial(self._client, tcp=True), host, port, limit=MAX_LINE
+                    functools.partial(self._client, tcp=True), host, port, limit=MAX_LINE, ssl=self._tls
                 )
             except OSError as e:
                 raise SystemExit(f"jupyter-gpushare broker: cannot listen on {self.tcp_address}: {e}") from e
@@ -775,8 +811,14 @@ class GpuShareBroker(JupyterApp):
         self.log.info(
             "jupyter-gpushare broker: %d card(s) %s, ledger %s, socket %s%s",
             len(self.cards), [f"{c.index}:{format_mib(c.total_mib)}" for c in self.cards], self.ledger_path, self.socket_path,
-            f", TCP {self.tcp_address} (JupyterHub tokens, Hub {self.hub_api_url})" if tcp_server else "",
+            f", {'TLS' if self._tls else 'TCP'} {self.tcp_address} (JupyterHub tokens, Hub {self.hub_api_url})" if tcp_server else "",
         )  # fmt: skip
+        if tcp_server and not self._tls:
+            self.log.warning(
+                "jupyter-gpushare broker: %s is plain TCP: servers' JupyterHub tokens cross it unencrypted. Keep it on "
+                "a network only the servers reach, or set GpuShareBroker.tcp_certfile (docs/multi-user.md).",
+                self.tcp_address,
+            )
         if ready:
             ready()
 
@@ -837,13 +879,15 @@ class BrokerLedger:
     what to do, releases and attaches are kept and sent once it is back, and queries answer empty,
     with ``on_state`` told the reason (and None once the broker answers again).
 
-    ``path`` is the broker's Unix socket, or 'tcp://host:port' for a server in a container: it then
+    ``path`` is the broker's Unix socket, or 'tcp://host:port' ('tls://host:port': TLS, the broker's
+    certificate checked against ``ca_file`` or the system's CAs) for a server in a container: it then
     authenticates with ``token`` (default: $JUPYTERHUB_API_TOKEN, which every Hub-started server has)
     and an instance id of its own, which names its session at the broker.
     """
 
     path: str
     timeout: float = 15.0
+    ca_file: str = ""
     on_state: Callable[[str | None], None] | None = None
     owner: ProcessRef = field(default_factory=ProcessRef.me)
     token: str | None = None
@@ -858,7 +902,7 @@ class BrokerLedger:
 
     @property
     def tcp(self) -> bool:
-        return self.path.startswith("tcp://")
+        return is_tcp(self.path)
 
     def _connect(self) -> None:
         token = os.environ.get(HUB_TOKEN_ENV, "") if self.token is None and self.tcp else self.token
@@ -868,7 +912,10 @@ class BrokerLedger:
                 f"{self.path}. A broker on TCP serves servers started by a JupyterHub; outside one, use its Unix socket."
             )
         if self.tcp:
-            sock = socket.create_connection(parse_tcp(self.path, "GpuShareApp.broker_socket"), timeout=self.timeout)
+            host, port = parse_tcp(self.path, "GpuShareApp.broker_socket")
+            sock = socket.create_connection((host, port), timeout=self.timeout)
+            if self.path.startswith("tls://"):
+                sock = self._wrap_tls(sock, host)
         else:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self.timeout)
@@ -883,6 +930,20 @@ class BrokerLedger:
             if not reply.get("ok"):
                 self._drop()
                 raise _AuthRefused(f"The GPU broker at {self.path} refused this server: {reply.get('message', reply)}")
+
+    def _wrap_tls(self, sock: socket.socket, host: str) -> ssl.SSLSocket:
+        try:
+            return ssl.create_default_context(cafile=self.ca_file or None).wrap_socket(sock, server_hostname=host)
+        except ssl.SSLCertVerificationError as e:
+            sock.close()
+            raise _AuthRefused(
+                f"This server does not trust the GPU broker's certificate at {self.path} ({e.verify_message}). Set "
+                "GpuShareApp.broker_ca_file to the CA that signed GpuShareBroker.tcp_certfile; the certificate "
+                f"must name {host!r}."
+            ) from e
+        except (OSError, ValueError):  # ssl.SSLError is an OSError: no TLS there, or a broken CA file
+            sock.close()
+            raise
 
     def _drop(self) -> None:
         if self._sock is not None:
@@ -902,10 +963,14 @@ class BrokerLedger:
         return json.loads(line)
 
     def _down_message(self, e: BaseException) -> str:
+        hint = {
+            "tls": " If the broker has no GpuShareBroker.tcp_certfile, it speaks plain TCP: use tcp://.",
+            "tcp": " If the broker has GpuShareBroker.tcp_certfile, it speaks TLS: use tls://.",
+        }.get(self.path[:3], "")
         return (
             f"The GPU broker at {self.path} is not reachable ({e}). GPU reservations for this host go through it "
             "(GpuShareApp.broker_socket), so kernels start without a GPU until it is back. Ask the administrator "
-            "to check it (systemctl status jupyter-gpushare-broker; jupyter gpushare doctor)."
+            f"to check it (systemctl status jupyter-gpushare-broker; jupyter gpushare doctor).{hint}"
         )
 
     def _call(self, op: str, **args: Any) -> Any:

@@ -94,7 +94,7 @@ def gather_status(socket_path: str | None, ledger_path: str | None, config_file:
     if ledger_path is None and socket_path is None:
         socket_path = app.broker_socket or (DEFAULT_SOCKET if os.path.exists(DEFAULT_SOCKET) else None)
     if socket_path and ledger_path is None:
-        client = BrokerLedger(socket_path)
+        client = BrokerLedger(socket_path, ca_file=app.broker_ca_file)
         try:
             return add_use({"source": f"broker {socket_path}", **client.view()}, backend)
         finally:
@@ -290,7 +290,7 @@ def diagnose(config_file: str | None = None, socket_path: str | None = None) -> 
     # broker / ledger
     socket_path = socket_path or getattr(app, "broker_socket", "") or None
     if socket_path:
-        client = BrokerLedger(socket_path, timeout=5.0)
+        client = BrokerLedger(socket_path, timeout=5.0, ca_file=getattr(app, "broker_ca_file", ""))
         try:
             hello = client.hello()
             add("broker", "ok", f"The broker at {socket_path} answers: you are {hello['user']!r}"
@@ -301,6 +301,10 @@ def diagnose(config_file: str | None = None, socket_path: str | None = None) -> 
                 else "See the message; docs/multi-user.md describes the broker's settings.")  # fmt: skip
         finally:
             client.close()
+        if socket_path.startswith("tcp://"):
+            add("broker", "warn", "This server's JupyterHub token crosses plain TCP to the broker.",
+                "Unless that network is private to the servers, give the broker a certificate "
+                "(GpuShareBroker.tcp_certfile) and use tls:// (docs/multi-user.md).")  # fmt: skip
     else:
         if os.path.exists(DEFAULT_SOCKET):
             add("broker", "warn", f"A broker socket exists at {DEFAULT_SOCKET}, but this server does not use it.",

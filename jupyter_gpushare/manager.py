@@ -117,12 +117,15 @@ class QuotaManager:
         ledger_path: str,
         log: logging.Logger | None = None,
         broker_socket: str | None = None,
+        broker_ca_file: str = "",
     ):
-        """``broker_socket``: reserve through the host's broker (broker.py) instead of the ledger file."""
+        """``broker_socket``: reserve through the host's broker (broker.py) instead of the ledger file;
+        ``broker_ca_file``: the CA of its TLS certificate ('tls://' sockets)."""
         self.policy = policy
         self.backend = backend
         self.ledger_path = ledger_path
         self.broker_socket = broker_socket
+        self.broker_ca_file = broker_ca_file
         self.log = log or logging.getLogger("jupyter_gpushare")
         self.user = getpass.getuser()
         self.records: dict[str, KernelRecord] = {}
@@ -151,7 +154,9 @@ class QuotaManager:
     def _open_ledger(self) -> None:
         try:
             if self.broker_socket:  # many users on this host: their broker owns the ledger
-                self._ledger = BrokerLedger(self.broker_socket, on_state=lambda e: setattr(self, "ledger_error", e))  # type: ignore[assignment]
+                self._ledger = BrokerLedger(  # type: ignore[assignment]
+                    self.broker_socket, ca_file=self.broker_ca_file, on_state=lambda e: setattr(self, "ledger_error", e)
+                )
             else:
                 self._ledger = Ledger(self.ledger_path)
             reclaimed = self._ledger.reap()

@@ -635,3 +635,66 @@ def test_bad_tcp_callers_get_reasons(inproc, monkeypatch):
         broker.authenticate("some-token", "abc")
     broker.hub.token = "broker-token"  # a Unix-socket caller while the Hub is down: no Hub groups, not refused
     assert broker.hub.user("alice") is None and broker.identify(os.getpid(), os.getuid()).user
+
+
+def test_tcp_listener_plain_and_tls_end_to_end(tmp_path):
+    """A real broker on TCP, plain and with TLS: a request crosses each (the Hub it asks is down, so the
+    answer is that reason); a wrong scheme or an untrusted certificate is named, with what to do."""
+    from servers import free_port
+    from tls import make_certificates
+
+    from jupyter_gpushare.cli import diagnose
+    from jupyter_gpushare.ledger import LedgerError
+
+    tls = make_certificates(tmp_path)
+    hub = f"http://127.0.0.1:{free_port()}/hub/api"  # nothing listens there
+    hub_down = "could not identify this server by its JupyterHub token: the Hub at .* cannot be reached"
+    for name, certificate in (("plain", ""), ("tls", f"c.GpuShareBroker.tcp_certfile = {str(tls['cert'])!r}")):
+        base, port = tmp_path / name, free_port()
+        base.mkdir()
+        broker = Broker(base, extra=f"""
+            c.GpuShareBroker.tcp_address = "127.0.0.1:{port}"
+            c.GpuShareBroker.hub_api_url = {hub!r}
+            c.GpuShareBroker.tcp_keyfile = {str(tls['key']) if certificate else ''!r}
+            {certificate}
+        """).start()  # fmt: skip
+        try:
+            good, wrong = ("tls", "tcp") if certificate else ("tcp", "tls")
+            with pytest.raises(LedgerError, match=hub_down):
+                BrokerLedger(f"{good}://127.0.0.1:{port}", token="a-token", ca_file=str(tls["ca"])).view()
+            with pytest.raises(LedgerError, match=f"use {good}://"):
+                BrokerLedger(f"{wrong}://127.0.0.1:{port}", token="a-token", ca_file=str(tls["ca"]), timeout=3).view()
+            if certificate:
+                with pytest.raises(LedgerError, match="does not trust the GPU broker's certificate .*broker_ca_file"):
+                    BrokerLedger(f"tls://127.0.0.1:{port}", token="a-token").view()
+                with pytest.raises(LedgerError, match="must name 'localhost'"):  # the certificate names 127.0.0.1
+                    BrokerLedger(f"tls://localhost:{port}", token="a-token", ca_file=str(tls["ca"])).view()
+                assert f"TLS 127.0.0.1:{port}" in broker.output() and "plain TCP" not in broker.output()
+            else:
+                assert "is plain TCP: servers' JupyterHub tokens cross it unencrypted" in broker.output()
+            findings = [(f.status, f.detail) for f in diagnose(socket_path=f"{good}://127.0.0.1:{port}") if f.check == "broker"]
+            plain = ("warn", "This server's JupyterHub token crosses plain TCP to the broker.")
+            assert findings[0][0] == "error" and findings[1:] == ([] if certificate else [plain])
+        finally:
+            broker.stop()
+
+
+def test_tls_settings_are_checked(tmp_path):
+    from traitlets.config import Config
+
+    from jupyter_gpushare.app import GpuShareApp
+
+    c = Config()
+    c.GpuShareApp.gpu_backend, c.GpuShareApp.simulated_cards = "simulated", "10GiB"
+    c.GpuShareBroker.hub_api_url = "http://127.0.0.1:8081/hub/api"
+    c.GpuShareBroker.tcp_certfile = str(tmp_path / "missing.pem")
+    with pytest.raises(PolicyError, match="tcp_certfile is for the TCP listener: set tcp_address too"):
+        GpuShareBroker(config=c).setup()
+    c.GpuShareBroker.tcp_address = "127.0.0.1:8765"
+    with pytest.raises(PolicyError, match=r"tcp_certfile '.*missing.pem' / tcp_keyfile '' cannot be used \(.*No such file"):
+        GpuShareBroker(config=c).setup()
+    c.GpuShareBroker.tcp_certfile, c.GpuShareBroker.tcp_keyfile = "", str(tmp_path / "key.pem")
+    with pytest.raises(PolicyError, match="tcp_keyfile is set but tcp_certfile is not"):
+        GpuShareBroker(config=c).setup()
+    with pytest.raises(PolicyError, match="broker_ca_file = '.*missing.pem' is not a file this server can read"):
+        GpuShareApp(broker_socket="tls://broker:8765", broker_ca_file=str(tmp_path / "missing.pem")).build_policy()

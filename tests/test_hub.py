@@ -3,8 +3,8 @@
 Container images run every user's server as one Unix user ('jovyan'), in PID namespaces the broker
 cannot see into, so neither SO_PEERCRED nor pids can tell users apart or say who is alive. Here a
 real JupyterHub (configurable-http-proxy from tests/hub/node_modules) spawns every user's server as
-ONE Unix user, and the servers reach the broker over TCP (GpuShareApp.broker_socket = 'tcp://...'),
-identified only by their JUPYTERHUB_API_TOKEN. What must hold, as with Unix users (test_broker.py):
+ONE Unix user, and the servers reach the broker over TLS (GpuShareApp.broker_socket = 'tls://...',
+GpuShareBroker.tcp_certfile), identified only by their JUPYTERHUB_API_TOKEN. What must hold, as with Unix users (test_broker.py):
 host-wide admission and per-user limits (with Hub groups), no releasing, reading or forging another
 user's reservations, a Hub admin sees all; a killed server's reservations are reclaimed once its
 session expires; a broker restart loses nothing alive. Needs root, Node.js and jupyterhub.
@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -29,6 +30,7 @@ import psutil
 import pytest
 from servers import free_port, wait_until
 from test_broker import Broker, as_user, ensure_user, remove_user, shared_scratch
+from tls import make_certificates
 
 from jupyter_gpushare.broker import BrokerLedger
 from jupyter_gpushare.ledger import LedgerError, Request
@@ -59,13 +61,14 @@ def _chp() -> Path:
 class Hub:
     """A `jupyterhub` whose spawner runs every user's server as one Unix user, with homes of their own."""
 
-    def __init__(self, base: Path, broker_address: str, shared: str):
+    def __init__(self, base: Path, broker_address: str, ca_file: Path, shared: str):
         pytest.importorskip("jupyterhub", reason="pip install jupyterhub (in the test extras)")
         self.base, self.port, self.hub_port = base, free_port(), free_port()
         self.homes = base / "homes"
         self.homes.mkdir()
         settings = [
-            f"--GpuShareApp.broker_socket={broker_address}", "--GpuShareApp.gpu_backend=simulated",
+            f"--GpuShareApp.broker_socket={broker_address}", f"--GpuShareApp.broker_ca_file={ca_file}",
+            "--GpuShareApp.gpu_backend=simulated",
             "--GpuShareApp.simulated_cards=10GiB", "--GpuShareApp.card_headroom=0MiB",
             "--GpuShareApp.context_reserve=512MiB", "--GpuShareApp.default_quota=2GiB",
             "--GpuShareApp.reconcile_interval=0.5", "--GpuShareApp.on_full=reject",
@@ -189,7 +192,8 @@ def hub_host():
         broker_port = free_port()
         broker = hub = None
         try:
-            hub = Hub(base, f"tcp://127.0.0.1:{broker_port}", SHARED)
+            tls = make_certificates(base)
+            hub = Hub(base, f"tls://127.0.0.1:{broker_port}", tls["ca"], SHARED)
             for user in (ALICE, BOB, CAROL):
                 home = hub.homes / user
                 home.mkdir()
@@ -198,6 +202,8 @@ def hub_host():
                 base,
                 extra=f"""
                 c.GpuShareBroker.tcp_address = "127.0.0.1:{broker_port}"
+                c.GpuShareBroker.tcp_certfile = {str(tls["cert"])!r}
+                c.GpuShareBroker.tcp_keyfile = {str(tls["key"])!r}
                 c.GpuShareBroker.hub_api_url = {hub.api_url!r}
                 c.GpuShareBroker.hub_api_token = {BROKER_TOKEN!r}
                 c.GpuShareBroker.session_ttl = {TTL}
@@ -206,7 +212,7 @@ def hub_host():
             ).start()
             hub.start()
             pids = {user: hub.spawn(user) for user in (ALICE, BOB, CAROL)}
-            yield broker, hub, pids, broker_port
+            yield broker, hub, pids, (f"tls://127.0.0.1:{broker_port}", str(tls["ca"]))
         finally:
             if hub is not None and hasattr(hub, "proc"):
                 hub.stop()
@@ -237,17 +243,17 @@ def test_servers_of_one_unix_user_are_told_apart_by_hub_token(hub_host):
     view = broker.admin_view()
     assert all(k["server_pid"] is None and k["kernel_pid"] is None for k in view["kernels"])  # no pids: sessions
     assert view["cards"][0]["reserved_mib"] == 4 * 2560
-    assert "authenticated by JupyterHub token as hub:alice:" in broker.output()
+    assert "authenticated by JupyterHub token as hub:alice:" in broker.output() and ", TLS 127.0.0.1:" in broker.output()
     hub.server(BOB, "DELETE", f"api/kernels/{b2}")
     wait_until(lambda: b2 not in kernels_by_user(broker).get(BOB, []), what="bob's release")
 
 
 @needs_hub
 def test_student_cannot_release_read_or_forge_and_hub_admin_sees_all(hub_host):
-    broker, hub, _, port = hub_host
+    broker, hub, _, (address, ca) = hub_host
     alice_ids = kernels_by_user(broker)[ALICE]
     bob_token = hub.api("POST", f"users/{BOB}/tokens", {"note": "gpushare test"})["token"]
-    bob = BrokerLedger(f"tcp://127.0.0.1:{port}", token=bob_token)
+    bob = BrokerLedger(address, token=bob_token, ca_file=ca)
     try:
         assert bob.hello()["user"] == BOB and bob.hello()["session"].startswith(f"hub:{BOB}:")
         assert bob.release(alice_ids[0]) is None and bob.get(alice_ids[0]) is None
@@ -262,9 +268,11 @@ def test_student_cannot_release_read_or_forge_and_hub_admin_sees_all(hub_host):
         bob.close()
     assert kernels_by_user(broker)[ALICE] == alice_ids  # untouched
     with pytest.raises(LedgerError, match="does not accept this token"):
-        BrokerLedger(f"tcp://127.0.0.1:{port}", token="not-a-token").view()
-    with socket.create_connection(("127.0.0.1", port)) as s:  # no token: nothing but the request to send one
-        s.sendall(b'{"op": "view"}\n')
+        BrokerLedger(address, token="not-a-token", ca_file=ca).view()
+    host, port = address.removeprefix("tls://").split(":")
+    raw = socket.create_connection((host, int(port)))
+    with ssl.create_default_context(cafile=ca).wrap_socket(raw, server_hostname=host) as s:
+        s.sendall(b'{"op": "view"}\n')  # no token: nothing but the request to send one
         reply = json.loads(s.makefile().readline())
     assert not reply["ok"] and "Send your JupyterHub API token first" in reply["message"]
     # through the servers' own REST API (via the Hub's proxy): the student sees totals, the Hub admin all
