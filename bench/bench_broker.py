@@ -13,7 +13,13 @@ that includes queueing behind the other 19).
 
 Target: p99 reserve latency in bursts under 50 ms, zero overbooking.
 
-    python bench/bench_broker.py [--clients 20] [--ops 200] [--json bench/results/broker-<machine>-<date>.json]
+Transports, measured one after the other in one run: the Unix socket (servers on the host), plain TCP
+and TLS (servers in containers, each connection identified by a JupyterHub token that a real
+JupyterHub checks once per connection; its proxy is tests/hub's configurable-http-proxy). The ratios
+to the Unix socket are printed side by side.
+
+    python bench/bench_broker.py [--clients 20] [--ops 200] [--transports unix,tcp,tls]
+                                 [--json bench/results/broker-<machine>-<date>.json]
 """
 
 from __future__ import annotations
@@ -32,18 +38,19 @@ import tempfile
 import textwrap
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 CARD_MIB = 16384
 RESERVE_MIB = 512
 
 
-def client(sock: str, seed: int, ops: int, rounds: int, barrier, start, tally, lock, peak, out) -> None:
+def client(where: dict, seed: int, ops: int, rounds: int, barrier, start, tally, lock, peak, out) -> None:
     from jupyter_gpushare.broker import BrokerLedger
     from jupyter_gpushare.ledger import Lease, Request
     from jupyter_gpushare.policy import Size
 
     rng = random.Random(seed)
-    ledger = BrokerLedger(sock)
+    ledger = BrokerLedger(**where)
     ledger.hello()  # connect before the start line
     # Phase 1, bursts: every client reserves at the same instant (a class opening its notebooks).
     burst = []
@@ -113,15 +120,8 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))] * 1000
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--clients", type=int, default=20)
-    ap.add_argument("--ops", type=int, default=200, help="saturation cycles per client")
-    ap.add_argument("--rounds", type=int, default=50, help="bursts (all clients at once)")
-    ap.add_argument("--json")
-    args = ap.parse_args()
-
-    base = tempfile.mkdtemp(prefix="gpushare-bench-broker-")
+def start_broker(base: str, extra: str = "") -> tuple[subprocess.Popen, str]:
+    """A real `jupyter gpushare broker` on one simulated card; (process, its Unix socket) once it listens."""
     sock, config = os.path.join(base, "run", "broker.sock"), os.path.join(base, "broker_config.py")
     with open(config, "w") as f:
         f.write(
@@ -136,6 +136,7 @@ def main() -> None:
                 c.GpuShareBroker.default_limits = {{"max_total": "64GiB", "max_kernels": 1000}}  # checked on every reserve
                 """
             )
+            + textwrap.dedent(extra)
         )
     broker = subprocess.Popen(
         [sys.executable, "-m", "jupyter_gpushare.cli", "broker", f"--config={config}"], stderr=subprocess.DEVNULL
@@ -145,52 +146,41 @@ def main() -> None:
         with socket.socket(socket.AF_UNIX) as s:
             try:
                 s.connect(sock)
-                break
+                return broker, sock
             except OSError:
                 if time.monotonic() > deadline or broker.poll() is not None:
                     raise SystemExit("the broker did not start") from None
                 time.sleep(0.1)
-    try:
-        ctx = multiprocessing.get_context("fork")
-        start, stop, out, mon_out = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
-        barrier = ctx.Barrier(args.clients)
-        tally, peak, lock = ctx.Value("q", 0, lock=False), ctx.Value("q", 0, lock=False), ctx.Lock()
-        ps = [
-            ctx.Process(target=client, args=(sock, s, args.ops, args.rounds, barrier, start, tally, lock, peak, out))
-            for s in range(args.clients)
-        ]
-        mon = ctx.Process(target=monitor, args=(sock, stop, mon_out))
-        for p in ps:
-            p.start()
-        mon.start()
-        for _ in ps:
-            assert out.get(timeout=600) == "bursts done"
-        start.set()
-        results = [out.get(timeout=600) for _ in ps]
-        wall = max(r["t_end"] for r in results) - min(r["t_start"] for r in results)
-        stop.set()
-        watch = mon_out.get(timeout=60)
-        for p in [*ps, mon]:
-            p.join()
-    finally:
-        broker.terminate()
-        broker.wait(20)
+
+
+def measure(where: dict, admin_sock: str, args) -> dict:
+    """Both phases with ``args.clients`` client processes connecting as ``where`` says."""
+    ctx = multiprocessing.get_context("fork")
+    start, stop, out, mon_out = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
+    barrier = ctx.Barrier(args.clients)
+    tally, peak, lock = ctx.Value("q", 0, lock=False), ctx.Value("q", 0, lock=False), ctx.Lock()
+    ps = [
+        ctx.Process(target=client, args=(where, s, args.ops, args.rounds, barrier, start, tally, lock, peak, out))
+        for s in range(args.clients)
+    ]
+    mon = ctx.Process(target=monitor, args=(admin_sock, stop, mon_out))
+    for p in ps:
+        p.start()
+    mon.start()
+    for _ in ps:
+        assert out.get(timeout=600) == "bursts done"
+    start.set()
+    results = [out.get(timeout=600) for _ in ps]
+    wall = max(r["t_end"] for r in results) - min(r["t_start"] for r in results)
+    stop.set()
+    watch = mon_out.get(timeout=60)
+    for p in [*ps, mon]:
+        p.join()
 
     latencies = [x for r in results for x in r["latencies"]]
     burst = [x for r in results for x in r["burst"]]
     granted = sum(r["granted"] for r in results)
     report = {
-        "benchmark": "broker reserve round trip, clients at once",
-        "machine": {
-            "node": platform.node(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "clients": args.clients,
-        "ops_per_client": args.ops,
-        "card_mib": CARD_MIB,
         "reserve_calls": len(latencies),
         "granted": granted,
         "refused_no_room": sum(r["refused"] for r in results),
@@ -228,11 +218,121 @@ def main() -> None:
         and report["overbooking"]["client_tally_over"] == 0
         and report["overbooking"]["monitor_worst_over_mib"] == 0
     )
+    return report
+
+
+def hub_for_tokens(base: str):
+    """A real JupyterHub (tests/test_hub.py's, with its proxy) and a token of one of its users, or the
+    reason there is none here."""
+    tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
+    sys.path.insert(0, tests)
+    try:
+        from test_hub import ALICE, BROKER_TOKEN, Hub
+
+        hub = Hub(Path(base), "", Path(base) / "unused-ca.pem", "nobody").start()
+    except Exception as e:  # no jupyterhub, no Node.js for its proxy
+        return None, None, f"no JupyterHub here ({type(e).__name__}: {str(e)[:200]})"
+    token = hub.api("POST", f"users/{ALICE}/tokens", {"note": "gpushare bench"})["token"]
+    return hub, token, BROKER_TOKEN
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--ops", type=int, default=200, help="saturation cycles per client")
+    ap.add_argument("--rounds", type=int, default=50, help="bursts (all clients at once)")
+    ap.add_argument("--transports", default="unix,tcp,tls")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    transports = [t for t in args.transports.split(",") if t]
+    unknown = set(transports) - {"unix", "tcp", "tls"}
+    if unknown:
+        raise SystemExit(f"--transports: unknown {sorted(unknown)}; choose from unix, tcp, tls")
+
+    base = tempfile.mkdtemp(prefix="gpushare-bench-broker-")
+    hub = None
+    sections: dict[str, dict] = {}
+    try:
+        if {"tcp", "tls"} & set(transports):
+            os.makedirs(os.path.join(base, "hub"))
+            hub, token, broker_token = hub_for_tokens(os.path.join(base, "hub"))
+            if hub is None:
+                for t in ("tcp", "tls"):
+                    if t in transports:
+                        sections[t] = {"skipped": broker_token}
+                transports = [t for t in transports if t == "unix"]
+        for transport in transports:
+            folder = os.path.join(base, transport)
+            os.makedirs(folder)
+            extra, where = "", {}
+            if transport != "unix":
+                from tls import make_certificates  # tests/tls.py (on the path since hub_for_tokens)
+
+                port = free_port()
+                extra = f"""
+                    c.GpuShareBroker.tcp_address = "127.0.0.1:{port}"
+                    c.GpuShareBroker.hub_api_url = {hub.api_url!r}
+                    c.GpuShareBroker.hub_api_token = {broker_token!r}
+                """
+                where = {"path": f"{transport}://127.0.0.1:{port}", "token": token}
+                if transport == "tls":
+                    tls = make_certificates(Path(folder))
+                    extra += f"""
+                    c.GpuShareBroker.tcp_certfile = {str(tls["cert"])!r}
+                    c.GpuShareBroker.tcp_keyfile = {str(tls["key"])!r}
+                    """
+                    where["ca_file"] = str(tls["ca"])
+            broker, sock = start_broker(folder, extra)
+            try:
+                sections[transport] = measure(where or {"path": sock}, sock, args)
+            finally:
+                broker.terminate()
+                broker.wait(20)
+            burst = sections[transport]["burst_latency_ms"]
+            print(f"{transport:5s} burst p50 {burst['p50']:6.2f} ms  p99 {burst['p99']:6.2f} ms  "
+                  f"throughput {sections[transport]['throughput']['reserve_per_s']:7.1f} reserve/s  "
+                  f"target met: {sections[transport]['target_met']}", flush=True)  # fmt: skip
+    finally:
+        if hub is not None:
+            hub.stop()
+
+    ratios = {}
+    if "burst_latency_ms" in sections.get("unix", {}):
+        for t in ("tcp", "tls"):
+            if "burst_latency_ms" in sections.get(t, {}):
+                u, o = sections["unix"], sections[t]
+                ratios[f"{t}/unix"] = {
+                    "burst_p50": round(o["burst_latency_ms"]["p50"] / u["burst_latency_ms"]["p50"], 2),
+                    "burst_p99": round(o["burst_latency_ms"]["p99"] / u["burst_latency_ms"]["p99"], 2),
+                    "throughput": round(o["throughput"]["reserve_per_s"] / u["throughput"]["reserve_per_s"], 2),
+                }
+    report = {
+        "benchmark": "broker reserve round trip, clients at once, per transport",
+        "machine": {
+            "node": platform.node(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "clients": args.clients,
+        "ops_per_client": args.ops,
+        "card_mib": CARD_MIB,
+        "transports": sections,
+        "ratios_to_unix_socket": ratios,
+        "target_met": all(v.get("target_met", True) for v in sections.values()),
+    }
     print(json.dumps(report, indent=2))
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

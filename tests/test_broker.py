@@ -672,7 +672,9 @@ def test_tcp_listener_plain_and_tls_end_to_end(tmp_path):
                 assert f"TLS 127.0.0.1:{port}" in broker.output() and "plain TCP" not in broker.output()
             else:
                 assert "is plain TCP: servers' JupyterHub tokens cross it unencrypted" in broker.output()
-            findings = [(f.status, f.detail) for f in diagnose(socket_path=f"{good}://127.0.0.1:{port}") if f.check == "broker"]
+            findings = [
+                (f.status, f.detail) for f in diagnose(socket_path=f"{good}://127.0.0.1:{port}") if f.check == "broker"
+            ]
             plain = ("warn", "This server's JupyterHub token crosses plain TCP to the broker.")
             assert findings[0][0] == "error" and findings[1:] == ([] if certificate else [plain])
         finally:
@@ -691,7 +693,9 @@ def test_tls_settings_are_checked(tmp_path):
     with pytest.raises(PolicyError, match="tcp_certfile is for the TCP listener: set tcp_address too"):
         GpuShareBroker(config=c).setup()
     c.GpuShareBroker.tcp_address = "127.0.0.1:8765"
-    with pytest.raises(PolicyError, match=r"tcp_certfile '.*missing.pem' / tcp_keyfile '' cannot be used \(.*No such file"):
+    with pytest.raises(
+        PolicyError, match=r"tcp_certfile '.*missing.pem' / tcp_keyfile '' cannot be used \(.*No such file"
+    ):
         GpuShareBroker(config=c).setup()
     c.GpuShareBroker.tcp_certfile, c.GpuShareBroker.tcp_keyfile = "", str(tmp_path / "key.pem")
     with pytest.raises(PolicyError, match="tcp_keyfile is set but tcp_certfile is not"):

@@ -243,7 +243,9 @@ def test_servers_of_one_unix_user_are_told_apart_by_hub_token(hub_host):
     view = broker.admin_view()
     assert all(k["server_pid"] is None and k["kernel_pid"] is None for k in view["kernels"])  # no pids: sessions
     assert view["cards"][0]["reserved_mib"] == 4 * 2560
-    assert "authenticated by JupyterHub token as hub:alice:" in broker.output() and ", TLS 127.0.0.1:" in broker.output()
+    assert (
+        "authenticated by JupyterHub token as hub:alice:" in broker.output() and ", TLS 127.0.0.1:" in broker.output()
+    )
     hub.server(BOB, "DELETE", f"api/kernels/{b2}")
     wait_until(lambda: b2 not in kernels_by_user(broker).get(BOB, []), what="bob's release")
 
