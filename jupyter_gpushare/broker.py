@@ -10,8 +10,9 @@ The caller is identified by the kernel or by the JupyterHub, never by what it sa
   calling server process, the owner of its leases, as pid + start time).
 - On TCP (``tcp_address``, for servers in containers: other PID namespaces, one shared uid), the
   first request must be ``auth`` with the server's JupyterHub API token; the Hub says whose it is
-  (hub.py). With ``tcp_certfile`` the listener speaks TLS and servers connect to 'tls://host:port'. Its leases belong to a session (ledger.SessionRef) that lives while the server keeps
-  calling (its reconcile loop does every 10 s) and expires ``session_ttl`` seconds after the last call.
+  (hub.py). With ``tcp_certfile`` the listener speaks TLS and servers connect to 'tls://host:port'.
+  Its leases belong to a session (ledger.SessionRef) that lives while the server keeps calling (its
+  reconcile loop does every 10 s) and expires ``session_ttl`` seconds after the last call.
 A student's server can only reserve as that student, only release, attach or adopt that student's
 leases, attach only processes of the same uid, and sees other users only as anonymous per-card
 totals. Admins (``admin_users``, ``admin_groups``, root, the broker's own user and Hub admins) see
@@ -941,7 +942,7 @@ class BrokerLedger:
                 "GpuShareApp.broker_ca_file to the CA that signed GpuShareBroker.tcp_certfile; the certificate "
                 f"must name {host!r}."
             ) from e
-        except (OSError, ValueError):  # ssl.SSLError is an OSError: no TLS there, or a broken CA file
+        except Exception:  # no TLS there (ssl.SSLError), an unreadable CA file: reported as not reachable
             sock.close()
             raise
 
@@ -966,7 +967,7 @@ class BrokerLedger:
         hint = {
             "tls": " If the broker has no GpuShareBroker.tcp_certfile, it speaks plain TCP: use tcp://.",
             "tcp": " If the broker has GpuShareBroker.tcp_certfile, it speaks TLS: use tls://.",
-        }.get(self.path[:3], "")
+        }.get(self.path.partition("://")[0] if self.tcp else "", "")
         return (
             f"The GPU broker at {self.path} is not reachable ({e}). GPU reservations for this host go through it "
             "(GpuShareApp.broker_socket), so kernels start without a GPU until it is back. Ask the administrator "
