@@ -44,7 +44,7 @@ from typing import Any, Callable
 import psutil
 from jupyter_core.application import JupyterApp
 from traitlets import Any as AnyTrait
-from traitlets import Dict, Float, List, Unicode, default
+from traitlets import Bool, Dict, Float, List, Unicode, default
 
 from .gpu import Card
 from .hub import HubClient, HubError
@@ -86,6 +86,19 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process at the other end of a Unix socket, from the kernel."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", raw)
+
+
+def in_child_pid_namespace(pid: int) -> bool:
+    """Whether a process runs in a PID namespace below this one (a container): its NSpid line in
+    /proc (readable by any user) then has its pid in each namespace, more than one."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return len(line.split()) > 2
+    except OSError:  # gone: its leases are reaped like any other's
+        pass
+    return False
 
 
 def user_and_groups(uid: int) -> tuple[str, tuple[str, ...]]:
@@ -408,6 +421,13 @@ class GpuShareBroker(JupyterApp):
         help="The broker's own Hub API token, to look up the Hub groups and admin flag of Unix-socket callers "
         "(scopes read:users:name and read:users:groups). Default: $JUPYTERHUB_API_TOKEN.",
     )
+    allow_container_callers = Bool(
+        False,
+        config=True,
+        help="Accept Unix-socket callers that run in a PID namespace of their own (a container that mounts the "
+        "socket). Only where their uid truly names the user, e.g. rootless Podman, whose user namespace maps the "
+        "container to the user who started it. Default: False = such callers are refused and told to use TCP.",
+    )
     session_ttl = Float(
         60.0,
         config=True,
@@ -502,6 +522,13 @@ class GpuShareBroker(JupyterApp):
 
     def identify(self, pid: int, uid: int) -> Caller:
         """A Unix-socket caller: who the kernel says it is (plus its Hub groups, with a Hub)."""
+        if pid > 0 and not self.allow_container_callers and in_child_pid_namespace(pid):
+            raise BrokerRefused(
+                f"This server runs in a container (process {pid} is in a PID namespace of its own), where a uid does "
+                "not say who the user is and pids mean nothing to the broker, so the broker's Unix socket refuses it. "
+                "Connect over TCP with the server's JupyterHub token instead: GpuShareBroker.tcp_address on the "
+                "broker, GpuShareApp.broker_socket = 'tls://host:port' in the server (docs/multi-user.md)."
+            )
         user, groups = user_and_groups(uid)
         hub_user = self.hub.user(user) if self.hub else None
         if hub_user:
@@ -710,14 +737,20 @@ class GpuShareBroker(JupyterApp):
         loop = asyncio.get_running_loop()
         caller: Caller | None = None
         try:
+            refusal = None
             if not tcp:  # Unix socket: the kernel says who is calling (NSS lookups may be slow: off the loop)
                 pid, uid, _gid = peer_credentials(writer.get_extra_info("socket"))
-                caller = await loop.run_in_executor(None, self.identify, pid, uid)
+                try:
+                    caller = await loop.run_in_executor(None, self.identify, pid, uid)
+                except BrokerRefused as e:  # answered to every request on this connection
+                    refusal = e
             while True:
                 line = await reader.readline()
                 if not line:
                     break
                 try:
+                    if refusal is not None:
+                        raise refusal
                     msg = json.loads(line)
                     op, args = str(msg["op"]), dict(msg.get("args") or {})
                     if op == "auth":  # a server's JupyterHub token (asks the Hub: off the loop)

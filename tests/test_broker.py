@@ -702,3 +702,32 @@ def test_tls_settings_are_checked(tmp_path):
         GpuShareBroker(config=c).setup()
     with pytest.raises(PolicyError, match="broker_ca_file = '.*missing.pem' is not a file this server can read"):
         GpuShareApp(broker_socket="tls://broker:8765", broker_ca_file=str(tmp_path / "missing.pem")).build_policy()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare (a PID namespace)")
+def test_a_server_in_a_container_on_the_unix_socket_is_refused_and_told_to_use_tcp(tmp_path):
+    """A container that mounts the socket: its uid names nobody for sure and its pids mean nothing here."""
+    from jupyter_gpushare.broker import in_child_pid_namespace
+
+    assert not in_child_pid_namespace(os.getpid())
+    for allow in (False, True):
+        base = tmp_path / str(allow)
+        base.mkdir()
+        broker = Broker(base, extra=f"c.GpuShareBroker.allow_container_callers = {allow}").start()
+        code = (
+            "import json; from jupyter_gpushare.broker import BrokerLedger, in_child_pid_namespace\n"
+            "from jupyter_gpushare.ledger import LedgerError\n"
+            f"try: print(json.dumps(BrokerLedger({broker.socket!r}).hello()['user']))\n"
+            "except LedgerError as e: print(json.dumps(str(e)))\n"
+        )
+        try:
+            out = subprocess.run(
+                ["unshare", "--pid", "--fork", sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+            )
+        finally:
+            broker.stop()
+        said = json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else out.stderr
+        if allow:
+            assert said == pwd.getpwuid(os.getuid()).pw_name
+        else:
+            assert "runs in a container (process" in said and "GpuShareApp.broker_socket = 'tls://host:port'" in said
