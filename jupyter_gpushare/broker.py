@@ -88,17 +88,22 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     return struct.unpack("3i", raw)
 
 
-def in_child_pid_namespace(pid: int) -> bool:
-    """Whether a process runs in a PID namespace below this one (a container): its NSpid line in
-    /proc (readable by any user) then has its pid in each namespace, more than one."""
+def _pid_namespace_depth(pid: int | str) -> int:
+    """How many PID namespaces a process is in, as /proc sees it (its NSpid line, readable by any user);
+    0 when that cannot be read."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("NSpid:"):
-                    return len(line.split()) > 2
+                    return len(line.split()) - 1
     except OSError:  # gone: its leases are reaped like any other's
         pass
-    return False
+    return 0
+
+
+def in_child_pid_namespace(pid: int) -> bool:
+    """Whether a process runs in a PID namespace below the broker's own (a container)."""
+    return _pid_namespace_depth(pid) > max(1, _pid_namespace_depth("self"))
 
 
 def user_and_groups(uid: int) -> tuple[str, tuple[str, ...]]:
