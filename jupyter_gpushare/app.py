@@ -59,7 +59,8 @@ class GpuShareApp(ExtensionApp):
         Unicode(),
         default_value=[],
         config=True,
-        help="Cards kernels may use, by index ('0') or UUID ('GPU-...'). Default: [] = every card.",
+        help="Cards kernels may use, by index ('0': on a GPU in MIG mode, all its MIG instances) or UUID "
+        "('GPU-...', 'MIG-...'). Default: [] = every card.",
     )
     on_full = Enum(
         list(ON_FULL_CHOICES),

@@ -3,6 +3,7 @@ a card lost mid-run, no NVML at all, fields the driver does not support, peaks."
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -137,15 +138,36 @@ def test_unsupported_and_unreported_fields_are_null_not_zero(sim, tree):
     assert card.used_mib == 0
 
 
-def test_mig_card_reports_no_per_process_utilisation(sim, tree):
-    manager, fake = sim
-    root, child = tree
-    add_kernel(manager, "k1", root)
-    fake.devices[0].mig = True
-    fake.add_process(child, 800, utilization=30)
-    snap = Sampler(manager).tick()
-    assert snap.cards["GPU-simulated-0"].mig and snap.cards["GPU-simulated-0"].utilization is None
-    assert snap.kernels["k1"].used_mib == 800 and snap.kernels["k1"].utilization is None
+def test_a_gpu_in_mig_mode_is_its_mig_instances(tmp_path, tree):
+    """A GPU in MIG mode runs nothing itself: each MIG instance this host (or pod) is given is a card with
+    its own memory and UUID, kernels are placed and measured on it, per-process utilisation unknown."""
+    fake = FakeNvml([81920, 81920], name="NVIDIA H100 80GB HBM3")
+    fake.enable_mig(0, [10240, None, 40960])  # slot 1: an instance this pod is not given
+    backend = NvmlBackend(library=fake)
+    assert [(c.index, c.uuid, c.name, c.total_mib) for c in backend.cards()] == [
+        (0, "MIG-GPU-fake-0-0", "NVIDIA H100 80GB HBM3 MIG 10g", 10240),
+        (0, "MIG-GPU-fake-0-2", "NVIDIA H100 80GB HBM3 MIG 40g", 40960),
+        (1, "GPU-fake-1", "NVIDIA H100 80GB HBM3", 81920),
+    ]
+    manager = make_manager(backend, tmp_path)
+    try:
+        root, child = tree
+        grant = asyncio.run(manager.admit("k1", "python3", "python", Size(mib=16384)))
+        assert grant.card.uuid == "MIG-GPU-fake-0-2"  # best fit: too big for the 10 GiB instance
+        add_kernel(manager, "k1", root)
+        fake.add_process(child, 800, card=0, slot=2, utilization=30)
+        fake.add_process(os.getpid(), 500, card=0, slot=0)  # someone else, on the other instance
+        snap = Sampler(manager).tick()
+        mine, other = snap.cards["MIG-GPU-fake-0-2"], snap.cards["MIG-GPU-fake-0-0"]
+        assert mine.mig and mine.utilization is None and mine.used_by_kernels_mib == 800
+        assert other.used_by_others_mib == 500 and other.total_mib == 10240
+        assert snap.kernels["k1"].used_mib == 800 and snap.kernels["k1"].utilization is None
+    finally:
+        manager.close()
+    fake = FakeNvml([81920])
+    fake.enable_mig(0, [None, None])  # MIG on, nothing given to this pod
+    backend = NvmlBackend(library=fake)
+    assert backend.cards() == [] and "GPU 0 is in MIG mode, but no MIG instance of it is visible" in backend.reason
 
 
 def test_no_nvml_at_all(tmp_path):

@@ -59,7 +59,7 @@ def open_backend(mode: str = "auto", simulated_cards: str = "") -> GpuBackend:
     try:
         if nvml.cards():
             return nvml
-        reason = "NVML found no GPU on this host."
+        reason = nvml.reason or "NVML found no GPU on this host."
     except GpuUnavailable as e:
         reason = str(e)
     if mode == "auto" and sizes:

@@ -25,7 +25,8 @@ class FakeDevice:
     total_mib: int
     driver_used_mib: int = 0  # memory no process owns (driver, other namespaces)
     utilization: float | None = None  # None: derived from the processes
-    mig: bool = False
+    mig: bool = False  # a GPU in MIG mode, or a MIG instance
+    instances: list[FakeDevice | None] = field(default_factory=list)  # MIG slots of a GPU in MIG mode
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)  # names of calls that answer NotSupported
     processes: dict[int, dict] = field(default_factory=dict)  # pid -> {used_mib, utilization, kind}
@@ -45,25 +46,52 @@ class FakeNvml:
 
     # -- test controls -------------------------------------------------------------------------
 
-    def add_process(
-        self, pid: int, used_mib: int | None, card: int = 0, utilization: float = 0.0, kind: str = "compute"
-    ) -> None:
-        """A process holding ``used_mib`` on a card (None: the driver does not say how much)."""
+    def enable_mig(self, card: int, slots: list[int | None]) -> None:
+        """Put a GPU in MIG mode with instances of these sizes (MiB) in its slots; None: an empty slot,
+        or an instance this host or container is not given."""
         with self._lock:
-            self.devices[card].processes[pid] = {"used_mib": used_mib, "utilization": utilization, "kind": kind}
+            dev = self.devices[card]
+            dev.mig = True
+            dev.instances = [
+                None
+                if size is None
+                else FakeDevice(card, f"MIG-{dev.uuid}-{slot}", f"{dev.name} MIG {size // 1024}g", size, mig=True)
+                for slot, size in enumerate(slots)
+            ]
+
+    def _device(self, card: int, slot: int | None) -> FakeDevice:
+        dev = self.devices[card]
+        return dev if slot is None else dev.instances[slot]
+
+    def add_process(
+        self,
+        pid: int,
+        used_mib: int | None,
+        card: int = 0,
+        utilization: float = 0.0,
+        kind: str = "compute",
+        slot: int | None = None,
+    ) -> None:
+        """A process holding ``used_mib`` on a card, or on its MIG instance in ``slot`` (None: the driver
+        does not say how much)."""
+        with self._lock:
+            self._device(card, slot).processes[pid] = {"used_mib": used_mib, "utilization": utilization, "kind": kind}
 
     def set_process(self, pid: int, card: int = 0, **changes) -> None:
         with self._lock:
             self.devices[card].processes[pid].update(changes)
 
+    def _with_instances(self, devices: list[FakeDevice]) -> list[FakeDevice]:
+        return [d for dev in devices for d in (dev, *dev.instances) if d is not None]
+
     def remove_process(self, pid: int, card: int | None = None) -> None:
         with self._lock:
-            for dev in self.devices if card is None else [self.devices[card]]:
+            for dev in self._with_instances(self.devices if card is None else [self.devices[card]]):
                 dev.processes.pop(pid, None)
 
     def clear(self) -> None:
         with self._lock:
-            for dev in self.devices:
+            for dev in self._with_instances(self.devices):
                 dev.processes.clear()
 
     def lose(self, card: int = 0, lost: bool = True) -> None:
@@ -166,3 +194,19 @@ class FakeNvml:
     def nvmlDeviceGetMigMode(self, handle: FakeDevice) -> list[int]:
         dev = self._dev(handle, "nvmlDeviceGetMigMode")
         return [1, 1] if dev.mig else [0, 0]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeDevice) -> int:
+        return 7 if self._dev(handle, "nvmlDeviceGetMaxMigDeviceCount").mig else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeDevice, index: int) -> FakeDevice:
+        dev = self._dev(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
+        instance = dev.instances[index] if dev.mig and index < len(dev.instances) else None
+        if instance is None:  # as a real driver answers, MIG off included (bench/results/check_cards-*.json)
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return instance
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeDevice:
+        for dev in self._with_instances(self.devices):
+            if dev.uuid == uuid:
+                return self._dev(dev, "nvmlDeviceGetHandleByUUID")
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)

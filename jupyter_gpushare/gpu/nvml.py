@@ -44,9 +44,9 @@ class NvmlBackend(GpuBackend):
         self._lock = threading.Lock()
         self._library = library  # a pynvml-like module; None = import pynvml on first use
         self._nvml = None
-        self._handles: dict[int, Any] = {}
+        self._handles: dict[str, Any] = {}  # card uuid -> NVML handle
         self._cards: list[Card] | None = None
-        self._util_seen: dict[int, int] = {}  # card index -> last utilisation sample time (µs)
+        self._util_seen: dict[str, int] = {}  # card uuid -> last utilisation sample time (µs)
 
     def _init(self):
         """Import and initialise NVML once; GpuUnavailable with the reason if it cannot be."""
@@ -82,17 +82,48 @@ class NvmlBackend(GpuBackend):
         for i in range(count):
             try:
                 handle = nv.nvmlDeviceGetHandleByIndex(i)
-                uuid = _text(nv.nvmlDeviceGetUUID(handle))
-                name = _text(nv.nvmlDeviceGetName(handle))
-                total = nv.nvmlDeviceGetMemoryInfo(handle).total // MIB
             except nv.NVMLError:
                 continue  # a lost or inaccessible card is not schedulable
-            self._handles[i] = handle
-            cards.append(self._make_card(i, uuid, name, int(total)))
+            # A GPU in MIG mode runs nothing itself: its MIG instances (those this host or container
+            # may see) are the cards, each with its own memory and CUDA_VISIBLE_DEVICES=MIG-<uuid>,
+            # and the GPU's index (GpuShareApp.cards = [0] means all of GPU 0).
+            mig = self._mig_devices(nv, handle)
+            if mig == []:
+                self.reason = (
+                    f"GPU {i} is in MIG mode, but no MIG instance of it is visible here, and a GPU in MIG mode runs "
+                    "nothing itself. Create instances (nvidia-smi mig -cgi <profiles> -C) or, on Kubernetes, "
+                    "request one (nvidia.com/mig-<profile>)."
+                )
+            for device in [handle] if mig is None else mig:
+                try:
+                    uuid = _text(nv.nvmlDeviceGetUUID(device))
+                    name = _text(nv.nvmlDeviceGetName(device))
+                    total = nv.nvmlDeviceGetMemoryInfo(device).total // MIB
+                except nv.NVMLError:
+                    continue
+                self._handles[uuid] = device
+                cards.append(self._make_card(i, uuid, name, int(total)))
         if self._library is None:
             cards = apply_pod_limits(cards)  # a HAMi slice is what this pod may use, not the whole card
         self._cards = cards
         return list(cards)
+
+    @staticmethod
+    def _mig_devices(nv: Any, handle: Any) -> list[Any] | None:
+        """The MIG instances of a GPU in MIG mode ([] when none is visible); None when MIG is off."""
+        try:
+            if nv.nvmlDeviceGetMigMode(handle)[0] != NVML_MIG_ENABLED:
+                return None
+            slots = nv.nvmlDeviceGetMaxMigDeviceCount(handle)
+        except nv.NVMLError:  # no MIG support on this GPU or driver
+            return None
+        devices = []
+        for slot in range(slots):
+            try:
+                devices.append(nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot))
+            except nv.NVMLError:  # no instance in this slot, or one this container is not given
+                continue
+        return devices
 
     # -- sampling (sampler thread only) ------------------------------------------------------------
 
@@ -127,13 +158,13 @@ class NvmlBackend(GpuBackend):
     def _sample_card(self, nv: Any, card: Card) -> DeviceSample:
         errors: dict[str, str] = {}
         try:
-            handle = self._handles.get(card.index)
+            handle = self._handles.get(card.uuid)
             if handle is None:
-                handle = self._query(nv.nvmlDeviceGetHandleByIndex, card.index, errors=errors, name="card")
+                handle = self._query(nv.nvmlDeviceGetHandleByUUID, card.uuid, errors=errors, name="card")
                 if handle is None:
                     return DeviceSample(card=card, errors=errors)
-                self._handles[card.index] = handle
-            mig = self._query(nv.nvmlDeviceGetMigMode, handle, default=[0, 0])[0] == NVML_MIG_ENABLED
+                self._handles[card.uuid] = handle
+            mig = card.uuid.startswith("MIG-")
             mem = self._query(
                 nv.nvmlDeviceGetMemoryInfo, handle, version=nv.nvmlMemory_v2, errors=errors, name="memory"
             )
@@ -142,9 +173,9 @@ class NvmlBackend(GpuBackend):
                 if mem is not None:
                     errors.pop("memory", None)
             rates = self._query(nv.nvmlDeviceGetUtilizationRates, handle, errors=errors, name="utilization")
-            processes = self._processes(nv, handle, card.index, mig, errors)
+            processes = self._processes(nv, handle, card.uuid, mig, errors)
         except _Lost as e:
-            self._handles.pop(card.index, None)
+            self._handles.pop(card.uuid, None)
             return DeviceSample(
                 card=card, lost=True, errors={"card": f"The GPU is lost ({e}); it needs a reset or a reboot."}
             )
@@ -159,7 +190,7 @@ class NvmlBackend(GpuBackend):
             errors=errors,
         )
 
-    def _processes(self, nv: Any, handle: Any, index: int, mig: bool, errors: dict) -> tuple[ProcessSample, ...]:
+    def _processes(self, nv: Any, handle: Any, uuid: str, mig: bool, errors: dict) -> tuple[ProcessSample, ...]:
         compute = self._query(nv.nvmlDeviceGetComputeRunningProcesses, handle, errors=errors, name="processes")
         graphics = self._query(nv.nvmlDeviceGetGraphicsRunningProcesses, handle, default=[])  # often NotSupported
         if compute is None:
@@ -176,15 +207,13 @@ class NvmlBackend(GpuBackend):
                     )
                 else:
                     found[p.pid] = (used, kind)
-        util = self._process_utilization(nv, handle, index, mig, errors) if found else {}
+        util = self._process_utilization(nv, handle, uuid, mig, errors) if found else {}
         return tuple(
             ProcessSample(pid=pid, used_mib=used, kind=kind, utilization=None if util is None else util.get(pid, 0.0))
             for pid, (used, kind) in found.items()
         )
 
-    def _process_utilization(
-        self, nv: Any, handle: Any, index: int, mig: bool, errors: dict
-    ) -> dict[int, float] | None:
+    def _process_utilization(self, nv: Any, handle: Any, uuid: str, mig: bool, errors: dict) -> dict[int, float] | None:
         """SM percent per pid over the samples since the last call; {} = no samples (all idle).
 
         None when the card cannot report it (MIG instances, old GPUs): then per-process utilisation
@@ -193,7 +222,7 @@ class NvmlBackend(GpuBackend):
         if mig:
             errors["process_utilization"] = "Not reported per process on MIG instances."
             return None
-        since = self._util_seen.get(index) or int((time.time() - UTIL_WINDOW_S) * 1e6)
+        since = self._util_seen.get(uuid) or int((time.time() - UTIL_WINDOW_S) * 1e6)
         try:
             samples = nv.nvmlDeviceGetProcessUtilization(handle, since)
         except nv.NVMLError as e:
@@ -208,7 +237,7 @@ class NvmlBackend(GpuBackend):
         for s in samples:
             per_pid.setdefault(s.pid, []).append(float(s.smUtil))
             latest = max(latest, int(s.timeStamp))
-        self._util_seen[index] = latest
+        self._util_seen[uuid] = latest
         return {pid: sum(v) / len(v) for pid, v in per_pid.items()}
 
     def close(self) -> None:
