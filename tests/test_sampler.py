@@ -138,7 +138,7 @@ def test_unsupported_and_unreported_fields_are_null_not_zero(sim, tree):
     assert card.used_mib == 0
 
 
-def test_a_gpu_in_mig_mode_is_its_mig_instances(tmp_path, tree):
+def test_a_gpu_in_mig_mode_is_its_mig_instances(tmp_path, tree, caplog):
     """A GPU in MIG mode runs nothing itself: each MIG instance this host (or pod) is given is a card with
     its own memory and UUID, kernels are placed and measured on it, per-process utilisation unknown."""
     fake = FakeNvml([81920, 81920], name="NVIDIA H100 80GB HBM3")
@@ -168,6 +168,12 @@ def test_a_gpu_in_mig_mode_is_its_mig_instances(tmp_path, tree):
     fake.enable_mig(0, [None, None])  # MIG on, nothing given to this pod
     backend = NvmlBackend(library=fake)
     assert backend.cards() == [] and "GPU 0 is in MIG mode, but no MIG instance of it is visible" in backend.reason
+    fake = FakeNvml([81920, 81920])
+    fake.enable_mig(1, [])  # beside a whole GPU: that one is the card, and the log says why GPU 1 is not
+    backend = NvmlBackend(library=fake)
+    with caplog.at_level("WARNING", logger="jupyter_gpushare"):
+        assert [c.uuid for c in backend.cards()] == ["GPU-fake-0"] and backend.reason is None
+    assert "GPU 1 is in MIG mode, but no MIG instance" in caplog.text
 
 
 def test_no_nvml_at_all(tmp_path):

@@ -8,12 +8,15 @@ The library is a parameter, so the same code runs on the fake NVML of ``fake.py`
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Callable
 
 from .base import Card, DeviceSample, GpuBackend, GpuUnavailable, ProcessSample
 from .pod import apply_pod_limits
+
+log = logging.getLogger("jupyter_gpushare")
 
 MIB = 2**20
 NVML_GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
@@ -74,7 +77,7 @@ class NvmlBackend(GpuBackend):
 
     def cards(self) -> list[Card]:
         nv = self._init()
-        cards = []
+        cards, unusable = [], []
         try:
             count = nv.nvmlDeviceGetCount()
         except nv.NVMLError as e:
@@ -86,10 +89,10 @@ class NvmlBackend(GpuBackend):
                 continue  # a lost or inaccessible card is not schedulable
             # A GPU in MIG mode runs nothing itself: its MIG instances (those this host or container
             # may see) are the cards, each with its own memory and CUDA_VISIBLE_DEVICES=MIG-<uuid>,
-            # and the GPU's index (GpuShareApp.cards = [0] means all of GPU 0).
+            # and the GPU's index (GpuShareApp.cards = ['0'] means all of GPU 0).
             mig = self._mig_devices(nv, handle)
             if mig == []:
-                self.reason = (
+                unusable.append(
                     f"GPU {i} is in MIG mode, but no MIG instance of it is visible here, and a GPU in MIG mode runs "
                     "nothing itself. Create instances (nvidia-smi mig -cgi <profiles> -C) or, on Kubernetes, "
                     "request one (nvidia.com/mig-<profile>)."
@@ -103,6 +106,10 @@ class NvmlBackend(GpuBackend):
                     continue
                 self._handles[uuid] = device
                 cards.append(self._make_card(i, uuid, name, int(total)))
+        if unusable and not cards:
+            self.reason = " ".join(unusable)
+        for text in unusable if cards else []:
+            log.warning("jupyter-gpushare: %s", text)
         if self._library is None:
             cards = apply_pod_limits(cards)  # a HAMi slice is what this pod may use, not the whole card
         self._cards = cards
