@@ -222,8 +222,8 @@ def measure(where: dict, admin_sock: str, args) -> dict:
 
 
 def hub_for_tokens(base: str):
-    """A real JupyterHub (tests/test_hub.py's, with its proxy) and a token of one of its users, or the
-    reason there is none here."""
+    """A real JupyterHub (tests/test_hub.py's, with its proxy), a token of one of its users and the
+    broker's own token; RuntimeError with the reason when no Hub can run here."""
     tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
     sys.path.insert(0, tests)
     try:
@@ -231,7 +231,7 @@ def hub_for_tokens(base: str):
 
         hub = Hub(Path(base), "", Path(base) / "unused-ca.pem", "nobody").start()
     except Exception as e:  # no jupyterhub, no Node.js for its proxy
-        return None, None, f"no JupyterHub here ({type(e).__name__}: {str(e)[:200]})"
+        raise RuntimeError(f"no JupyterHub here ({type(e).__name__}: {str(e)[:200]})") from e
     token = hub.api("POST", f"users/{ALICE}/tokens", {"note": "gpushare bench"})["token"]
     return hub, token, BROKER_TOKEN
 
@@ -255,11 +255,10 @@ def main() -> None:
     try:
         if {"tcp", "tls"} & set(transports):
             os.makedirs(os.path.join(base, "hub"))
-            hub, token, broker_token = hub_for_tokens(os.path.join(base, "hub"))
-            if hub is None:
-                for t in ("tcp", "tls"):
-                    if t in transports:
-                        sections[t] = {"skipped": broker_token}
+            try:
+                hub, token, broker_token = hub_for_tokens(os.path.join(base, "hub"))
+            except RuntimeError as e:
+                sections.update({t: {"skipped": str(e)} for t in transports if t != "unix"})
                 transports = [t for t in transports if t == "unix"]
         for transport in transports:
             folder = os.path.join(base, transport)
