@@ -242,11 +242,7 @@ def view_for(
         usable = policy.usable_mib(card.total_mib)
         card_rows.append(
             {
-                "index": card.index,
-                "uuid": card.uuid,
-                "name": card.name,
-                "simulated": card.simulated,
-                "total_mib": card.total_mib,
+                **card.to_dict(),
                 "usable_mib": usable,
                 "reserved_mib": reserved,
                 "unreserved_mib": max(0, usable - reserved),
@@ -255,6 +251,7 @@ def view_for(
                 "allowed": policy.card_allowed(card.uuid, card.index),
             }
         )
+    labels = {card.uuid: card.label for card in cards}
     kernels = [
         {
             "kernel_id": lease.kernel_id,
@@ -262,6 +259,7 @@ def view_for(
             "user": lease.user,
             "card_index": lease.card_index,
             "card_uuid": lease.card_uuid,
+            "card_label": labels.get(lease.card_uuid, f"GPU {lease.card_index}"),
             "quota_mib": lease.quota_mib,
             "reserve_mib": lease.reserve_mib,
             "reserved_mib": lease.reserved_mib,

@@ -133,7 +133,7 @@ def format_status(view: dict[str, Any]) -> str:
     out.append(
         _table(
             [
-                (c["index"], c["name"] + (" [simulated]" if c.get("simulated") else ""), mib(c["total_mib"]), mib(c["usable_mib"]),
+                (c["label"], c["name"] + (" [simulated]" if c.get("simulated") else ""), mib(c["total_mib"]), mib(c["usable_mib"]),
                  mib(c["reserved_mib"]), mib(c["mine_reserved_mib"]), mib(c["others_reserved_mib"]), mib(c["unreserved_mib"]),
                  mib(c.get("used_mib")))
                 for c in view["cards"]
@@ -153,7 +153,7 @@ def format_status(view: dict[str, Any]) -> str:
     if view["kernels"]:
         out.append(
             _table(
-                [(k["user"], k["kernel_id"], k["kernel_name"], k["card_index"], mib(k["quota_mib"]), mib(k["reserved_mib"]),
+                [(k["user"], k["kernel_id"], k["kernel_name"], k["card_label"], mib(k["quota_mib"]), mib(k["reserved_mib"]),
                   mib(k.get("used_mib")), k["kernel_pid"], f"{k['age_s']:.0f} s")
                  for k in view["kernels"]],
                 ("USER", "KERNEL ID", "KERNELSPEC", "CARD", "QUOTA", "RESERVED", "IN USE", "PID", "AGE"),

@@ -302,7 +302,8 @@ class QuotaManager:
             self.event(
                 "reserved",
                 rec.kernel_id,
-                f"{format_mib(grant.lease.reserved_mib)} on card {grant.lease.card_index}.",
+                f"{format_mib(grant.lease.reserved_mib)} on "
+                f"{grant.card.label if grant.card else f'GPU {grant.lease.card_index}'}.",
                 reserved_mib=grant.lease.reserved_mib,
             )
         elif grant.mode == "cpu":

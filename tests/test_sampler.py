@@ -144,16 +144,18 @@ def test_a_gpu_in_mig_mode_is_its_mig_instances(tmp_path, tree, caplog):
     fake = FakeNvml([81920, 81920], name="NVIDIA H100 80GB HBM3")
     fake.enable_mig(0, [10240, None, 40960])  # slot 1: an instance this pod is not given
     backend = NvmlBackend(library=fake)
-    assert [(c.index, c.uuid, c.name, c.total_mib) for c in backend.cards()] == [
-        (0, "MIG-GPU-fake-0-0", "NVIDIA H100 80GB HBM3 MIG 10g", 10240),
-        (0, "MIG-GPU-fake-0-2", "NVIDIA H100 80GB HBM3 MIG 40g", 40960),
-        (1, "GPU-fake-1", "NVIDIA H100 80GB HBM3", 81920),
+    # Instances of one GPU share its index; their GPU instance IDs (not the slots) tell them apart.
+    assert [(c.label, c.uuid, c.name, c.total_mib) for c in backend.cards()] == [
+        ("GPU 0 MIG 1", "MIG-GPU-fake-0-0", "NVIDIA H100 80GB HBM3 MIG 10g", 10240),
+        ("GPU 0 MIG 3", "MIG-GPU-fake-0-2", "NVIDIA H100 80GB HBM3 MIG 40g", 40960),
+        ("GPU 1", "GPU-fake-1", "NVIDIA H100 80GB HBM3", 81920),
     ]
     manager = make_manager(backend, tmp_path)
     try:
         root, child = tree
         grant = asyncio.run(manager.admit("k1", "python3", "python", Size(mib=16384)))
         assert grant.card.uuid == "MIG-GPU-fake-0-2"  # best fit: too big for the 10 GiB instance
+        assert manager.records["k1"].to_dict()["card"]["label"] == "GPU 0 MIG 3"  # what the sidebar shows
         add_kernel(manager, "k1", root)
         fake.add_process(child, 800, card=0, slot=2, utilization=30)
         fake.add_process(os.getpid(), 500, card=0, slot=0)  # someone else, on the other instance

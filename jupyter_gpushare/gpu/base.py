@@ -19,9 +19,15 @@ class Card:
     name: str
     total_mib: int
     simulated: bool = False
+    mig_instance: int | None = None  # a MIG instance's GPU instance ID (nvidia-smi's "GI ID"); None: a whole GPU
+
+    @property
+    def label(self) -> str:
+        """What people call it: "GPU 0", or "GPU 0 MIG 3" for one of several MIG instances of GPU 0."""
+        return f"GPU {self.index}" if self.mig_instance is None else f"GPU {self.index} MIG {self.mig_instance}"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "label": self.label}
 
 
 @dataclass(frozen=True)

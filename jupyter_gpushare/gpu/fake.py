@@ -27,6 +27,7 @@ class FakeDevice:
     utilization: float | None = None  # None: derived from the processes
     mig: bool = False  # a GPU in MIG mode, or a MIG instance
     instances: list[FakeDevice | None] = field(default_factory=list)  # MIG slots of a GPU in MIG mode
+    gpu_instance: int | None = None  # a MIG instance's GPU instance ID
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)  # names of calls that answer NotSupported
     processes: dict[int, dict] = field(default_factory=dict)  # pid -> {used_mib, utilization, kind}
@@ -48,14 +49,17 @@ class FakeNvml:
 
     def enable_mig(self, card: int, slots: list[int | None]) -> None:
         """Put a GPU in MIG mode with instances of these sizes (MiB) in its slots; None: an empty slot,
-        or an instance this host or container is not given."""
+        or an instance this host or container is not given. The instance in slot k has GPU instance ID k + 1
+        (a real driver numbers them apart from the slots too)."""
         with self._lock:
             dev = self.devices[card]
             dev.mig = True
             dev.instances = [
                 None
                 if size is None
-                else FakeDevice(card, f"MIG-{dev.uuid}-{slot}", f"{dev.name} MIG {size // 1024}g", size, mig=True)
+                else FakeDevice(
+                    card, f"MIG-{dev.uuid}-{slot}", f"{dev.name} MIG {size // 1024}g", size, mig=True, gpu_instance=slot + 1
+                )
                 for slot, size in enumerate(slots)
             ]
 
@@ -204,6 +208,12 @@ class FakeNvml:
         if instance is None:  # as a real driver answers, MIG off included (bench/results/check_cards-*.json)
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return instance
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: FakeDevice) -> int:
+        dev = self._dev(handle, "nvmlDeviceGetGpuInstanceId")
+        if dev.gpu_instance is None:  # not a MIG device
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return dev.gpu_instance
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeDevice:
         for dev in self._with_instances(self.devices):

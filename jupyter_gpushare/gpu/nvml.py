@@ -29,6 +29,14 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _gpu_instance(nv: Any, device: Any) -> int | None:
+    """A MIG device's GPU instance ID, which tells apart instances of one GPU (None if the driver won't say)."""
+    try:
+        return int(nv.nvmlDeviceGetGpuInstanceId(device))
+    except nv.NVMLError:
+        return None
+
+
 def _mib(value: object) -> int | None:
     """Bytes to MiB; None for NVML's "not available" (None from pynvml, or the raw all-ones value)."""
     if value is None or not isinstance(value, int) or value < 0 or value >= 2**63:
@@ -72,8 +80,8 @@ class NvmlBackend(GpuBackend):
             self._nvml = nv
             return nv
 
-    def _make_card(self, index: int, uuid: str, name: str, total_mib: int) -> Card:
-        return Card(index=index, uuid=uuid, name=name, total_mib=total_mib)
+    def _make_card(self, index: int, uuid: str, name: str, total_mib: int, mig_instance: int | None = None) -> Card:
+        return Card(index=index, uuid=uuid, name=name, total_mib=total_mib, mig_instance=mig_instance)
 
     def cards(self) -> list[Card]:
         nv = self._init()
@@ -105,7 +113,7 @@ class NvmlBackend(GpuBackend):
                 except nv.NVMLError:
                     continue
                 self._handles[uuid] = device
-                cards.append(self._make_card(i, uuid, name, int(total)))
+                cards.append(self._make_card(i, uuid, name, int(total), None if mig is None else _gpu_instance(nv, device)))
         if unusable and not cards:
             self.reason = " ".join(unusable)
         for text in unusable if cards else []:

@@ -24,5 +24,5 @@ class SimulatedBackend(NvmlBackend):
         super().__init__(library=self.fake)
         self.reason = reason or "Simulated cards were configured (GpuShareApp.gpu_backend = 'simulated')."
 
-    def _make_card(self, index: int, uuid: str, name: str, total_mib: int) -> Card:
-        return Card(index=index, uuid=uuid, name=name, total_mib=total_mib, simulated=True)
+    def _make_card(self, index: int, uuid: str, name: str, total_mib: int, mig_instance: int | None = None) -> Card:
+        return Card(index=index, uuid=uuid, name=name, total_mib=total_mib, simulated=True, mig_instance=mig_instance)

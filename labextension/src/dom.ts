@@ -3,18 +3,22 @@
  * card headings, capacity bars and notices.
  */
 import { h, VirtualElement } from '@lumino/virtualdom';
+import { cardLabel } from './format';
 
 /** The CSS class prefix of every element of the panel. */
 export const C = 'jp-gpushare';
 
-/** A card's heading: "GPU <index> · <name>" and its size. */
+/** A card's heading: "GPU <index> · <name>" (or "GPU 0 MIG 3 · …") and its size. */
 export function cardHead(
-  card: { index: number; name: string },
+  card: { index: number; label?: string; name: string },
   total: string
 ): VirtualElement {
   return h.div(
     { className: `${C}-card-head` },
-    h.span({ className: `${C}-card-name` }, `GPU ${card.index} · ${card.name}`),
+    h.span(
+      { className: `${C}-card-name` },
+      `${cardLabel(card)} · ${card.name}`
+    ),
     h.span({ className: `${C}-card-total` }, total)
   );
 }

@@ -119,6 +119,14 @@ export function formatDuration(seconds: number | null | undefined): string {
   return min ? `${h} h ${min} min` : `${h} h`;
 }
 
+/**
+ * What people call a card: the server's label ("GPU 0", or "GPU 0 MIG 3" for one
+ * of several MIG instances of GPU 0), else "GPU <index>" (an older server).
+ */
+export function cardLabel(card: { index: number; label?: string }): string {
+  return card.label || `GPU ${card.index}`;
+}
+
 /** The file name of a notebook path ("a/b/c.ipynb" → "c.ipynb"). */
 export function basename(path: string | null | undefined): string {
   if (!path) {

@@ -9,6 +9,7 @@
  */
 import {
   basename,
+  cardLabel,
   formatDuration,
   formatGiB,
   isMeasured,
@@ -217,21 +218,24 @@ export function hostKernelRows(
         b.age_s - a.age_s ||
         a.kernel_id.localeCompare(b.kernel_id)
     )
-    .map((k: IHostKernel) => ({
-      kernelId: k.kernel_id,
-      user: k.user,
-      name:
-        basename(pathOf(k.kernel_id)) ||
-        `${k.kernel_name} · ${k.kernel_id.slice(0, 8)}`,
-      card: String(k.card_index),
-      quota: formatGiB(k.quota_mib),
-      age: formatDuration(k.age_s),
-      title:
-        `kernel ${k.kernel_id} (${k.kernel_name}) on GPU ${k.card_index}: quota ${formatGiB(k.quota_mib)}` +
-        ` + ${formatGiB(k.reserve_mib)} CUDA context = ${formatGiB(k.reserved_mib)} reserved;` +
-        ` server pid ${pid(k.server_pid)}, kernel pid ${pid(k.kernel_pid)}`,
-      mine: k.user === view.user
-    }));
+    .map((k: IHostKernel) => {
+      const label = cardLabel({ index: k.card_index, label: k.card_label });
+      return {
+        kernelId: k.kernel_id,
+        user: k.user,
+        name:
+          basename(pathOf(k.kernel_id)) ||
+          `${k.kernel_name} · ${k.kernel_id.slice(0, 8)}`,
+        card: label.replace(/^GPU /, ''), // the column is headed "GPU"
+        quota: formatGiB(k.quota_mib),
+        age: formatDuration(k.age_s),
+        title:
+          `kernel ${k.kernel_id} (${k.kernel_name}) on ${label}: quota ${formatGiB(k.quota_mib)}` +
+          ` + ${formatGiB(k.reserve_mib)} CUDA context = ${formatGiB(k.reserved_mib)} reserved;` +
+          ` server pid ${pid(k.server_pid)}, kernel pid ${pid(k.kernel_pid)}`,
+        mine: k.user === view.user
+      };
+    });
 }
 
 /** The totals row of the per-user table: kernels and reserved memory of everyone shown. */

@@ -3,6 +3,7 @@ import { h, VirtualDOM, VirtualElement } from '@lumino/virtualdom';
 
 import {
   basename,
+  cardLabel,
   formatDuration,
   formatMiB,
   formatPercent,
@@ -157,7 +158,7 @@ function renderKernel(
   const name =
     basename(path) || `${k.kernel_name} kernel ${k.kernel_id.slice(0, 8)}`;
   const where = k.card
-    ? `GPU ${k.card.index}`
+    ? cardLabel(k.card)
     : k.state === 'queued'
       ? 'waiting'
       : 'no card';

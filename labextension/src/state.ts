@@ -2,7 +2,13 @@
  * What a kernel's state means for people: labels, severities, the status bar
  * text and the split of a card's capacity. Pure functions (tested with node).
  */
-import { basename, formatMiB, formatUsage, isMeasured } from './format';
+import {
+  basename,
+  cardLabel,
+  formatMiB,
+  formatUsage,
+  isMeasured
+} from './format';
 import type { ICard, IKernel } from './types';
 
 export type Severity = 'ok' | 'info' | 'warn' | 'error' | 'muted';
@@ -174,7 +180,7 @@ export function statusTitle(kernel: IKernel | undefined): string {
     return 'GPU memory quota of this notebook’s kernel';
   }
   const s = describeState(kernel);
-  const where = kernel.card ? ` on GPU ${kernel.card.index}` : '';
+  const where = kernel.card ? ` on ${cardLabel(kernel.card)}` : '';
   const quota = kernel.quota ? `quota ${kernel.quota}${where}` : '';
   const used = isMeasured(kernel.used_mib)
     ? `, using ${formatMiB(kernel.used_mib)}`

@@ -6,7 +6,11 @@
  */
 
 export interface ICardRef {
+  /** The GPU's NVML index; MIG instances of one GPU share it. */
   index: number;
+  /** "GPU 0", or "GPU 0 MIG 3" for a MIG instance. */
+  label?: string;
+  mig_instance?: number | null;
   uuid: string;
   name: string;
   total_mib: number;
@@ -136,6 +140,7 @@ export interface IHostKernel {
   user: string;
   card_index: number;
   card_uuid: string;
+  card_label?: string;
   quota_mib: number;
   reserve_mib: number;
   reserved_mib: number;

@@ -3,6 +3,7 @@ import { test } from 'node:test';
 
 import {
   basename,
+  cardLabel,
   formatDuration,
   formatGiB,
   formatMiB,
@@ -70,4 +71,9 @@ test('small helpers', () => {
   assert.equal(basename('/abs/path/x.ipynb'), 'x.ipynb');
   assert.equal(basename('C:\\u\\y.ipynb'), 'y.ipynb');
   assert.equal(basename(null), '');
+});
+
+test('cardLabel: the server\'s label, else "GPU <index>"', () => {
+  assert.equal(cardLabel({ index: 0, label: 'GPU 0 MIG 3' }), 'GPU 0 MIG 3');
+  assert.equal(cardLabel({ index: 2 }), 'GPU 2');
 });

@@ -252,6 +252,23 @@ test('kernel table rows: by user, oldest first; notebook names for this serverâ€
   assert.match(rows[0].title, /2\.0 GiB \+ 0\.5 GiB CUDA context = 2\.5 GiB/);
 });
 
+test('kernel rows name a MIG instance by its label; an older server by index', () => {
+  const rows = hostKernelRows(
+    view({
+      kernels: [
+        hostKernel({ card_uuid: 'MIG-x', card_label: 'GPU 0 MIG 3' }),
+        hostKernel({ kernel_id: 'old', card_index: 1 })
+      ]
+    })
+  );
+  assert.deepEqual(
+    rows.map(r => r.card),
+    ['0 MIG 3', '1']
+  );
+  assert.match(rows[0].title, / on GPU 0 MIG 3: quota /);
+  assert.match(rows[1].title, / on GPU 1: quota /);
+});
+
 test('users total', () => {
   assert.deepEqual(
     usersTotal([

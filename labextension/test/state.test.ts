@@ -7,7 +7,8 @@ import {
   effectiveState,
   findKernel,
   quotaMiB,
-  statusText
+  statusText,
+  statusTitle
 } from '../src/state';
 import type { ICard, IKernel } from '../src/types';
 
@@ -153,4 +154,13 @@ test('findKernel: by id, else a queued kernel by notebook path (absolute on the 
   assert.equal(findKernel(ks, null, 'other.ipynb'), undefined);
   // a notebook whose new kernel id is not yet listed does not borrow a running kernel by path
   assert.equal(findKernel(ks, 'zzz', 'nb1.ipynb'), undefined);
+});
+
+test('statusTitle names the card: "GPU 0", or the MIG instance', () => {
+  assert.match(statusTitle(kernel()), /quota 3 GiB on GPU 0, usage /);
+  const mig = { ...card, uuid: 'MIG-x', label: 'GPU 0 MIG 3', mig_instance: 3 };
+  assert.match(
+    statusTitle(kernel({ card: mig })),
+    /quota 3 GiB on GPU 0 MIG 3, usage /
+  );
 });
