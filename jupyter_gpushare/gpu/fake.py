@@ -58,7 +58,12 @@ class FakeNvml:
                 None
                 if size is None
                 else FakeDevice(
-                    card, f"MIG-{dev.uuid}-{slot}", f"{dev.name} MIG {size // 1024}g", size, mig=True, gpu_instance=slot + 1
+                    card,
+                    f"MIG-{dev.uuid}-{slot}",
+                    f"{dev.name} MIG {size // 1024}g",
+                    size,
+                    mig=True,
+                    gpu_instance=slot + 1,
                 )
                 for slot, size in enumerate(slots)
             ]

@@ -113,7 +113,8 @@ class NvmlBackend(GpuBackend):
                 except nv.NVMLError:
                     continue
                 self._handles[uuid] = device
-                cards.append(self._make_card(i, uuid, name, int(total), None if mig is None else _gpu_instance(nv, device)))
+                instance = None if mig is None else _gpu_instance(nv, device)
+                cards.append(self._make_card(i, uuid, name, int(total), instance))
         if unusable and not cards:
             self.reason = " ".join(unusable)
         for text in unusable if cards else []:
