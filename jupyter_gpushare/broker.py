@@ -101,9 +101,33 @@ def _pid_namespace_depth(pid: int | str) -> int:
     return 0
 
 
-def in_child_pid_namespace(pid: int) -> bool:
-    """Whether a process runs in a PID namespace below the broker's own (a container)."""
-    return _pid_namespace_depth(pid) > max(1, _pid_namespace_depth("self"))
+def _root_filesystem(pid: int | str) -> tuple[str, ...] | None:
+    """What a process sees as /: (device, directory within it, type, source) of its top "/" mount, from
+    /proc/<pid>/mountinfo (readable by any user); None when that cannot be read."""
+    root = None
+    try:
+        with open(f"/proc/{pid}/mountinfo") as f:
+            for line in f:  # the last "/" mount is the one on top
+                fields = line.split()
+                if len(fields) > 9 and fields[4] == "/" and "-" in fields[6:]:
+                    sep = fields.index("-", 6)
+                    root = (fields[2], fields[3], *fields[sep + 1 : sep + 3])
+    except OSError:
+        return None
+    return root
+
+
+def container_reason(pid: int) -> str | None:
+    """Why a process looks like it runs in a container, or None: it is in a PID namespace below the
+    broker's own, or it sees another root filesystem than the broker (a container that shares the host's
+    PIDs: ``docker run --pid=host``, Apptainer). A systemd sandbox (ProtectSystem, PrivateTmp) keeps the
+    host's root filesystem and is not a container."""
+    if _pid_namespace_depth(pid) > max(1, _pid_namespace_depth("self")):
+        return f"process {pid} is in a PID namespace of its own"
+    theirs, mine = _root_filesystem(pid), _root_filesystem("self")
+    if theirs and mine and theirs != mine:
+        return f"process {pid} sees another root filesystem, {theirs[2]} {theirs[3]}, than the broker's {mine[2]} {mine[3]}"
+    return None
 
 
 def user_and_groups(uid: int) -> tuple[str, tuple[str, ...]]:
@@ -427,9 +451,10 @@ class GpuShareBroker(JupyterApp):
     allow_container_callers = Bool(
         False,
         config=True,
-        help="Accept Unix-socket callers that run in a PID namespace of their own (a container that mounts the "
-        "socket). Only where their uid truly names the user, e.g. rootless Podman, whose user namespace maps the "
-        "container to the user who started it. Default: False = such callers are refused and told to use TCP.",
+        help="Accept Unix-socket callers in a container that mounts the socket (a PID namespace or a root "
+        "filesystem of their own). Only where their uid truly names the user: Apptainer, or rootless Podman, whose "
+        "user namespace maps the container to the user who started it. Default: False = such callers are refused "
+        "and told to use TCP.",
     )
     session_ttl = Float(
         60.0,
@@ -525,12 +550,14 @@ class GpuShareBroker(JupyterApp):
 
     def identify(self, pid: int, uid: int) -> Caller:
         """A Unix-socket caller: who the kernel says it is (plus its Hub groups, with a Hub)."""
-        if pid > 0 and not self.allow_container_callers and in_child_pid_namespace(pid):
+        reason = container_reason(pid) if pid > 0 and not self.allow_container_callers else None
+        if reason:
             raise BrokerRefused(
-                f"This server runs in a container (process {pid} is in a PID namespace of its own), where a uid does "
-                "not say who the user is and pids mean nothing to the broker, so the broker's Unix socket refuses it. "
-                "Connect over TCP with the server's JupyterHub token instead: GpuShareBroker.tcp_address on the "
-                "broker, GpuShareApp.broker_socket = 'tls://host:port' in the server (docs/multi-user.md)."
+                f"This server runs in a container ({reason}), where a uid does not say for sure who the user is, "
+                "so the broker's Unix socket refuses it. Connect over TCP with the server's JupyterHub token "
+                "instead: GpuShareBroker.tcp_address on the broker, GpuShareApp.broker_socket = 'tls://host:port' "
+                "in the server (docs/multi-user.md). Where the container's uid is the user's own (Apptainer, "
+                "rootless Podman), the admin may set GpuShareBroker.allow_container_callers = True."
             )
         user, groups = user_and_groups(uid)
         hub_user = self.hub.user(user) if self.hub else None

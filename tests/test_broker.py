@@ -704,30 +704,64 @@ def test_tls_settings_are_checked(tmp_path):
         GpuShareApp(broker_socket="tls://broker:8765", broker_ca_file=str(tmp_path / "missing.pem")).build_policy()
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare (a PID namespace)")
-def test_a_server_in_a_container_on_the_unix_socket_is_refused_and_told_to_use_tcp(tmp_path):
-    """A container that mounts the socket: its uid names nobody for sure and its pids mean nothing here."""
-    from jupyter_gpushare.broker import in_child_pid_namespace
+NEWROOT = str(Path(__file__).with_name("newroot.py"))
 
-    assert not in_child_pid_namespace(os.getpid())
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare (namespaces)")
+@pytest.mark.parametrize(
+    "where, wrap, refused",
+    [
+        # its own PID namespace, as in most containers
+        ("pid-namespace", lambda root: ["unshare", "--pid", "--fork"], "is in a PID namespace of its own"),
+        # the host's PIDs but its own root filesystem: docker run --pid=host, Apptainer
+        (
+            "own-root",
+            lambda root: ["unshare", "--mount", "--fork", sys.executable, NEWROOT, root],
+            "sees another root filesystem, tmpfs newroot, than the broker's",
+        ),
+        # a mount namespace over the host's root, as a systemd sandbox (ProtectHome=tmpfs): not a container
+        (
+            "sandbox",
+            lambda root: [
+                "unshare",
+                "--mount",
+                "--fork",
+                "sh",
+                "-c",
+                f'mount -t tmpfs sandbox {root} && exec "$@"',
+                "-",
+            ],
+            None,
+        ),
+    ],
+    ids=["pid-namespace", "own-root", "sandbox"],
+)
+def test_a_server_in_a_container_on_the_unix_socket_is_refused_and_told_to_use_tcp(tmp_path, where, wrap, refused):
+    """A container that mounts the socket: its uid names nobody for sure (and, in its own PID namespace, its
+    pids mean nothing here). allow_container_callers lets it in; a systemd-style sandbox is never refused."""
+    from jupyter_gpushare.broker import container_reason
+
+    assert container_reason(os.getpid()) is None
+    user = pwd.getpwuid(os.getuid()).pw_name
     for allow in (False, True):
         base = tmp_path / str(allow)
-        base.mkdir()
+        (base / "root").mkdir(parents=True)
         broker = Broker(base, extra=f"c.GpuShareBroker.allow_container_callers = {allow}").start()
         code = (
-            "import json; from jupyter_gpushare.broker import BrokerLedger, in_child_pid_namespace\n"
+            "import json; from jupyter_gpushare.broker import BrokerLedger\n"
             "from jupyter_gpushare.ledger import LedgerError\n"
             f"try: print(json.dumps(BrokerLedger({broker.socket!r}).hello()['user']))\n"
             "except LedgerError as e: print(json.dumps(str(e)))\n"
         )
         try:
             out = subprocess.run(
-                ["unshare", "--pid", "--fork", sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+                [*wrap(str(base / "root")), sys.executable, "-c", code], capture_output=True, text=True, timeout=60
             )
         finally:
             broker.stop()
         said = json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else out.stderr
-        if allow:
-            assert said == pwd.getpwuid(os.getuid()).pw_name
+        if allow or not refused:
+            assert said == user, (where, said)
         else:
-            assert "runs in a container (process" in said and "GpuShareApp.broker_socket = 'tls://host:port'" in said
+            assert "runs in a container (process" in said and refused in said, said
+            assert "GpuShareApp.broker_socket = 'tls://host:port'" in said and "allow_container_callers" in said
