@@ -5,7 +5,8 @@ it makes (so the fake NVML's MIG behaviour can be compared with a real driver's)
 
 Checks: every card NVML lists is a card of the backend (with MIG off: the whole GPU, NVML's index and
 UUID); a PyTorch process holding 2 GiB is sampled on its card by pid, also after the backend drops its
-handle (found again by UUID); the MIG queries' answers on each GPU.
+handle (found again by UUID); the MIG queries' answers on each GPU (a whole GPU's GPU instance ID
+included, which only MIG devices have).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def main(path: str) -> int:
             "mig_mode": answer(pynvml.nvmlDeviceGetMigMode, h),
             "max_mig_device_count": answer(pynvml.nvmlDeviceGetMaxMigDeviceCount, h),
             "mig_device_handle_slot_0": answer(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 0),
+            "gpu_instance_id": answer(pynvml.nvmlDeviceGetGpuInstanceId, h),
             "handle_by_uuid_same": pynvml.nvmlDeviceGetHandleByUUID(pynvml.nvmlDeviceGetUUID(h)) is not None,
         })  # fmt: skip
     backend = NvmlBackend()
@@ -72,6 +74,7 @@ def main(path: str) -> int:
     }
     checks = {
         "every_device_is_a_card": [(c.index, c.uuid) for c in cards] == [(d["index"], d["uuid"]) for d in raw],
+        "whole_gpus_are_labelled_by_index": all(c.label == f"GPU {c.index}" for c in cards if c.mig_instance is None),
         "holder_seen": any(s["holder_mib"] and s["holder_mib"] >= 2048 for s in result["sample"]),
         "holder_seen_again_by_uuid": any(s["holder_mib"] and s["holder_mib"] >= 2048 for s in result["sample_after_handles_dropped"]),
     }  # fmt: skip

@@ -216,7 +216,7 @@ class FakeNvml:
 
     def nvmlDeviceGetGpuInstanceId(self, handle: FakeDevice) -> int:
         dev = self._dev(handle, "nvmlDeviceGetGpuInstanceId")
-        if dev.gpu_instance is None:  # not a MIG device
+        if dev.gpu_instance is None:  # not a MIG device: a real driver (H100, MIG off) says Invalid Argument
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return dev.gpu_instance
 
