@@ -117,6 +117,29 @@ def _root_filesystem(pid: int | str) -> tuple[str, ...] | None:
     return root
 
 
+def proc_hidden_from_me(mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """Why this process cannot see other users' processes in /proc (mounted with hidepid, and this
+    process neither root nor in its gid= group), or None."""
+    options: dict[str, str] = {}
+    try:
+        with open(mountinfo) as f:
+            for line in f:  # the last /proc mount is the one on top
+                fields = line.split()
+                if len(fields) > 9 and fields[4] == "/proc" and "-" in fields[6:]:
+                    options = dict(o.partition("=")[::2] for o in fields[fields.index("-", 6) + 3].split(","))
+    except OSError:
+        return None
+    hidepid, gid = options.get("hidepid", "off"), options.get("gid")
+    if hidepid in ("0", "off") or os.geteuid() == 0 or (gid and int(gid) in {os.getegid(), *os.getgroups()}):
+        return None
+    return (
+        f"/proc is mounted with hidepid={hidepid}, so the broker's user {pwd.getpwuid(os.geteuid()).pw_name} cannot "
+        "see other users' processes: it could not tell when a server or kernel exits. Remount /proc with a group of "
+        "the broker's user (mount -o remount,hidepid=2,gid=gpushare /proc, and gid= in /etc/fstab) or run the "
+        "broker as root"
+    )
+
+
 def container_reason(pid: int) -> str | None:
     """Why a process looks like it runs in a container, or None: it is in a PID namespace below the
     broker's own, or it sees another root filesystem than the broker (a container that shares the host's
@@ -560,11 +583,17 @@ class GpuShareBroker(JupyterApp):
                 "rootless Podman), the admin may set GpuShareBroker.allow_container_callers = True."
             )
         user, groups = user_and_groups(uid)
+        process = ProcessRef.of(pid) if pid > 0 else None
+        if pid > 0 and process is None:  # it is connected, so it exists: /proc hides it from the broker
+            raise BrokerRefused(
+                f"The broker cannot see this server's process {pid} (user {user}) in /proc. "
+                + (proc_hidden_from_me() or "Its /proc entry cannot be read")
+                + ". Until then kernels of servers on this host cannot reserve GPU memory."
+            )
         hub_user = self.hub.user(user) if self.hub else None
         if hub_user:
             groups = tuple(sorted(set(groups) | set(hub_user.groups)))
         admin = uid == 0 or uid == os.getuid() or bool(hub_user and hub_user.admin) or self._is_admin(user, groups)
-        process = ProcessRef.of(pid) if pid > 0 else None
         return Caller(user, uid, groups, admin, process)
 
     def authenticate(self, token: str, instance: str) -> Caller:
@@ -877,6 +906,9 @@ class GpuShareBroker(JupyterApp):
             len(self.cards), [f"{c.index}:{format_mib(c.total_mib)}" for c in self.cards], self.ledger_path, self.socket_path,
             f", {'TLS' if self._tls else 'TCP'} {self.tcp_address} (JupyterHub tokens, Hub {self.hub_api_url})" if tcp_server else "",
         )  # fmt: skip
+        hidden = proc_hidden_from_me()
+        if hidden:
+            self.log.warning("jupyter-gpushare broker: %s. Servers on this host are refused until then.", hidden)
         if tcp_server and not self._tls:
             self.log.warning(
                 "jupyter-gpushare broker: %s is plain TCP: servers' JupyterHub tokens cross it unencrypted. Keep it on "

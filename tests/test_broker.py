@@ -32,7 +32,7 @@ from servers import ServerProcess, wait_until
 
 from jupyter_gpushare.broker import BrokerLedger, Caller, GpuShareBroker, view_for
 from jupyter_gpushare.gpu import Card
-from jupyter_gpushare.ledger import Lease, ProcessRef, Waiter
+from jupyter_gpushare.ledger import Lease, LedgerError, ProcessRef, Waiter
 from jupyter_gpushare.policy import Policy, PolicyError, UserLimits
 
 RUN = os.getpid() % 100000  # user names of this run: test runs on one machine may overlap
@@ -82,9 +82,13 @@ SIMULATED = {"gpu_backend": "simulated", "simulated_cards": "10GiB"}
 
 
 class Broker:
-    def __init__(self, base: Path, gpu: dict | None = None, limits: dict | None = None, extra: str = ""):
-        """``extra``: more config lines (Python), e.g. GpuShareBroker.tcp_address."""
+    def __init__(
+        self, base: Path, gpu: dict | None = None, limits: dict | None = None, extra: str = "", prefix: tuple = ()
+    ):
+        """``extra``: more config lines (Python), e.g. GpuShareBroker.tcp_address; ``prefix``: a command the
+        broker runs under (another user, another /proc)."""
         self.base = base
+        self.prefix = prefix
         gpu = SIMULATED if gpu is None else gpu
         limits = {"max_total": "4GiB"} if limits is None else limits
         self.socket = str(base / "run" / "broker.sock")
@@ -111,9 +115,10 @@ class Broker:
     def start(self) -> Broker:
         self.log = open(self.base / "broker.log", "a+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_gpushare.cli", "broker", f"--config={self.config}"],
+            [*self.prefix, sys.executable, "-m", "jupyter_gpushare.cli", "broker", f"--config={self.config}"],
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # stop() signals the group: the broker, also under a prefix
         )
         wait_until(lambda: self._answers(), timeout=60, what="the broker to listen")
         return self
@@ -134,7 +139,7 @@ class Broker:
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
+            os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(20)
         self.log.close()
 
@@ -765,3 +770,36 @@ def test_a_server_in_a_container_on_the_unix_socket_is_refused_and_told_to_use_t
         else:
             assert "runs in a container (process" in said and refused in said, said
             assert "GpuShareApp.broker_socket = 'tls://host:port'" in said and "allow_container_callers" in said
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv"),
+    reason="needs root, unshare, setpriv",
+)
+def test_a_broker_that_cannot_see_other_users_processes_says_why(tmp_path):
+    """/proc mounted with hidepid=2 hides other users' processes from a broker that runs as its own user:
+    it could not tell when a server exits, so it says so at start and refuses servers with what to do,
+    instead of taking them for containers or reclaiming their reservations as gone."""
+    name = f"gsp{RUN}"
+    user = ensure_user(name)
+    with shared_scratch("gpushare-hidepid-") as base:
+        for sub in ("run", "lib"):
+            (base / sub).mkdir(mode=0o755)
+            os.chown(base / sub, user.pw_uid, user.pw_gid)
+        as_user = f"setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups"
+        hide = f'mount -t proc -o hidepid=2 proc /proc && exec {as_user} "$@"'
+        broker = Broker(base, prefix=("unshare", "--mount", "--fork", "sh", "-c", hide, "-")).start()
+        try:
+            client = BrokerLedger(broker.socket)
+            with pytest.raises(LedgerError) as refused:
+                client.hello()
+            client.close()
+        finally:
+            log = broker.output()
+            broker.stop()
+            remove_user(name)
+        said = str(refused.value)
+        assert f"cannot see this server's process {os.getpid()} (user root)" in said, said
+        assert f"so the broker's user {name} cannot see other users' processes" in said  # hidepid=2 or =invisible
+        assert "mount -o remount,hidepid=2,gid=gpushare /proc" in said and "container" not in said
+        assert "/proc is mounted with hidepid=" in log and "Servers on this host are refused until then" in log
