@@ -106,8 +106,21 @@ class ProcessRef:
         try:
             proc = psutil.Process(self.pid)
             return abs(proc.create_time() - self.start) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return self._hidden()
         except psutil.Error:
             return False
+
+    def _hidden(self) -> bool:
+        """Whether a process /proc does not show is there all the same, another user's behind hidepid: then
+        it is taken for alive (its start time cannot be checked), so its memory is never handed out twice."""
+        try:
+            os.kill(self.pid, 0)  # signal 0: only asks whether the pid exists
+        except PermissionError:  # it does, and is not ours
+            return True
+        except OSError:
+            return False
+        return False  # ours, so /proc would show it: the pid came back for a new process
 
 
 @dataclass(frozen=True)

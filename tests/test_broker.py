@@ -779,7 +779,7 @@ def test_a_server_in_a_container_on_the_unix_socket_is_refused_and_told_to_use_t
 def test_a_broker_that_cannot_see_other_users_processes_says_why(tmp_path):
     """/proc mounted with hidepid=2 hides other users' processes from a broker that runs as its own user:
     it could not tell when a server exits, so it says so at start and refuses servers with what to do,
-    instead of taking them for containers or reclaiming their reservations as gone."""
+    instead of taking them for containers; a lease of a process it cannot see is never reclaimed as gone."""
     name = f"gsp{RUN}"
     user = ensure_user(name)
     with shared_scratch("gpushare-hidepid-") as base:
@@ -788,7 +788,17 @@ def test_a_broker_that_cannot_see_other_users_processes_says_why(tmp_path):
             os.chown(base / sub, user.pw_uid, user.pw_gid)
         as_user = f"setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups"
         hide = f'mount -t proc -o hidepid=2 proc /proc && exec {as_user} "$@"'
-        broker = Broker(base, prefix=("unshare", "--mount", "--fork", "sh", "-c", hide, "-")).start()
+        prefix = ("unshare", "--mount", "--fork", "sh", "-c", hide, "-")
+        broker = Broker(base, prefix=prefix).start()
+        # Leases of processes /proc hides (this one, root's) are not taken for gone; a gone one is.
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        me = ProcessRef.me()
+        alive = subprocess.run(
+            [*prefix, sys.executable, "-c", "import sys; from jupyter_gpushare.ledger import ProcessRef as P; "
+             f"print(P.of({me.pid}), P({me.pid}, {me.start}).alive(), P({gone.pid}, {me.start}).alive())"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
         try:
             client = BrokerLedger(broker.socket)
             with pytest.raises(LedgerError) as refused:
@@ -798,6 +808,7 @@ def test_a_broker_that_cannot_see_other_users_processes_says_why(tmp_path):
             log = broker.output()
             broker.stop()
             remove_user(name)
+        assert alive.stdout.split() == ["None", "True", "False"], alive.stderr
         said = str(refused.value)
         assert f"cannot see this server's process {os.getpid()} (user root)" in said, said
         assert f"so the broker's user {name} cannot see other users' processes" in said  # hidepid=2 or =invisible
