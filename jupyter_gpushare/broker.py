@@ -35,7 +35,7 @@ import stat
 import struct
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,6 +50,7 @@ from .gpu import Card
 from .hub import HubClient, HubError
 from .ledger import Lease, Ledger, LedgerError, Owner, ProcessRef, Request, SessionRef, Waiter, Waiting
 from .policy import CardView, LimitRules, Policy, PolicyError, Size, UserLimits, format_mib, parse_limits
+from .sampler import pid_namespace_depth
 
 log = logging.getLogger("jupyter_gpushare.broker")
 
@@ -86,19 +87,6 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process at the other end of a Unix socket, from the kernel."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", raw)
-
-
-def _pid_namespace_depth(pid: int | str) -> int:
-    """How many PID namespaces a process is in, as /proc sees it (its NSpid line, readable by any user);
-    0 when that cannot be read."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return len(line.split()) - 1
-    except OSError:  # gone: its leases are reaped like any other's
-        pass
-    return 0
 
 
 def _root_filesystem(pid: int | str) -> tuple[str, ...] | None:
@@ -145,7 +133,7 @@ def container_reason(pid: int) -> str | None:
     broker's own, or it sees another root filesystem than the broker (a container that shares the host's
     PIDs: ``docker run --pid=host``, Apptainer). A systemd sandbox (ProtectSystem, PrivateTmp) keeps the
     host's root filesystem and is not a container."""
-    if _pid_namespace_depth(pid) > max(1, _pid_namespace_depth("self")):
+    if pid_namespace_depth(pid) > max(1, pid_namespace_depth("self")):
         return f"process {pid} is in a PID namespace of its own"
     theirs, mine = _root_filesystem(pid), _root_filesystem("self")
     if theirs and mine and theirs != mine:
@@ -698,8 +686,17 @@ class GpuShareBroker(JupyterApp):
                     )
             self.policy.check_quota(quota, [CardView(c.uuid, c.index, c.total_mib) for c in cards])
             request = Request(kernel_id, quota, caller.user, str(args.get("kernel_name", ""))[:200])
+            outside = args.get("outside") or {}
+            if not isinstance(outside, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in outside.items()
+            ):
+                raise BrokerRefused(
+                    f"'outside' must map card UUIDs to MiB (whole numbers, 0 or more); got {outside!r}."
+                )
             with self._as_owner(caller) as led:
-                got = led.reserve(request, self.policy, cards, bool(args.get("wait")), self.limits_for(caller))
+                got = led.reserve(
+                    request, self.policy, cards, bool(args.get("wait")), self.limits_for(caller), outside=outside
+                )
             if isinstance(got, Lease):
                 return {"lease": lease_to_json(got)}
             return {"waiting": asdict(got)}
@@ -1137,14 +1134,19 @@ class BrokerLedger:
         cards: Sequence[Card] = (),
         wait: bool = False,
         limits: UserLimits | None = None,
+        outside: Mapping[str, int] | None = None,
     ) -> Lease | Waiting:
         """Reserve through the broker. ``policy``, ``limits`` and ``req.user`` are the broker's to decide and are
-        not sent; ``cards`` (the real cards this server sees) restrict where the broker may place the kernel."""
+        not sent; ``cards`` (the real cards this server sees) restrict where the broker may place the kernel;
+        ``outside`` (what this server measured of processes outside its kernels) only ever narrows where this
+        kernel may go, as a larger quota would: a server that misstates it gains nothing over other users."""
         visible = [c.uuid for c in cards if not c.simulated]
-        got = self._call("reserve", kernel_id=req.kernel_id, mib=req.quota.mib, percent=req.quota.percent, kernel_name=req.kernel_name, wait=wait, **({"cards": visible} if visible else {}))  # fmt: skip
+        extra = {**({"cards": visible} if visible else {}), **({"outside": dict(outside)} if outside else {})}
+        got = self._call("reserve", kernel_id=req.kernel_id, mib=req.quota.mib, percent=req.quota.percent, kernel_name=req.kernel_name, wait=wait, **extra)  # fmt: skip
         if "lease" in got:
             return lease_from_json(got["lease"])
-        return Waiting(**got["waiting"])
+        known = Waiting.__dataclass_fields__  # a newer broker may say more
+        return Waiting(**{k: v for k, v in got["waiting"].items() if k in known})
 
     def cancel_wait(self, kernel_id: str) -> None:
         try:

@@ -23,7 +23,7 @@ import fcntl
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -176,8 +176,9 @@ class Waiting:
     kernel_id: str
     position: int  # 1 = next in line
     need_mib: int  # quota + context reserve on the card that fits best, 0 if none could
-    free_mib: int  # the most unreserved memory on any allowed card
+    free_mib: int  # the most room on any allowed card: unreserved, less what processes without a reservation use
     ahead: int  # waiters before this one
+    outside_mib: int = 0  # what processes without a reservation use on the allowed cards, together
 
 
 @dataclass(frozen=True)
@@ -301,7 +302,13 @@ class Ledger:
     # -- changes ---------------------------------------------------------------------------
 
     def reserve(
-        self, req: Request, policy: Policy, cards: Sequence[Card], wait: bool, limits: UserLimits | None = None
+        self,
+        req: Request,
+        policy: Policy,
+        cards: Sequence[Card],
+        wait: bool,
+        limits: UserLimits | None = None,
+        outside: Mapping[str, int] | None = None,
     ) -> Lease | Waiting:
         """Reserve room for a kernel on the best-fitting card, in FIFO order.
 
@@ -311,7 +318,9 @@ class Ledger:
         Idempotent: a kernel that already holds a lease gets it back.
         With ``limits``, the user's other leases (same ``req.user``) are checked in the same
         transaction, so no two concurrent starts of one user pass a per-user limit together;
-        PolicyError says which limit.
+        PolicyError says which limit. ``outside`` (card uuid -> MiB) is what the caller measured of
+        processes outside its own kernels; less the other owners' reservations on the card (their
+        kernels are among those processes), it is taken as well.
         """
         now = time.time()
         with self._tx() as db:
@@ -332,11 +341,11 @@ class Ledger:
                     " ON CONFLICT(kernel_id) DO UPDATE SET heartbeat=excluded.heartbeat",
                     (req.kernel_id, str(req.quota), req.user, req.kernel_name, *_owner_columns(self.owner), now, now),
                 )
-            ahead, views = self._ahead(db, req.kernel_id, wait), self._views(db, cards)
+            ahead, views = self._ahead(db, req.kernel_id, wait), self._views(db, cards, outside)
             card = policy.place(req.quota, views) if ahead == 0 else None
             if card is None and not reaped:  # room held by kernels that are gone is room
                 self._reap(db, now)
-                ahead, views = self._ahead(db, req.kernel_id, wait), self._views(db, cards)
+                ahead, views = self._ahead(db, req.kernel_id, wait), self._views(db, cards, outside)
                 card = policy.place(req.quota, views) if ahead == 0 else None
             if card is None:
                 allowed = [v for v in views if policy.card_allowed(v.uuid, v.index)]
@@ -349,8 +358,9 @@ class Ledger:
                     kernel_id=req.kernel_id,
                     position=ahead + 1,
                     need_mib=min(fitting, default=0),
-                    free_mib=max((policy.usable_mib(v.total_mib) - v.reserved_mib for v in allowed), default=0),
+                    free_mib=max(0, max((v.room_mib(policy) for v in allowed), default=0)),
                     ahead=ahead,
+                    outside_mib=sum(v.outside_mib for v in allowed),
                 )
             quota_mib = req.quota.resolve(card.total_mib)
             if limits is not None:  # exact now that the card (and so a percentage's size) is known
@@ -456,9 +466,24 @@ class Ledger:
         ticket = db.execute("SELECT ticket FROM waiters WHERE kernel_id=?", (kernel_id,)).fetchone()[0]
         return db.execute("SELECT count(*) FROM waiters WHERE ticket < ?", (ticket,)).fetchone()[0]
 
-    def _views(self, db: sqlite3.Connection, cards: Sequence[Card]) -> list[CardView]:
+    def _views(
+        self, db: sqlite3.Connection, cards: Sequence[Card], outside: Mapping[str, int] | None = None
+    ) -> list[CardView]:
         reserved = self._reserved(db)
-        return [CardView(c.uuid, c.index, c.total_mib, reserved.get(c.uuid, 0)) for c in cards]
+        others: dict[str, int] = {}  # reserved by other owners, whose kernels ``outside`` counts
+        for row in db.execute("SELECT * FROM leases").fetchall() if outside else ():
+            if _owner(row) != self.owner:
+                others[row["card_uuid"]] = others.get(row["card_uuid"], 0) + row["quota_mib"] + row["reserve_mib"]
+        return [
+            CardView(
+                c.uuid,
+                c.index,
+                c.total_mib,
+                reserved.get(c.uuid, 0),
+                max(0, (outside or {}).get(c.uuid, 0) - others.get(c.uuid, 0)),
+            )
+            for c in cards
+        ]
 
     def _reap(self, db: sqlite3.Connection, now: float) -> list[Lease]:
         self._last_reap = now

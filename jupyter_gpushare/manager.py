@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import getpass
 import logging
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, TypeVar
@@ -133,6 +135,8 @@ class QuotaManager:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpushare-ledger")
         self._ledger: Ledger | None = None
         self.ledger_error: str | None = None
+        # Per card, what processes outside this server's kernels use (the sampler's measure; app.py wires it).
+        self.outside_use: Callable[[], Mapping[str, int]] = dict
         try:
             self.cards: list[Card] = backend.cards()
         except Exception as e:  # a card lost between detection and now: run without GPU, say why
@@ -228,7 +232,8 @@ class QuotaManager:
         request = Request(kernel_id, quota, self.user, kernel_name)
         try:
             while True:
-                got = await self._run(self._ledger.reserve, request, self.policy, self.cards, wait)
+                reserve = functools.partial(self._ledger.reserve, outside=self.outside_use())
+                got = await self._run(reserve, request, self.policy, self.cards, wait)
                 if isinstance(got, Lease):
                     if rec.queued_since:
                         self.event(
@@ -289,6 +294,11 @@ class QuotaManager:
             f"No GPU has room for this kernel: it needs {need} (quota {quota} + {reserve} CUDA context reserve), "
             f"and the most unreserved on any card is {format_mib(got.free_mib)}."
         )
+        if got.outside_mib:
+            text += (
+                f" Processes that hold no reservation (a script in a terminal, a program started outside a notebook) "
+                f"use {format_mib(got.outside_mib)} of the GPU memory: it counts as taken until they exit."
+            )
         if waited:
             text += f" It waited {time.time() - waited:.0f} s in the queue (GpuShareApp.queue_timeout)."
         elif got.ahead:

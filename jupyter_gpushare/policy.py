@@ -100,12 +100,19 @@ ON_FULL_CHOICES = ("queue", "cpu", "reject")
 
 @dataclass(frozen=True)
 class CardView:
-    """What placement needs to know of a card: identity, capacity and what is already reserved."""
+    """What placement needs to know of a card: identity, capacity, what is already reserved, and what
+    processes that hold no reservation use on it (measured: a script in a terminal, a program started
+    outside Jupyter), which is taken as well until they exit."""
 
     uuid: str
     index: int
     total_mib: int
     reserved_mib: int = 0
+    outside_mib: int = 0
+
+    def room_mib(self, policy: Policy) -> int:
+        """What new kernels may still reserve on the card."""
+        return policy.usable_mib(self.total_mib) - self.reserved_mib - self.outside_mib
 
 
 @dataclass(frozen=True)
@@ -175,7 +182,7 @@ class Policy:
         for card in cards:
             if not self.card_allowed(card.uuid, card.index):
                 continue
-            left = self.usable_mib(card.total_mib) - card.reserved_mib - self.need_mib(quota, card.total_mib)
+            left = card.room_mib(self) - self.need_mib(quota, card.total_mib)
             if left < 0:
                 continue
             if best is None or (left, card.index) < best[:2]:

@@ -80,6 +80,10 @@ class CardUsage:
     mig: bool = False
     lost: bool = False
     errors: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    # Memory of the processes on this host that belong to no kernel of this server: a script in a terminal,
+    # a program started outside Jupyter, other servers' kernels. None: not measured, or this server runs in
+    # a container, where the driver's pids are the host's and cannot be told apart.
+    outside_mib: int | None = None
 
     def figures(self) -> dict[str, Any]:
         """The fields the API adds to a card."""
@@ -87,6 +91,7 @@ class CardUsage:
             "used_mib": self.used_mib,
             "used_by_kernels_mib": self.used_by_kernels_mib,
             "used_by_others_mib": self.used_by_others_mib,
+            "outside_mib": self.outside_mib,
             "free_mib": self.free_mib,
             "utilization": self.utilization,
             "mig": self.mig,
@@ -110,6 +115,12 @@ class UsageSnapshot:
     )  # QuotaManager.snapshot() of the same tick (reservations, frameworks)
     frameworks: Mapping[str, Any] = field(default_factory=lambda: EMPTY)  # kernel id -> frameworks, from ``quota``
     seq: int = 0
+
+    def outside_use(self, max_age_s: float) -> dict[str, int]:
+        """Card uuid -> ``outside_mib``, for the cards where it was measured no more than ``max_age_s`` ago."""
+        if time.time() - self.time > max_age_s:
+            return {}
+        return {uuid: c.outside_mib for uuid, c in self.cards.items() if c.outside_mib is not None}
 
     def status(self) -> dict[str, Any]:
         return {
@@ -153,6 +164,19 @@ if not os.path.isdir("/proc/self"):  # not Linux: psutil for both
     _proc_stat = _psutil_stat  # noqa: F811
 
 
+def pid_namespace_depth(pid: int | str) -> int:
+    """How many PID namespaces a process is in, as /proc sees it (its NSpid line, readable by any user);
+    0 when that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return len(line.split()) - 1
+    except OSError:  # gone
+        pass
+    return 0
+
+
 def _exists(pid: int) -> bool:
     """The pid names a process (a signal-0 probe: one system call, no /proc read)."""
     try:
@@ -173,6 +197,11 @@ class ProcessTrees:
         self._roots_version = 0
         self._negative_version: dict[tuple[int, int], int] = {}
         self._recent: dict[int, tuple[tuple[int, int], tuple[int, int], float]] = {}  # pid -> (key, stat, read at)
+
+    @property
+    def visible(self) -> set[int]:
+        """The pids of the last ``owners`` call that name a process in this PID namespace."""
+        return set(self._recent)
 
     def set_roots(self, roots: dict[str, int | None]) -> None:
         """The kernels' root pids (kernel id -> pid); a root's start time is read once."""
@@ -284,6 +313,12 @@ class Sampler:
         self._seq = 0
         self._quota_ids: frozenset[str] = frozenset()
         self._quota_at = 0.0
+        self._in_container = pid_namespace_depth("self") > 1  # the driver's pids are then the host's
+
+    def outside_use(self) -> dict[str, int]:
+        """Per card, the memory of processes here that belong to no kernel of this server (see
+        ``CardUsage.outside_mib``), from a reading no older than a few intervals; {} when there is none."""
+        return self.snapshot.outside_use(max_age_s=max(5.0, 5 * self.interval_s))
 
     # -- thread ------------------------------------------------------------------------------
 
@@ -331,12 +366,14 @@ class Sampler:
         self._trees.set_roots({kid: pid for kid, pid, _ in targets})
         pids = {p.pid for s in samples for p in s.processes}
         owners = self._trees.owners(pids) if pids else {}
+        visible = self._trees.visible if pids and not self._in_container else set()
 
         per_kernel: dict[str, list[ProcessUse]] = {}
         cards: dict[str, CardUsage] = {}
         for s in samples:
             mine = 0
             others_known = 0
+            outside = 0
             for p in s.processes:
                 kid = owners.get(p.pid)
                 if kid is not None:
@@ -344,6 +381,8 @@ class Sampler:
                     mine += p.used_mib or 0
                 else:
                     others_known += p.used_mib or 0
+                    if p.pid in visible:
+                        outside += p.used_mib or 0
             readable = "processes" not in s.errors and not s.lost
             by_kernels = mine if readable else None
             if s.used_mib is not None and by_kernels is not None:
@@ -362,6 +401,7 @@ class Sampler:
                 mig=s.mig,
                 lost=s.lost,
                 errors=MappingProxyType(dict(s.errors)),
+                outside_mib=outside if readable and not self._in_container else None,
             )
         measured = any("processes" not in s.errors and not s.lost for s in samples)
 

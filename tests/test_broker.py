@@ -32,8 +32,8 @@ from servers import ServerProcess, wait_until
 
 from jupyter_gpushare.broker import BrokerLedger, Caller, GpuShareBroker, view_for
 from jupyter_gpushare.gpu import Card
-from jupyter_gpushare.ledger import Lease, LedgerError, ProcessRef, Waiter
-from jupyter_gpushare.policy import Policy, PolicyError, UserLimits
+from jupyter_gpushare.ledger import Lease, LedgerError, ProcessRef, Request, Waiter, Waiting
+from jupyter_gpushare.policy import Policy, PolicyError, Size, UserLimits
 
 RUN = os.getpid() % 100000  # user names of this run: test runs on one machine may overlap
 ALICE, BOB, STAFF, STAFF_GROUP = f"gsa{RUN}", f"gsb{RUN}", f"gsc{RUN}", f"gss{RUN}"
@@ -814,3 +814,20 @@ def test_a_broker_that_cannot_see_other_users_processes_says_why(tmp_path):
         assert f"so the broker's user {name} cannot see other users' processes" in said  # hidepid=2 or =invisible
         assert "mount -o remount,hidepid=2,gid=gpushare /proc" in said and "container" not in said
         assert "/proc is mounted with hidepid=" in log and "Servers on this host are refused until then" in log
+
+
+def test_the_broker_takes_memory_used_outside_reservations(tmp_path):
+    """A server sends what it measured of processes outside its kernels; the broker places as if it were
+    reserved (less other owners' reservations), and refuses a malformed figure, saying what it must be."""
+    broker = Broker(tmp_path, limits={}).start()
+    client = BrokerLedger(broker.socket)
+    try:
+        uuid = client.hello()["cards"][0]["uuid"]
+        got = client.reserve(Request("k1", Size(mib=4096)), outside={uuid: 6144})
+        assert isinstance(got, Waiting) and (got.free_mib, got.outside_mib) == (4096, 6144)
+        assert isinstance(client.reserve(Request("k1", Size(mib=3072)), outside={uuid: 6144}), Lease)
+        with pytest.raises(LedgerError, match=r"'outside' must map card UUIDs to MiB .*got \{.*: -5\}"):
+            client.reserve(Request("k2", Size(mib=1024)), outside={uuid: -5})
+    finally:
+        client.close()
+        broker.stop()

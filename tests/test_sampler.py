@@ -4,6 +4,7 @@ a card lost mid-run, no NVML at all, fields the driver does not support, peaks."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -176,6 +177,41 @@ def test_a_gpu_in_mig_mode_is_its_mig_instances(tmp_path, tree, caplog):
     with caplog.at_level("WARNING", logger="jupyter_gpushare"):
         assert [c.uuid for c in backend.cards()] == ["GPU-fake-0"] and backend.reason is None
     assert "GPU 1 is in MIG mode, but no MIG instance" in caplog.text
+
+
+def test_memory_of_processes_outside_kernels_is_taken_when_placing(tmp_path, tree):
+    """A script in a terminal (a process here that is no kernel's) holding GPU memory: the sampler measures it
+    and the next kernel is placed as if it were reserved, until it exits. A pid that names no process here
+    (another PID namespace's) is not counted."""
+    backend = SimulatedBackend([10240])
+    manager = make_manager(backend, tmp_path)
+    manager.policy = dataclasses.replace(manager.policy, on_full="cpu")  # say why at once instead of queueing
+    sampler = Sampler(manager)
+    manager.outside_use = sampler.outside_use  # as app.py wires them
+    script, gone = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        root, child = tree
+        assert asyncio.run(manager.admit("k1", "python3", "python", Size(mib=2048))).mode == "gpu"  # 2560
+        add_kernel(manager, "k1", root)
+        backend.fake.add_process(child, 800)  # the kernel's
+        backend.fake.add_process(script.pid, 5120)  # the script's
+        backend.fake.add_process(gone.pid, 3000)
+        uuid = manager.cards[0].uuid
+        assert sampler.tick().cards[uuid].outside_mib == 5120 and sampler.outside_use() == {uuid: 5120}
+        # 10240 - 2560 reserved - 5120 outside = 2560: a 3 GiB kernel (3584) does not fit, a 1 GiB one does
+        grant = asyncio.run(manager.admit("k2", "python3", "python", Size(mib=3072)))
+        assert grant.mode == "cpu" and "the most unreserved on any card is 2.5 GiB" in grant.reason
+        assert "hold no reservation (a script in a terminal" in grant.reason and "use 5 GiB of the GPU" in grant.reason
+        assert asyncio.run(manager.admit("k3", "python3", "python", Size(mib=1024))).mode == "gpu"
+        script.kill()
+        script.wait()
+        backend.fake.remove_process(script.pid)
+        sampler.tick()
+        assert asyncio.run(manager.admit("k4", "python3", "python", Size(mib=3072))).mode == "gpu"
+    finally:
+        script.kill()
+        manager.close()
 
 
 def test_no_nvml_at_all(tmp_path):
