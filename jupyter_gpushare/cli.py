@@ -57,7 +57,9 @@ def _app(config_file: str | None):
 
 
 def add_use(view: dict[str, Any], backend) -> dict[str, Any]:
-    """Add what the driver measures now: memory used per card, and per kernel (its process tree)."""
+    """Add what the driver measures now: memory used per card, and per kernel (its process tree). An admin's
+    view also gets ``outside``: the GPU processes in no listed kernel's tree (a script in a terminal, a
+    program started outside Jupyter, a kernel of a server in a container), with their user and command."""
     import psutil
 
     for card in view["cards"]:
@@ -71,6 +73,7 @@ def add_use(view: dict[str, Any], backend) -> dict[str, Any]:
     for card in view["cards"]:
         sample = samples.get(card["uuid"])
         card["used_mib"] = sample.used_mib if sample else None
+    in_kernels: set[int] = set()
     for kernel in view["kernels"]:
         sample, pid = samples.get(kernel["card_uuid"]), kernel.get("kernel_pid")
         if sample is None or not pid:
@@ -79,9 +82,29 @@ def add_use(view: dict[str, Any], backend) -> dict[str, Any]:
             tree = {pid} | {child.pid for child in psutil.Process(pid).children(recursive=True)}
         except psutil.Error:
             continue
+        in_kernels |= tree
         figures = [p.used_mib for p in sample.processes if p.pid in tree]
         kernel["used_mib"] = None if any(f is None for f in figures) else sum(figures)
+    if view.get("admin"):  # a student's view names no other user's process
+        labels = {c["uuid"]: c["label"] for c in view["cards"]}
+        view["outside"] = [
+            {"card_label": labels.get(uuid, sample.card.label), "pid": p.pid, "used_mib": p.used_mib, **_process(p.pid)}
+            for uuid, sample in samples.items()
+            for p in sample.processes
+            if p.pid not in in_kernels
+        ]
     return view
+
+
+def _process(pid: int) -> dict[str, str | None]:
+    """The user and command line of a process (None where this host does not show them)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return {"user": proc.username(), "command": " ".join(proc.cmdline())[:120] or proc.name()}
+    except (psutil.Error, KeyError):  # gone, another namespace's pid, or a uid without a name
+        return {"user": None, "command": None}
 
 
 def gather_status(socket_path: str | None, ledger_path: str | None, config_file: str | None) -> dict[str, Any]:
@@ -161,6 +184,14 @@ def format_status(view: dict[str, Any]) -> str:
         )  # fmt: skip
     else:
         out.append("(none)")
+    if view.get("outside"):
+        out += ["", "GPU PROCESSES WITHOUT A RESERVATION (new kernels count their memory as taken)"]
+        out.append(
+            _table(
+                [(p["card_label"], p["pid"], p["user"], mib(p["used_mib"]), p["command"]) for p in view["outside"]],
+                ("CARD", "PID", "USER", "IN USE", "COMMAND"),
+            )
+        )
     out += ["", "QUEUE"]
     if view["queue"]:
         out.append(

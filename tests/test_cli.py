@@ -144,3 +144,36 @@ def test_jupyter_dispatches_to_the_console_script(env, tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["singleuser"]["profileList"][1]["slug"] == "gpu-whole"
+
+
+def test_status_lists_gpu_processes_without_a_reservation_to_admins_only():
+    """An admin sees which processes use GPU memory outside any kernel (who runs a script in a terminal);
+    a student's view names no other user's process."""
+    from jupyter_gpushare.broker import Caller, view_for
+    from jupyter_gpushare.cli import add_use, format_status
+    from jupyter_gpushare.gpu import SimulatedBackend
+    from jupyter_gpushare.ledger import Lease
+
+    backend = SimulatedBackend([10240])
+    card = backend.cards()[0]
+    kernel, script = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "61"])
+    try:
+        backend.fake.add_process(kernel.pid, 1000)
+        backend.fake.add_process(script.pid, 3000)
+        lease = Lease(
+            "k1", card.uuid, 0, 2048, 512, "alice", "python3", ProcessRef.me(), ProcessRef.of(kernel.pid), 0.0
+        )
+        for admin in (True, False):
+            caller = Caller("root", 0, admin=True) if admin else Caller("alice", 1001)
+            view = add_use({"source": "test", **view_for(caller, [lease], [], [card], Policy())}, backend)
+            text = format_status(view)
+            if admin:
+                assert view["kernels"][0]["used_mib"] == 1000
+                outside = [(p["card_label"], p["pid"], p["used_mib"], p["command"]) for p in view["outside"]]
+                assert outside == [("GPU 0", script.pid, 3000, "sleep 61")] and view["outside"][0]["user"]
+                assert "GPU PROCESSES WITHOUT A RESERVATION" in text and "sleep 61" in text
+            else:
+                assert "outside" not in view and "sleep 61" not in text and str(script.pid) not in text
+    finally:
+        kernel.kill()
+        script.kill()
