@@ -53,6 +53,33 @@ async def test_third_kernel_queues_in_fifo_order_and_is_admitted_on_release(gpus
         await gpushare.stop_kernel(k)
 
 
+async def test_memory_used_outside_any_kernel_holds_the_next_kernel_until_it_is_freed(gpushare, jp_serverapp):
+    """A script run outside Jupyter (a process of this host in no kernel) holds 4 GiB: the next kernel fits
+    by reservations alone but waits, and is admitted once the script exits."""
+    fake = jp_serverapp.web_app.settings["gpushare_manager"].backend.fake
+    k1 = await gpushare.start_kernel()
+    script = await asyncio.create_subprocess_exec("sleep", "60")
+    fake.add_process(script.pid, 4096)
+
+    async def measured():
+        card = (await gpushare.get("cards"))["cards"][0]
+        return card if card.get("outside_mib") == 4096 else None
+
+    card = await gpushare.wait_for(measured, what="the script's memory measured as outside")
+    assert card["reserved_mib"] == 4608 and card["used_by_kernels_mib"] == 0
+    k2 = asyncio.ensure_future(gpushare.start_kernel())
+    await gpushare.wait_for(lambda: _queue_len(gpushare, 1), what="the second kernel waiting")
+    waiting = next(k for k in (await gpushare.get("kernels"))["kernels"] if k["state"] == "queued")
+    assert waiting["free_mib"] == 10240 - 4608 - 4096 and not k2.done()
+    script.kill()
+    await script.wait()
+    fake.remove_process(script.pid)
+    k2 = await asyncio.wait_for(k2, 20)
+    assert (await gpushare.kernel(k2))["state"] == "running" and await reserved(gpushare) == 2 * 4608
+    for k in (k1, k2):
+        await gpushare.stop_kernel(k)
+
+
 async def _queue_len(gpushare, n):
     queue = (await gpushare.get("queue"))["queue"]
     return queue if len(queue) == n else None
