@@ -284,7 +284,7 @@ class GpuShareApp(ExtensionApp):
         except RuntimeError:  # `jupyter lab`: the server's loop exists but does not run yet
             loop = getattr(getattr(self.serverapp, "io_loop", None), "asyncio_loop", None)
         sampler = Sampler(manager, self.sample_interval, loop=loop, on_sample=enforcer.on_sample, log=self.log)
-        manager.outside_use = sampler.outside_use  # memory used outside reservations is taken when placing kernels
+        manager.latest_samples = sampler.latest_samples  # what processes without a reservation use is taken too
         self.settings["gpushare_sampler"] = sampler
         self.settings["gpushare_enforcer"] = enforcer
         metrics.install(sampler, enforcer)

@@ -35,7 +35,7 @@ import stat
 import struct
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,11 +46,11 @@ from jupyter_core.application import JupyterApp
 from traitlets import Any as AnyTrait
 from traitlets import Bool, Dict, Float, List, Unicode, default
 
-from .gpu import Card
+from .gpu import Card, DeviceSample
 from .hub import HubClient, HubError
 from .ledger import Lease, Ledger, LedgerError, Owner, ProcessRef, Request, SessionRef, Waiter, Waiting
 from .policy import CardView, LimitRules, Policy, PolicyError, Size, UserLimits, format_mib, parse_limits
-from .sampler import pid_namespace_depth
+from .sampler import pid_namespace_depth, unreserved_use
 
 log = logging.getLogger("jupyter_gpushare.broker")
 
@@ -58,6 +58,7 @@ DEFAULT_SOCKET = "/run/jupyter-gpushare/broker.sock"
 DEFAULT_LEDGER = "/var/lib/jupyter-gpushare/ledger.sqlite"
 MAX_LINE = 1 << 20
 HUB_TOKEN_ENV = "JUPYTERHUB_API_TOKEN"  # what a server started by a JupyterHub authenticates with
+SAMPLE_TTL_S = 1.0  # the driver is read at most this often for what processes without a reservation use
 
 
 class BrokerRefused(RuntimeError):
@@ -514,6 +515,8 @@ class GpuShareBroker(JupyterApp):
         self._biggest = max((c.total_mib for c in self.cards), default=0)
         self.hub = HubClient(self.hub_api_url, self.hub_api_token) if self.hub_api_url else None
         self._touched: dict[str, float] = {}
+        self._samples: tuple[DeviceSample, ...] = ()
+        self._sampled_at = -SAMPLE_TTL_S
         if self.tcp_address:
             try:
                 self._tcp = parse_tcp(self.tcp_address, "GpuShareBroker.tcp_address")
@@ -644,6 +647,17 @@ class GpuShareBroker(JupyterApp):
         finally:
             self._ledger.owner = self._me
 
+    def _latest_samples(self) -> tuple[DeviceSample, ...]:
+        """The driver's per-process reading (ledger thread), at most SAMPLE_TTL_S old; none without a GPU."""
+        if time.monotonic() - self._sampled_at >= SAMPLE_TTL_S:
+            try:
+                self._samples = tuple(self.backend.sample())
+            except Exception as e:  # a lost card, no NVML: reservations alone then
+                self.log.debug("jupyter-gpushare broker: no GPU reading: %s", e)
+                self._samples = ()
+            self._sampled_at = time.monotonic()
+        return self._samples
+
     def _mine(self, caller: Caller, user: str) -> bool:
         return caller.admin or user == caller.user
 
@@ -686,20 +700,15 @@ class GpuShareBroker(JupyterApp):
                     )
             self.policy.check_quota(quota, [CardView(c.uuid, c.index, c.total_mib) for c in cards])
             request = Request(kernel_id, quota, caller.user, str(args.get("kernel_name", ""))[:200])
-            outside = args.get("outside") or {}
-            if not isinstance(outside, dict) or not all(
-                isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in outside.items()
-            ):
-                raise BrokerRefused(
-                    f"'outside' must map card UUIDs to MiB (whole numbers, 0 or more); got {outside!r}."
-                )
+            outside = unreserved_use(self._latest_samples(), ledger.leases())
             with self._as_owner(caller) as led:
                 got = led.reserve(
                     request, self.policy, cards, bool(args.get("wait")), self.limits_for(caller), outside=outside
                 )
             if isinstance(got, Lease):
                 return {"lease": lease_to_json(got)}
-            return {"waiting": asdict(got)}
+            waiting = asdict(got)  # outside_mib beside it: a server older than it takes the rest as it was
+            return {"waiting": waiting, "outside_mib": waiting.pop("outside_mib")}
         if op == "cancel_wait":
             kernel_id = str(args["kernel_id"])
             if any(w.kernel_id == kernel_id and self._mine(caller, w.user) for w in ledger.waiters()):
@@ -1134,19 +1143,17 @@ class BrokerLedger:
         cards: Sequence[Card] = (),
         wait: bool = False,
         limits: UserLimits | None = None,
-        outside: Mapping[str, int] | None = None,
     ) -> Lease | Waiting:
         """Reserve through the broker. ``policy``, ``limits`` and ``req.user`` are the broker's to decide and are
-        not sent; ``cards`` (the real cards this server sees) restrict where the broker may place the kernel;
-        ``outside`` (what this server measured of processes outside its kernels) only ever narrows where this
-        kernel may go, as a larger quota would: a server that misstates it gains nothing over other users."""
+        not sent; ``cards`` (the real cards this server sees) restrict where the broker may place the kernel.
+        What processes without a reservation use, the broker measures itself."""
         visible = [c.uuid for c in cards if not c.simulated]
-        extra = {**({"cards": visible} if visible else {}), **({"outside": dict(outside)} if outside else {})}
-        got = self._call("reserve", kernel_id=req.kernel_id, mib=req.quota.mib, percent=req.quota.percent, kernel_name=req.kernel_name, wait=wait, **extra)  # fmt: skip
+        got = self._call("reserve", kernel_id=req.kernel_id, mib=req.quota.mib, percent=req.quota.percent, kernel_name=req.kernel_name, wait=wait, **({"cards": visible} if visible else {}))  # fmt: skip
         if "lease" in got:
             return lease_from_json(got["lease"])
         known = Waiting.__dataclass_fields__  # a newer broker may say more
-        return Waiting(**{k: v for k, v in got["waiting"].items() if k in known})
+        waiting = {k: v for k, v in got["waiting"].items() if k in known}
+        return Waiting(**{**waiting, "outside_mib": int(got.get("outside_mib") or 0)})
 
     def cancel_wait(self, kernel_id: str) -> None:
         try:

@@ -85,8 +85,10 @@ def add_use(view: dict[str, Any], backend) -> dict[str, Any]:
         in_kernels |= tree
         figures = [p.used_mib for p in sample.processes if p.pid in tree]
         kernel["used_mib"] = None if any(f is None for f in figures) else sum(figures)
-    if view.get("admin"):  # a student's view names no other user's process
-        labels = {c["uuid"]: c["label"] for c in view["cards"]}
+    # Who runs what: for an admin of the broker, or root (a student's view names no other user's process, and
+    # reading one's own ledger file makes one "admin" of that file only).
+    if view.get("admin") and (view.get("source", "").startswith("broker") or os.geteuid() == 0):
+        labels = {c["uuid"]: _label(c, "index") for c in view["cards"]}
         view["outside"] = [
             {"card_label": labels.get(uuid, sample.card.label), "pid": p.pid, "used_mib": p.used_mib, **_process(p.pid)}
             for uuid, sample in samples.items()
@@ -94,6 +96,11 @@ def add_use(view: dict[str, Any], backend) -> dict[str, Any]:
             if p.pid not in in_kernels
         ]
     return view
+
+
+def _label(row: dict[str, Any], index_key: str, label_key: str = "label") -> str:
+    """A card's label ("GPU 0", "GPU 0 MIG 3"); "GPU <index>" from a broker older than labels."""
+    return row.get(label_key) or f"GPU {row[index_key]}"
 
 
 def _process(pid: int) -> dict[str, str | None]:
@@ -156,7 +163,7 @@ def format_status(view: dict[str, Any]) -> str:
     out.append(
         _table(
             [
-                (c["label"], c["name"] + (" [simulated]" if c.get("simulated") else ""), mib(c["total_mib"]), mib(c["usable_mib"]),
+                (_label(c, "index"), c["name"] + (" [simulated]" if c.get("simulated") else ""), mib(c["total_mib"]), mib(c["usable_mib"]),
                  mib(c["reserved_mib"]), mib(c["mine_reserved_mib"]), mib(c["others_reserved_mib"]), mib(c["unreserved_mib"]),
                  mib(c.get("used_mib")))
                 for c in view["cards"]
@@ -176,7 +183,7 @@ def format_status(view: dict[str, Any]) -> str:
     if view["kernels"]:
         out.append(
             _table(
-                [(k["user"], k["kernel_id"], k["kernel_name"], k["card_label"], mib(k["quota_mib"]), mib(k["reserved_mib"]),
+                [(k["user"], k["kernel_id"], k["kernel_name"], _label(k, "card_index", "card_label"), mib(k["quota_mib"]), mib(k["reserved_mib"]),
                   mib(k.get("used_mib")), k["kernel_pid"], f"{k['age_s']:.0f} s")
                  for k in view["kernels"]],
                 ("USER", "KERNEL ID", "KERNELSPEC", "CARD", "QUOTA", "RESERVED", "IN USE", "PID", "AGE"),

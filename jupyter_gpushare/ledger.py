@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Union
 
 import psutil
 
@@ -130,7 +131,7 @@ class SessionRef:
     id: str
 
 
-Owner = ProcessRef | SessionRef
+Owner = Union[ProcessRef, SessionRef]  # (Python 3.9: no X | Y at run time)
 
 
 def _owner(row: sqlite3.Row) -> Owner:
@@ -318,9 +319,8 @@ class Ledger:
         Idempotent: a kernel that already holds a lease gets it back.
         With ``limits``, the user's other leases (same ``req.user``) are checked in the same
         transaction, so no two concurrent starts of one user pass a per-user limit together;
-        PolicyError says which limit. ``outside`` (card uuid -> MiB) is what the caller measured of
-        processes outside its own kernels; less the other owners' reservations on the card (their
-        kernels are among those processes), it is taken as well.
+        PolicyError says which limit. ``outside`` (card uuid -> MiB, ``sampler.unreserved_use``) is what
+        processes that hold no reservation use: it is taken as well.
         """
         now = time.time()
         with self._tx() as db:
@@ -469,21 +469,8 @@ class Ledger:
     def _views(
         self, db: sqlite3.Connection, cards: Sequence[Card], outside: Mapping[str, int] | None = None
     ) -> list[CardView]:
-        reserved = self._reserved(db)
-        others: dict[str, int] = {}  # reserved by other owners, whose kernels ``outside`` counts
-        for row in db.execute("SELECT * FROM leases").fetchall() if outside else ():
-            if _owner(row) != self.owner:
-                others[row["card_uuid"]] = others.get(row["card_uuid"], 0) + row["quota_mib"] + row["reserve_mib"]
-        return [
-            CardView(
-                c.uuid,
-                c.index,
-                c.total_mib,
-                reserved.get(c.uuid, 0),
-                max(0, (outside or {}).get(c.uuid, 0) - others.get(c.uuid, 0)),
-            )
-            for c in cards
-        ]
+        reserved, outside = self._reserved(db), outside or {}
+        return [CardView(c.uuid, c.index, c.total_mib, reserved.get(c.uuid, 0), outside.get(c.uuid, 0)) for c in cards]
 
     def _reap(self, db: sqlite3.Connection, now: float) -> list[Lease]:
         self._last_reap = now

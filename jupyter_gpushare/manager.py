@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import getpass
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, TypeVar
@@ -21,9 +20,10 @@ from typing import Any, Callable, ClassVar, TypeVar
 from tornado import web
 
 from .broker import BrokerLedger, host_view
-from .gpu import Card, GpuBackend
+from .gpu import Card, DeviceSample, GpuBackend
 from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Waiting
 from .policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
+from .sampler import unreserved_use
 
 T = TypeVar("T")
 QUEUE_POLL_S = 0.5
@@ -135,8 +135,9 @@ class QuotaManager:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpushare-ledger")
         self._ledger: Ledger | None = None
         self.ledger_error: str | None = None
-        # Per card, what processes outside this server's kernels use (the sampler's measure; app.py wires it).
-        self.outside_use: Callable[[], Mapping[str, int]] = dict
+        # The driver's last per-process reading (the sampler's; app.py wires it), for what processes that hold
+        # no reservation use.
+        self.latest_samples: Callable[[], Sequence[DeviceSample]] = tuple
         try:
             self.cards: list[Card] = backend.cards()
         except Exception as e:  # a card lost between detection and now: run without GPU, say why
@@ -232,8 +233,7 @@ class QuotaManager:
         request = Request(kernel_id, quota, self.user, kernel_name)
         try:
             while True:
-                reserve = functools.partial(self._ledger.reserve, outside=self.outside_use())
-                got = await self._run(reserve, request, self.policy, self.cards, wait)
+                got = await self._run(self._reserve, request, wait)
                 if isinstance(got, Lease):
                     if rec.queued_since:
                         self.event(
@@ -270,6 +270,15 @@ class QuotaManager:
         if self.policy.on_full == "cpu":
             return self._settle(rec, Grant("cpu", reason=message + " This kernel was started without a GPU."))
         raise self._refuse(kernel_id, message, need_mib=got.need_mib, free_mib=got.free_mib)
+
+    def _reserve(self, request: Request, wait: bool) -> Lease | Waiting:
+        """On the ledger thread. Memory that processes without a reservation use is taken too: measured
+        here against the ledger's leases, or by the broker itself, which sees every user's."""
+        assert self._ledger is not None
+        if isinstance(self._ledger, BrokerLedger):
+            return self._ledger.reserve(request, self.policy, self.cards, wait)
+        outside = unreserved_use(self.latest_samples(), self._ledger.leases())
+        return self._ledger.reserve(request, self.policy, self.cards, wait, outside=outside)
 
     def _refuse(self, kernel_id: str, message: str, status: int = 503, **figures: Any) -> QuotaUnavailable:
         """Forget a kernel that will not start, record why, and return the error to raise."""

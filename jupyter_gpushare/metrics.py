@@ -47,12 +47,6 @@ class GpuShareCollector(Collector):
                 "card_memory_used_by_kernels_bytes", "GPU memory used by this server's kernels", card_labels
             ),
             "others": _gauge("card_memory_used_by_others_bytes", "GPU memory used by every other process", card_labels),
-            "outside": _gauge(
-                "card_memory_outside_bytes",
-                "GPU memory of processes on this host in no kernel of this server; less other servers' reservations "
-                "it counts as taken when kernels are placed",
-                card_labels,
-            ),
             "free": _gauge("card_memory_free_bytes", "Free GPU memory (NVML)", card_labels),
             "util": _gauge("card_utilization_ratio", "GPU utilisation, 0-1", card_labels),
         }
@@ -65,7 +59,6 @@ class GpuShareCollector(Collector):
                 ("used", c.used_mib),
                 ("kernels", c.used_by_kernels_mib),
                 ("others", c.used_by_others_mib),
-                ("outside", c.outside_mib),
                 ("free", c.free_mib),
             ):
                 if value is not None:

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable
@@ -80,10 +80,6 @@ class CardUsage:
     mig: bool = False
     lost: bool = False
     errors: Mapping[str, str] = field(default_factory=lambda: EMPTY)
-    # Memory of the processes on this host that belong to no kernel of this server: a script in a terminal,
-    # a program started outside Jupyter, other servers' kernels. None: not measured, or this server runs in
-    # a container, where the driver's pids are the host's and cannot be told apart.
-    outside_mib: int | None = None
 
     def figures(self) -> dict[str, Any]:
         """The fields the API adds to a card."""
@@ -91,7 +87,6 @@ class CardUsage:
             "used_mib": self.used_mib,
             "used_by_kernels_mib": self.used_by_kernels_mib,
             "used_by_others_mib": self.used_by_others_mib,
-            "outside_mib": self.outside_mib,
             "free_mib": self.free_mib,
             "utilization": self.utilization,
             "mig": self.mig,
@@ -115,12 +110,7 @@ class UsageSnapshot:
     )  # QuotaManager.snapshot() of the same tick (reservations, frameworks)
     frameworks: Mapping[str, Any] = field(default_factory=lambda: EMPTY)  # kernel id -> frameworks, from ``quota``
     seq: int = 0
-
-    def outside_use(self, max_age_s: float) -> dict[str, int]:
-        """Card uuid -> ``outside_mib``, for the cards where it was measured no more than ``max_age_s`` ago."""
-        if time.time() - self.time > max_age_s:
-            return {}
-        return {uuid: c.outside_mib for uuid, c in self.cards.items() if c.outside_mib is not None}
+    samples: tuple[DeviceSample, ...] = ()  # the driver's reading itself (per-process figures), for admission
 
     def status(self) -> dict[str, Any]:
         return {
@@ -188,6 +178,50 @@ def _exists(pid: int) -> bool:
     return True
 
 
+def _under(pid: int, roots: set[int]) -> bool:
+    """Whether a process is one of ``roots`` or descends from one (its parents read from /proc; a process
+    that is gone or hidden from us is under none)."""
+    for _ in range(MAX_DEPTH):
+        if pid in roots:
+            return True
+        stat = _proc_stat(pid)
+        if stat is None or stat[0] <= 1:
+            return False
+        pid = stat[0]
+    return False
+
+
+def unreserved_use(samples: Sequence[DeviceSample], leases: Sequence[Any]) -> dict[str, int]:
+    """Per card (uuid), the GPU memory of processes that hold no reservation: a script run in a terminal,
+    a program started outside Jupyter, a kernel started without a quota. That is every process the driver
+    lists in no lease's kernel tree, with two exceptions. Processes in a PID namespace below ours
+    (containers, whose kernels' pids the ledger does not know) are taken to be the kernels of the card's
+    leases held by sessions (servers known by a Hub token) up to what those reserve, and only the rest
+    counts. In a container ourselves, where the driver's pids are the host's, nothing can be told, so
+    the answer is {}. A figure the driver does not give counts as 0.
+    """
+    own_depth = pid_namespace_depth("self")
+    if not any(s.processes for s in samples) or own_depth > 1:
+        return {}
+    roots = {lease.kernel.pid for lease in leases if lease.kernel is not None and lease.kernel.alive()}
+    by_session: dict[str, int] = {}
+    for lease in leases:
+        if not hasattr(lease.owner, "start"):  # a SessionRef: a server in a container
+            by_session[lease.card_uuid] = by_session.get(lease.card_uuid, 0) + lease.reserved_mib
+    out: dict[str, int] = {}
+    for sample in samples:
+        outside = in_containers = 0
+        for p in sample.processes:
+            if _under(p.pid, roots):
+                continue
+            if pid_namespace_depth(p.pid) > own_depth:
+                in_containers += p.used_mib or 0
+            else:
+                outside += p.used_mib or 0
+        out[sample.card.uuid] = outside + max(0, in_containers - by_session.get(sample.card.uuid, 0))
+    return out
+
+
 class ProcessTrees:
     """Maps pids to the kernel whose process tree holds them, caching by (pid, start time)."""
 
@@ -197,11 +231,6 @@ class ProcessTrees:
         self._roots_version = 0
         self._negative_version: dict[tuple[int, int], int] = {}
         self._recent: dict[int, tuple[tuple[int, int], tuple[int, int], float]] = {}  # pid -> (key, stat, read at)
-
-    @property
-    def visible(self) -> set[int]:
-        """The pids of the last ``owners`` call that name a process in this PID namespace."""
-        return set(self._recent)
 
     def set_roots(self, roots: dict[str, int | None]) -> None:
         """The kernels' root pids (kernel id -> pid); a root's start time is read once."""
@@ -313,12 +342,11 @@ class Sampler:
         self._seq = 0
         self._quota_ids: frozenset[str] = frozenset()
         self._quota_at = 0.0
-        self._in_container = pid_namespace_depth("self") > 1  # the driver's pids are then the host's
 
-    def outside_use(self) -> dict[str, int]:
-        """Per card, the memory of processes here that belong to no kernel of this server (see
-        ``CardUsage.outside_mib``), from a reading no older than a few intervals; {} when there is none."""
-        return self.snapshot.outside_use(max_age_s=max(5.0, 5 * self.interval_s))
+    def latest_samples(self) -> tuple[DeviceSample, ...]:
+        """The driver's last reading, if no older than a few intervals (else none: nothing is known)."""
+        snap = self.snapshot
+        return snap.samples if time.time() - snap.time <= max(5.0, 5 * self.interval_s) else ()
 
     # -- thread ------------------------------------------------------------------------------
 
@@ -366,14 +394,12 @@ class Sampler:
         self._trees.set_roots({kid: pid for kid, pid, _ in targets})
         pids = {p.pid for s in samples for p in s.processes}
         owners = self._trees.owners(pids) if pids else {}
-        visible = self._trees.visible if pids and not self._in_container else set()
 
         per_kernel: dict[str, list[ProcessUse]] = {}
         cards: dict[str, CardUsage] = {}
         for s in samples:
             mine = 0
             others_known = 0
-            outside = 0
             for p in s.processes:
                 kid = owners.get(p.pid)
                 if kid is not None:
@@ -381,8 +407,6 @@ class Sampler:
                     mine += p.used_mib or 0
                 else:
                     others_known += p.used_mib or 0
-                    if p.pid in visible:
-                        outside += p.used_mib or 0
             readable = "processes" not in s.errors and not s.lost
             by_kernels = mine if readable else None
             if s.used_mib is not None and by_kernels is not None:
@@ -401,7 +425,6 @@ class Sampler:
                 mig=s.mig,
                 lost=s.lost,
                 errors=MappingProxyType(dict(s.errors)),
-                outside_mib=outside if readable and not self._in_container else None,
             )
         measured = any("processes" not in s.errors and not s.lost for s in samples)
 
@@ -444,6 +467,7 @@ class Sampler:
             if quota is not None
             else self.snapshot.frameworks,
             seq=self._seq,
+            samples=tuple(samples),
         )
         self.snapshot = snap
         if self.on_sample is not None and self.loop is not None and not self._stop.is_set():

@@ -63,9 +63,9 @@ async def test_memory_used_outside_any_kernel_holds_the_next_kernel_until_it_is_
 
     async def measured():
         card = (await gpushare.get("cards"))["cards"][0]
-        return card if card.get("outside_mib") == 4096 else None
+        return card if card.get("used_by_others_mib") == 4096 else None
 
-    card = await gpushare.wait_for(measured, what="the script's memory measured as outside")
+    card = await gpushare.wait_for(measured, what="the script's memory measured")
     assert card["reserved_mib"] == 4608 and card["used_by_kernels_mib"] == 0
     k2 = asyncio.ensure_future(gpushare.start_kernel())
     await gpushare.wait_for(lambda: _queue_len(gpushare, 1), what="the second kernel waiting")

@@ -32,8 +32,8 @@ from servers import ServerProcess, wait_until
 
 from jupyter_gpushare.broker import BrokerLedger, Caller, GpuShareBroker, view_for
 from jupyter_gpushare.gpu import Card
-from jupyter_gpushare.ledger import Lease, LedgerError, ProcessRef, Request, Waiter, Waiting
-from jupyter_gpushare.policy import Policy, PolicyError, Size, UserLimits
+from jupyter_gpushare.ledger import Lease, LedgerError, ProcessRef, Request, Waiter
+from jupyter_gpushare.policy import Policy, PolicyError, UserLimits
 
 RUN = os.getpid() % 100000  # user names of this run: test runs on one machine may overlap
 ALICE, BOB, STAFF, STAFF_GROUP = f"gsa{RUN}", f"gsb{RUN}", f"gsc{RUN}", f"gss{RUN}"
@@ -568,7 +568,7 @@ def test_a_failing_limits_hook_is_answered_not_dropped(inproc):
 
 def test_host_view_of_an_embedded_ledger_is_all_of_it(tmp_path):
     from jupyter_gpushare.broker import host_view
-    from jupyter_gpushare.ledger import Ledger, Request
+    from jupyter_gpushare.ledger import Ledger
     from jupyter_gpushare.policy import parse_size
 
     cards = [Card(0, "GPU-0", "H200", 10240)]
@@ -816,18 +816,16 @@ def test_a_broker_that_cannot_see_other_users_processes_says_why(tmp_path):
         assert "/proc is mounted with hidepid=" in log and "Servers on this host are refused until then" in log
 
 
-def test_the_broker_takes_memory_used_outside_reservations(tmp_path):
-    """A server sends what it measured of processes outside its kernels; the broker places as if it were
-    reserved (less other owners' reservations), and refuses a malformed figure, saying what it must be."""
-    broker = Broker(tmp_path, limits={}).start()
-    client = BrokerLedger(broker.socket)
+def test_the_broker_measures_memory_used_outside_reservations(inproc):
+    """The broker reads the driver itself (servers send nothing it must trust): a script's memory, in no
+    lease's kernel tree, is taken when placing, and the waiting answer says how much it is."""
+    broker, who = inproc
+    script = subprocess.Popen(["sleep", "60"])
     try:
-        uuid = client.hello()["cards"][0]["uuid"]
-        got = client.reserve(Request("k1", Size(mib=4096)), outside={uuid: 6144})
-        assert isinstance(got, Waiting) and (got.free_mib, got.outside_mib) == (4096, 6144)
-        assert isinstance(client.reserve(Request("k1", Size(mib=3072)), outside={uuid: 6144}), Lease)
-        with pytest.raises(LedgerError, match=r"'outside' must map card UUIDs to MiB .*got \{.*: -5\}"):
-            client.reserve(Request("k2", Size(mib=1024)), outside={uuid: -5})
+        broker.backend.fake.add_process(script.pid, 6144)
+        got = broker.handle(who["alice"], "reserve", {"kernel_id": "k1", "mib": 4096})
+        assert got["outside_mib"] == 6144 and got["waiting"]["free_mib"] == 10240 - 6144
+        assert "outside_mib" not in got["waiting"]  # what a server older than this reads, as it was
+        assert "lease" in broker.handle(who["alice"], "reserve", {"kernel_id": "k1", "mib": 3072})
     finally:
-        client.close()
-        broker.stop()
+        script.kill()

@@ -14,9 +14,10 @@ import pytest
 
 from jupyter_gpushare.gpu import FakeNvml, NoGpuBackend, SimulatedBackend
 from jupyter_gpushare.gpu.nvml import NvmlBackend
+from jupyter_gpushare.ledger import Lease, Ledger, ProcessRef, Request
 from jupyter_gpushare.manager import QuotaManager
 from jupyter_gpushare.policy import Policy, Size
-from jupyter_gpushare.sampler import Sampler
+from jupyter_gpushare.sampler import Sampler, unreserved_use
 
 TREE = (
     "import subprocess, sys, time\n"
@@ -180,37 +181,47 @@ def test_a_gpu_in_mig_mode_is_its_mig_instances(tmp_path, tree, caplog):
 
 
 def test_memory_of_processes_outside_kernels_is_taken_when_placing(tmp_path, tree):
-    """A script in a terminal (a process here that is no kernel's) holding GPU memory: the sampler measures it
-    and the next kernel is placed as if it were reserved, until it exits. A pid that names no process here
-    (another PID namespace's) is not counted."""
-    backend = SimulatedBackend([10240])
+    """A script in a terminal (a process in no lease's kernel tree) holding GPU memory is taken when the next
+    kernel is placed, until it exits. Kernels of other servers sharing the ledger are not counted again,
+    however little of their reservation they use; a pid that names no process here (another user's behind
+    hidepid, another namespace's) is counted, as nothing reserved it in this ledger."""
+    backend = SimulatedBackend([20480])
     manager = make_manager(backend, tmp_path)
     manager.policy = dataclasses.replace(manager.policy, on_full="cpu")  # say why at once instead of queueing
     sampler = Sampler(manager)
-    manager.outside_use = sampler.outside_use  # as app.py wires them
-    script, gone = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["true"])
+    manager.latest_samples = sampler.latest_samples  # as app.py wires them
+    other = Ledger(tmp_path / "ledger.sqlite", owner=ProcessRef.me())  # another server of this host
+    script, other_kernel, gone = (subprocess.Popen(["sleep", "60"]) for _ in range(3))
+    gone.kill()
     gone.wait()
     try:
         root, child = tree
         assert asyncio.run(manager.admit("k1", "python3", "python", Size(mib=2048))).mode == "gpu"  # 2560
         add_kernel(manager, "k1", root)
-        backend.fake.add_process(child, 800)  # the kernel's
-        backend.fake.add_process(script.pid, 5120)  # the script's
-        backend.fake.add_process(gone.pid, 3000)
-        uuid = manager.cards[0].uuid
-        assert sampler.tick().cards[uuid].outside_mib == 5120 and sampler.outside_use() == {uuid: 5120}
-        # 10240 - 2560 reserved - 5120 outside = 2560: a 3 GiB kernel (3584) does not fit, a 1 GiB one does
+        asyncio.run(manager.attach("k1", root))
+        assert isinstance(other.reserve(Request("o1", Size(mib=8192)), manager.policy, manager.cards, False), Lease)
+        other.attach("o1", ProcessRef.of(other_kernel.pid))  # reserves 8704, uses 500 of it
+        backend.fake.add_process(child, 800)  # k1's child
+        backend.fake.add_process(other_kernel.pid, 500)
+        backend.fake.add_process(script.pid, 5120)
+        backend.fake.add_process(gone.pid, 1024)  # no such process here: nobody's reservation
+        sampler.tick()
+        leases = manager._executor.submit(manager._ledger.leases).result()  # on its thread
+        assert unreserved_use(sampler.latest_samples(), leases) == {manager.cards[0].uuid: 6144}
+        # 20480 - 2560 - 8704 reserved - 6144 outside = 3072: a 3 GiB kernel (3584) does not fit, 2 GiB does
         grant = asyncio.run(manager.admit("k2", "python3", "python", Size(mib=3072)))
-        assert grant.mode == "cpu" and "the most unreserved on any card is 2.5 GiB" in grant.reason
-        assert "hold no reservation (a script in a terminal" in grant.reason and "use 5 GiB of the GPU" in grant.reason
-        assert asyncio.run(manager.admit("k3", "python3", "python", Size(mib=1024))).mode == "gpu"
+        assert grant.mode == "cpu" and "the most unreserved on any card is 3 GiB" in grant.reason
+        assert "hold no reservation (a script in a terminal" in grant.reason and "use 6 GiB of the GPU" in grant.reason
+        assert asyncio.run(manager.admit("k3", "python3", "python", Size(mib=2048))).mode == "gpu"
+        for proc in (script, gone):
+            backend.fake.remove_process(proc.pid)
         script.kill()
-        script.wait()
-        backend.fake.remove_process(script.pid)
         sampler.tick()
         assert asyncio.run(manager.admit("k4", "python3", "python", Size(mib=3072))).mode == "gpu"
     finally:
-        script.kill()
+        for proc in (script, other_kernel):
+            proc.kill()
+        other.close()
         manager.close()
 
 

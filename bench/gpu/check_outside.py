@@ -15,8 +15,9 @@ Steps, with quotas of 30 GiB (+ 1 GiB context reserve) on one card of about 80 G
   4. the same start with that accounting switched off (as before this feature): B is admitted,
      and filling its 28 GiB fails with CUDA out-of-memory;
   5. the script exits; B is admitted and fills its 28 GiB.
-Checks: the sampler's outside_mib equals NVML's figure for the script's process (kernel A's
-processes are not in it); 3, 4 and 5 as said.
+Checks: what the admission takes as used outside reservations (sampler.unreserved_use over the
+ledger's leases) equals NVML's figure for the script's process (kernel A's are not in it); 3, 4 and
+5 as said.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from check_usage import execute, nvml_by_pid  # noqa: E402
 from jupyter_client.multikernelmanager import AsyncMultiKernelManager  # noqa: E402
 
 from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
-from jupyter_gpushare.sampler import Sampler  # noqa: E402
+from jupyter_gpushare.sampler import Sampler, unreserved_use  # noqa: E402
 
 QUOTA_MIB, RESERVE_MIB = 30 * 1024, 1024
 INTERVAL_S = 0.5
@@ -81,7 +82,7 @@ async def main(path: str) -> int:
     manager = install_quota_manager(backend, QUOTA_MIB, RESERVE_MIB)
     mkm = AsyncMultiKernelManager()
     sampler = Sampler(manager, INTERVAL_S, loop=asyncio.get_running_loop())
-    manager.outside_use = sampler.outside_use  # as app.py wires them
+    manager.latest_samples = sampler.latest_samples  # as app.py wires them
     sampler.start()
     checks, steps = result["checks"], result["steps"]
     script = None
@@ -92,9 +93,10 @@ async def main(path: str) -> int:
         steps["2 script"] = {"pid": script.pid, "stdout": script.stdout.readline().strip()}
         await asyncio.sleep(4 * INTERVAL_S)
         uuid = manager.cards[0].uuid
-        outside = sampler.snapshot.cards[uuid].outside_mib
-        steps["2 script"].update(sampler_outside_mib=outside, nvml_script_mib=nvml_by_pid(backend).get(script.pid))
-        checks["the sampler's outside_mib is NVML's figure for the script"] = (
+        leases = await manager._run(manager._ledger.leases)
+        outside = unreserved_use(sampler.latest_samples(), leases).get(uuid)
+        steps["2 script"].update(outside_mib=outside, nvml_script_mib=nvml_by_pid(backend).get(script.pid))
+        checks["what is taken as used outside reservations is NVML's figure for the script"] = (
             outside == steps["2 script"]["nvml_script_mib"] and outside >= 30 * 1024
         )
 
@@ -104,7 +106,7 @@ async def main(path: str) -> int:
             kid is None and "hold no reservation" in error
         )
 
-        manager.outside_use = dict  # as before this feature
+        manager.latest_samples = tuple  # as before this feature
         kid, b = await start(mkm, result, "4 kernel B, outside use not counted")
         if b is not None:
             run = await execute(b, FILL.format(gib=28))
@@ -114,12 +116,14 @@ async def main(path: str) -> int:
             )
             b.stop_channels()
             await mkm.shutdown_kernel(kid, now=True)
-        manager.outside_use = sampler.outside_use
+        manager.latest_samples = sampler.latest_samples
 
         script.kill()
         script.wait()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and sampler.snapshot.cards[uuid].outside_mib:
+        while time.monotonic() < deadline and any(
+            p.pid == script.pid for s in sampler.latest_samples() for p in s.processes
+        ):
             await asyncio.sleep(INTERVAL_S)
         kid, b = await start(mkm, result, "5 kernel B after the script exits")
         if b is not None:

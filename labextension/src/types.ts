@@ -27,8 +27,6 @@ export interface ICard extends ICardRef {
   used_mib?: number | null;
   used_by_kernels_mib?: number | null;
   used_by_others_mib?: number | null;
-  /** Processes here that belong to no kernel of this server (less other servers' reservations: taken). */
-  outside_mib?: number | null;
   free_mib?: number | null;
   utilization?: number | null;
 }
