@@ -10,6 +10,7 @@ Two Unix users are created, each runs a real `jupyter server` that reserves thro
 with PyTorch. Checks: the broker lists the real card(s); the host-wide reserved total equals the two
 reservations; alice's own /api/gpushare/host names neither bob nor his kernel while showing his
 total; `jupyter gpushare status --json` (root: an admin) shows both kernels with their NVML use;
+nothing is taken as used outside reservations (both kernels' processes lie in their leases' trees);
 a third kernel past alice's per-user limit is refused with the limit in the message; killing bob's
 server and kernel reclaims his lease. GPUSHARE_CHECK_SMOKE=1 runs the plumbing on a simulated card.
 """
@@ -34,6 +35,11 @@ import psutil  # noqa: E402
 import websocket  # noqa: E402  (websocket-client, a jupyter_server dependency)
 from servers import TOKEN, wait_until  # noqa: E402
 from test_broker import Broker, UserServer, ensure_user, remove_user, root_traversable  # noqa: E402
+
+from jupyter_gpushare.gpu import SimulatedBackend  # noqa: E402
+from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
+from jupyter_gpushare.ledger import read_ledger  # noqa: E402
+from jupyter_gpushare.sampler import unreserved_use  # noqa: E402
 
 SMOKE = os.environ.get("GPUSHARE_CHECK_SMOKE") == "1"  # the plumbing on a simulated 40 GiB card, no GPU
 NVML = {"gpu_backend": "simulated", "simulated_cards": "40GiB"} if SMOKE else {"gpu_backend": "nvml"}
@@ -118,6 +124,14 @@ def main(path: str) -> int:
         result["status_use_mib"] = {k: rows[k].get("used_mib") for k in (a1, b1) if k in rows}
         checks["admin status: both kernels with NVML use >= 3 GiB"] = len(result["status_use_mib"]) == 2 and all(
             SMOKE or (v or 0) >= 3072 for v in result["status_use_mib"].values()
+        )
+        # Both kernels' processes lie in their leases' trees: nothing is taken as used outside reservations.
+        result["status_outside"] = result["status"].get("outside") if status.returncode == 0 else None
+        leases, _ = read_ledger(broker.ledger)
+        backend = SimulatedBackend([40960]) if SMOKE else NvmlBackend()
+        result["unreserved_mib"] = unreserved_use(backend.sample(), leases)
+        checks["no GPU process outside the two kernels' trees"] = result["status_outside"] == [] and not any(
+            result["unreserved_mib"].values()
         )
         a2 = alice.start_kernel()
         try:
