@@ -27,6 +27,7 @@ from typing import Any, Callable
 import psutil
 
 from .gpu import DeviceSample, GpuUnavailable
+from .ledger import Lease, SessionRef
 
 MIN_INTERVAL_S = 0.2
 MAX_DEPTH = 64  # ancestors walked from a GPU process before giving up
@@ -191,7 +192,7 @@ def _under(pid: int, roots: set[int]) -> bool:
     return False
 
 
-def unreserved_use(samples: Sequence[DeviceSample], leases: Sequence[Any]) -> dict[str, int]:
+def unreserved_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> dict[str, int]:
     """Per card (uuid), the GPU memory of processes that hold no reservation: a script run in a terminal,
     a program started outside Jupyter, a kernel started without a quota. That is every process the driver
     lists in no lease's kernel tree, with two exceptions. Processes in a PID namespace below ours
@@ -206,7 +207,7 @@ def unreserved_use(samples: Sequence[DeviceSample], leases: Sequence[Any]) -> di
     roots = {lease.kernel.pid for lease in leases if lease.kernel is not None and lease.kernel.alive()}
     by_session: dict[str, int] = {}
     for lease in leases:
-        if not hasattr(lease.owner, "start"):  # a SessionRef: a server in a container
+        if isinstance(lease.owner, SessionRef):  # a server in a container, known by its Hub token
             by_session[lease.card_uuid] = by_session.get(lease.card_uuid, 0) + lease.reserved_mib
     out: dict[str, int] = {}
     for sample in samples:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ import pytest
 
 from jupyter_gpushare.gpu import FakeNvml, NoGpuBackend, SimulatedBackend
 from jupyter_gpushare.gpu.nvml import NvmlBackend
-from jupyter_gpushare.ledger import Lease, Ledger, ProcessRef, Request
+from jupyter_gpushare.ledger import Lease, Ledger, ProcessRef, Request, SessionRef
 from jupyter_gpushare.manager import QuotaManager
 from jupyter_gpushare.policy import Policy, Size
 from jupyter_gpushare.sampler import Sampler, unreserved_use
@@ -223,6 +224,37 @@ def test_memory_of_processes_outside_kernels_is_taken_when_placing(tmp_path, tre
             proc.kill()
         other.close()
         manager.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+def test_container_processes_are_set_against_session_reservations():
+    """A server in a container is known by its Hub token; the ledger has no pids of its kernels. Processes in
+    a PID namespace below ours are taken to be those kernels up to what their sessions reserve on the card;
+    a process on the host in no lease's tree counts in full."""
+    backend = SimulatedBackend([20480])
+    card = backend.cards()[0]
+    container = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "60"])
+    script = subprocess.Popen(["sleep", "60"])
+    try:
+        inner = wait_for_child(container.pid)
+        backend.fake.add_process(inner, 3000)  # the container's kernel, past its 2560
+        backend.fake.add_process(script.pid, 1000)
+        session = Lease("c1", card.uuid, 0, 2048, 512, "jovyan", "python3", SessionRef("s1"), None, 0.0)
+        assert unreserved_use(backend.sample(), [session]) == {card.uuid: 1000 + 3000 - 2560}
+        assert unreserved_use(backend.sample(), []) == {card.uuid: 4000}  # no session: all of it
+    finally:
+        container.kill()
+        script.kill()
+
+
+def wait_for_child(pid: int, timeout: float = 10) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+        if children:
+            return int(children[0])
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} started no child")
 
 
 def test_no_nvml_at_all(tmp_path):
