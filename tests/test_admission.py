@@ -161,12 +161,15 @@ async def test_restart_keeps_the_reservation(gpushare, jp_fetch):
     assert kinds.count("reserved") == 1 and "released" not in kinds
 
 
-async def test_kernel_killed_once_is_restarted_with_its_reservation(gpushare):
+async def test_kernel_killed_once_is_restarted_with_its_reservation(gpushare, jp_serverapp):
     kid = await gpushare.start_kernel()
     pid = (await gpushare.kernel(kid))["pid"]
     os.kill(pid, signal.SIGKILL)
     rec = await gpushare.wait_for(lambda: _new_pid(gpushare, kid, pid), timeout=30, what="auto-restart")
     assert rec["state"] == "running" and await reserved(gpushare) == 4608
+    # Let the restart finish: jupyter_client's shutdown at teardown fails on a kernel still starting
+    # (InvalidStateError from its pending ``ready`` future).
+    await asyncio.wait_for(jp_serverapp.kernel_manager.get_kernel(kid).ready, 30)
 
 
 async def _new_pid(gpushare, kid, old):
