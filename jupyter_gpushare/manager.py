@@ -410,14 +410,18 @@ class QuotaManager:
 
         kernel_ids = list(self.records)
 
-        def read() -> tuple[list[Lease], list, dict[str, Any]]:
+        def read() -> tuple[list[Lease], list, dict[str, Any], dict[str, int]]:
             directory = report_dir()  # the kernels' own reports of their framework caps
             reports = {kid: read_reports(directory, kid) for kid in kernel_ids}
             if self._ledger is None:
-                return [], [], reports
-            return self._ledger.leases(), self._ledger.waiters(), reports
+                return [], [], reports, {}
+            leases = self._ledger.leases()
+            # Through a broker, other users' kernels are not ours to see: only the broker can tell.
+            broker = isinstance(self._ledger, BrokerLedger)
+            outside = {} if broker else unreserved_use(self.latest_samples(), leases)
+            return leases, self._ledger.waiters(), reports, outside
 
-        leases, waiters, reports = await self._run(read)
+        leases, waiters, reports, outside = await self._run(read)
         cards = []
         for card in self.cards:
             mine = [lease for lease in leases if lease.card_uuid == card.uuid]
@@ -431,6 +435,7 @@ class QuotaManager:
                     "unreserved_mib": max(0, usable - reserved),
                     "kernels": len(mine),
                     "allowed": self.policy.card_allowed(card.uuid, card.index),
+                    "outside_mib": outside.get(card.uuid),
                 }
             )
         queue = [

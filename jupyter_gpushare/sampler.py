@@ -199,11 +199,13 @@ def unreserved_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> 
     (containers, whose kernels' pids the ledger does not know) are taken to be the kernels of the card's
     leases held by sessions (servers known by a Hub token) up to what those reserve, and only the rest
     counts. In a container ourselves, where the driver's pids are the host's, nothing can be told, so
-    the answer is {}. A figure the driver does not give counts as 0.
+    the answer is {} (as it is with no reading). A figure the driver does not give counts as 0.
     """
     own_depth = pid_namespace_depth("self")
-    if not any(s.processes for s in samples) or own_depth > 1:
+    if own_depth > 1:
         return {}
+    if not any(s.processes for s in samples):
+        return {s.card.uuid: 0 for s in samples}
     roots = {lease.kernel.pid for lease in leases if lease.kernel is not None and lease.kernel.alive()}
     by_session: dict[str, int] = {}
     for lease in leases:

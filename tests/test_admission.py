@@ -67,6 +67,7 @@ async def test_memory_used_outside_any_kernel_holds_the_next_kernel_until_it_is_
 
     card = await gpushare.wait_for(measured, what="the script's memory measured")
     assert card["reserved_mib"] == 4608 and card["used_by_kernels_mib"] == 0
+    assert card["outside_mib"] == 4096  # in no reserved kernel's tree: what the sidebar shows as "no reservation"
     k2 = asyncio.ensure_future(gpushare.start_kernel())
     await gpushare.wait_for(lambda: _queue_len(gpushare, 1), what="the second kernel waiting")
     waiting = next(k for k in (await gpushare.get("kernels"))["kernels"] if k["state"] == "queued")

@@ -51,7 +51,7 @@ function renderCard(card: ICard, mine: IKernel[]): VirtualElement {
       segs.map(s => ({
         cls: s.key,
         mib: s.mib,
-        title: `${s.label}: ${formatMiB(s.mib)}`
+        title: `${s.label}: ${formatMiB(s.mib)}${s.detail ? `, ${s.detail}` : ''}`
       })),
       card.total_mib
     ),

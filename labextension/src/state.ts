@@ -189,15 +189,19 @@ export function statusTitle(kernel: IKernel | undefined): string {
 }
 
 export interface ISegment {
-  key: 'mine' | 'unused' | 'others' | 'free' | 'headroom';
+  key: 'mine' | 'unused' | 'others' | 'outside' | 'free' | 'headroom';
   label: string;
   mib: number;
+  /** More for the tooltip. */
+  detail?: string;
 }
 
 /**
- * A card's capacity split for the bar: my kernels, other users (an anonymous
- * total), reserved but unused (only when use is measured), free, and the
- * headroom the admin keeps back. The segments sum to the card's total.
+ * A card's capacity split for the bar: my kernels, other kernels (an anonymous
+ * total of their reservations), reserved but unused (only when use is
+ * measured), memory that processes without a reservation use (a script in a
+ * terminal: new kernels count it as taken), free, and the headroom the admin
+ * keeps back. The segments sum to the card's total.
  */
 export function cardSegments(card: ICard, mine: IKernel[]): ISegment[] {
   const total = Math.max(0, card.total_mib);
@@ -211,26 +215,32 @@ export function cardSegments(card: ICard, mine: IKernel[]): ISegment[] {
   const measured = isMeasured(card.used_by_kernels_mib);
   let mineUsed: number;
   let unused: number;
-  let others: number;
+  let others = othersReserved;
+  let outside = 0;
   if (measured) {
     mineUsed = card.used_by_kernels_mib as number;
     unused = Math.max(0, mineReserved - mineUsed);
-    others = Math.max(
-      othersReserved,
-      isMeasured(card.used_by_others_mib) ? card.used_by_others_mib : 0
-    );
+    if (isMeasured(card.outside_mib)) {
+      outside = card.outside_mib; // in no reserved kernel's process tree (the server matched them)
+    } else if (isMeasured(card.used_by_others_mib)) {
+      others = Math.max(othersReserved, card.used_by_others_mib); // a server that does not split it
+    }
   } else {
     mineUsed = mineReserved;
     unused = 0;
-    others = othersReserved;
   }
   const clamp = (x: number, room: number) => Math.max(0, Math.min(x, room));
   let room = total;
   const segs: ISegment[] = [];
-  const push = (key: ISegment['key'], label: string, mib: number) => {
+  const push = (
+    key: ISegment['key'],
+    label: string,
+    mib: number,
+    detail?: string
+  ) => {
     const v = clamp(mib, room);
     room -= v;
-    segs.push({ key, label, mib: v });
+    segs.push({ key, label, mib: v, ...(detail ? { detail } : {}) });
   };
   push(
     'mine',
@@ -238,7 +248,18 @@ export function cardSegments(card: ICard, mine: IKernel[]): ISegment[] {
     mineUsed
   );
   push('unused', 'reserved, unused', unused);
-  push('others', 'other users', others);
+  // with the server's split, "others" are other kernels' reservations; without it, any other use
+  push(
+    'others',
+    isMeasured(card.outside_mib) ? 'other kernels' : 'other users',
+    others
+  );
+  push(
+    'outside',
+    'no reservation',
+    outside,
+    'used by processes that hold no reservation (a script in a terminal, a program started outside Jupyter); new kernels count it as taken until they exit'
+  );
   push('headroom', 'kept free by the admin', headroom);
   push('free', 'free', room);
   return segs;

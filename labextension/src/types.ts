@@ -27,6 +27,8 @@ export interface ICard extends ICardRef {
   used_mib?: number | null;
   used_by_kernels_mib?: number | null;
   used_by_others_mib?: number | null;
+  /** What processes holding no reservation use: taken as well (null where the server cannot tell). */
+  outside_mib?: number | null;
   free_mib?: number | null;
   utilization?: number | null;
 }

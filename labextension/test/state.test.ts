@@ -132,9 +132,23 @@ test('card segments sum to the card and split mine / others / free', () => {
   );
   assert.equal(m.mine, 1000);
   assert.equal(m.unused, 2584);
-  assert.equal(m.others, 5000); // measured use above others' reservations
+  assert.equal(m.others, 5000); // an older server: measured use above others' reservations
   assert.equal(
     cardSegments(measured, mine).reduce((s, x) => s + x.mib, 0),
+    card.total_mib
+  );
+
+  // outside_mib measured: other kernels' reservations, then what no reservation covers (a script)
+  const split = cardSegments({ ...measured, outside_mib: 1000 }, mine);
+  const o = Object.fromEntries(split.map(s => [s.key, s.mib]));
+  assert.equal(o.others, 7168 - 3584);
+  assert.equal(o.outside, 1000);
+  assert.match(
+    split.find(s => s.key === 'outside')!.detail!,
+    /hold no reservation .* count it as taken/
+  );
+  assert.equal(
+    split.reduce((s, x) => s + x.mib, 0),
     card.total_mib
   );
 
