@@ -90,34 +90,34 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     return struct.unpack("3i", raw)
 
 
-def _root_filesystem(pid: int | str) -> tuple[str, ...] | None:
-    """What a process sees as /: (device, directory within it, type, source) of its top "/" mount, from
-    /proc/<pid>/mountinfo (readable by any user); None when that cannot be read."""
-    root = None
+def _top_mount(pid: int | str, mount_point: str) -> tuple[list[str], list[str]] | None:
+    """The mount on top at ``mount_point`` as process ``pid`` sees it, from /proc/<pid>/mountinfo (readable
+    by any user): (the fields before the "-" separator, the fields after it: type, source, options);
+    None when it cannot be read or nothing is mounted there."""
+    top = None
     try:
         with open(f"/proc/{pid}/mountinfo") as f:
-            for line in f:  # the last "/" mount is the one on top
+            for line in f:  # the last one listed is the one on top
                 fields = line.split()
-                if len(fields) > 9 and fields[4] == "/" and "-" in fields[6:]:
+                if len(fields) > 9 and fields[4] == mount_point and "-" in fields[6:]:
                     sep = fields.index("-", 6)
-                    root = (fields[2], fields[3], *fields[sep + 1 : sep + 3])
+                    top = (fields[:sep], fields[sep + 1 :])
     except OSError:
         return None
-    return root
+    return top
 
 
-def proc_hidden_from_me(mountinfo: str = "/proc/self/mountinfo") -> str | None:
+def _root_filesystem(pid: int | str) -> tuple[str, ...] | None:
+    """What a process sees as /: (device, directory within it, type, source) of its top "/" mount."""
+    top = _top_mount(pid, "/")
+    return None if top is None else (top[0][2], top[0][3], *top[1][:2])
+
+
+def proc_hidden_from_me() -> str | None:
     """Why this process cannot see other users' processes in /proc (mounted with hidepid, and this
     process neither root nor in its gid= group), or None."""
-    options: dict[str, str] = {}
-    try:
-        with open(mountinfo) as f:
-            for line in f:  # the last /proc mount is the one on top
-                fields = line.split()
-                if len(fields) > 9 and fields[4] == "/proc" and "-" in fields[6:]:
-                    options = dict(o.partition("=")[::2] for o in fields[fields.index("-", 6) + 3].split(","))
-    except OSError:
-        return None
+    top = _top_mount("self", "/proc")
+    options = dict(o.partition("=")[::2] for o in top[1][2].split(",")) if top else {}
     hidepid, gid = options.get("hidepid", "off"), options.get("gid")
     if hidepid in ("0", "off") or os.geteuid() == 0 or (gid and int(gid) in {os.getegid(), *os.getgroups()}):
         return None

@@ -277,8 +277,15 @@ class QuotaManager:
         assert self._ledger is not None
         if isinstance(self._ledger, BrokerLedger):
             return self._ledger.reserve(request, self.policy, self.cards, wait)
-        outside = unreserved_use(self.latest_samples(), self._ledger.leases())
+        outside = self._outside(self._ledger.leases())
         return self._ledger.reserve(request, self.policy, self.cards, wait, outside=outside)
+
+    def _outside(self, leases: Sequence[Lease]) -> dict[str, int]:
+        """On the ledger thread: per card, what processes that hold no reservation use; {} through a broker,
+        whose other users' kernels are not this server's to see (the broker measures it itself)."""
+        if isinstance(self._ledger, BrokerLedger):
+            return {}
+        return unreserved_use(self.latest_samples(), leases)
 
     def _refuse(self, kernel_id: str, message: str, status: int = 503, **figures: Any) -> QuotaUnavailable:
         """Forget a kernel that will not start, record why, and return the error to raise."""
@@ -416,10 +423,7 @@ class QuotaManager:
             if self._ledger is None:
                 return [], [], reports, {}
             leases = self._ledger.leases()
-            # Through a broker, other users' kernels are not ours to see: only the broker can tell.
-            broker = isinstance(self._ledger, BrokerLedger)
-            outside = {} if broker else unreserved_use(self.latest_samples(), leases)
-            return leases, self._ledger.waiters(), reports, outside
+            return leases, self._ledger.waiters(), reports, self._outside(leases)
 
         leases, waiters, reports, outside = await self._run(read)
         cards = []

@@ -13,7 +13,8 @@ import {
   formatDuration,
   formatGiB,
   isMeasured,
-  parseSize
+  parseSize,
+  Stack
 } from './format';
 import type {
   IHostCard,
@@ -43,7 +44,7 @@ export function hostCardSegments(
 ): IHostSegment[] {
   const total = Math.max(0, card.total_mib);
   const headroom = Math.max(0, total - card.usable_mib);
-  let room = total;
+  const stack = new Stack(total);
   const segs: IHostSegment[] = [];
   const push = (
     key: IHostSegment['key'],
@@ -51,8 +52,7 @@ export function hostCardSegments(
     mib: number,
     title: (v: string) => string
   ) => {
-    const v = Math.max(0, Math.min(isMeasured(mib) ? mib : 0, room));
-    room -= v;
+    const v = stack.take(mib);
     segs.push({ key, label, mib: v, title: title(formatGiB(v)) });
   };
   push(
@@ -82,7 +82,7 @@ export function hostCardSegments(
     'free',
     'unreserved',
     // what is left of the usable part (the server's figure, or the rest of the card)
-    isMeasured(card.unreserved_mib) ? card.unreserved_mib : room,
+    isMeasured(card.unreserved_mib) ? card.unreserved_mib : stack.left,
     v => `Unreserved: ${v} that new kernels can reserve`
   );
   return segs;

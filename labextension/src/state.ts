@@ -7,7 +7,8 @@ import {
   cardLabel,
   formatMiB,
   formatUsage,
-  isMeasured
+  isMeasured,
+  Stack
 } from './format';
 import type { ICard, IKernel } from './types';
 
@@ -229,8 +230,7 @@ export function cardSegments(card: ICard, mine: IKernel[]): ISegment[] {
     mineUsed = mineReserved;
     unused = 0;
   }
-  const clamp = (x: number, room: number) => Math.max(0, Math.min(x, room));
-  let room = total;
+  const stack = new Stack(total);
   const segs: ISegment[] = [];
   const push = (
     key: ISegment['key'],
@@ -238,9 +238,12 @@ export function cardSegments(card: ICard, mine: IKernel[]): ISegment[] {
     mib: number,
     detail?: string
   ) => {
-    const v = clamp(mib, room);
-    room -= v;
-    segs.push({ key, label, mib: v, ...(detail ? { detail } : {}) });
+    segs.push({
+      key,
+      label,
+      mib: stack.take(mib),
+      ...(detail ? { detail } : {})
+    });
   };
   push(
     'mine',
@@ -261,7 +264,7 @@ export function cardSegments(card: ICard, mine: IKernel[]): ISegment[] {
     'used by processes that hold no reservation (a script in a terminal, a program started outside Jupyter); new kernels count it as taken until they exit'
   );
   push('headroom', 'kept free by the admin', headroom);
-  push('free', 'free', room);
+  push('free', 'free', stack.left);
   return segs;
 }
 
