@@ -53,6 +53,16 @@ ALLOC = (
 )
 
 
+def gpu_and_driver() -> dict[str, str]:
+    """The card and driver the run was on, as NVML names them."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    text = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
+    gpu = text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0)))
+    return {"gpu": gpu, "driver": text(pynvml.nvmlSystemGetDriverVersion())}
+
+
 def execute(server: UserServer, kernel_id: str, code: str, timeout: float = 180) -> str:
     """Run ``code`` in a kernel over its websocket (as JupyterLab does); its stdout and errors."""
     ws = websocket.create_connection(
@@ -90,7 +100,12 @@ def main(path: str) -> int:
     broker = Broker(base, gpu=NVML, limits={"max_total": "16GiB"})
     servers: dict[str, UserServer] = {}
     checks: dict[str, bool] = {}
-    result: dict = {"device": platform.node(), "date": datetime.date.today().isoformat(), "checks": checks}
+    result: dict = {
+        "host": platform.node(),
+        "date": datetime.date.today().isoformat(),
+        **({"gpu": "simulated (smoke run)"} if SMOKE else gpu_and_driver()),
+        "checks": checks,
+    }
     traverse = root_traversable()  # an interpreter under /root (pyenv) must be reachable by the users
     traverse.__enter__()
     try:
