@@ -15,8 +15,9 @@ from traitlets.config import Config
 from .broker import is_tcp, parse_tcp
 from .enforce import IDLE_ACTIONS, OVER_QUOTA_ACTIONS, EnforcePolicy
 from .gpu import open_backend
+from .ledger import LedgerError
 from .manager import QuotaManager
-from .policy import ON_FULL_CHOICES, Policy, PolicyError, parse_size
+from .policy import DEFAULT_MIN_QUOTA_MIB, ON_FULL_CHOICES, Policy, PolicyError, Size, parse_size
 from .sampler import MIN_INTERVAL_S
 
 PROVISIONER_NAME = "gpushare-provisioner"
@@ -41,6 +42,14 @@ class GpuShareApp(ExtensionApp):
         config=True,
         help="Largest quota a kernel may ask for (through its kernelspec or the API), e.g. '16GiB' or '50%'. "
         "Default: '' = no limit but the card.",
+    )
+    min_quota = Unicode(
+        f"{DEFAULT_MIN_QUOTA_MIB}MiB",
+        config=True,
+        help="Smallest quota a kernel may have or ask for (through the API or its kernelspec), e.g. '512MiB' or '1%'. "
+        "A smaller quota is refused with this minimum in the message, so a quota of (almost) nothing cannot be used "
+        "to slip out of every cap. A kernel that should have no GPU gets kernel_quotas = {'<name>': '0MiB'}: it "
+        f"reserves nothing and sees no GPU. Default: '{DEFAULT_MIN_QUOTA_MIB}MiB'.",
     )
     context_reserve = Unicode(
         "640MiB",
@@ -200,17 +209,31 @@ class GpuShareApp(ExtensionApp):
         default_quota = parse_size(self.default_quota, "GpuShareApp.default_quota")
         if default_quota.is_zero:
             raise PolicyError("GpuShareApp.default_quota: '0' gives Python kernels no GPU; use e.g. '4GiB'.")
+        min_quota = parse_size(self.min_quota, "GpuShareApp.min_quota")
+        if min_quota.is_zero:
+            raise PolicyError(
+                "GpuShareApp.min_quota: '0' would let a kernel ask for a quota of nothing; use e.g. "
+                f"'{DEFAULT_MIN_QUOTA_MIB}MiB'."
+            )
+        max_quota = parse_size(self.max_quota, "GpuShareApp.max_quota") if self.max_quota else None
+        kernel_quotas = {k: parse_size(v, f"GpuShareApp.kernel_quotas[{k!r}]") for k, v in self.kernel_quotas.items()}
+        quotas = {"GpuShareApp.default_quota": default_quota, "GpuShareApp.max_quota": max_quota}
+        quotas.update((f"GpuShareApp.kernel_quotas[{k!r}]", q) for k, q in kernel_quotas.items() if not q.is_zero)
+        for name, quota in quotas.items():
+            if _below(quota, min_quota):
+                raise PolicyError(
+                    f"{name}: {quota} is less than GpuShareApp.min_quota ({min_quota}); raise it, or lower min_quota."
+                )
         return Policy(
             default_quota=default_quota,
-            max_quota=parse_size(self.max_quota, "GpuShareApp.max_quota") if self.max_quota else None,
+            max_quota=max_quota,
+            min_quota=min_quota,
             context_reserve_mib=parse_size(self.context_reserve, "GpuShareApp.context_reserve", allow_percent=False).mib
             or 0,
             headroom=parse_size(self.card_headroom, "GpuShareApp.card_headroom"),
             on_full=self.on_full,
             queue_timeout_s=self.queue_timeout or float("inf"),
-            kernel_quotas={
-                k: parse_size(v, f"GpuShareApp.kernel_quotas[{k!r}]") for k, v in self.kernel_quotas.items()
-            },
+            kernel_quotas=kernel_quotas,
             cards=tuple(self.cards),
         )
 
@@ -339,16 +362,26 @@ class GpuShareApp(ExtensionApp):
 
     async def _reconcile_forever(self) -> None:
         manager = self.settings["gpushare_manager"]
+        failing = None
         while True:
             await asyncio.sleep(self.reconcile_interval)
             try:
                 await manager.reconcile()
+                failing = None
+            except LedgerError as e:  # a full disk, a broker that is down: said once, tried again every interval
+                if str(e) != failing:
+                    self.log.warning("jupyter-gpushare: reconcile failed: %s", e)
+                failing = str(e)
             except Exception:
                 self.log.exception("jupyter-gpushare: reconcile failed")
 
     async def stop_extension(self) -> None:
         # Kernels are shut down after extensions (ServerApp._cleanup): keep the manager and its
-        # ledger open so their releases still land. Only the periodic task stops here.
+        # ledger open so their releases still land. Queued starts end first (a pending start would
+        # hold up the kernels' shutdown); the periodic task stops.
+        manager = self.settings.get("gpushare_manager")
+        if manager is not None:
+            await manager.stop_admitting()
         task = getattr(self, "_reconcile_task", None)
         if task:
             task.cancel()
@@ -359,6 +392,15 @@ class GpuShareApp(ExtensionApp):
             metrics.uninstall(sampler)
             sampler.stop()
             await self.settings["gpushare_enforcer"].close()
+
+
+def _below(quota: Size | None, minimum: Size) -> bool:
+    """Whether ``quota`` is less than ``minimum`` whatever the card (only sizes of one kind compare)."""
+    if quota is None:
+        return False
+    if quota.mib is not None and minimum.mib is not None:
+        return quota.mib < minimum.mib
+    return quota.percent is not None and minimum.percent is not None and quota.percent < minimum.percent
 
 
 def build_manager(config: Config, log: logging.Logger | None = None) -> QuotaManager:

@@ -13,14 +13,17 @@ import logging
 import os
 import shutil
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .broker import DEFAULT_SOCKET, BrokerLedger, Caller, view_for
+from .broker import DEFAULT_SOCKET, BrokerLedger, Caller
 from .ledger import LedgerError, check_ledger, read_ledger
+from .ledger_file import SETTLE_S
 from .policy import PolicyError, format_mib
+from .views import view_for
 
 MIN_CGROUP_DRIVER = 615  # driver branch with per-cgroup GPU memory limits (nvmlDeviceSetMemoryLimits_v1)
 
@@ -371,6 +374,7 @@ def diagnose(config_file: str | None = None, socket_path: str | None = None) -> 
     mps = shutil.which("nvidia-cuda-mps-control")
     add("tier: MPS", "info", f"nvidia-cuda-mps-control {'found at ' + mps if mps else 'not found'}; MPS is opt-in only "
         "(a crashed client can take the card from everyone).")  # fmt: skip
+    findings.append(_ptrace_finding(shared=bool(socket_path)))
     cgroup2 = os.path.exists("/sys/fs/cgroup/cgroup.controllers")
     try:
         major = int((driver or "0").split(".")[0])
@@ -388,6 +392,24 @@ def diagnose(config_file: str | None = None, socket_path: str | None = None) -> 
             f"Driver {driver}, cgroup v2 and root: hard per-cgroup GPU memory limits can be set.",
         )
     return findings
+
+
+def _ptrace_finding(shared: bool, path: str = "/proc/sys/kernel/yama/ptrace_scope") -> Finding:
+    """Whether a kernel may attach a debugger to its own Jupyter server (same uid) and act as it."""
+    try:
+        scope = int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        scope = None
+    if scope is None or scope == 0:
+        what = "Yama is not enabled" if scope is None else "kernel.yama.ptrace_scope is 0"
+        return Finding(
+            "ptrace",
+            "warn" if shared else "info",
+            f"{what}: a kernel can attach a debugger to its own Jupyter server (same user) and act as it, e.g. "
+            "release its reservations through the broker.",
+            "On hosts shared by several users: sysctl -w kernel.yama.ptrace_scope=1 (and in /etc/sysctl.d/).",
+        )
+    return Finding("ptrace", "ok", f"kernel.yama.ptrace_scope is {scope}: a kernel cannot attach to its server.")
 
 
 def _ledger_finding(path: str) -> Finding:
@@ -408,6 +430,16 @@ def _ledger_finding(path: str) -> Finding:
     mode = p.stat().st_mode & 0o777
     if mode & 0o022:
         return Finding("ledger", "warn", f"{path} is writable by other users (mode {mode:o}).", f"chmod 600 {path}")
+    if health["recreated_until"]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(health["recreated_until"] - SETTLE_S))
+        return Finding(
+            "ledger",
+            "warn",
+            f"{path} was re-created at {when}: its files were removed or replaced while servers used it. The servers "
+            f"entered again the reservations they knew; it holds {health['leases']} now.",
+            "Find out who removed it (only its owner can); check that `jupyter gpushare status` lists every running "
+            "kernel.",
+        )
     return Finding(
         "ledger",
         "ok",

@@ -97,7 +97,7 @@ class KernelHandler(GpuShareHandler):
                 400, f'Send {{"quota": "<size>"}}, e.g. {{"quota": "6GiB"}}; got fields {sorted(body)}.'
             )
         try:
-            rec = self.manager.request_quota(kernel_id, parse_size(body["quota"], "quota"))
+            rec = await self.manager.request_quota(kernel_id, parse_size(body["quota"], "quota"))
         except PolicyError as e:
             raise web.HTTPError(400, str(e)) from e
         self.finish(self.kernel(rec))

@@ -28,8 +28,9 @@ def kernel_env(
         # The bootstrap marks the kernel's own process by this variable; a value inherited from the
         # server's environment (a server started from inside another kernel) must not leak in.
         env["GPUSHARE_ROOT_PID"] = ""
-    if grant.mode == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""  # hide every GPU: this kernel holds no reservation
+    if grant.mode != "gpu":
+        # Hide every GPU: this kernel holds no reservation (started without a GPU, or its quota is none).
+        env["CUDA_VISIBLE_DEVICES"] = ""
     if grant.mode != "gpu" or grant.lease is None or grant.card is None:
         return env
     lease, card = grant.lease, grant.card

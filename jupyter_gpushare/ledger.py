@@ -19,119 +19,28 @@ longer has), and they are reclaimed once the session expires.
 
 from __future__ import annotations
 
-import fcntl
+import dataclasses
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
-
-import psutil
 
 from .gpu import Card
+from .ledger_file import LedgerError, LedgerFile, check_ledger, open_readonly
 from .policy import CardView, Policy, Size, UserLimits
+from .procs import Owner, ProcessRef, SessionRef
 
-SCHEMA_VERSION = 2  # 2: sessions, and an owner_session column in leases and waiters
+__all__ = [
+    "Lease", "Ledger", "LedgerError", "Owner", "ProcessRef", "Request", "SessionRef", "Waiter", "Waiting",
+    "check_ledger", "read_ledger",
+]  # fmt: skip
+
 WAITER_STALE_S = 30.0  # a waiter not heard from for this long has been abandoned
 ALIVE_CACHE_S = 1.0  # how long a "still running" answer is trusted (a gone process stays gone)
 REAP_EVERY_S = 1.0  # reserve() reaps at most this often, and always before it answers "no room"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS leases (
-    kernel_id    TEXT PRIMARY KEY,
-    card_uuid    TEXT NOT NULL,
-    card_index   INTEGER NOT NULL,
-    quota_mib    INTEGER NOT NULL,
-    reserve_mib  INTEGER NOT NULL,
-    user         TEXT NOT NULL DEFAULT '',
-    kernel_name  TEXT NOT NULL DEFAULT '',
-    owner_pid    INTEGER NOT NULL,
-    owner_start  REAL NOT NULL,
-    owner_session TEXT,
-    kernel_pid   INTEGER,
-    kernel_start REAL,
-    created      REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS waiters (
-    ticket       INTEGER PRIMARY KEY AUTOINCREMENT,
-    kernel_id    TEXT NOT NULL UNIQUE,
-    quota        TEXT NOT NULL,
-    user         TEXT NOT NULL DEFAULT '',
-    kernel_name  TEXT NOT NULL DEFAULT '',
-    owner_pid    INTEGER NOT NULL,
-    owner_start  REAL NOT NULL,
-    owner_session TEXT,
-    created      REAL NOT NULL,
-    heartbeat    REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS sessions (
-    id           TEXT PRIMARY KEY,
-    user         TEXT NOT NULL,
-    expires      REAL NOT NULL
-)
-"""
-_MIGRATE_FROM_1 = """
-ALTER TABLE leases ADD COLUMN owner_session TEXT;
-ALTER TABLE waiters ADD COLUMN owner_session TEXT
-"""
-
-
-class LedgerError(RuntimeError):
-    """The ledger file cannot be used. The message names the file and what to do."""
-
-
-@dataclass(frozen=True)
-class ProcessRef:
-    """A process identified by pid and start time, so a reused pid does not pass for it."""
-
-    pid: int
-    start: float
-
-    @classmethod
-    def of(cls, pid: int) -> ProcessRef | None:
-        try:
-            return cls(pid, psutil.Process(pid).create_time())
-        except psutil.Error:
-            return None
-
-    @classmethod
-    def me(cls) -> ProcessRef:
-        ref = cls.of(os.getpid())
-        assert ref is not None
-        return ref
-
-    def alive(self) -> bool:
-        try:
-            proc = psutil.Process(self.pid)
-            return abs(proc.create_time() - self.start) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return self._hidden()
-        except psutil.Error:
-            return False
-
-    def _hidden(self) -> bool:
-        """Whether a process /proc does not show is there all the same, another user's behind hidepid: then
-        it is taken for alive (its start time cannot be checked), so its memory is never handed out twice."""
-        try:
-            os.kill(self.pid, 0)  # signal 0: only asks whether the pid exists
-        except PermissionError:  # it does, and is not ours
-            return True
-        except OSError:
-            return False
-        return False  # ours, so /proc would show it: the pid came back for a new process
-
-
-@dataclass(frozen=True)
-class SessionRef:
-    """A server known to the broker by a session (see the module's doc), not as a process it can see."""
-
-    id: str
-
-
-Owner = Union[ProcessRef, SessionRef]  # (Python 3.9: no X | Y at run time)
 
 
 def _owner(row: sqlite3.Row) -> Owner:
@@ -164,10 +73,10 @@ class Lease:
     def reserved_mib(self) -> int:
         return self.quota_mib + self.reserve_mib
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["reserved_mib"] = self.reserved_mib
-        return d
+    @property
+    def anonymous(self) -> bool:
+        """Other users' reservations on a card, folded into one nameless lease (views.anonymous_leases)."""
+        return not self.kernel_id
 
 
 @dataclass(frozen=True)
@@ -180,6 +89,7 @@ class Waiting:
     free_mib: int  # the most room on any allowed card: unreserved, less what processes without a reservation use
     ahead: int  # waiters before this one
     outside_mib: int = 0  # what processes without a reservation use on the allowed cards, together
+    reason: str = ""  # why nothing is granted now although room may be free (the ledger is settling)
 
 
 @dataclass(frozen=True)
@@ -233,72 +143,63 @@ class Ledger:
         self._alive_until: dict[ProcessRef, float] = {}
         self._last_reap = 0.0
         self._dead: set[ProcessRef] = set()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # Writers queue on a flock (the kernel wakes the next one at once) rather than on
-            # SQLite's busy handler, which polls with growing sleeps and can starve a writer.
-            self._lock = open(self.path.with_name(self.path.name + ".lock"), "a+")
-            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-            self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise LedgerError(
-                    f"The GPU ledger {self.path} was written by a newer jupyter-gpushare (schema {version}, "
-                    f"this one knows {SCHEMA_VERSION}). Upgrade jupyter-gpushare on every server of this host."
-                )
-            with self._tx():
-                version = self._db.execute("PRAGMA user_version").fetchone()[0]  # again, under the lock
-                exists = self._db.execute("SELECT 1 FROM sqlite_master WHERE name='leases'").fetchone()
-                for statement in filter(str.strip, (_MIGRATE_FROM_1 if exists and version == 1 else "").split(";")):
-                    self._db.execute(statement)
-                for statement in filter(str.strip, _SCHEMA.split(";")):
-                    self._db.execute(statement)
-                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            self._db.execute("SELECT count(*) FROM leases").fetchone()
-        except LedgerError:
-            raise
-        except (sqlite3.Error, OSError) as e:
-            raise LedgerError(
-                f"The GPU ledger {self.path} cannot be used ({e}). It holds the reservations of running "
-                "kernels, so it was left as it is. If it is damaged, stop the Jupyter servers of this host, "
-                f"move it aside (mv {self.path} {self.path}.bad) and start them again; or point "
-                "GpuShareApp.ledger_path at a file on a local disk that this user can write."
-            ) from e
+        # Every lease this process last saw or wrote: what it enters again if the file is re-created.
+        self._known: dict[str, Lease] = {}
+        self._file = LedgerFile(path, on_replaced=self._enter_known)
+        with self._file.read() as db:
+            self._seen(db.execute("SELECT * FROM leases").fetchall())
+
+    @property
+    def replaced(self) -> str | None:
+        """What happened the last time the file was removed or replaced under this process, or None."""
+        return self._file.replaced
 
     def close(self) -> None:
-        self._db.close()
-        self._lock.close()
+        self._file.close()
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-        finally:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return self._file.tx()
+
+    def _seen(self, rows: list[sqlite3.Row]) -> list[Lease]:
+        """The whole leases table as just read: remembered for a re-creation."""
+        leases = [_lease(r) for r in rows]
+        self._known = {lease.kernel_id: lease for lease in leases}
+        return leases
+
+    def _enter_known(self, db: sqlite3.Connection) -> int:
+        """Enter the leases this process knew into a re-created file (inside its first transaction)."""
+        for lease in self._known.values():
+            kernel = lease.kernel
+            db.execute(
+                "INSERT OR IGNORE INTO leases (kernel_id, card_uuid, card_index, quota_mib, reserve_mib, user, "
+                "kernel_name, owner_pid, owner_start, owner_session, kernel_pid, kernel_start, created) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    lease.kernel_id, lease.card_uuid, lease.card_index, lease.quota_mib, lease.reserve_mib, lease.user,
+                    lease.kernel_name, *_owner_columns(lease.owner), kernel.pid if kernel else None,
+                    kernel.start if kernel else None, lease.created,
+                ),
+            )  # fmt: skip
+        return len(self._known)
 
     # -- queries ---------------------------------------------------------------------------
 
     def leases(self) -> list[Lease]:
-        return [_lease(r) for r in self._db.execute("SELECT * FROM leases ORDER BY created")]
+        with self._file.read() as db:
+            return sorted(self._seen(db.execute("SELECT * FROM leases").fetchall()), key=lambda x: x.created)
 
     def get(self, kernel_id: str) -> Lease | None:
-        row = self._db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
+        with self._file.read() as db:
+            row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
         return _lease(row) if row else None
 
     def waiters(self) -> list[Waiter]:
-        return [_waiter(r) for r in self._db.execute("SELECT * FROM waiters ORDER BY ticket")]
+        with self._file.read() as db:
+            return [_waiter(r) for r in db.execute("SELECT * FROM waiters ORDER BY ticket")]
 
     def reserved_by_card(self) -> dict[str, int]:
-        return self._reserved(self._db)
+        with self._file.read() as db:
+            return self._reserved(db)
 
     # -- changes ---------------------------------------------------------------------------
 
@@ -330,6 +231,7 @@ class Ledger:
             row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone()
             if row:
                 return _lease(row)
+            settling = self._file.settle_until(db) - now
             if limits is not None:  # before queueing: a request over a limit never waits
                 held = [r[0] for r in db.execute("SELECT quota_mib FROM leases WHERE user=?", (req.user,))]
                 biggest = max((c.total_mib for c in cards if policy.card_allowed(c.uuid, c.index)), default=0)
@@ -342,8 +244,8 @@ class Ledger:
                     (req.kernel_id, str(req.quota), req.user, req.kernel_name, *_owner_columns(self.owner), now, now),
                 )
             ahead, views = self._ahead(db, req.kernel_id, wait), self._views(db, cards, outside)
-            card = policy.place(req.quota, views) if ahead == 0 else None
-            if card is None and not reaped:  # room held by kernels that are gone is room
+            card = policy.place(req.quota, views) if ahead == 0 and settling <= 0 else None
+            if card is None and not reaped and settling <= 0:  # room held by kernels that are gone is room
                 self._reap(db, now)
                 ahead, views = self._ahead(db, req.kernel_id, wait), self._views(db, cards, outside)
                 card = policy.place(req.quota, views) if ahead == 0 else None
@@ -361,6 +263,13 @@ class Ledger:
                     free_mib=max(0, max((v.room_mib(policy) for v in allowed), default=0)),
                     ahead=ahead,
                     outside_mib=sum(v.outside_mib for v in allowed),
+                    reason=(
+                        f"The GPU ledger {self.path} was removed or replaced while Jupyter servers used it; every "
+                        f"server enters its kernels' reservations again, and new reservations resume in "
+                        f"{settling:.0f} s."
+                    )
+                    if settling > 0
+                    else "",
                 )
             quota_mib = req.quota.resolve(card.total_mib)
             if limits is not None:  # exact now that the card (and so a percentage's size) is known
@@ -381,7 +290,9 @@ class Ledger:
                 ),
             )
             db.execute("DELETE FROM waiters WHERE kernel_id=?", (req.kernel_id,))
-            return _lease(db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone())
+            lease = _lease(db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone())
+        self._known[lease.kernel_id] = lease
+        return lease
 
     def cancel_wait(self, kernel_id: str) -> None:
         with self._tx() as db:
@@ -394,6 +305,8 @@ class Ledger:
                 "UPDATE leases SET kernel_pid=?, kernel_start=? WHERE kernel_id=?",
                 (kernel.pid if kernel else None, kernel.start if kernel else None, kernel_id),
             )
+        if kernel_id in self._known:
+            self._known[kernel_id] = dataclasses.replace(self._known[kernel_id], kernel=kernel)
 
     def release(self, kernel_id: str) -> Lease | None:
         """Give a kernel's reservation back. Idempotent: None when it held none."""
@@ -401,7 +314,8 @@ class Ledger:
             row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
             db.execute("DELETE FROM leases WHERE kernel_id=?", (kernel_id,))
             db.execute("DELETE FROM waiters WHERE kernel_id=?", (kernel_id,))
-            return _lease(row) if row else None
+        self._known.pop(kernel_id, None)
+        return _lease(row) if row else None
 
     def release_owned_except(self, keep: set[str]) -> list[Lease]:
         """Release this owner's leases for kernels it no longer knows (died past the restart limit)."""
@@ -412,15 +326,9 @@ class Ledger:
             ).fetchall()
             gone = [_lease(r) for r in rows if r["kernel_id"] not in keep]
             db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in gone])
-            return gone
-
-    def adopt(self, kernel_id: str) -> None:
-        """Take over a lease whose owner is gone but whose kernel lives (a restarted server)."""
-        with self._tx() as db:
-            db.execute(
-                "UPDATE leases SET owner_pid=?, owner_start=?, owner_session=? WHERE kernel_id=?",
-                (*_owner_columns(self.owner), kernel_id),
-            )
+        for lease in gone:
+            self._known.pop(lease.kernel_id, None)
+        return gone
 
     def touch_session(self, session: SessionRef, user: str, expires: float) -> None:
         """Open or extend a session: its leases live until ``expires`` unless touched again."""
@@ -476,14 +384,15 @@ class Ledger:
         self._last_reap = now
         db.execute("DELETE FROM sessions WHERE expires < ?", (now,))
         sessions = {r[0] for r in db.execute("SELECT id FROM sessions")}
-        dead = []
-        for row in db.execute("SELECT * FROM leases").fetchall():
-            if self._alive(_owner(row), sessions):
-                continue
-            kernel = ProcessRef(row["kernel_pid"], row["kernel_start"]) if row["kernel_pid"] else None
-            if kernel is None or not self._alive(kernel, sessions):
-                dead.append(_lease(row))
+        dead = [
+            lease
+            for lease in self._seen(db.execute("SELECT * FROM leases").fetchall())
+            if not self._alive(lease.owner, sessions)
+            and (lease.kernel is None or not self._alive(lease.kernel, sessions))
+        ]
         db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in dead])
+        for lease in dead:
+            self._known.pop(lease.kernel_id, None)
         for row in db.execute("SELECT * FROM waiters").fetchall():
             if now - row["heartbeat"] > WAITER_STALE_S or not self._alive(_owner(row), sessions):
                 db.execute("DELETE FROM waiters WHERE ticket=?", (row["ticket"],))
@@ -498,45 +407,12 @@ class Ledger:
 # -- read-only access (status and doctor) ------------------------------------------------------------
 
 
-def _open_readonly(path: str | os.PathLike) -> sqlite3.Connection:
-    path = Path(path)
-    if not path.exists():
-        raise LedgerError(f"There is no GPU ledger at {path} (no kernel has reserved GPU memory with it yet).")
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
-        db.row_factory = sqlite3.Row
-        db.execute("SELECT count(*) FROM leases").fetchone()
-        return db
-    except sqlite3.Error as e:
-        raise LedgerError(
-            f"The GPU ledger {path} cannot be read ({e}). If you are not its owner, ask the broker instead "
-            "(jupyter gpushare status --socket ...); if it is damaged, see jupyter gpushare doctor."
-        ) from e
-
-
 def read_ledger(path: str | os.PathLike) -> tuple[list[Lease], list[Waiter]]:
     """Leases and waiters of a ledger file, read without writing to it (no reaping)."""
-    db = _open_readonly(path)
+    db = open_readonly(path)
     try:
         leases = [_lease(r) for r in db.execute("SELECT * FROM leases ORDER BY created")]
         waiters = [_waiter(r) for r in db.execute("SELECT * FROM waiters ORDER BY ticket")]
         return leases, waiters
-    finally:
-        db.close()
-
-
-def check_ledger(path: str | os.PathLike) -> dict:
-    """Health of a ledger file, read-only: SQLite's integrity_check, schema version, journal mode, counts."""
-    db = _open_readonly(path)
-    try:
-        integrity = [r[0] for r in db.execute("PRAGMA integrity_check")]
-        return {
-            "path": str(path),
-            "integrity": "ok" if integrity == ["ok"] else "; ".join(integrity[:5]),
-            "schema": db.execute("PRAGMA user_version").fetchone()[0],
-            "journal_mode": db.execute("PRAGMA journal_mode").fetchone()[0],
-            "leases": db.execute("SELECT count(*) FROM leases").fetchone()[0],
-            "waiters": db.execute("SELECT count(*) FROM waiters").fetchone()[0],
-        }
     finally:
         db.close()

@@ -19,14 +19,16 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 from tornado import web
 
-from .broker import BrokerLedger, host_view
+from .broker import BrokerLedger
 from .gpu import Card, DeviceSample, GpuBackend
 from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Waiting
-from .policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
+from .policy import CardView, Policy, PolicyError, Size, UserLimits, format_mib, parse_limits, parse_size
 from .sampler import unreserved_use
+from .views import host_view
 
 T = TypeVar("T")
 QUEUE_POLL_S = 0.5
+LEDGER_RETRY_S = (1.0, 60.0)  # a ledger that cannot be opened is tried again after 1 s, doubling up to 60 s
 WHAT_TO_DO = (
     "Shut down a kernel you no longer use (Kernel > Shut Down Kernel), ask for a smaller quota, or try again later."
 )
@@ -67,7 +69,7 @@ class KernelRecord:
     kernel_name: str
     language: str
     user: str
-    state: str = "starting"  # starting | queued | running | cpu | none
+    state: str = "starting"  # starting | queued | running | cpu | none | failed (a restart was refused)
     quota: str | None = None  # requested (or default) quota
     pending_quota: str | None = None  # applied at the next restart
     lease: Lease | None = None
@@ -135,6 +137,9 @@ class QuotaManager:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpushare-ledger")
         self._ledger: Ledger | None = None
         self.ledger_error: str | None = None
+        self._retry_at, self._retry_after = 0.0, LEDGER_RETRY_S[0]
+        self._pending_release: set[str] = set()  # released while the ledger could not be written: sent again
+        self.closing = False  # the server is shutting down: no new kernel is admitted
         # The driver's last per-process reading (the sampler's; app.py wires it), for what processes that hold
         # no reservation use.
         self.latest_samples: Callable[[], Sequence[DeviceSample]] = tuple
@@ -157,6 +162,8 @@ class QuotaManager:
     # -- ledger thread -----------------------------------------------------------------------
 
     def _open_ledger(self) -> None:
+        """On the ledger thread: open the ledger (or the broker's client); on failure say why and try again
+        later (``_ensure_ledger``), backing off from 1 s to 60 s."""
         try:
             if self.broker_socket:  # many users on this host: their broker owns the ledger
                 self._ledger = BrokerLedger(  # type: ignore[assignment]
@@ -166,22 +173,45 @@ class QuotaManager:
                 self._ledger = Ledger(self.ledger_path)
             reclaimed = self._ledger.reap()
         except LedgerError as e:
-            self._ledger, self.ledger_error = None, str(e)
-            self.log.error("%s Kernels will start without a GPU until this is fixed.", e)
+            if self._ledger is not None:
+                self._ledger.close()
+            self._ledger = None
+            if self.ledger_error != str(e):
+                self.log.error("%s Kernels will start without a GPU until this is fixed.", e)
+            self.ledger_error = str(e)
+            self._retry_at = time.monotonic() + self._retry_after
+            self._retry_after = min(LEDGER_RETRY_S[1], self._retry_after * 2)
             return
+        if self.ledger_error is not None:
+            self.log.warning("jupyter-gpushare: the GPU ledger %s can be used again.", self.ledger_path)
+        self.ledger_error, self._retry_after = None, LEDGER_RETRY_S[0]
         for lease in reclaimed:
             self.event(
                 "reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone."
             )
+
+    def _ensure_ledger(self) -> bool:
+        """On the ledger thread: whether a ledger is open, opening it again when its back-off has passed."""
+        if self._ledger is None and time.monotonic() >= self._retry_at:
+            self._open_ledger()
+        return self._ledger is not None
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def _ledger_call(self, name: str, *args: Any) -> Any:
         """Run on the ledger thread; None when the ledger is unavailable."""
-        if self._ledger is None:
+        if not self._ensure_ledger():
             return None
         return getattr(self._ledger, name)(*args)
+
+    async def _quietly(self, name: str, *args: Any) -> Any:
+        """A ledger call whose failure is logged, not raised (clean-up on a path that is already failing)."""
+        try:
+            return await self._run(self._ledger_call, name, *args)
+        except LedgerError as e:
+            self.log.warning("jupyter-gpushare: %s(%s) failed: %s", name, ", ".join(map(str, args)), e)
+            return None
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -201,11 +231,14 @@ class QuotaManager:
             rec = self.records[kernel_id] = KernelRecord(kernel_id, kernel_name, language, self.user)
         return rec
 
-    async def admit(self, kernel_id: str, kernel_name: str, language: str, requested: Size | None = None) -> Grant:
+    async def admit(
+        self, kernel_id: str, kernel_name: str, language: str, requested: Size | None = None, restarting: bool = False
+    ) -> Grant:
         """Reserve GPU room for a kernel about to start, or decide it starts without.
 
         Waits in the host-wide FIFO queue when the policy says ``queue``. Raises QuotaUnavailable
-        (with how much was needed, how much was free and what to do) when the kernel must not start.
+        (with how much was needed, how much was free and what to do) when the kernel must not start; a
+        kernel ``restarting`` then stays listed as 'failed', with that reason.
         """
         rec = self.record(kernel_id, kernel_name, language)
         if rec.pending_quota is not None:
@@ -220,56 +253,61 @@ class QuotaManager:
                 ),
             )
         rec.quota = str(quota)
+        if self.closing:
+            raise self._refuse(
+                kernel_id, "The Jupyter server is shutting down; start the kernel again once it is back."
+            )
         if not self.cards:
             return self._settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"))
-        if self._ledger is None:
+        if not await self._run(self._ensure_ledger):
             return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {self.ledger_error}"))
         try:
             self.policy.check_quota(quota, self._views({}))
         except PolicyError as e:
-            raise self._refuse(kernel_id, str(e), status=400) from e
+            raise self._refuse(kernel_id, str(e), status=400, keep=restarting) from e
         wait = self.policy.on_full == "queue"
-        deadline = time.monotonic() + self.policy.queue_timeout_s
-        request = Request(kernel_id, quota, self.user, kernel_name)
         try:
-            while True:
-                got = await self._run(self._reserve, request, wait)
-                if isinstance(got, Lease):
-                    if rec.queued_since:
-                        self.event(
-                            "admitted", kernel_id, f"Admitted after waiting {time.time() - rec.queued_since:.0f} s."
-                        )
-                    return self._settle(rec, Grant("gpu", lease=got, card=self._card(got.card_uuid)))
-                if not wait or time.monotonic() >= deadline:
-                    break
-                if rec.state != "queued":
-                    rec.state, rec.queued_since = "queued", time.time()
-                    self.event(
-                        "queued",
-                        kernel_id,
-                        f"Waiting for {format_mib(got.need_mib)} of GPU memory; position {got.position}.",
-                    )
-                rec.position, rec.need_mib, rec.free_mib = got.position, got.need_mib, got.free_mib
-                await asyncio.sleep(QUEUE_POLL_S)
-                if rec.cancelled:
-                    raise self._refuse(kernel_id, "Stopped waiting for a GPU: the start was cancelled.", status=409)
-        except LedgerError as e:  # the host's broker is down (GpuShareApp.broker_socket): start without a GPU
-            return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {e}"))
-        except PolicyError as e:  # a per-user limit the broker enforces
+            got = await self._wait_for_room(rec, Request(kernel_id, quota, self.user, kernel_name), wait)
+        except BaseException as e:
             if wait:
-                await self._run(self._ledger.cancel_wait, kernel_id)
-            raise self._refuse(kernel_id, str(e), status=400) from e
-        except BaseException:
-            if wait:
-                await self._run(self._ledger.cancel_wait, kernel_id)
+                await self._quietly("cancel_wait", kernel_id)
+            if isinstance(e, LedgerError):  # the broker is down, the disk is full: start without a GPU, say why
+                return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {e}"))
+            if isinstance(e, PolicyError):  # a per-user limit the broker enforces
+                raise self._refuse(kernel_id, str(e), status=400, keep=restarting) from e
+            self.records.pop(kernel_id, None)  # a start that did not happen is not listed as 'starting'
             raise
-        if wait:
-            await self._run(self._ledger.cancel_wait, kernel_id)
+        if wait and not isinstance(got, Lease):
+            await self._quietly("cancel_wait", kernel_id)
+        if isinstance(got, Lease):
+            if rec.queued_since:
+                self.event("admitted", kernel_id, f"Admitted after waiting {time.time() - rec.queued_since:.0f} s.")
+            return self._settle(rec, Grant("gpu", lease=got, card=self._card(got.card_uuid)))
         message = self._full_message(quota, got, waited=rec.queued_since)
         rec.position = rec.queued_since = None
         if self.policy.on_full == "cpu":
             return self._settle(rec, Grant("cpu", reason=message + " This kernel was started without a GPU."))
-        raise self._refuse(kernel_id, message, need_mib=got.need_mib, free_mib=got.free_mib)
+        raise self._refuse(kernel_id, message, keep=restarting, need_mib=got.need_mib, free_mib=got.free_mib)
+
+    async def _wait_for_room(self, rec: KernelRecord, request: Request, wait: bool) -> Lease | Waiting:
+        """Ask for room until granted, or (queueing) until the queue timeout; the last answer."""
+        deadline = time.monotonic() + self.policy.queue_timeout_s
+        while True:
+            got = await self._run(self._reserve, request, wait)
+            if isinstance(got, Lease) or not wait or time.monotonic() >= deadline:
+                return got
+            if rec.state != "queued":
+                rec.state, rec.queued_since = "queued", time.time()
+                self.event(
+                    "queued",
+                    request.kernel_id,
+                    got.reason or f"Waiting for {format_mib(got.need_mib)} of GPU memory; position {got.position}.",
+                )
+            rec.position, rec.need_mib, rec.free_mib = got.position, got.need_mib, got.free_mib
+            await asyncio.sleep(QUEUE_POLL_S)
+            if rec.cancelled or self.closing:
+                why = "the start was cancelled" if rec.cancelled else "the Jupyter server is shutting down"
+                raise self._refuse(request.kernel_id, f"Stopped waiting for a GPU: {why}.", status=409)
 
     def _reserve(self, request: Request, wait: bool) -> Lease | Waiting:
         """On the ledger thread. Memory that processes without a reservation use is taken too: measured
@@ -287,11 +325,28 @@ class QuotaManager:
             return {}
         return unreserved_use(self.latest_samples(), leases)
 
-    def _refuse(self, kernel_id: str, message: str, status: int = 503, **figures: Any) -> QuotaUnavailable:
-        """Forget a kernel that will not start, record why, and return the error to raise."""
-        self.records.pop(kernel_id, None)
+    def _refuse(
+        self, kernel_id: str, message: str, status: int = 503, keep: bool = False, **figures: Any
+    ) -> QuotaUnavailable:
+        """Record why a kernel will not start and return the error to raise. Its record is forgotten, or with
+        ``keep`` (a restart that was refused: the kernel is down now) kept as 'failed' with the reason."""
+        rec = self.records.get(kernel_id) if keep else self.records.pop(kernel_id, None)
+        if rec is not None and keep:
+            rec.state, rec.lease, rec.card, rec.position = "failed", None, None, None
+            rec.reason = f"The kernel could not start again: {message} Shut it down, or start it with another quota."
         self.event("refused", kernel_id, message, **figures)
         return QuotaUnavailable(message, status=status)
+
+    async def stop_admitting(self, timeout: float = 5.0) -> None:
+        """The server is shutting down: refuse new starts, end every wait in the queue (each start then fails with
+        409 and gives its place back), and return once none is left, so that the server's shutdown of its kernels
+        finds no start still pending."""
+        self.closing = True
+        deadline = time.monotonic() + timeout
+        while any(r.state == "queued" for r in self.records.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(QUEUE_POLL_S / 5)
+        for _ in range(3):  # the failed starts leave jupyter_client's pending list on the next loop turns
+            await asyncio.sleep(0)
 
     def cancel_start(self, kernel_id: str) -> KernelRecord:
         """Stop a queued kernel's wait: its start request then fails with a 409 that says so."""
@@ -304,6 +359,8 @@ class QuotaManager:
         return rec
 
     def _full_message(self, quota: Size, got: Waiting, waited: float | None) -> str:
+        if got.reason:  # nothing is granted for now, whatever room there is
+            return got.reason
         reserve = format_mib(self.policy.context_reserve_mib)
         need = format_mib(got.need_mib) if got.need_mib else f"{quota} + {reserve}"
         text = (
@@ -359,14 +416,18 @@ class QuotaManager:
             return
         rec.pid = pid
         if rec.lease is not None:
-            await self._run(self._ledger_call, "attach", kernel_id, ProcessRef.of(pid) if pid else None)
+            await self._quietly("attach", kernel_id, ProcessRef.of(pid) if pid else None)
 
     async def release(self, kernel_id: str, why: str = "shut down", forget: bool = True) -> None:
         """Give a kernel's reservation back (idempotent) and, unless it restarts, forget its record."""
         rec = self.records.pop(kernel_id, None) if forget else self.records.get(kernel_id)
         if rec is not None and not forget:
             rec.lease = None
-        lease = await self._run(self._ledger_call, "release", kernel_id)
+        try:
+            lease = await self._run(self._ledger_call, "release", kernel_id)
+        except LedgerError as e:  # a full disk: the kernel goes all the same; reconcile gives its room back later
+            lease = None
+            self.event("release-pending", kernel_id, f"Its reservation will be given back once the ledger works: {e}")
         from .provisioner import report_dir  # the provisioner imports this module
         from .reports import remove_reports
 
@@ -382,7 +443,8 @@ class QuotaManager:
             self.event("cancelled", kernel_id, f"Stopped waiting ({why}).")
 
     async def reconcile(self) -> None:
-        """Release this process's leases for kernels it no longer has, and reclaim the dead."""
+        """Release this process's leases for kernels it no longer has, and reclaim the dead. Raises LedgerError
+        while the ledger cannot be used (the caller logs it and tries again at the next interval)."""
         keep = set(self.records)
         for lease in await self._run(self._ledger_call, "release_owned_except", keep) or []:
             self.event(
@@ -395,13 +457,31 @@ class QuotaManager:
                 "reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone."
             )
 
-    def request_quota(self, kernel_id: str, quota: Size) -> KernelRecord:
-        """Ask for another quota for a kernel; it applies when the kernel next restarts."""
+    async def request_quota(self, kernel_id: str, quota: Size) -> KernelRecord:
+        """Ask for another quota for a kernel; it applies when the kernel next restarts. PolicyError, with the limit,
+        for a quota the admin's rules or (through a broker) the user's per-user limits would refuse at the restart."""
         rec = self.records[kernel_id]
         self.policy.check_quota(quota, self._views({}))
+        await self._run(self._check_user_limits, kernel_id, quota)
         rec.pending_quota = str(quota)
         self.event("quota-requested", kernel_id, f"Quota {quota} requested; it applies at the next restart.")
         return rec
+
+    def _check_user_limits(self, kernel_id: str, quota: Size) -> None:
+        """On the ledger thread: the broker's per-user limits for this user, against the quotas of their other
+        kernels. Nothing to check with an embedded ledger (no per-user limits) or while the broker is down (the
+        restart then starts without a GPU and says why)."""
+        if not isinstance(self._ledger, BrokerLedger):
+            return
+        try:
+            hello, leases = self._ledger.hello(), self._ledger.leases()
+        except LedgerError:
+            return
+        limits = UserLimits(**parse_limits(hello.get("limits") or {}, "The broker's limits"))  # type: ignore[arg-type]
+        user = hello.get("user", self.user)
+        held = [x.quota_mib for x in leases if x.user == user and not x.anonymous and x.kernel_id != kernel_id]
+        biggest = max((c.total_mib for c in self.cards), default=0)
+        limits.check(user, quota.resolve(biggest), biggest, held)
 
     # -- views for the API ------------------------------------------------------------------------
 
@@ -428,7 +508,7 @@ class QuotaManager:
         leases, waiters, reports, outside = await self._run(read)
         cards = []
         for card in self.cards:
-            mine = [lease for lease in leases if lease.card_uuid == card.uuid]
+            mine = [lease for lease in leases if lease.card_uuid == card.uuid]  # (through a broker: and the others')
             reserved = sum(lease.reserved_mib for lease in mine)
             usable = self.policy.usable_mib(card.total_mib)
             cards.append(
@@ -437,7 +517,7 @@ class QuotaManager:
                     "usable_mib": usable,
                     "reserved_mib": reserved,
                     "unreserved_mib": max(0, usable - reserved),
-                    "kernels": len(mine),
+                    "kernels": sum(not lease.anonymous for lease in mine),
                     "allowed": self.policy.card_allowed(card.uuid, card.index),
                     "outside_mib": outside.get(card.uuid),
                 }
@@ -458,6 +538,7 @@ class QuotaManager:
                 "path": None if self.broker_socket else self.ledger_path,
                 "broker": self.broker_socket,
                 "error": self.ledger_error,
+                "replaced": getattr(self._ledger, "replaced", None),
             },
             "cards": cards,
             "kernels": [

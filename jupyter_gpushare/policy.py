@@ -28,7 +28,10 @@ _UNIT_MIB = {
     "gb": 1e9 / 2**20,
     "tb": 1e12 / 2**20,
 }
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*|%)\s*$")
+# ASCII digits only (``\\d`` would take Arabic-Indic or full-width digits too), at most 15 before the point
+# and 9 after it: enough for any card, and no 5,000-digit number reaches float().
+_SIZE_RE = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*([A-Za-z]{0,12}|%)\s*", re.ASCII)
+MAX_MIB = 1 << 30  # 1 PiB: no card comes near it; a bigger figure is a typo or a crafted request
 
 
 class PolicyError(ValueError):
@@ -37,10 +40,29 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True)
 class Size:
-    """An amount of GPU memory: absolute (``mib``) or a share of a card (``percent``)."""
+    """An amount of GPU memory: absolute (``mib``, whole MiB) or a share of a card (``percent``).
+
+    The one constructor of every size, from config, REST or the broker's wire: exactly one of the two, a
+    number (never a bool), finite, from 0 to ``MAX_MIB`` or 100%. Anything else raises PolicyError, so no
+    negative, infinite or NaN size can reach placement. Zero is a valid size (a headroom of '0MiB'); whether
+    a quota may be zero is the Policy's to say (``min_quota``).
+    """
 
     mib: int | None = None
     percent: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.mib is None) == (self.percent is None):
+            raise PolicyError(f"A size is either MiB or a percentage of a card, exactly one; got {self!r}.")
+        if self.mib is not None:
+            if type(self.mib) is not int or not 0 <= self.mib <= MAX_MIB:
+                raise PolicyError(f"{_shown(self.mib)} MiB is not a size: use a whole number of MiB from 0 to 1 PiB.")
+        elif (
+            isinstance(self.percent, bool)
+            or not isinstance(self.percent, (int, float))
+            or not 0 <= self.percent <= 100  # also False for NaN
+        ):
+            raise PolicyError(f"{_shown(self.percent)}% is not a size: use a share of a card from 0 to 100%.")
 
     def resolve(self, card_total_mib: int) -> int:
         """MiB this size stands for on a card of ``card_total_mib``."""
@@ -58,34 +80,48 @@ class Size:
         return format_mib(self.mib or 0)
 
 
+def _shown(value: object) -> str:
+    """A value for an error message, cut short: a crafted request may send megabytes (or a 5,000-digit int)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**40:
+        return f"a number of about {int(value.bit_length() * 0.30103)} digits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
 def parse_size(value: object, name: str = "size", allow_percent: bool = True) -> Size:
     """Parse "4GiB", "4096MiB", "4G", "1.5 GiB", "25%" (or a Size) into a Size.
 
-    A bare number is refused: without a unit it is ambiguous (bytes? MiB?).
+    A bare number is refused: without a unit it is ambiguous (bytes? MiB?). So are numbers that are not
+    text (``True``, ``1e999``), digits other than ASCII's, and sizes past ``MAX_MIB``.
     Raises PolicyError naming ``name``, the bad value and a good example.
     """
     if isinstance(value, Size):
         return value
-    text = "" if value is None else str(value)
-    m = _SIZE_RE.match(text)
+    if not isinstance(value, str):
+        raise PolicyError(f"{name}: {_shown(value)} is not a size. Use text with a unit, e.g. {SIZE_EXAMPLES}.")
+    shown = _shown(value)
+    m = _SIZE_RE.fullmatch(value)
     if not m:
-        raise PolicyError(f"{name}: {text!r} is not a size. Use a number with a unit, e.g. {SIZE_EXAMPLES}.")
+        raise PolicyError(f"{name}: {shown} is not a size. Use a number with a unit, e.g. {SIZE_EXAMPLES}.")
     number, unit = float(m.group(1)), m.group(2).lower()
     if unit == "%":
         if not allow_percent:
             raise PolicyError(
-                f"{name}: {text!r} is a percentage, but this setting needs an absolute size, e.g. '640MiB'."
+                f"{name}: {shown} is a percentage, but this setting needs an absolute size, e.g. '640MiB'."
             )
         if number > 100:
-            raise PolicyError(f"{name}: {text!r} is more than a whole card; use at most '100%', e.g. '25%'.")
+            raise PolicyError(f"{name}: {shown} is more than a whole card; use at most '100%', e.g. '25%'.")
         return Size(percent=number)
     if unit not in _UNIT_MIB:
         if unit == "":
             hint = f"add a unit, e.g. '{m.group(1)}MiB' or '{m.group(1)}GiB'"
         else:
             hint = f"the unit {m.group(2)!r} is not known; use e.g. {SIZE_EXAMPLES}"
-        raise PolicyError(f"{name}: {text!r} is not a size: {hint}.")
-    return Size(mib=int(math.floor(number * _UNIT_MIB[unit])))
+        raise PolicyError(f"{name}: {shown} is not a size: {hint}.")
+    mib = math.floor(number * _UNIT_MIB[unit])
+    if mib > MAX_MIB:
+        raise PolicyError(f"{name}: {shown} is more than 1 PiB; no GPU has that much memory.")
+    return Size(mib=int(mib))
 
 
 def format_mib(mib: float) -> str:
@@ -96,6 +132,7 @@ def format_mib(mib: float) -> str:
 
 
 ON_FULL_CHOICES = ("queue", "cpu", "reject")
+DEFAULT_MIN_QUOTA_MIB = 256
 
 
 @dataclass(frozen=True)
@@ -121,6 +158,7 @@ class Policy:
 
     default_quota: Size = Size(mib=4096)
     max_quota: Size | None = None
+    min_quota: Size = Size(mib=DEFAULT_MIN_QUOTA_MIB)
     context_reserve_mib: int = 640
     headroom: Size = Size(mib=0)
     on_full: str = "queue"
@@ -129,10 +167,11 @@ class Policy:
     cards: tuple[str, ...] = ()
 
     def quota_for(self, kernel_name: str, language: str, requested: Size | None = None) -> Size | None:
-        """The quota a kernel gets, or None when it reserves nothing.
+        """The quota a kernel gets, or None when it reserves nothing (and then sees no GPU).
 
         An explicit request wins; then a per-kernelspec quota; then the default for Python kernels.
-        Kernels of other languages reserve nothing unless configured.
+        Kernels of other languages reserve nothing unless configured. A quota of zero is the explicit
+        choice of no GPU.
         """
         if requested is not None:
             quota = requested
@@ -156,8 +195,17 @@ class Policy:
         return quota.resolve(total_mib) + self.context_reserve_mib
 
     def check_quota(self, quota: Size, cards: Iterable[CardView]) -> None:
-        """Refuse a quota above the admin's maximum, or one no allowed card could ever hold."""
+        """Refuse a quota below the admin's minimum or above the maximum, or one no allowed card could ever hold."""
         cards = [c for c in cards if self.card_allowed(c.uuid, c.index)]
+        totals = [c.total_mib for c in cards]
+        if not totals and quota.mib is not None and self.min_quota.mib is not None:
+            totals = [0]  # no card to take a percentage of, but two absolute sizes still compare
+        least = [self.min_quota.resolve(t) for t in totals if quota.resolve(t) < self.min_quota.resolve(t)]
+        if least:
+            raise PolicyError(
+                f"A quota of {quota} is less than the smallest a kernel may have here ({format_mib(max(least))}). "
+                f"Ask for at least {format_mib(max(least))}."
+            )
         if not cards:
             return
         if self.max_quota is not None and all(

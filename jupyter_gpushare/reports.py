@@ -4,6 +4,11 @@ Every process of a kernel that imports a GPU framework (and the kernel process i
 writes ``<report_dir>/<kernel_id>.<pid>.json`` from the in-kernel bootstrap
 (``bootstrap/_gpushare_boot.py``), atomically (temp file + ``os.replace``). Only the server reads
 them, on its ledger worker thread.
+
+A report is the kernel's word: code the student controls writes it, and may forge it. So each is
+checked for shape here (known frameworks, bounded sizes and texts; anything else is dropped), the API
+shows it as what the kernel reported, and nothing the server enforces (reservations, the over-quota
+and idle policies) ever reads it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,56 @@ import psutil
 # A process started more than this long after the report's "started" time is not the one that
 # wrote it (pid reuse). The bootstrap stamps "started" within milliseconds of interpreter start.
 START_SLACK_S = 2.0
+FRAMEWORKS = ("cupy", "jax", "tensorflow", "torch")  # what the bootstrap caps; other names are not reported
+MAX_REPORT_BYTES = 64 * 1024
+MAX_TEXT, MAX_WARNINGS = 500, 20
+MAX_LIMIT_MIB = 1 << 30
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # (not NaN)
+
+
+def _clean_entry(entry: Any) -> dict[str, Any] | None:
+    """One framework entry of a report, with the fields and sizes the bootstrap writes; None if not one."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("capped"), bool):
+        return None
+    limit = entry.get("limit_mib")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or not 0 < limit <= MAX_LIMIT_MIB):
+        return None
+    detail = entry.get("detail", "")
+    out: dict[str, Any] = {
+        "capped": entry["capped"],
+        "limit_mib": limit if entry["capped"] else None,
+        "detail": detail[:MAX_TEXT] if isinstance(detail, str) else "",
+    }
+    if isinstance(entry.get("version"), str):
+        out["version"] = entry["version"][:40]
+    return out
+
+
+def clean_report(data: Any, kernel_id: str) -> dict[str, Any] | None:
+    """A report file's content in the shape the bootstrap writes, or None when it is not one (or not this
+    kernel's). Unknown frameworks and fields are dropped; texts and lists are cut to bounded sizes."""
+    if not isinstance(data, dict) or data.get("kernel_id") not in (None, kernel_id):
+        return None
+    pid, started = data.get("pid"), data.get("started")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not (started is None or _number(started)):
+        return None
+    frameworks = data.get("frameworks") if isinstance(data.get("frameworks"), dict) else {}
+    warnings = data.get("warnings") if isinstance(data.get("warnings"), list) else []
+    return {
+        "pid": pid,
+        "started": started,
+        "root": data.get("root") is True,
+        "time": data["time"] if _number(data.get("time")) else 0,
+        "frameworks": {
+            name: entry
+            for name in FRAMEWORKS
+            if name in frameworks and (entry := _clean_entry(frameworks[name])) is not None
+        },
+        "warnings": [w[:MAX_TEXT] for w in warnings if isinstance(w, str)][:MAX_WARNINGS],
+    }
 
 
 def _files(report_dir: str, kernel_id: str) -> list[str]:
@@ -69,35 +124,28 @@ def read_reports(report_dir: str, kernel_id: str) -> dict[str, Any] | None:
     for path in _files(report_dir, kernel_id):
         try:
             with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError):
-            continue  # removed meanwhile, or not ours to parse
-        if not isinstance(data, dict) or data.get("kernel_id") not in (None, kernel_id):
-            continue
-        pid = data.get("pid")
-        if not isinstance(pid, int) or not _alive(pid, data.get("started")):
+                data = clean_report(json.loads(f.read(MAX_REPORT_BYTES + 1)), kernel_id)
+        except (OSError, ValueError, RecursionError):
+            continue  # removed meanwhile, too large, or not ours to parse
+        if data is None or not _alive(data["pid"], data["started"]):
             continue
         reports.append(data)
     if not reports:
         return None
-    reports.sort(key=lambda r: (not r.get("root"), r.get("pid")))
+    reports.sort(key=lambda r: (not r["root"], r["pid"]))
     by_framework: dict[str, list[tuple[dict, bool]]] = {}
     warnings: list[str] = []
     for r in reports:
-        for name, entry in (r.get("frameworks") or {}).items():
-            if isinstance(entry, dict):
-                by_framework.setdefault(name, []).append((entry, bool(r.get("root"))))
-        for w in r.get("warnings") or []:
-            if w not in warnings:
+        for name, entry in r["frameworks"].items():
+            by_framework.setdefault(name, []).append((entry, r["root"]))
+        for w in r["warnings"]:
+            if w not in warnings and len(warnings) < MAX_WARNINGS:
                 warnings.append(w)
     return {
         "frameworks": {name: _merge(entries) for name, entries in sorted(by_framework.items())},
         "warnings": warnings,
-        "processes": [
-            {"pid": r["pid"], "root": bool(r.get("root")), "frameworks": sorted(r.get("frameworks") or {})}
-            for r in reports
-        ],
-        "time": max(r.get("time") or 0 for r in reports),
+        "processes": [{"pid": r["pid"], "root": r["root"], "frameworks": sorted(r["frameworks"])} for r in reports],
+        "time": max(r["time"] for r in reports),
     }
 
 

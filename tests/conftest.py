@@ -85,6 +85,31 @@ def gpushare(jp_fetch, jp_serverapp):
     return Client()
 
 
+@pytest.fixture
+def inproc(tmp_path):
+    """A broker's request handling without its socket: callers are given, not read from a socket."""
+    from traitlets.config import Config
+
+    from jupyter_gpushare.broker import Caller, GpuShareBroker
+    from jupyter_gpushare.ledger import ProcessRef
+
+    c = Config()
+    c.GpuShareApp.gpu_backend, c.GpuShareApp.simulated_cards = "simulated", "10GiB"
+    c.GpuShareApp.card_headroom, c.GpuShareApp.context_reserve = "0MiB", "512MiB"
+    c.GpuShareBroker.ledger_path = str(tmp_path / "lib" / "ledger.sqlite")
+    broker = GpuShareBroker(config=c)
+    broker.setup()
+    broker._ledger = broker._open_ledger()
+    me = ProcessRef.me()
+    callers = {
+        "alice": Caller("alice", 5001, process=me),
+        "bob": Caller("bob", 5002, process=me),
+        "admin": Caller("root", 0, admin=True, process=me),
+    }
+    yield broker, callers
+    broker._ledger.close()
+
+
 @pytest.fixture(scope="session")
 def ui_tests_dir():
     """labextension/ui-tests with its node_modules (Playwright, driving Debian's Chromium): installed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -79,3 +80,24 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.log.close()
+
+
+class SimulatedServer(ServerProcess):
+    """A `jupyter server` subprocess with the extension on a simulated card."""
+
+    def __init__(self, tmp_path, *args: str):
+        settings = {
+            "ledger_path": str(tmp_path / "ledger.sqlite"), "gpu_backend": "simulated", "simulated_cards": "10GiB",
+            "card_headroom": "0MiB", "context_reserve": "512MiB", "default_quota": "2GiB", "reconcile_interval": "0.5",
+        }  # fmt: skip
+        for arg in args:  # --GpuShareApp.x=y replaces the default above
+            key, _, value = arg.removeprefix("--GpuShareApp.").partition("=")
+            settings[key] = value
+        env = {
+            **os.environ,
+            "JUPYTER_DATA_DIR": str(tmp_path / "data"),
+            "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+            "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+        }
+        (tmp_path / "root").mkdir(exist_ok=True)
+        self.launch(tmp_path, ["--allow-root", f"--ServerApp.root_dir={tmp_path / 'root'}"], settings, env=env)

@@ -8,245 +8,44 @@ kernels start without a GPU and say why. Needs root (useradd, servers as other u
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import pwd
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
-import tempfile
-import textwrap
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
-from servers import ServerProcess, wait_until
+from multiuser import (
+    ALICE,
+    BOB,
+    KERNEL,
+    RUN,
+    STAFF,
+    STAFF_GROUP,
+    STUDENTS,
+    Broker,
+    UserServer,
+    as_user,
+    ensure_user,
+    needs_root,
+    remove_user,
+    reserved,
+    shared_scratch,
+    stop_all_kernels,
+)
+from servers import wait_until
 
-from jupyter_gpushare.broker import BrokerLedger, Caller, GpuShareBroker, view_for
+from jupyter_gpushare.broker import BrokerLedger, Caller, GpuShareBroker
 from jupyter_gpushare.gpu import Card
 from jupyter_gpushare.ledger import Lease, LedgerError, ProcessRef, Request, Waiter
 from jupyter_gpushare.policy import Policy, PolicyError, UserLimits
-
-RUN = os.getpid() % 100000  # user names of this run: test runs on one machine may overlap
-ALICE, BOB, STAFF, STAFF_GROUP = f"gsa{RUN}", f"gsb{RUN}", f"gsc{RUN}", f"gss{RUN}"
-STUDENTS = (ALICE, BOB)
-KERNEL = 2560  # 2 GiB quota + 512 MiB context reserve, on a 10 GiB card: four fit
-
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("useradd"),
-    reason="needs root and useradd: runs Jupyter servers as three different Unix users",
-)
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-
-
-def ensure_user(name: str, group: str | None = None) -> pwd.struct_passwd:
-    if group:
-        subprocess.run(["groupadd", "-f", group], check=True)
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(
-            ["useradd", "--no-create-home", "--shell", "/bin/sh", *(["-G", group] if group else []), name], check=True
-        )
-    return pwd.getpwnam(name)
-
-
-def remove_user(name: str) -> None:
-    subprocess.run(["userdel", name], capture_output=True)
-
-
-def run_as(user: pwd.struct_passwd, home: Path, env: dict | None = None) -> dict:
-    """Popen arguments that run a process as ``user`` with ``home`` as its HOME."""
-    return {
-        "user": user.pw_uid,
-        "group": user.pw_gid,
-        "extra_groups": os.getgrouplist(user.pw_name, user.pw_gid),
-        "env": {**os.environ, "HOME": str(home), "USER": user.pw_name, "LOGNAME": user.pw_name,
-                "JUPYTER_DATA_DIR": str(home / "data"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
-                "JUPYTER_CONFIG_DIR": str(home / "config"), "IPYTHONDIR": str(home / "ipython"), **(env or {})},
-        "cwd": str(home),
-    }  # fmt: skip
-
-
-SIMULATED = {"gpu_backend": "simulated", "simulated_cards": "10GiB"}
-
-
-class Broker:
-    def __init__(
-        self, base: Path, gpu: dict | None = None, limits: dict | None = None, extra: str = "", prefix: tuple = ()
-    ):
-        """``extra``: more config lines (Python), e.g. GpuShareBroker.tcp_address; ``prefix``: a command the
-        broker runs under (another user, another /proc)."""
-        self.base = base
-        self.prefix = prefix
-        gpu = SIMULATED if gpu is None else gpu
-        limits = {"max_total": "4GiB"} if limits is None else limits
-        self.socket = str(base / "run" / "broker.sock")
-        self.ledger = str(base / "lib" / "ledger.sqlite")
-        config = base / "broker_config.py"
-        config.write_text(
-            textwrap.dedent(
-                f"""
-                {"".join(f"c.GpuShareApp.{k} = {v!r}; " for k, v in gpu.items())}
-                c.GpuShareApp.card_headroom = "0MiB"
-                c.GpuShareApp.context_reserve = "512MiB"
-                c.GpuShareBroker.socket_path = {self.socket!r}
-                c.GpuShareBroker.ledger_path = {self.ledger!r}
-                c.GpuShareBroker.reap_interval = 0.5
-                c.GpuShareBroker.default_limits = {limits!r}
-                c.GpuShareBroker.group_limits = {{{STAFF_GROUP!r}: {{"max_total": None}}}}
-                """
-            )
-            + textwrap.dedent(extra)
-        )
-        self.config = str(config)
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> Broker:
-        self.log = open(self.base / "broker.log", "a+")
-        self.proc = subprocess.Popen(
-            [*self.prefix, sys.executable, "-m", "jupyter_gpushare.cli", "broker", f"--config={self.config}"],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # stop() signals the group: the broker, also under a prefix
-        )
-        wait_until(lambda: self._answers(), timeout=60, what="the broker to listen")
-        return self
-
-    def _answers(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"broker exited {self.proc.returncode}:\n{self.output()}")
-        with socket.socket(socket.AF_UNIX) as s:
-            try:
-                s.connect(self.socket)
-                return True
-            except OSError:
-                return False
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(20)
-        self.log.close()
-
-    def admin_view(self) -> dict:
-        client = BrokerLedger(self.socket)
-        try:
-            return client.view()
-        finally:
-            client.close()
-
-
-class UserServer(ServerProcess):
-    """A `jupyter server` running as one Unix user, reserving through the broker."""
-
-    def __init__(self, base: Path, user: pwd.struct_passwd, broker: Broker, gpu: dict | None = None):
-        self.user = user
-        self.gpu = SIMULATED if gpu is None else gpu
-        self.name = f"server-{user.pw_name}"
-        self.home = base / user.pw_name
-        self.home.mkdir(exist_ok=True)
-        (self.home / "root").mkdir(exist_ok=True)
-        os.chown(self.home, user.pw_uid, user.pw_gid)
-        os.chown(self.home / "root", user.pw_uid, user.pw_gid)
-        os.chmod(self.home, 0o700)
-        self.broker = broker
-
-    def start(self) -> UserServer:
-        settings = {
-            "broker_socket": self.broker.socket, "card_headroom": "0MiB", "context_reserve": "512MiB",
-            "default_quota": "2GiB", "reconcile_interval": "0.5", "on_full": "reject", **self.gpu,
-        }  # fmt: skip
-        self.launch(
-            self.home.parent, [f"--ServerApp.root_dir={self.home / 'root'}"], settings, **run_as(self.user, self.home)
-        )
-        return self
-
-    def start_kernel(self) -> str:
-        return self.call("POST", "api/kernels", {"name": "python3"})["id"]
-
-    def refused(self) -> tuple[int, str]:
-        with pytest.raises(urllib.error.HTTPError) as e:
-            self.start_kernel()
-        return e.value.code, json.loads(e.value.read())["message"]
-
-    def kernel(self, kernel_id: str) -> dict:
-        return next(k for k in self.call("GET", "api/gpushare/kernels")["kernels"] if k["kernel_id"] == kernel_id)
-
-
-def as_user(user: pwd.struct_passwd, home: Path, code: str) -> dict:
-    """Run Python as ``user`` and return the JSON it prints last."""
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60, **run_as(user, home)
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
+from jupyter_gpushare.views import view_for
 
 # -- the host: broker + three users' servers ----------------------------------------------------------
-
-
-TRAVERSE_STATE = "/tmp/.gpushare-test-root-traverse.json"
-
-
-@contextlib.contextmanager
-def root_traversable():
-    """Let other users reach the interpreter under /root/.pyenv (o+x on /root) while this runs.
-
-    Test runs may overlap (several people, one machine): the first to start records /root's mode,
-    the last to finish restores it; holders are tracked by pid, so a crashed run does not pin it.
-    """
-
-    def update(change):
-        with open(TRAVERSE_STATE + ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                with open(TRAVERSE_STATE) as f:
-                    state = json.load(f)
-            except (OSError, ValueError):
-                state = {"mode": stat.S_IMODE(os.stat("/root").st_mode), "pids": []}
-            state["pids"] = [p for p in state["pids"] if psutil.pid_exists(p)]
-            change(state["pids"])
-            if state["pids"]:
-                os.chmod("/root", state["mode"] | 0o001)
-                with open(TRAVERSE_STATE, "w") as f:
-                    json.dump(state, f)
-            else:
-                os.chmod("/root", state["mode"])
-                with contextlib.suppress(OSError):
-                    os.unlink(TRAVERSE_STATE)
-
-    update(lambda pids: pids.append(os.getpid()))
-    try:
-        yield
-    finally:
-        update(lambda pids: pids.remove(os.getpid()) if os.getpid() in pids else None)
-
-
-@contextlib.contextmanager
-def shared_scratch(prefix: str) -> Iterator[Path]:
-    """A scratch directory every user can read, while other users can reach this interpreter."""
-    with root_traversable():
-        base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-        os.chmod(base, 0o755)
-        try:
-            yield base
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -269,16 +68,6 @@ def host():
             for name in users:
                 remove_user(name)
             subprocess.run(["groupdel", STAFF_GROUP], capture_output=True)
-
-
-def stop_all_kernels(servers) -> None:
-    for server in servers.values():
-        for k in server.call("GET", "api/kernels"):
-            server.call("DELETE", f"api/kernels/{k['id']}")
-
-
-def reserved(broker: Broker) -> int:
-    return broker.admin_view()["cards"][0]["reserved_mib"]
 
 
 # -- tests (in order: the last ones restart the broker and kill a server) ------------------------------
@@ -332,9 +121,13 @@ def test_student_cannot_release_read_or_forge(host):
         from jupyter_gpushare.policy import parse_size
         b = BrokerLedger({broker.socket!r})
         out = {{}}
-        out["release"] = repr(b.release({alice_ids[0]!r}))
+        for name, call in (("release", lambda: b.release({alice_ids[0]!r})),
+                           ("attach_other_lease", lambda: b.attach({alice_ids[0]!r}, None))):
+            try:
+                call(); out[name] = "accepted"
+            except LedgerError as e:
+                out[name] = str(e)
         out["get"] = repr(b.get({alice_ids[0]!r}))
-        b.attach({alice_ids[0]!r}, None)
         out["leases"] = [(l.kernel_id, l.user, l.kernel_name) for l in b.leases()]
         out["view"] = json.dumps(b.view())
         lease = b.reserve(Request("forged-1", parse_size("1GiB"), user={ALICE!r}), None, [], False)
@@ -359,7 +152,8 @@ def test_student_cannot_release_read_or_forge(host):
         print(json.dumps(out))
         """,
     )
-    assert got["release"] == "None" and got["get"] == "None"
+    assert "is another user's; you may not release it" in got["release"] and got["get"] == "None"
+    assert "is another user's" in got["attach_other_lease"]
     view = broker.admin_view()
     assert set(alice_ids) <= {k["kernel_id"] for k in view["kernels"]}  # alice's reservations are untouched
     assert all(k["kernel_pid"] for k in view["kernels"] if k["kernel_id"] in alice_ids)  # and still attached
@@ -506,36 +300,17 @@ def test_limits_hook_and_groups():
         UserLimits(max_kernels=1).check("late", 1024, 81920, [1024])
 
 
-@pytest.fixture
-def inproc(tmp_path):
-    """A broker's request handling without its socket: callers are given, not read from a socket."""
-    from traitlets.config import Config
-
-    c = Config()
-    c.GpuShareApp.gpu_backend, c.GpuShareApp.simulated_cards = "simulated", "10GiB"
-    c.GpuShareApp.card_headroom, c.GpuShareApp.context_reserve = "0MiB", "512MiB"
-    c.GpuShareBroker.ledger_path = str(tmp_path / "lib" / "ledger.sqlite")
-    broker = GpuShareBroker(config=c)
-    broker.setup()
-    broker._ledger = broker._open_ledger()
-    me = ProcessRef.me()
-    callers = {
-        "alice": Caller("alice", 5001, process=me),
-        "bob": Caller("bob", 5002, process=me),
-        "admin": Caller("root", 0, admin=True, process=me),
-    }
-    yield broker, callers
-    broker._ledger.close()
-
-
 def test_queue_and_cancel_across_users(inproc):
+    from jupyter_gpushare.broker import BrokerRefused
+
     broker, who = inproc
     for i in range(4):
         assert "lease" in broker.handle(who["alice"], "reserve", {"kernel_id": f"a{i}", "mib": 2048})
     waiting = broker.handle(who["bob"], "reserve", {"kernel_id": "b0", "mib": 2048, "wait": True})
     assert waiting["waiting"]["position"] == 1
-    broker.handle(who["alice"], "cancel_wait", {"kernel_id": "b0"})  # not alice's: nothing happens
-    broker.handle(who["alice"], "release", {"kernel_id": "b0"})
+    for op in ("cancel_wait", "release"):  # not alice's: refused, and bob keeps his place
+        with pytest.raises(BrokerRefused, match="another user's"):
+            broker.handle(who["alice"], op, {"kernel_id": "b0"})
     queue = broker.handle(who["alice"], "view", {})["queue"]
     assert queue == [
         {
@@ -567,9 +342,9 @@ def test_a_failing_limits_hook_is_answered_not_dropped(inproc):
 
 
 def test_host_view_of_an_embedded_ledger_is_all_of_it(tmp_path):
-    from jupyter_gpushare.broker import host_view
     from jupyter_gpushare.ledger import Ledger
     from jupyter_gpushare.policy import parse_size
+    from jupyter_gpushare.views import host_view
 
     cards = [Card(0, "GPU-0", "H200", 10240)]
     ledger = Ledger(tmp_path / "l.sqlite")
@@ -622,6 +397,7 @@ def test_bad_tcp_callers_get_reasons(inproc, monkeypatch):
     from servers import free_port
 
     from jupyter_gpushare.broker import BrokerRefused
+    from jupyter_gpushare.broker.protocol import decode_request
     from jupyter_gpushare.hub import HubClient
     from jupyter_gpushare.ledger import LedgerError
 
@@ -632,8 +408,8 @@ def test_bad_tcp_callers_get_reasons(inproc, monkeypatch):
     with pytest.raises(BrokerRefused, match="no JupyterHub configured"):
         broker.authenticate("some-token", "abc")
     broker.hub = HubClient(f"http://127.0.0.1:{free_port()}/hub/api", timeout=2)  # nothing listens there
-    with pytest.raises(BrokerRefused, match="instance id is 1-64 letters"):
-        broker.authenticate("some-token", "../../etc")
+    with pytest.raises(BrokerRefused, match="'instance' must be text matching"):  # checked where requests are read
+        decode_request({"op": "auth", "args": {"token": "some-token", "instance": "../../etc"}})
     with pytest.raises(
         BrokerRefused, match="could not identify this server by its JupyterHub token: the Hub at .* cannot be reached"
     ):

@@ -149,10 +149,11 @@ def test_jupyter_dispatches_to_the_console_script(env, tmp_path):
 def test_status_lists_gpu_processes_without_a_reservation_to_admins_only():
     """An admin sees which processes use GPU memory outside any kernel (who runs a script in a terminal);
     a student's view names no other user's process."""
-    from jupyter_gpushare.broker import Caller, view_for
+    from jupyter_gpushare.broker import Caller
     from jupyter_gpushare.cli import add_use, format_status
     from jupyter_gpushare.gpu import SimulatedBackend
     from jupyter_gpushare.ledger import Lease
+    from jupyter_gpushare.views import view_for
 
     backend = SimulatedBackend([10240])
     card = backend.cards()[0]

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from multiuser import Broker, as_user, ensure_user, remove_user, shared_scratch
 from servers import free_port, wait_until
-from test_broker import Broker, as_user, ensure_user, remove_user, shared_scratch
 from tls import make_certificates
 
 from jupyter_gpushare.broker import BrokerLedger
@@ -95,7 +95,7 @@ class Hub:
                 c.Spawner.args = {settings!r}
                 c.Spawner.notebook_dir = {str(self.homes)!r} + "/{{username}}"
                 c.JupyterHub.authenticator_class = "dummy"
-                c.Authenticator.allowed_users = {{{ALICE!r}, {BOB!r}, {UNIX_HUB_USER!r}}}
+                c.Authenticator.allowed_users = {{{ALICE!r}, {BOB!r}, {UNIX_HUB_USER!r}, "root"}}
                 c.Authenticator.admin_users = {{{CAROL!r}}}
                 c.JupyterHub.load_groups = {{{HUB_GROUP!r}: {{"users": [{BOB!r}, {UNIX_HUB_USER!r}]}}}}
                 c.JupyterHub.services = [
@@ -258,7 +258,9 @@ def test_student_cannot_release_read_or_forge_and_hub_admin_sees_all(hub_host):
     bob = BrokerLedger(address, token=bob_token, ca_file=ca)
     try:
         assert bob.hello()["user"] == BOB and bob.hello()["session"].startswith(f"hub:{BOB}:")
-        assert bob.release(alice_ids[0]) is None and bob.get(alice_ids[0]) is None
+        with pytest.raises(LedgerError, match="another user's; you may not release it"):
+            bob.release(alice_ids[0])
+        assert bob.get(alice_ids[0]) is None
         with pytest.raises(LedgerError, match="in use by another user's kernel"):
             bob.reserve(Request(alice_ids[1], parse_size("1GiB")), None, [], False)
         forged = bob.reserve(Request("forged-1", parse_size("1GiB"), user=ALICE), None, [], False)
@@ -283,6 +285,24 @@ def test_student_cannot_release_read_or_forge_and_hub_admin_sees_all(hub_host):
     assert ALICE not in json.dumps(student) and not any(kid in json.dumps(student) for kid in alice_ids)
     admin = hub.server(CAROL, "GET", "api/gpushare/host")
     assert admin["admin"] is True and {u["user"] for u in admin["users"]} == {ALICE, BOB}
+
+
+@needs_hub
+def test_a_hub_user_named_root_is_no_admin_over_tcp(hub_host):
+    """'root' (or the broker's own Unix user's name) is only a name on TCP: admin rights there come from the Hub's
+    admin flag or the broker's admin_users and admin_groups, never from the Unix-root rule."""
+    broker, hub, _, (address, ca) = hub_host
+    alice_ids = kernels_by_user(broker)[ALICE]
+    token = hub.api("POST", "users/root/tokens", {"note": "gpushare test"})["token"]
+    root = BrokerLedger(address, token=token, ca_file=ca)
+    try:
+        assert root.hello()["user"] == "root" and root.hello()["admin"] is False
+        with pytest.raises(LedgerError, match="another user's; you may not release it"):
+            root.release(alice_ids[0])
+        assert ALICE not in json.dumps(root.view()) and root.get(alice_ids[0]) is None
+    finally:
+        root.close()
+    assert kernels_by_user(broker)[ALICE] == alice_ids
 
 
 @needs_hub

@@ -219,7 +219,7 @@ def test_a_schema_1_ledger_is_migrated_with_its_leases(tmp_path):
     ledger = Ledger(path, owner=dead_process())
     assert ledger.reap() == []  # its kernel (this process) lives: kept
     assert [(x.kernel_id, x.owner, x.kernel) for x in ledger.leases()] == [("old", me, me)]
-    assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert ledger._file._db.execute("PRAGMA user_version").fetchone()[0] == 2
     assert isinstance(ledger.reserve(req("new", 2), POLICY, CARDS, wait=False), Lease)
 
 
@@ -242,13 +242,13 @@ def test_session_owned_leases_live_while_the_session_is_touched(tmp_path):
     assert broker.release_owned_except({"s1"}) == []  # the session's own bookkeeping
     broker.touch_session(session, "alice", time.time() - 1)  # touching never shortens a session
     assert other.reap() == []
-    other._db.execute("UPDATE sessions SET expires=?", (time.time() - 1,))  # it stopped calling
+    other._file._db.execute("UPDATE sessions SET expires=?", (time.time() - 1,))  # it stopped calling
     assert [x.kernel_id for x in other.reap()] == ["s1"] and other.waiters() == []
-    assert other._db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 0
+    assert other._file._db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 0
     # a broker back from an outage gives every session time to call again
     broker.touch_session(session, "alice", time.time() - 100)
     broker.extend_sessions(time.time() + 60)
-    assert other._db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 1
+    assert other._file._db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 1
 
 
 def test_memory_used_outside_reservations_is_taken(tmp_path):

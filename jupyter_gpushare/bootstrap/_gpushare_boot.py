@@ -73,7 +73,9 @@ def _no_cap_reason() -> str | None:
     if mode == "cpu":
         return "this kernel runs without a GPU (CUDA_VISIBLE_DEVICES is empty)" + (f": {reason}" if reason else "")
     if mode != "gpu":
-        return "this kernel has no GPU quota" + (f": {reason}" if reason else "")
+        return "this kernel has no GPU quota, so it sees no GPU (CUDA_VISIBLE_DEVICES is empty)" + (
+            f": {reason}" if reason else ""
+        )
     if _quota_mib() is None:
         return "GPUSHARE_QUOTA_MIB is missing from the kernel's environment"
     if os.environ.get("GPUSHARE_SIMULATED") == "1":

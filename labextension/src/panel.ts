@@ -130,8 +130,14 @@ function frameworks(k: IKernel): VirtualElement | null {
   if (!fw || Object.keys(fw).length === 0) {
     return null;
   }
+  // What the kernel's own processes wrote about themselves: student code can forge it, so it is shown
+  // as the kernel's word (the server enforces the reservation whatever a report says).
   return h.div(
-    { className: `${C}-frameworks` },
+    {
+      className: `${C}-frameworks`,
+      title: 'As reported by the kernel’s own processes'
+    },
+    h.span({ className: `${C}-fw-source` }, 'reported by the kernel:'),
     ...Object.keys(fw)
       .sort()
       .map(name => {
@@ -139,7 +145,7 @@ function frameworks(k: IKernel): VirtualElement | null {
         return h.span(
           {
             className: `${C}-fw ${f.capped ? `${C}-fw-capped` : `${C}-fw-uncapped`}`,
-            title: f.detail ?? ''
+            title: `${f.detail ?? ''} (reported by the kernel)`
           },
           `${name} ${f.capped ? `capped${isMeasured(f.limit_mib) ? ` ${formatMiB(f.limit_mib)}` : ''}` : 'not capped'}`
         );

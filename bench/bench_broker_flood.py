@@ -1,0 +1,203 @@
+"""One student floods the broker; another student's kernel starts must not notice.
+
+A real broker process (`jupyter gpushare broker`, as root) on a simulated 16 GiB card, and two Unix users
+made for the run. The victim's client (one process, its own uid, standing for a Jupyter server) runs
+reserve -> release cycles and times every reserve round trip. The flooder (other processes, the other uid)
+opens connections as fast as it can, far past the per-user cap (held ones stay open; refused ones are
+opened again at once), and on every connection it holds sends requests back to back without waiting
+(malformed ones too, which the broker must answer and may log).
+
+Two phases, measured one after the other in one run: the victim alone, then the victim under the flood.
+Printed side by side with their ratio; also how many connections and requests the flooder got through,
+and how much the broker's log grew. Target: under the flood, the victim's reserve p99 stays under 50 ms.
+Needs root (useradd; the broker runs as root).
+
+    python bench/bench_broker_flood.py [--cycles 400] [--flooders 4] [--seconds 20]
+                                       [--json bench/results/broker-flood-<machine>-<date>.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import pwd
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+VICTIM, FLOODER = f"gsv{os.getpid() % 100000}", f"gsf{os.getpid() % 100000}"
+
+
+def ensure_user(name: str) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+        return pwd.getpwnam(name)
+
+
+def as_user(name: str) -> None:
+    user = pwd.getpwnam(name)
+    os.setgroups([])
+    os.setgid(user.pw_gid)
+    os.setuid(user.pw_uid)
+
+
+def victim(sock: str, cycles: int, out) -> None:
+    as_user(VICTIM)
+    from jupyter_gpushare.broker import BrokerLedger
+    from jupyter_gpushare.ledger import Lease, Request
+    from jupyter_gpushare.policy import Size
+
+    ledger = BrokerLedger(sock)
+    ledger.hello()
+    latencies, granted = [], 0
+    for i in range(cycles):
+        kid = f"victim-{os.getpid()}-{i}"
+        t0 = time.perf_counter()
+        got = ledger.reserve(Request(kid, Size(mib=1024)), None, [], wait=False)
+        latencies.append(time.perf_counter() - t0)
+        if isinstance(got, Lease):
+            granted += 1
+            ledger.release(kid)
+        time.sleep(0.005)  # a server's pace: kernels start, not a tight loop
+    out.put({"latencies": latencies, "granted": granted})
+
+
+def flooder(sock: str, seconds: float, out) -> None:
+    as_user(FLOODER)
+    held: list[socket.socket] = []
+    opened = refused = sent = 0
+    burst = (
+        b'{"op": "hello"}\n' * 20 + b'{"op": "reserve", "args": {"kernel_id": "x", "mib": -1}}\n' + b"not json\n"
+    ) * 5
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.setblocking(False)
+            s.connect(sock)
+            opened += 1
+            held.append(s)
+        except OSError:
+            refused += 1
+            s.close()
+        for s in list(held):  # write without reading: the broker must not buffer without bound for us
+            try:
+                sent += s.send(burst)
+            except BlockingIOError:
+                pass
+            except OSError:  # refused (over the cap) or closed by the broker
+                held.remove(s)
+                s.close()
+                refused += 1
+    out.put({"opened": opened, "refused_or_closed": refused, "bytes_sent": sent, "held_at_end": len(held)})
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def phase(sock: str, cycles: int, flooders: int, seconds: float) -> dict:
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    floods = [ctx.Process(target=flooder, args=(sock, seconds, out)) for _ in range(flooders)]
+    for p in floods:
+        p.start()
+    if floods:
+        time.sleep(2)  # the flood is at full strength before the victim starts
+    v = ctx.Process(target=victim, args=(sock, cycles, out))
+    v.start()
+    results = [out.get(timeout=600) for _ in range(1 + len(floods))]
+    for p in [v, *floods]:
+        p.join(60)
+    vict = next(r for r in results if "latencies" in r)
+    ms = [x * 1000 for x in vict["latencies"]]
+    return {
+        "reserve_ms": {"p50": statistics.median(ms), "p99": percentile(ms, 99), "max": max(ms)},
+        "granted": vict["granted"],
+        "cycles": cycles,
+        "flooders": [r for r in results if "opened" in r],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cycles", type=int, default=400)
+    ap.add_argument("--flooders", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        sys.exit("bench_broker_flood needs root and useradd (two Unix users, a root broker).")
+    base = Path(tempfile.mkdtemp(prefix="gpushare-flood-"))
+    os.chmod(base, 0o755)
+    root_mode = os.stat("/root").st_mode
+    os.chmod("/root", root_mode | 0o001)  # the users reach this interpreter under /root (restored at the end)
+    for name in (VICTIM, FLOODER):
+        ensure_user(name)
+    sock = str(base / "run" / "broker.sock")
+    (base / "config.py").write_text(
+        textwrap.dedent(
+            f"""
+            c.GpuShareApp.gpu_backend = "simulated"
+            c.GpuShareApp.simulated_cards = "16GiB"
+            c.GpuShareApp.card_headroom = "0MiB"
+            c.GpuShareApp.context_reserve = "512MiB"
+            c.GpuShareBroker.socket_path = {sock!r}
+            c.GpuShareBroker.ledger_path = {str(base / "lib" / "ledger.sqlite")!r}
+            """
+        )
+    )
+    log = open(base / "broker.log", "w+")
+    broker = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_gpushare.cli", "broker", f"--config={base / 'config.py'}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        for _ in range(200):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.1)
+        quiet = phase(sock, args.cycles, 0, args.seconds)
+        log_before = os.path.getsize(base / "broker.log")
+        flood = phase(sock, args.cycles, args.flooders, args.seconds)
+        log_growth = os.path.getsize(base / "broker.log") - log_before
+    finally:
+        os.killpg(broker.pid, signal.SIGTERM)
+        broker.wait(30)
+        for name in (VICTIM, FLOODER):
+            subprocess.run(["userdel", name], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+        os.chmod("/root", root_mode)
+    q, f = quiet["reserve_ms"], flood["reserve_ms"]
+    print(f"{'victim reserve':<22}{'alone':>10}{'under flood':>14}{'ratio':>8}")
+    for key in ("p50", "p99", "max"):
+        print(f"{key + ' (ms)':<22}{q[key]:>10.2f}{f[key]:>14.2f}{f[key] / q[key]:>8.2f}")
+    opened = sum(r["opened"] for r in flood["flooders"])
+    sent = sum(r["bytes_sent"] for r in flood["flooders"])
+    print(f"flooders: {args.flooders} processes, {opened} connections opened, {sent / 1e6:.1f} MB of requests sent")
+    print(f"broker log grew {log_growth / 1024:.1f} KiB during the flood")
+    print(f"target p99 < 50 ms under flood: {'MET' if f['p99'] < 50 else 'NOT MET'}")
+    result = {
+        "machine": platform.node(), "cpus": os.cpu_count(), "date": datetime.now(timezone.utc).isoformat(),
+        "quiet": quiet, "flood": flood, "log_growth_bytes": log_growth, "p99_ratio": f["p99"] / q["p99"],
+    }  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""The client a Jupyter server uses to reserve through the host's broker (server.py).
+
+``BrokerLedger`` answers the same calls as the embedded ``Ledger``, so the manager uses either the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import ssl
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..gpu import Card
+from ..ledger import Lease, LedgerError, ProcessRef, Request, Waiter, Waiting
+from ..policy import Policy, PolicyError, UserLimits
+from .protocol import HUB_TOKEN_ENV, MAX_LINE, is_tcp, lease_from_json, parse_tcp, waiter_from_json
+
+log = logging.getLogger("jupyter_gpushare.broker")
+
+
+@dataclass
+class _Outage:
+    since: float
+    message: str
+
+
+class _AuthRefused(Exception):
+    """The broker did not accept this server's JupyterHub token."""
+
+
+@dataclass
+class BrokerLedger:
+    """The Ledger interface, answered by the host's broker over its Unix socket.
+
+    Same methods and signatures as Ledger, so QuotaManager uses it unchanged. Not thread-safe (the
+    manager calls it from its one ledger thread). It reconnects on each call after a failure, so a
+    broker restart is invisible; while the broker is down, reserve raises LedgerError with
+    what to do, releases and attaches are kept and sent once it is back, and queries answer empty,
+    with ``on_state`` told the reason (and None once the broker answers again).
+
+    ``path`` is the broker's Unix socket, or 'tcp://host:port' ('tls://host:port': TLS, the broker's
+    certificate checked against ``ca_file`` or the system's CAs) for a server in a container: it then
+    authenticates with ``token`` (default: $JUPYTERHUB_API_TOKEN, which every Hub-started server has)
+    and an instance id of its own, which names its session at the broker.
+    """
+
+    path: str
+    timeout: float = 15.0
+    ca_file: str = ""
+    on_state: Callable[[str | None], None] | None = None
+    owner: ProcessRef = field(default_factory=ProcessRef.me)
+    token: str | None = None
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex)
+    _sock: socket.socket | None = field(default=None, repr=False)
+    _file: Any = field(default=None, repr=False)
+    _pending_release: set = field(default_factory=set, repr=False)
+    _pending_attach: dict = field(default_factory=dict, repr=False)
+    outage: _Outage | None = field(default=None, repr=False)
+
+    # -- transport ---------------------------------------------------------------------------------------
+
+    @property
+    def tcp(self) -> bool:
+        return is_tcp(self.path)
+
+    def _connect(self) -> None:
+        token = os.environ.get(HUB_TOKEN_ENV, "") if self.token is None and self.tcp else self.token
+        if self.tcp and not token:
+            raise _AuthRefused(
+                f"This server has no JupyterHub API token (${HUB_TOKEN_ENV}) to identify itself to the GPU broker at "
+                f"{self.path}. A broker on TCP serves servers started by a JupyterHub; outside one, use its Unix socket."
+            )
+        if self.tcp:
+            host, port = parse_tcp(self.path, "GpuShareApp.broker_socket")
+            sock = socket.create_connection((host, port), timeout=self.timeout)
+            if self.path.startswith("tls://"):
+                sock = self._wrap_tls(sock, host)
+        else:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(self.path)
+            except OSError:
+                sock.close()
+                raise
+        self._sock, self._file = sock, sock.makefile("rb")
+        if token:
+            reply = self._exchange("auth", {"token": token, "instance": self.instance})
+            if not reply.get("ok"):
+                self._drop()
+                raise _AuthRefused(f"The GPU broker at {self.path} refused this server: {reply.get('message', reply)}")
+
+    def _wrap_tls(self, sock: socket.socket, host: str) -> ssl.SSLSocket:
+        try:
+            return ssl.create_default_context(cafile=self.ca_file or None).wrap_socket(sock, server_hostname=host)
+        except ssl.SSLCertVerificationError as e:
+            sock.close()
+            raise _AuthRefused(
+                f"This server does not trust the GPU broker's certificate at {self.path} ({e.verify_message}). Set "
+                "GpuShareApp.broker_ca_file to the CA that signed GpuShareBroker.tcp_certfile; the certificate "
+                f"must name {host!r}."
+            ) from e
+        except Exception:  # no TLS there (ssl.SSLError), an unreadable CA file: reported as not reachable
+            sock.close()
+            raise
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            try:
+                self._file.close()
+                self._sock.close()
+            except OSError:
+                pass
+        self._sock = self._file = None
+
+    def _exchange(self, op: str, args: dict) -> dict:
+        assert self._sock is not None
+        self._sock.sendall(json.dumps({"op": op, "args": args}).encode() + b"\n")
+        line = self._file.readline(MAX_LINE)
+        if not line:
+            raise ConnectionResetError("the broker closed the connection")
+        return json.loads(line)
+
+    def _down_message(self, e: BaseException) -> str:
+        hint = {
+            "tls": " If the broker has no GpuShareBroker.tcp_certfile, it speaks plain TCP: use tcp://.",
+            "tcp": " If the broker has GpuShareBroker.tcp_certfile, it speaks TLS: use tls://.",
+        }.get(self.path.partition("://")[0] if self.tcp else "", "")
+        return (
+            f"The GPU broker at {self.path} is not reachable ({e}). GPU reservations for this host go through it "
+            "(GpuShareApp.broker_socket), so kernels start without a GPU until it is back. Ask the administrator "
+            f"to check it (systemctl status jupyter-gpushare-broker; jupyter gpushare doctor).{hint}"
+        )
+
+    def _call(self, op: str, **args: Any) -> Any:
+        reply = None
+        for attempt in (0, 1):  # a connection the broker dropped (restart) is retried once, fresh
+            try:
+                if self._sock is None:
+                    self._connect()
+                    self._replay()
+                reply = self._exchange(op, args)
+                break
+            except (OSError, ValueError, _AuthRefused) as e:
+                self._drop()
+                if attempt or isinstance(e, _AuthRefused):
+                    message = str(e) if isinstance(e, _AuthRefused) else self._down_message(e)
+                    if self.outage is None or self.outage.message != message:
+                        self.outage = _Outage(time.time(), message)
+                        log.error("%s", message)
+                        if self.on_state:
+                            self.on_state(message)
+                    raise LedgerError(message) from e
+        if self.outage is not None:
+            log.warning("jupyter-gpushare: the GPU broker at %s answers again.", self.path)
+            self.outage = None
+            if self.on_state:
+                self.on_state(None)
+        assert reply is not None
+        if reply.get("ok"):
+            return reply.get("result")
+        if reply.get("error") == "PolicyError":
+            raise PolicyError(reply.get("message", ""))
+        raise LedgerError(f"The GPU broker refused: {reply.get('message', reply)}")
+
+    def _replay(self) -> None:
+        """Send the releases and attaches that were made while the broker was down."""
+        for kernel_id in list(self._pending_release):
+            self._exchange("release", {"kernel_id": kernel_id})
+            self._pending_release.discard(kernel_id)
+            self._pending_attach.pop(kernel_id, None)
+        for kernel_id, pid in list(self._pending_attach.items()):
+            self._exchange("attach", {"kernel_id": kernel_id, "pid": pid})
+            self._pending_attach.pop(kernel_id, None)
+
+    def _query(self, op: str, empty: Any, **args: Any) -> Any:
+        try:
+            return self._call(op, **args)
+        except LedgerError:
+            if self.outage is None:
+                raise
+            return empty
+
+    def close(self) -> None:
+        self._drop()
+
+    # -- the Ledger interface -----------------------------------------------------------------------------
+
+    def hello(self) -> dict:
+        return self._call("hello")
+
+    def view(self) -> dict:
+        """What the broker shows this caller (see view_for)."""
+        return self._call("view")
+
+    def reserve(
+        self,
+        req: Request,
+        policy: Policy | None = None,
+        cards: Sequence[Card] = (),
+        wait: bool = False,
+        limits: UserLimits | None = None,
+    ) -> Lease | Waiting:
+        """Reserve through the broker. ``policy``, ``limits`` and ``req.user`` are the broker's to decide and are
+        not sent; ``cards`` (the real cards this server sees) restrict where the broker may place the kernel.
+        What processes without a reservation use, the broker measures itself."""
+        visible = [c.uuid for c in cards if not c.simulated]
+        got = self._call("reserve", kernel_id=req.kernel_id, mib=req.quota.mib, percent=req.quota.percent, kernel_name=req.kernel_name, wait=wait, **({"cards": visible} if visible else {}))  # fmt: skip
+        if "lease" in got:
+            return lease_from_json(got["lease"])
+        known = Waiting.__dataclass_fields__  # a newer broker may say more
+        waiting = {k: v for k, v in got["waiting"].items() if k in known}
+        return Waiting(**{**waiting, "outside_mib": int(got.get("outside_mib") or 0)})
+
+    def cancel_wait(self, kernel_id: str) -> None:
+        try:
+            self._call("cancel_wait", kernel_id=kernel_id)
+        except LedgerError:
+            if self.outage is None:
+                raise  # while the broker is down, its waiter goes stale without heartbeats and is dropped
+
+    def attach(self, kernel_id: str, kernel: ProcessRef | None) -> None:
+        pid = kernel.pid if kernel else None
+        try:
+            self._call("attach", kernel_id=kernel_id, pid=pid)
+        except LedgerError:
+            if self.outage is None:
+                raise
+            self._pending_attach[kernel_id] = pid
+
+    def release(self, kernel_id: str) -> Lease | None:
+        try:
+            got = self._call("release", kernel_id=kernel_id)
+        except LedgerError:
+            if self.outage is None:
+                raise
+            self._pending_release.add(kernel_id)
+            log.warning(
+                "jupyter-gpushare: kernel %s's reservation will be released when the broker is back.", kernel_id
+            )
+            return None
+        return lease_from_json(got) if got else None
+
+    def release_owned_except(self, keep: set[str]) -> list[Lease]:
+        return [lease_from_json(d) for d in self._query("release_owned_except", [], keep=sorted(keep))]
+
+    def reap(self) -> list[Lease]:
+        return [lease_from_json(d) for d in self._query("reap", [])]
+
+    def leases(self) -> list[Lease]:
+        """This user's leases, and other users' as one nameless lease per card (admins: all)."""
+        return [lease_from_json(d) for d in self._query("leases", [])]
+
+    def get(self, kernel_id: str) -> Lease | None:
+        got = self._query("get", None, kernel_id=kernel_id)
+        return lease_from_json(got) if got else None
+
+    def waiters(self) -> list[Waiter]:
+        return [waiter_from_json(d) for d in self._query("waiters", [])]

@@ -1,0 +1,277 @@
+"""The broker's wire protocol: one JSON object per line each way, and the one place requests are checked.
+
+``{"op": "reserve", "args": {...}}`` -> ``{"ok": true, "result": ...}`` or
+``{"ok": false, "error": "PolicyError" | "LedgerError" | "Refused", "message": "..."}``.
+
+Every byte a caller sends is untrusted: ``decode_request`` turns a line into an operation name and typed
+arguments (``REQUESTS``), or raises BrokerRefused saying what was wrong. Nothing past it re-checks a type,
+a range or a length, and nothing a caller sends about who it is (user, uid, pid) is read at all.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..ledger import Lease, Owner, ProcessRef, SessionRef, Waiter
+from ..policy import PolicyError, Size
+
+MAX_LINE = 1 << 20  # bytes of one request line
+HUB_TOKEN_ENV = "JUPYTERHUB_API_TOKEN"  # what a server started by a JupyterHub authenticates with
+MAX_PID = 1 << 22  # Linux's pid_max ceiling
+KERNEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", re.ASCII)  # a jupyter uuid4, or a test's "k1"
+INSTANCE_ID = re.compile(r"[A-Za-z0-9-]{1,64}", re.ASCII)
+MAX_CARDS, MAX_KEEP = 64, 100_000
+
+
+class BrokerRefused(RuntimeError):
+    """A request the broker will not carry out for this caller (not theirs, bad arguments)."""
+
+
+# -- addresses ---------------------------------------------------------------------------------------
+
+
+def is_tcp(address: str) -> bool:
+    return address.startswith(("tcp://", "tls://"))
+
+
+def parse_tcp(address: str, what: str) -> tuple[str, int]:
+    """'host:port' (or 'tcp://host:port', 'tls://host:port') -> (host, port); ValueError that names ``what``."""
+    rest = address.removeprefix("tcp://").removeprefix("tls://")
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{what} = {address!r} is not host:port; e.g. 'tcp://gpushare-broker.jhub.svc:8765'.")
+    return host.strip("[]"), int(port)
+
+
+# -- typed requests --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NoArgs:
+    pass
+
+
+@dataclass(frozen=True)
+class KernelArgs:
+    kernel_id: str
+
+
+@dataclass(frozen=True)
+class ReserveArgs:
+    kernel_id: str
+    quota: Size
+    kernel_name: str = ""
+    wait: bool = False
+    cards: tuple[str, ...] = ()  # the cards the calling server sees; () = any of the broker's
+
+
+@dataclass(frozen=True)
+class AttachArgs:
+    kernel_id: str
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class KeepArgs:
+    keep: frozenset[str]
+
+
+@dataclass(frozen=True)
+class AuthArgs:
+    token: str
+    instance: str
+
+
+class _Fields:
+    """Reads one request's arguments, each check naming the operation and the field."""
+
+    def __init__(self, op: str, args: Mapping[str, Any]):
+        self.op, self.args = op, args
+
+    def refuse(self, key: str, wanted: str) -> BrokerRefused:
+        got = self.args.get(key)
+        shown = repr(got) if len(repr(got)) <= 60 else repr(got)[:60] + "..."
+        return BrokerRefused(f"Bad {self.op!r} request: {key!r} must be {wanted}; got {shown}.")
+
+    def text(self, key: str, pattern: re.Pattern | None = None, max_len: int = 200, default: str | None = None) -> str:
+        value = self.args.get(key, default)
+        if not isinstance(value, str) or len(value) > max_len or (pattern is not None and not pattern.fullmatch(value)):
+            shape = f"matching {pattern.pattern}" if pattern is not None else f"at most {max_len} characters"
+            raise self.refuse(key, f"text {shape}")
+        return value
+
+    def kernel_id(self, key: str = "kernel_id") -> str:
+        return self.text(key, KERNEL_ID)
+
+    def flag(self, key: str) -> bool:
+        value = self.args.get(key, False)
+        if not isinstance(value, bool):
+            raise self.refuse(key, "true or false")
+        return value
+
+    def number(self, key: str, kinds: tuple[type, ...]) -> Any:
+        """A number of one of ``kinds`` or None; a bool is not a number here (True is not 1 MiB)."""
+        value = self.args.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+            raise self.refuse(key, "a number" if float in kinds else "a whole number")
+        return value
+
+    def texts(self, key: str, item: re.Pattern, max_items: int) -> tuple[str, ...]:
+        value = self.args.get(key) or []
+        if (
+            not isinstance(value, list)
+            or len(value) > max_items
+            or not all(isinstance(v, str) and item.fullmatch(v) for v in value)
+        ):
+            raise self.refuse(key, f"a list of at most {max_items} texts matching {item.pattern}")
+        return tuple(value)
+
+
+CARD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}", re.ASCII)  # a GPU or MIG UUID, or an index
+
+
+def _reserve(f: _Fields) -> ReserveArgs:
+    mib, percent = f.number("mib", (int,)), f.number("percent", (int, float))
+    try:
+        quota = Size(mib=mib, percent=percent)
+    except PolicyError as e:
+        raise BrokerRefused(f"Bad 'reserve' request: {e}") from e
+    name = f.args.get("kernel_name", "")
+    if not isinstance(name, str):
+        raise f.refuse("kernel_name", "text")
+    return ReserveArgs(f.kernel_id(), quota, name[:200], f.flag("wait"), f.texts("cards", CARD_ID, MAX_CARDS))
+
+
+def _attach(f: _Fields) -> AttachArgs:
+    pid = f.number("pid", (int,))
+    if pid is not None and not 0 < pid <= MAX_PID:
+        raise f.refuse("pid", f"a process id from 1 to {MAX_PID}")
+    return AttachArgs(f.kernel_id(), pid)
+
+
+def _keep(f: _Fields) -> KeepArgs:
+    return KeepArgs(frozenset(f.texts("keep", KERNEL_ID, MAX_KEEP)))
+
+
+def _auth(f: _Fields) -> AuthArgs:
+    return AuthArgs(f.text("token", max_len=4096), f.text("instance", INSTANCE_ID))
+
+
+# The operations a caller may ask for, each with the reader of its arguments (server.py answers them).
+REQUESTS: dict[str, Callable[[_Fields], Any]] = {
+    "auth": _auth,
+    "hello": lambda f: NoArgs(),
+    "view": lambda f: NoArgs(),
+    "reserve": _reserve,
+    "cancel_wait": lambda f: KernelArgs(f.kernel_id()),
+    "attach": _attach,
+    "release": lambda f: KernelArgs(f.kernel_id()),
+    "release_owned_except": _keep,
+    "reap": lambda f: NoArgs(),
+    "leases": lambda f: NoArgs(),
+    "get": lambda f: KernelArgs(f.kernel_id()),
+    "waiters": lambda f: NoArgs(),
+}
+
+
+def decode_request(line: bytes | str | dict) -> tuple[str, Any]:
+    """One request line -> (operation, typed arguments). BrokerRefused says what is wrong with anything else.
+
+    Arguments an operation does not know are ignored (a newer server may send more).
+    """
+    if isinstance(line, dict):
+        msg: Any = line
+    else:
+        try:
+            msg = json.loads(line)
+        except (ValueError, RecursionError) as e:  # RecursionError: [[[[...]]]] nested past the parser's depth
+            raise BrokerRefused(
+                f"A request is one JSON object per line; this one is not JSON ({type(e).__name__})."
+            ) from e
+    if not isinstance(msg, dict):
+        raise BrokerRefused('A request is a JSON object: {"op": "<operation>", "args": {...}}.')
+    op, args = msg.get("op"), msg.get("args")
+    if not isinstance(op, str) or op not in REQUESTS:
+        shown = repr(op) if len(repr(op)) <= 40 else repr(op)[:40] + "..."
+        raise BrokerRefused(f"Unknown request {shown}; the broker answers {', '.join(sorted(REQUESTS))}.")
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise BrokerRefused(f"Bad {op!r} request: 'args' must be a JSON object.")
+    return op, REQUESTS[op](_Fields(op, args))
+
+
+def encode(reply: dict) -> bytes:
+    return json.dumps(reply).encode() + b"\n"
+
+
+def refusal(kind: str, message: str) -> dict:
+    return {"ok": False, "error": kind, "message": message}
+
+
+# -- leases and waiters on the wire ------------------------------------------------------------------------
+
+
+def owner_to_json(owner: Owner) -> dict:
+    if isinstance(owner, SessionRef):
+        return {"session": owner.id}
+    return {"pid": owner.pid, "start": owner.start}
+
+
+def owner_from_json(d: dict) -> Owner:
+    return SessionRef(d["session"]) if "session" in d else ProcessRef(d["pid"], d["start"])
+
+
+def lease_to_json(lease: Lease) -> dict:
+    kernel = lease.kernel
+    return {
+        "kernel_id": lease.kernel_id,
+        "card_uuid": lease.card_uuid,
+        "card_index": lease.card_index,
+        "quota_mib": lease.quota_mib,
+        "reserve_mib": lease.reserve_mib,
+        "reserved_mib": lease.reserved_mib,
+        "user": lease.user,
+        "kernel_name": lease.kernel_name,
+        "owner": owner_to_json(lease.owner),
+        "kernel": {"pid": kernel.pid, "start": kernel.start} if kernel else None,
+        "created": lease.created,
+    }
+
+
+def lease_from_json(d: dict) -> Lease:
+    kernel = d.get("kernel")
+    return Lease(
+        kernel_id=d["kernel_id"],
+        card_uuid=d["card_uuid"],
+        card_index=d["card_index"],
+        quota_mib=d["quota_mib"],
+        reserve_mib=d["reserve_mib"],
+        user=d["user"],
+        kernel_name=d["kernel_name"],
+        owner=owner_from_json(d["owner"]),
+        kernel=ProcessRef(**kernel) if kernel else None,
+        created=d["created"],
+    )
+
+
+def waiter_to_json(w: Waiter) -> dict:
+    return {
+        "ticket": w.ticket,
+        "kernel_id": w.kernel_id,
+        "quota": w.quota,
+        "user": w.user,
+        "kernel_name": w.kernel_name,
+        "owner": owner_to_json(w.owner),
+        "created": w.created,
+    }
+
+
+def waiter_from_json(d: dict) -> Waiter:
+    return Waiter(
+        d["ticket"], d["kernel_id"], d["quota"], d["user"], d["kernel_name"], owner_from_json(d["owner"]), d["created"]
+    )

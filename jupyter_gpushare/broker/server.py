@@ -1,0 +1,783 @@
+"""The broker process: owns the host's ledger and answers the Jupyter servers of every user.
+
+Deployment mode 2 (docs/multi-user.md). The broker runs as its own user (or root), owns the ledger file
+(mode 0600) and listens on a Unix socket (and, for servers in containers, on TCP or TLS, where a server
+authenticates with its JupyterHub API token and owns its leases through a session).
+
+What a caller may do, checked here for every request (protocol.py has already checked its shape):
+- reserve only as itself (the user the kernel or the Hub names), within its per-user limits;
+- release, attach and stop waiting only for leases its own connection's process (or Hub session) holds:
+  a student's kernel runs as the student but is not their server, so it cannot hand its memory back
+  behind the server's back;
+- see other users only as anonymous per-card totals.
+Admins (admin_users, admin_groups, Hub admins; on the Unix socket also root and the broker's own user)
+see everything and may release any reservation. Each user has a connection cap and a request rate
+(guard.py), so nobody can starve the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import grp
+import logging
+import os
+import signal
+import socket
+import ssl
+import stat
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+from jupyter_core.application import JupyterApp
+from traitlets import Any as AnyTrait
+from traitlets import Bool, Dict, Float, Int, List, Unicode, default
+
+from ..gpu import Card, DeviceSample
+from ..hub import HubClient, HubError
+from ..ledger import Lease, Ledger, LedgerError, ProcessRef, Request, SessionRef, Waiter
+from ..policy import CardView, LimitRules, PolicyError, UserLimits, format_mib, parse_limits
+from ..sampler import unreserved_use
+from ..views import ANONYMOUS, anonymous_leases, view_for
+from .guard import Guard, LogLimiter, raise_fd_limit
+from .identity import Caller, container_reason, peer_credentials, proc_hidden_from_me, user_and_groups
+from .protocol import (
+    HUB_TOKEN_ENV,
+    MAX_LINE,
+    AttachArgs,
+    AuthArgs,
+    BrokerRefused,
+    KeepArgs,
+    KernelArgs,
+    NoArgs,
+    ReserveArgs,
+    decode_request,
+    encode,
+    lease_to_json,
+    parse_tcp,
+    refusal,
+    waiter_to_json,
+)
+
+DEFAULT_SOCKET = "/run/jupyter-gpushare/broker.sock"
+DEFAULT_LEDGER = "/var/lib/jupyter-gpushare/ledger.sqlite"
+SAMPLE_TTL_S = 1.0  # the driver is read at most this often for what processes without a reservation use
+AUTH_TIMEOUT_S = 10.0  # a TCP caller that has not authenticated by then is disconnected
+
+
+class GpuShareBroker(JupyterApp):
+    """The host-wide GPU reservation broker (``jupyter gpushare broker``)."""
+
+    name = "jupyter-gpushare-broker"
+    description = "Own this host's GPU ledger and admit the kernels of every user's Jupyter server."
+
+    socket_path = Unicode(
+        DEFAULT_SOCKET,
+        config=True,
+        help="Unix socket the broker listens on. Its directory is created (mode 0755) if missing. "
+        f"Default: '{DEFAULT_SOCKET}'. Servers point GpuShareApp.broker_socket at it.",
+    )
+    socket_group = Unicode(
+        "",
+        config=True,
+        help="Unix group allowed to connect: the socket gets mode 0660 and this group. Default: '' = any "
+        "local user may connect (mode 0666); callers are identified by the kernel either way.",
+    )
+    ledger_path = Unicode(
+        DEFAULT_LEDGER,
+        config=True,
+        help="The host's ledger file, written only by the broker (created mode 0600). Its directory must "
+        f"not be writable by other users (e.g. root-owned, 0755). Default: '{DEFAULT_LEDGER}'.",
+    )
+    admin_users = List(
+        Unicode(),
+        default_value=[],
+        config=True,
+        help="Users who see every user's kernels and may release any reservation. On the Unix socket root and "
+        "the broker's own Unix user always may; over TCP only these users, admin_groups and Hub admins, whatever a "
+        "Hub user is called (a Hub user named 'root' is not the Unix root). Default: [].",
+    )
+    admin_groups = List(
+        Unicode(),
+        default_value=[],
+        config=True,
+        help="Groups whose members are admins (see admin_users): Unix groups, and JupyterHub groups when "
+        "hub_api_url is set. Default: [].",
+    )
+    default_limits = Dict(
+        default_value={},
+        config=True,
+        help="Per-user limits for everyone, e.g. {'max_total': '16GiB', 'max_kernel': '8GiB', "
+        "'max_kernels': 2}: total of a user's kernel quotas, largest quota of one kernel, most GPU kernels "
+        "at once. Sizes as in GpuShareApp.default_quota ('25%' = of a card). Default: {} = no limits.",
+    )
+    user_limits = Dict(
+        default_value={},
+        config=True,
+        help="Limits per user name, overriding group and default limits field by field, e.g. "
+        "{'alice': {'max_total': '32GiB'}}; a field set to None means no limit. Default: {}.",
+    )
+    group_limits = Dict(
+        default_value={},
+        config=True,
+        help="Limits per group (Unix groups, and JupyterHub groups when hub_api_url is set), e.g. "
+        "{'staff': {'max_total': None}, 'students': {'max_total': '8GiB'}}. "
+        "A user in several groups gets the most generous value of each field. Default: {}.",
+    )
+    user_limits_hook = AnyTrait(
+        None,
+        allow_none=True,
+        config=True,
+        help="Callable (user: str, groups: tuple[str, ...], limits: UserLimits) -> UserLimits | dict | None, "
+        "for limits that come from elsewhere (a course roster, LDAP). A dict overrides the fields it sets; "
+        "None keeps the configured limits. Default: None.",
+    )
+    reap_interval = Float(
+        5.0,
+        config=True,
+        help="Seconds between sweeps that reclaim the reservations of servers and kernels that are gone "
+        "(every reservation also sweeps first). Default: 5.",
+    )
+    tcp_address = Unicode(
+        "",
+        config=True,
+        help="Also listen on TCP at 'host:port', for Jupyter servers in containers (DockerSpawner, "
+        "KubeSpawner), which cannot be identified by the Unix socket. They point GpuShareApp.broker_socket at "
+        "'tcp://<this host>:<port>' ('tls://...' with tcp_certfile) and authenticate with their JupyterHub API "
+        "token, so hub_api_url is needed. Without tcp_certfile the tokens cross it in plain text: bind it to an "
+        "address only the servers can reach (e.g. the Docker bridge or a cluster-internal Service). "
+        "Default: '' = Unix socket only.",
+    )
+    tcp_certfile = Unicode(
+        "",
+        config=True,
+        help="PEM certificate (chain) for TLS on tcp_address; servers then connect to 'tls://host:port', with "
+        "GpuShareApp.broker_ca_file naming the CA that signed it unless the system trusts it. The certificate "
+        "must name the host the servers connect to. Default: '' = plain TCP.",
+    )
+    tcp_keyfile = Unicode(
+        "",
+        config=True,
+        help="PEM private key of tcp_certfile, if it is not in that file. Default: ''.",
+    )
+    hub_api_url = Unicode(
+        config=True,
+        help="The JupyterHub API, e.g. 'http://127.0.0.1:8081/hub/api': tokens of servers on TCP are checked "
+        "against it, and Hub groups and Hub admins count for limits and admin rights (also for Unix-socket "
+        "callers, by user name). Default: $JUPYTERHUB_API_URL (set when the Hub runs the broker as a service), "
+        "else '' = no Hub.",
+    )
+    hub_api_token = Unicode(
+        config=True,
+        help="The broker's own Hub API token, to look up the Hub groups and admin flag of Unix-socket callers "
+        "(scopes read:users:name and read:users:groups). Default: $JUPYTERHUB_API_TOKEN.",
+    )
+    allow_container_callers = Bool(
+        False,
+        config=True,
+        help="Accept Unix-socket callers in a container that mounts the socket (a PID namespace or a root "
+        "filesystem of their own). Only where their uid truly names the user: Apptainer, or rootless Podman, whose "
+        "user namespace maps the container to the user who started it. Default: False = such callers are refused "
+        "and told to use TCP.",
+    )
+    session_ttl = Float(
+        60.0,
+        config=True,
+        help="Seconds a server identified by its Hub token keeps its reservations after its last call (it calls "
+        "at least every GpuShareApp.reconcile_interval, 10 s); then they are reclaimed. Default: 60.",
+    )
+
+    max_connections_per_user = Int(
+        64,
+        config=True,
+        help="Connections one user (a Unix uid, or a Hub user over TCP) may hold open to the broker; more are refused "
+        "with this number in the message. A server holds one, and one more for each `jupyter gpushare status`. Root and "
+        "the broker's own user are not limited. Default: 64.",
+    )
+    requests_per_second = Float(
+        50.0,
+        config=True,
+        help="Requests per second one user may make on average; faster ones are answered later, so one user flooding "
+        "the broker slows only themselves. A server makes about 2 per queued kernel and a few more every "
+        "reconcile_interval. 0 = no limit. Default: 50.",
+    )
+    request_burst = Float(
+        200.0,
+        config=True,
+        help="Requests one user may make at once before requests_per_second applies (a class starting its kernels). "
+        "Default: 200.",
+    )
+    idle_timeout = Float(
+        300.0,
+        config=True,
+        help="Seconds after which a connection that sent nothing is closed (a server reconnects on its next call, "
+        f"which comes every GpuShareApp.reconcile_interval). A TCP caller must authenticate within {AUTH_TIMEOUT_S:g} s. "
+        "Default: 300.",
+    )
+
+    @default("hub_api_url")
+    def _default_hub_api_url(self) -> str:
+        return os.environ.get("JUPYTERHUB_API_URL", "")
+
+    @default("hub_api_token")
+    def _default_hub_api_token(self) -> str:
+        return os.environ.get(HUB_TOKEN_ENV, "")
+
+    @default("log_level")
+    def _default_log_level(self) -> int:
+        return logging.INFO
+
+    config_file_name = Unicode("jupyter_gpushare_broker_config", config=True, help="Config file name (no extension) searched in the Jupyter config path.")  # fmt: skip
+
+    aliases = {
+        **JupyterApp.aliases,
+        "socket": "GpuShareBroker.socket_path",
+        "ledger": "GpuShareBroker.ledger_path",
+        "socket-group": "GpuShareBroker.socket_group",
+    }
+
+    # -- set-up ---------------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Build policy, limits and cards from config (PolicyError names the bad setting)."""
+        from ..app import GpuShareApp
+        from ..gpu import open_backend
+
+        shared = GpuShareApp(config=self.config)  # the same placement rules as a single server
+        self.policy = shared.build_policy()
+        self.backend = open_backend(shared.gpu_backend, shared.simulated_cards)
+        self.cards: list[Card] = self.backend.cards()
+        self.rules = LimitRules.parse(self.default_limits, self.user_limits, self.group_limits)
+        self._admin_groups = set(self.admin_groups)
+        self._admin_users = set(self.admin_users)
+        self._me = ProcessRef.me()
+        self._ledger: Ledger | None = None
+        self._biggest = max((c.total_mib for c in self.cards), default=0)
+        self.hub = HubClient(self.hub_api_url, self.hub_api_token) if self.hub_api_url else None
+        self._touched: dict[str, float] = {}
+        self._samples: tuple[DeviceSample, ...] = ()
+        self._sampled_at = -SAMPLE_TTL_S
+        for name in ("max_connections_per_user", "requests_per_second", "request_burst", "idle_timeout"):
+            if getattr(self, name) < 0 or (name == "max_connections_per_user" and self.max_connections_per_user < 1):
+                raise PolicyError(f"GpuShareBroker.{name}: {getattr(self, name)!r} must be positive.")
+        self.guard = Guard(self.max_connections_per_user, rate=self.requests_per_second, burst=self.request_burst)
+        self.log_limited = LogLimiter(self.log)
+        if self.tcp_address:
+            try:
+                self._tcp = parse_tcp(self.tcp_address, "GpuShareBroker.tcp_address")
+            except ValueError as e:
+                raise PolicyError(str(e)) from e
+            if self.hub is None:
+                raise PolicyError(
+                    "GpuShareBroker.tcp_address needs GpuShareBroker.hub_api_url: servers on TCP are identified by "
+                    "their JupyterHub API token. Set it (e.g. 'http://127.0.0.1:8081/hub/api'), or run the broker as "
+                    "a Hub service, which sets $JUPYTERHUB_API_URL."
+                )
+        self._tls = self._tls_context()
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        if not self.tcp_certfile:
+            if self.tcp_keyfile:
+                raise PolicyError("GpuShareBroker.tcp_keyfile is set but tcp_certfile is not: set both, or neither.")
+            return None
+        if not self.tcp_address:
+            raise PolicyError("GpuShareBroker.tcp_certfile is for the TCP listener: set tcp_address too, or drop it.")
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            context.load_cert_chain(self.tcp_certfile, self.tcp_keyfile or None)
+        except (OSError, ssl.SSLError) as e:
+            raise PolicyError(
+                f"GpuShareBroker.tcp_certfile {self.tcp_certfile!r} / tcp_keyfile {self.tcp_keyfile!r} cannot be "
+                f"used ({e}): both are PEM files the broker's user can read, the key matching the certificate."
+            ) from e
+        return context
+
+    def limits_for(self, caller: Caller) -> UserLimits:
+        limits = self.rules.for_user(caller.user, caller.groups, self._biggest)
+        if self.user_limits_hook is not None:
+            got = self.user_limits_hook(caller.user, caller.groups, limits)
+            if isinstance(got, UserLimits):
+                limits = got
+            elif got is not None:
+                merged = {**{k: getattr(limits, k) for k in ("max_total", "max_kernel", "max_kernels")}}
+                merged.update(parse_limits(got, f"GpuShareBroker.user_limits_hook({caller.user!r})"))
+                limits = UserLimits(**merged)  # type: ignore[arg-type]
+        return limits
+
+    def _is_admin(self, user: str, groups: Sequence[str]) -> bool:
+        """Admin by configuration: the names in admin_users, the groups in admin_groups (no built-in name)."""
+        return user in self._admin_users or bool(self._admin_groups & set(groups))
+
+    def _trusted_uid(self, uid: int) -> bool:
+        """Root and the broker's own Unix user: admins on the Unix socket, and not rate-limited."""
+        return uid == 0 or uid == os.getuid()
+
+    def identify(self, pid: int, uid: int) -> Caller:
+        """A Unix-socket caller: who the kernel says it is (plus its Hub groups, with a Hub)."""
+        reason = container_reason(pid) if pid > 0 and not self.allow_container_callers else None
+        if reason:
+            raise BrokerRefused(
+                f"This server runs in a container ({reason}), where a uid does not say for sure who the user is, "
+                "so the broker's Unix socket refuses it. Connect over TCP with the server's JupyterHub token "
+                "instead: GpuShareBroker.tcp_address on the broker, GpuShareApp.broker_socket = 'tls://host:port' "
+                "in the server (docs/multi-user.md). Where the container's uid is the user's own (Apptainer, "
+                "rootless Podman), the admin may set GpuShareBroker.allow_container_callers = True."
+            )
+        user, groups = user_and_groups(uid)
+        process = ProcessRef.of(pid) if pid > 0 else None
+        if pid > 0 and process is None:  # it is connected, so it exists: /proc hides it from the broker
+            raise BrokerRefused(
+                f"The broker cannot see this server's process {pid} (user {user}) in /proc. "
+                + (proc_hidden_from_me() or "Its /proc entry cannot be read")
+                + ". Until then kernels of servers on this host cannot reserve GPU memory."
+            )
+        hub_user = self.hub.user(user) if self.hub else None
+        if hub_user:
+            groups = tuple(sorted(set(groups) | set(hub_user.groups)))
+        admin = self._trusted_uid(uid) or bool(hub_user and hub_user.admin) or self._is_admin(user, groups)
+        return Caller(user, uid, groups, admin, process)
+
+    def authenticate(self, token: str, instance: str) -> Caller:
+        """A server that sent its JupyterHub API token: who the Hub says it is, owning through a session.
+        Admin only by the Hub's admin flag or the configured admins: the Unix-root rule does not cross TCP."""
+        if self.hub is None:
+            raise BrokerRefused(
+                "This broker has no JupyterHub configured (GpuShareBroker.hub_api_url), so it cannot check tokens; "
+                "connect over its Unix socket instead."
+            )
+        try:
+            who = self.hub.whoami(token)
+        except HubError as e:
+            raise BrokerRefused(f"The broker could not identify this server by its JupyterHub token: {e}.") from e
+        admin = who.admin or self._is_admin(who.name, who.groups)
+        return Caller(who.name, -1, who.groups, admin, None, SessionRef(f"hub:{who.name}:{instance}"))
+
+    def _touch(self, caller: Caller) -> None:
+        """Keep a token-identified server's session alive (a ledger write at most every ttl/6)."""
+        if caller.session is None or self._ledger is None:
+            return
+        now = time.monotonic()
+        if now - self._touched.get(caller.session.id, float("-inf")) >= self.session_ttl / 6:
+            self._ledger.touch_session(caller.session, caller.user, time.time() + self.session_ttl)
+            self._touched[caller.session.id] = now
+
+    def _open_ledger(self) -> Ledger:
+        path = Path(self.ledger_path)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        mode = path.parent.stat().st_mode
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise LedgerError(
+                f"The ledger's directory {path.parent} is writable by other users (mode {stat.S_IMODE(mode):o}), "
+                f"so a student could replace the ledger. Use a directory only the broker's user can write: "
+                f"chmod 0755 {path.parent} (owned by root or the broker's user)."
+            )
+        ledger = Ledger(path, owner=self._me)
+        for suffix in ("", "-wal", "-shm", ".lock"):
+            extra = Path(str(path) + suffix)
+            if extra.exists():
+                os.chmod(extra, 0o600)
+        return ledger
+
+    # -- requests (all on the one ledger thread) ------------------------------------------------------
+
+    @contextmanager
+    def _as_owner(self, caller: Caller) -> Iterator[Ledger]:
+        """The ledger with the caller's server process as the owner of what it writes."""
+        assert self._ledger is not None
+        if caller.owner is None:
+            raise BrokerRefused(
+                "The broker cannot see the calling process (it runs in another PID namespace, e.g. a container). "
+                "Servers in containers connect over TCP with their JupyterHub token: set GpuShareApp.broker_socket "
+                "to 'tcp://<broker host>:<port>' (GpuShareBroker.tcp_address, docs/multi-user.md)."
+            )
+        self._ledger.owner = caller.owner
+        try:
+            yield self._ledger
+        finally:
+            self._ledger.owner = self._me
+
+    def _latest_samples(self) -> tuple[DeviceSample, ...]:
+        """The driver's per-process reading (ledger thread), at most SAMPLE_TTL_S old; none without a GPU."""
+        if time.monotonic() - self._sampled_at >= SAMPLE_TTL_S:
+            try:
+                self._samples = tuple(self.backend.sample())
+            except Exception as e:  # a lost card, no NVML: reservations alone then
+                self.log.debug("jupyter-gpushare broker: no GPU reading: %s", e)
+                self._samples = ()
+            self._sampled_at = time.monotonic()
+        return self._samples
+
+    def _mine(self, caller: Caller, user: str) -> bool:
+        return caller.admin or user == caller.user
+
+    def _may_change(self, caller: Caller, kernel_id: str, lease_user: str, owner: Any, what: str) -> None:
+        """Refuse a change to a lease or waiter that this connection does not hold (admins may)."""
+        if caller.admin or (lease_user == caller.user and caller.owns(owner)):
+            return
+        if lease_user != caller.user:
+            self.log_limited(
+                "refused-other-user", logging.WARNING, "%s (uid %s) asked to %s %s's kernel %s; refused.",
+                caller.user, caller.uid, what, lease_user, kernel_id,
+            )  # fmt: skip
+            raise BrokerRefused(f"Kernel {kernel_id} is another user's; you may not {what} it.")
+        raise BrokerRefused(
+            f"Only the Jupyter server that holds kernel {kernel_id}'s reservation may {what} it; this connection "
+            f"(process {caller.process.pid if caller.process else '?'}) is not that server. Shut the kernel down from "
+            "JupyterLab (Kernel > Shut Down Kernel) to give its GPU memory back."
+        )
+
+    def _op_hello(self, caller: Caller, args: NoArgs) -> dict:
+        return {
+            "user": caller.user,
+            "uid": caller.uid,
+            "admin": caller.admin,
+            "pid": caller.process.pid if caller.process else None,
+            "session": caller.session.id if caller.session else None,
+            "cards": [c.to_dict() for c in self.cards],
+            "limits": self.limits_for(caller).to_dict(),
+            "context_reserve_mib": self.policy.context_reserve_mib,
+        }
+
+    def _op_reserve(self, caller: Caller, args: ReserveArgs) -> dict:
+        ledger = self._ledger
+        assert ledger is not None
+        taken = ledger.get(args.kernel_id)
+        if (taken is not None and taken.user != caller.user) or any(
+            w.kernel_id == args.kernel_id and w.user != caller.user for w in ledger.waiters()
+        ):
+            raise BrokerRefused(f"Kernel id {args.kernel_id} is in use by another user's kernel; use a new id.")
+        cards = self.cards
+        if args.cards:  # the server sees only these (a container given some of the host's cards)
+            cards = [c for c in self.cards if c.uuid in set(args.cards)]
+            if not cards:
+                raise BrokerRefused(
+                    f"None of the cards this server sees ({', '.join(args.cards)}) is one of the broker's "
+                    f"({', '.join(c.uuid for c in self.cards) or 'none'}). Give the server's container one of "
+                    "the broker's cards, or check that both read the same host's cards."
+                )
+        self.policy.check_quota(args.quota, [CardView(c.uuid, c.index, c.total_mib) for c in cards])
+        request = Request(args.kernel_id, args.quota, caller.user, args.kernel_name)
+        outside = unreserved_use(self._latest_samples(), ledger.leases())
+        with self._as_owner(caller) as led:
+            got = led.reserve(request, self.policy, cards, args.wait, self.limits_for(caller), outside=outside)
+        if isinstance(got, Lease):
+            return {"lease": lease_to_json(got)}
+        waiting = asdict(got)  # outside_mib beside it: a server older than it takes the rest as it was
+        return {"waiting": waiting, "outside_mib": waiting.pop("outside_mib")}
+
+    def _op_cancel_wait(self, caller: Caller, args: KernelArgs) -> None:
+        assert self._ledger is not None
+        waiter = next((w for w in self._ledger.waiters() if w.kernel_id == args.kernel_id), None)
+        if waiter is not None:
+            self._may_change(caller, args.kernel_id, waiter.user, waiter.owner, "stop the wait of")
+            self._ledger.cancel_wait(args.kernel_id)
+
+    def _op_attach(self, caller: Caller, args: AttachArgs) -> None:
+        ledger = self._ledger
+        assert ledger is not None
+        lease = ledger.get(args.kernel_id)
+        if lease is None:
+            return None
+        self._may_change(caller, args.kernel_id, lease.user, lease.owner, "attach a process to")
+        if caller.session is not None:
+            return None  # a server in a container: its pids mean nothing here; its session keeps the lease
+        ref = None
+        if args.pid is not None:
+            try:
+                owner_uid = psutil.Process(args.pid).uids().real
+            except psutil.Error as e:
+                raise BrokerRefused(f"Process {args.pid} cannot be attached: {e}.") from e
+            if owner_uid != caller.uid and caller.uid != 0:
+                raise BrokerRefused(
+                    f"Process {args.pid} is not yours (uid {owner_uid}); only your own kernels can be attached."
+                )
+            ref = ProcessRef.of(args.pid)
+        ledger.attach(args.kernel_id, ref)
+        return None
+
+    def _op_release(self, caller: Caller, args: KernelArgs) -> dict | None:
+        ledger = self._ledger
+        assert ledger is not None
+        lease = ledger.get(args.kernel_id)
+        if lease is None:  # a start still waiting: releasing it stops the wait
+            self._op_cancel_wait(caller, args)
+            return None
+        self._may_change(caller, args.kernel_id, lease.user, lease.owner, "release")
+        released = ledger.release(args.kernel_id)
+        return lease_to_json(released) if released else None
+
+    def _op_release_owned_except(self, caller: Caller, args: KeepArgs) -> list[dict]:
+        with self._as_owner(caller) as led:
+            return [lease_to_json(x) for x in led.release_owned_except(set(args.keep))]
+
+    def _op_reap(self, caller: Caller, args: NoArgs) -> list[dict]:
+        assert self._ledger is not None
+        gone = self._ledger.reap()
+        self._log_reclaimed(gone)
+        return [lease_to_json(x) for x in gone if self._mine(caller, x.user)]
+
+    def _op_leases(self, caller: Caller, args: NoArgs) -> list[dict]:
+        assert self._ledger is not None
+        leases = self._ledger.leases()
+        if caller.admin:
+            return [lease_to_json(x) for x in leases]
+        own = [x for x in leases if x.user == caller.user]
+        others = [x for x in leases if x.user != caller.user]
+        return [lease_to_json(x) for x in own + anonymous_leases(others)]
+
+    def _op_get(self, caller: Caller, args: KernelArgs) -> dict | None:
+        assert self._ledger is not None
+        lease = self._ledger.get(args.kernel_id)
+        return lease_to_json(lease) if lease and self._mine(caller, lease.user) else None
+
+    def _op_waiters(self, caller: Caller, args: NoArgs) -> list[dict]:
+        assert self._ledger is not None
+        return [
+            waiter_to_json(w if self._mine(caller, w.user) else Waiter(w.ticket, "", "", "", "", ANONYMOUS, w.created))
+            for w in self._ledger.waiters()
+        ]
+
+    def _op_view(self, caller: Caller, args: NoArgs) -> dict:
+        assert self._ledger is not None
+        led = self._ledger
+        return view_for(caller, led.leases(), led.waiters(), self.cards, self.policy, self.limits_for(caller))
+
+    def handle(self, caller: Caller, op: str, args: Any) -> Any:
+        """Carry out one request for ``caller``; runs on the ledger thread. ``args`` is the request's arguments,
+        typed by protocol.decode_request (a plain dict is decoded here first)."""
+        if isinstance(args, dict):
+            op, args = decode_request({"op": op, "args": args})
+        answer = getattr(self, f"_op_{op}", None)
+        if answer is None:  # 'auth' is answered by the connection, before any other request
+            raise BrokerRefused(f"{op!r} is not a request for this point of the conversation.")
+        return answer(caller, args)
+
+    def _log_reclaimed(self, gone: Sequence[Lease]) -> None:
+        for lease in gone:
+            self.log.info(
+                "Reclaimed %s of %s's kernel %s (its server and kernel are gone).",
+                format_mib(lease.reserved_mib),
+                lease.user,
+                lease.kernel_id,
+            )
+
+    # -- the socket ------------------------------------------------------------------------------------
+
+    # Ledger calls run on the event loop's own thread: each takes well under a millisecond, only the
+    # broker writes the file (no lock waits), and a thread hop per request cost more than the call.
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tcp: bool = False) -> None:
+        """One connection: who it is, its share of the broker, then its requests one line at a time."""
+        loop = asyncio.get_running_loop()
+        caller: Caller | None = None
+        refused: BrokerRefused | None = None
+        trusted = False
+        if tcp:
+            key = f"peer:{(writer.get_extra_info('peername') or ('?',))[0]}"
+        else:
+            pid, uid, _gid = peer_credentials(writer.get_extra_info("socket"))
+            key, trusted = f"uid:{uid}", self._trusted_uid(uid)
+        reason = self.guard.enter(key, trusted)
+        if reason is not None:
+            self.log_limited(f"cap:{key}", logging.WARNING, "jupyter-gpushare broker: %s refused: %s", key, reason)
+            writer.write(encode(refusal("Refused", reason)))
+            writer.close()
+            return
+        try:
+            if not tcp:  # the kernel says who is calling (NSS lookups may be slow: off the loop)
+                try:
+                    caller = await loop.run_in_executor(None, self.identify, pid, uid)
+                except BrokerRefused as e:  # answered to every request on this connection
+                    refused = e
+            while True:
+                timeout = AUTH_TIMEOUT_S if caller is None and refused is None else self.idle_timeout or None
+                try:
+                    line = await asyncio.wait_for(reader.readline(), timeout)
+                except asyncio.TimeoutError:
+                    break  # idle: the server reconnects on its next call
+                except ValueError:  # longer than MAX_LINE: answer once, then drop the connection
+                    writer.write(encode(refusal("Refused", f"A request line is at most {MAX_LINE} bytes.")))
+                    break
+                if not line:
+                    break
+                pause = self.guard.delay(key, trusted)
+                if pause:
+                    await asyncio.sleep(pause)
+                if refused is not None:
+                    writer.write(encode(refusal("Refused", str(refused))))
+                elif caller is None:
+                    caller, key, reply = await self._authenticate(line, key, writer)
+                    writer.write(encode(reply))
+                    if caller is None:
+                        break
+                else:
+                    writer.write(encode(self._answer(caller, line)))
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:
+            self.log_limited("connection-failed", logging.ERROR, "jupyter-gpushare broker: a client connection failed", exc_info=True)  # fmt: skip
+        finally:
+            self.guard.leave(key)
+            writer.close()
+
+    async def _authenticate(
+        self, line: bytes, key: str, writer: asyncio.StreamWriter
+    ) -> tuple[Caller | None, str, dict]:
+        """A TCP caller's first request, which must be 'auth' with its JupyterHub token: (caller, its key, the
+        reply); the caller is None when refused."""
+        try:
+            op, args = decode_request(line)
+            if op != "auth" or not isinstance(args, AuthArgs):
+                raise BrokerRefused(
+                    "Send your JupyterHub API token first ({'op': 'auth', 'args': {'token': ..., 'instance': "
+                    "...}}): on TCP the broker knows callers only by it."
+                )
+            caller = await asyncio.get_running_loop().run_in_executor(
+                None, self.authenticate, args.token, args.instance
+            )
+        except BrokerRefused as e:
+            self.log_limited(
+                f"auth:{key}", logging.WARNING, "jupyter-gpushare broker: %s not authenticated: %s", key, e
+            )
+            return None, key, refusal("Refused", str(e))
+        assert caller.session is not None
+        new_key = f"hub:{caller.user}"
+        reason = self.guard.rekey(key, new_key)
+        if reason is not None:
+            return None, key, refusal("Refused", reason)
+        self.log.info(
+            "%s authenticated by JupyterHub token as %s", writer.get_extra_info("peername"), caller.session.id
+        )
+        self._touch(caller)
+        return caller, new_key, {"ok": True, "result": {"user": caller.user, "admin": caller.admin}}
+
+    def _answer(self, caller: Caller, line: bytes) -> dict:
+        """The reply to one request line of an identified caller; never raises."""
+        try:
+            op, args = decode_request(line)
+            self._touch(caller)
+            if op == "auth":
+                return {"ok": True, "result": {"user": caller.user, "admin": caller.admin}}
+            return {"ok": True, "result": self.handle(caller, op, args)}
+        except PolicyError as e:
+            return refusal("PolicyError", str(e))
+        except LedgerError as e:
+            return refusal("LedgerError", str(e))
+        except BrokerRefused as e:
+            return refusal("Refused", str(e))
+        except Exception as e:  # a bug, or a user_limits_hook that raised: answer, keep serving
+            self.log_limited("request-failed", logging.ERROR, "jupyter-gpushare broker: %r from %s failed", line[:200], caller, exc_info=True)  # fmt: skip
+            return refusal("LedgerError", f"The broker failed on this request ({type(e).__name__}); see its log.")
+
+    def _prepare_socket(self) -> None:
+        path = Path(self.socket_path)
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True)
+            os.chmod(path.parent, 0o755)  # the umask is 077: let users reach the socket
+        if path.exists() or path.is_symlink():
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(path))
+            except OSError:
+                path.unlink()  # left behind by a broker that is gone
+            else:
+                raise SystemExit(f"jupyter-gpushare broker: another broker already listens on {path}.")
+            finally:
+                probe.close()
+
+    def _secure_socket(self) -> None:
+        if self.socket_group:
+            try:
+                gid = grp.getgrnam(self.socket_group).gr_gid
+            except KeyError as e:
+                raise SystemExit(
+                    f"jupyter-gpushare broker: GpuShareBroker.socket_group {self.socket_group!r} is not a group."
+                ) from e
+            os.chown(self.socket_path, -1, gid)
+            os.chmod(self.socket_path, 0o660)
+        else:
+            os.chmod(self.socket_path, 0o666)
+
+    async def serve(self, ready: Callable[[], None] | None = None) -> None:
+        fds = raise_fd_limit()
+        self.guard.total = max(16, min(self.guard.total, fds - 64))  # room left for the ledger and NVML
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, context: self.log_limited("event-loop", logging.ERROR, "jupyter-gpushare broker: %s", context.get("message"), exc_info=bool(context.get("exception"))))  # fmt: skip
+        self._ledger = self._open_ledger()
+        self._ledger.extend_sessions(time.time() + self.session_ttl)  # servers could not call while it was down
+        gone = self._ledger.reap()
+        self._log_reclaimed(gone)
+        self._prepare_socket()
+        server = await asyncio.start_unix_server(self._client, path=self.socket_path, limit=MAX_LINE)
+        self._secure_socket()
+        tcp_server = None
+        if self.tcp_address:
+            host, port = self._tcp
+            try:
+                tcp_server = await asyncio.start_server(
+                    functools.partial(self._client, tcp=True), host, port, limit=MAX_LINE, ssl=self._tls
+                )
+            except OSError as e:
+                raise SystemExit(f"jupyter-gpushare broker: cannot listen on {self.tcp_address}: {e}") from e
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        self.log.info(
+            "jupyter-gpushare broker: %d card(s) %s, ledger %s, socket %s%s",
+            len(self.cards), [f"{c.index}:{format_mib(c.total_mib)}" for c in self.cards], self.ledger_path, self.socket_path,
+            f", {'TLS' if self._tls else 'TCP'} {self.tcp_address} (JupyterHub tokens, Hub {self.hub_api_url})" if tcp_server else "",
+        )  # fmt: skip
+        hidden = proc_hidden_from_me()
+        if hidden:
+            self.log.warning("jupyter-gpushare broker: %s. Servers on this host are refused until then.", hidden)
+        if tcp_server and not self._tls:
+            self.log.warning(
+                "jupyter-gpushare broker: %s is plain TCP: servers' JupyterHub tokens cross it unencrypted. Keep it on "
+                "a network only the servers reach, or set GpuShareBroker.tcp_certfile (docs/multi-user.md).",
+                self.tcp_address,
+            )
+        if ready:
+            ready()
+
+        async def sweep() -> None:
+            while True:
+                await asyncio.sleep(self.reap_interval)
+                try:
+                    self._log_reclaimed(self._ledger.reap())
+                    stale = time.monotonic() - self.session_ttl
+                    self._touched = {k: t for k, t in self._touched.items() if t > stale}
+                except Exception:
+                    self.log.exception("jupyter-gpushare broker: reclaiming failed")
+
+        sweeper = asyncio.ensure_future(sweep())
+        async with server:
+            await stop.wait()
+        if tcp_server is not None:
+            tcp_server.close()
+        sweeper.cancel()
+        try:
+            os.unlink(self.socket_path)
+        except OSError:
+            pass
+        self._ledger.close()
+
+    def start(self) -> None:
+        os.umask(0o077)  # the ledger, its WAL and lock files: broker's user only
+        try:
+            self.setup()
+        except PolicyError as e:
+            raise SystemExit(f"jupyter-gpushare broker: bad configuration: {e}") from e
+        try:
+            asyncio.run(self.serve())
+        except LedgerError as e:
+            raise SystemExit(f"jupyter-gpushare broker: {e}") from e
+
+
+def main(argv: list[str] | None = None) -> None:
+    GpuShareBroker.launch_instance(argv)

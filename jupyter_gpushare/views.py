@@ -1,0 +1,143 @@
+"""What each caller may see of the host's reservations: built once, read by the broker, the REST API and the CLI.
+
+A student sees their own kernels and waiters in detail and other users only as anonymous per-card totals;
+an admin sees everything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .gpu import Card
+from .ledger import Lease, ProcessRef, Waiter
+from .policy import Policy, UserLimits
+
+
+class Viewer(Protocol):
+    """Who looks: a broker caller (broker.identity.Caller), or a server's own user."""
+
+    user: str
+    admin: bool
+
+
+ANONYMOUS = ProcessRef(0, 0.0)
+
+
+def anonymous_leases(leases: Sequence[Lease]) -> list[Lease]:
+    """Other users' leases folded into one nameless lease per card (its quota is their total)."""
+    totals: dict[tuple[str, int], int] = {}
+    for lease in leases:
+        key = (lease.card_uuid, lease.card_index)
+        totals[key] = totals.get(key, 0) + lease.reserved_mib
+    return [Lease("", uuid, index, total, 0, "", "", ANONYMOUS, None, 0.0) for (uuid, index), total in totals.items()]
+
+
+def view_for(
+    caller: Viewer,
+    leases: Sequence[Lease],
+    waiters: Sequence[Waiter],
+    cards: Sequence[Card],
+    policy: Policy,
+    limits: UserLimits | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """What ``caller`` may see of the host: cards, kernels, users and the queue.
+
+    A student (not ``caller.admin``) sees their own kernels and waiters in detail, other users only
+    as an anonymous total per card (``others_reserved_mib``) and nameless queue places; no other
+    user's name, kernel id or kernel name appears anywhere in the result. An admin sees every kernel.
+    """
+    now = time.time() if now is None else now
+    mine = [lease for lease in leases if caller.admin or lease.user == caller.user]
+    card_rows = []
+    for card in cards:
+        on_card = [lease for lease in leases if lease.card_uuid == card.uuid]
+        reserved = sum(lease.reserved_mib for lease in on_card)
+        own = sum(lease.reserved_mib for lease in on_card if lease.user == caller.user)
+        usable = policy.usable_mib(card.total_mib)
+        card_rows.append(
+            {
+                **card.to_dict(),
+                "usable_mib": usable,
+                "reserved_mib": reserved,
+                "unreserved_mib": max(0, usable - reserved),
+                "mine_reserved_mib": own,
+                "others_reserved_mib": reserved - own,
+                "allowed": policy.card_allowed(card.uuid, card.index),
+            }
+        )
+    labels = {card.uuid: card.label for card in cards}
+    kernels = [
+        {
+            "kernel_id": lease.kernel_id,
+            "kernel_name": lease.kernel_name,
+            "user": lease.user,
+            "card_index": lease.card_index,
+            "card_uuid": lease.card_uuid,
+            "card_label": labels.get(lease.card_uuid, f"GPU {lease.card_index}"),
+            "quota_mib": lease.quota_mib,
+            "reserve_mib": lease.reserve_mib,
+            "reserved_mib": lease.reserved_mib,
+            "server_pid": lease.owner.pid if isinstance(lease.owner, ProcessRef) else None,
+            "kernel_pid": lease.kernel.pid if lease.kernel else None,
+            "age_s": round(now - lease.created, 1),
+        }
+        for lease in mine
+    ]
+    users: dict[str, dict[str, int]] = {}
+    for lease in mine:
+        row = users.setdefault(lease.user, {"kernels": 0, "quota_mib": 0, "reserved_mib": 0})
+        row["kernels"] += 1
+        row["quota_mib"] += lease.quota_mib
+        row["reserved_mib"] += lease.reserved_mib
+    queue = []
+    for position, w in enumerate(waiters, start=1):
+        visible = caller.admin or w.user == caller.user
+        queue.append(
+            {
+                "position": position,
+                "mine": w.user == caller.user,
+                "kernel_id": w.kernel_id if visible else None,
+                "kernel_name": w.kernel_name if visible else None,
+                "user": w.user if visible else None,
+                "quota": w.quota if visible else None,
+                "waited_s": round(now - w.created, 1),
+            }
+        )
+    return {
+        "user": caller.user,
+        "admin": caller.admin,
+        "limits": limits.to_dict() if limits is not None else None,
+        "context_reserve_mib": policy.context_reserve_mib,
+        "cards": card_rows,
+        "users": [{"user": name, **row} for name, row in sorted(users.items())],
+        "kernels": kernels,
+        "queue": queue,
+    }
+
+
+def host_view(ledger: Any, user: str, cards: Sequence[Card], policy: Policy) -> dict[str, Any] | None:
+    """The host view for a server's API, whichever ledger it has (call it on the ledger thread).
+
+    Through a broker (a BrokerLedger): what the broker shows this server's user (view_for on the
+    broker's side; raises LedgerError while it is down). With an embedded Ledger: every lease in
+    it is this user's, so all of it. None when there is no ledger.
+    """
+    from .broker.client import BrokerLedger  # (the broker's server builds its views from this module)
+
+    if ledger is None:
+        return None
+    if isinstance(ledger, BrokerLedger):
+        return ledger.view()
+    return view_for(_Me(user), ledger.leases(), ledger.waiters(), cards, policy)
+
+
+@dataclass(frozen=True)
+class _Me:
+    """A server's own user, looking at its own ledger: all of it is theirs."""
+
+    user: str
+    admin: bool = True

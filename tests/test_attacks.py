@@ -1,0 +1,194 @@
+"""A hostile student against a root broker: real Unix users, their real Jupyter servers and real kernels.
+
+Each test is one class of attack that once broke the promise (the card overbooked, a quota escaped, a
+limit bypassed, the broker starved), tried the way a student would: from their own processes, from
+code in their own kernel, with every byte of the request theirs. What must hold after each: the
+reservations on the card add up to at most the card, nobody's lease changed but by its own server,
+and the student was told what was refused and why. Needs root (useradd, servers as other users).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+
+import pytest
+from jupyter_client import BlockingKernelClient
+from multiuser import (
+    ALICE,
+    BOB,
+    Broker,
+    UserServer,
+    as_user,
+    ensure_user,
+    needs_root,
+    remove_user,
+    reserved,
+    run_as,
+    shared_scratch,
+)
+from servers import wait_until
+
+CAP = 8  # connections per user (GpuShareBroker.max_connections_per_user) on this test's broker
+
+
+@pytest.fixture(scope="module")
+def host():
+    with shared_scratch("gpushare-attacks-") as base:
+        users = {name: ensure_user(name) for name in (ALICE, BOB)}
+        broker = Broker(base, limits={"max_total": "5GiB"}, extra=f"c.GpuShareBroker.max_connections_per_user = {CAP}")
+        servers: dict[str, UserServer] = {}
+        try:
+            broker.start()
+            servers = {name: UserServer(base, user, broker).start() for name, user in users.items()}
+            for server in servers.values():
+                server.wait_ready()
+            yield broker, servers
+        finally:
+            for server in servers.values():
+                server.stop()
+            broker.stop()
+            for name in users:
+                remove_user(name)
+
+
+def run_in_kernel(server: UserServer, kernel_id: str, code: str) -> str:
+    """Run ``code`` in a kernel of ``server`` (as its user, in its process) and return what it printed."""
+    client = BlockingKernelClient(connection_file=str(server.home / "runtime" / f"kernel-{kernel_id}.json"))
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        out: list[str] = []
+        reply = client.execute_interactive(
+            textwrap.dedent(code),
+            timeout=60,
+            output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
+        )
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(out)
+    finally:
+        client.stop_channels()
+
+
+def lease_of(broker: Broker, kernel_id: str) -> dict | None:
+    return next((k for k in broker.admin_view()["kernels"] if k["kernel_id"] == kernel_id), None)
+
+
+@needs_root
+def test_crafted_sizes_sent_to_the_broker_socket_are_refused_and_book_nothing(host):
+    broker, servers = host
+    bob = servers[BOB]
+    before = reserved(broker)
+    got = as_user(
+        bob.user,
+        bob.home,
+        f"""
+        import json, socket
+        lines = [
+            '{{"op": "reserve", "args": {{"kernel_id": "neg", "percent": -5}}}}',
+            '{{"op": "reserve", "args": {{"kernel_id": "bool", "mib": true}}}}',
+            '{{"op": "reserve", "args": {{"kernel_id": "inf", "mib": 1e999}}}}',
+            '{{"op": "reserve", "args": {{"kernel_id": "nan", "percent": NaN}}}}',
+            '{{"op": "reserve", "args": {{"kernel_id": "big", "mib": 1{"0" * 5000}}}}}',
+            '{{"op": "reserve", "args": {{"kernel_id": "zero", "mib": 0}}}}',
+            '{{"op": "reserve", "args": {{"kernel_id": "tiny", "percent": 0.000001}}}}',
+        ]
+        s = socket.socket(socket.AF_UNIX); s.connect({broker.socket!r}); f = s.makefile()
+        out = []
+        for line in lines:
+            s.sendall(line.encode() + b"\\n")
+            out.append(json.loads(f.readline()))
+        print(json.dumps(out))
+        """,
+    )
+    assert [r["ok"] for r in got] == [False] * 7
+    assert all(r["message"] for r in got)
+    assert "-5% is not a size" in got[0]["message"] and "'mib' must be a whole number; got True" in got[1]["message"]
+    assert "at least 256 MiB" in got[5]["message"] and "at least 256 MiB" in got[6]["message"]
+    assert reserved(broker) == before
+    assert "Traceback" not in broker.output()
+
+
+@needs_root
+def test_code_in_a_kernel_cannot_release_or_rebind_its_own_reservation(host):
+    broker, servers = host
+    alice = servers[ALICE]
+    kid = alice.start_kernel()
+    lease = lease_of(broker, kid)
+    assert lease is not None and lease["kernel_pid"]
+    printed = run_in_kernel(
+        alice,
+        kid,
+        f"""
+        import json, os, socket
+        s = socket.socket(socket.AF_UNIX); s.connect({broker.socket!r}); f = s.makefile()
+        for op, args in (("release", {{}}), ("attach", {{"pid": os.getpid()}}), ("cancel_wait", {{}})):
+            s.sendall(json.dumps({{"op": op, "args": {{"kernel_id": os.environ["GPUSHARE_KERNEL_ID"], **args}}}}).encode() + b"\\n")
+            print(json.dumps(json.loads(f.readline())))
+        """,
+    )
+    replies = [json.loads(line) for line in printed.splitlines()]
+    assert [r["ok"] for r in replies[:2]] == [False, False]
+    assert all("Only the Jupyter server that holds kernel" in r["message"] for r in replies[:2])
+    assert lease_of(broker, kid) == {**lease, "age_s": lease_of(broker, kid)["age_s"]}  # untouched, still attached
+    assert alice.kernel(kid)["state"] == "running"
+    alice.call("DELETE", f"api/kernels/{kid}")  # its own server may
+    wait_until(lambda: lease_of(broker, kid) is None, what="the server's own release")
+
+
+@needs_root
+def test_one_student_holding_many_connections_does_not_starve_the_others(host):
+    broker, servers = host
+    alice, bob = servers[ALICE], servers[BOB]
+    log_before = len(broker.output())
+    flood = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import json, socket, sys, time
+            held, refused = [], []
+            for i in range(40):
+                s = socket.socket(socket.AF_UNIX); s.connect({broker.socket!r})
+                s.sendall(b'{{"op": "hello"}}\\n' * 50)  # and a burst of requests on each
+                reply = json.loads(s.makefile().readline())
+                (held if reply["ok"] else refused).append(reply)
+                if reply["ok"]:
+                    held[-1] = s
+            print(json.dumps({{"held": len(held), "refused": [r["message"] for r in refused]}}), flush=True)
+            time.sleep(120)
+        """)],
+        stdout=subprocess.PIPE, text=True, **run_as(bob.user, bob.home),
+    )  # fmt: skip
+    try:
+        result = json.loads(flood.stdout.readline())
+        assert result["held"] == CAP and len(result["refused"]) == 40 - CAP
+        assert f"Too many connections to the GPU broker from {bob.user.pw_uid} ({CAP} are open" in result["refused"][0]
+        t0 = time.monotonic()
+        kid = alice.start_kernel()  # another student's kernel starts as usual, on the GPU
+        assert alice.kernel(kid)["state"] == "running" and time.monotonic() - t0 < 30
+        alice.call("DELETE", f"api/kernels/{kid}")
+    finally:
+        flood.kill()
+        flood.wait()
+    grown = len(broker.output()) - log_before
+    assert grown < 20_000, broker.output()[-3000:]  # refusals are logged at a bounded rate
+
+
+@needs_root
+def test_a_quota_past_the_users_limit_is_refused_when_asked_not_at_the_restart(host):
+    broker, servers = host
+    bob = servers[BOB]
+    k1, k2 = bob.start_kernel(), bob.start_kernel()  # 2 GiB each; bob may hold 5 GiB in all
+    with pytest.raises(urllib.error.HTTPError) as e:
+        bob.call("PATCH", f"api/gpushare/kernels/{k1}", {"quota": "4GiB"})
+    message = json.loads(e.value.read())["message"]
+    assert e.value.code == 400 and "at most 5 GiB of GPU memory in all kernels together" in message
+    assert bob.kernel(k1)["pending_quota"] is None
+    assert bob.call("PATCH", f"api/gpushare/kernels/{k1}", {"quota": "3GiB"})["pending_quota"] == "3 GiB"
+    # through the broker, bob's server counts only bob's kernels on the card, never the others' total
+    assert bob.call("GET", "api/gpushare/cards")["cards"][0]["kernels"] == 2
+    for kid in (k1, k2):
+        bob.call("DELETE", f"api/kernels/{kid}")
