@@ -270,6 +270,7 @@ class GpuShareApp(ExtensionApp):
         self.settings["gpushare_manager"] = manager
         self._make_sampler(manager)
         self._make_default_provisioner()
+        self._start_reconciling()
         info = manager.backend.describe()
         if manager.backend.simulated:
             self.log.warning(
@@ -302,10 +303,7 @@ class GpuShareApp(ExtensionApp):
                 MIN_INTERVAL_S,
             )
         enforcer = Enforcer(manager, self.serverapp.kernel_manager, policy, log=self.log)
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # `jupyter lab`: the server's loop exists but does not run yet
-            loop = getattr(getattr(self.serverapp, "io_loop", None), "asyncio_loop", None)
+        loop = self._server_loop()
         sampler = Sampler(manager, self.sample_interval, loop=loop, on_sample=enforcer.on_sample, log=self.log)
         manager.latest_samples = sampler.latest_samples  # what processes without a reservation use is taken too
         self.settings["gpushare_sampler"] = sampler
@@ -356,8 +354,21 @@ class GpuShareApp(ExtensionApp):
             idle_shutdown_delay_s=self.idle_shutdown_delay,
         )
 
+    def _server_loop(self) -> asyncio.AbstractEventLoop | None:
+        try:
+            return asyncio.get_running_loop()
+        except RuntimeError:  # `jupyter lab`: the server's loop exists but does not run yet
+            return getattr(getattr(self.serverapp, "io_loop", None), "asyncio_loop", None)
+
+    def _start_reconciling(self) -> None:
+        """The periodic reconcile task, once there is a loop to run it (test fixtures do not always run the start
+        hook, so it is tried at set-up too)."""
+        loop = self._server_loop()
+        if getattr(self, "_reconcile_task", None) is None and loop is not None:
+            self._reconcile_task = loop.create_task(self._reconcile_forever())
+
     async def _start_jupyter_server_extension(self, serverapp) -> None:
-        self._reconcile_task = asyncio.ensure_future(self._reconcile_forever())
+        self._start_reconciling()
         self.settings["gpushare_sampler"].loop = asyncio.get_running_loop()
 
     async def _reconcile_forever(self) -> None:
@@ -365,8 +376,9 @@ class GpuShareApp(ExtensionApp):
         failing = None
         while True:
             await asyncio.sleep(self.reconcile_interval)
+            kernels = self.serverapp.kernel_manager
             try:
-                await manager.reconcile()
+                await manager.reconcile(known={*kernels.list_kernel_ids(), *getattr(kernels, "_pending_kernels", {})})
                 failing = None
             except LedgerError as e:  # a full disk, a broker that is down: said once, tried again every interval
                 if str(e) != failing:

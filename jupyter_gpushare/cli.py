@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .broker import DEFAULT_SOCKET, BrokerLedger, Caller
+from .k8s import HAMI_SCHEDULER
 from .ledger import LedgerError, check_ledger, read_ledger
 from .ledger_file import SETTLE_S
 from .policy import PolicyError, format_mib
@@ -306,16 +307,15 @@ def diagnose(config_file: str | None = None, socket_path: str | None = None) -> 
     # cards
     if app is not None:
         from .gpu import open_backend
-        from .k8s import apply_pod_limits
+        from .gpu.pod import pod_limit_mib
 
         try:
             backend = open_backend(app.gpu_backend, app.simulated_cards)
             cards = backend.cards()
             if cards:
-                pod = apply_pod_limits(cards)
                 text = ", ".join(f"{c.index}: {c.name} {format_mib(c.total_mib)}" for c in cards)
-                if [c.total_mib for c in pod] != [c.total_mib for c in cards]:
-                    text += " (HAMi limits this pod to " + ", ".join(format_mib(c.total_mib) for c in pod) + ")"
+                if any(pod_limit_mib(c.index) is not None for c in cards):  # (the sizes above are already the shares)
+                    text += " (HAMi's share of the GPU for this pod)"
                 add("cards", "warn" if backend.simulated else "ok", text + (" [simulated: no real memory]" if backend.simulated else ""),
                     "Set GpuShareApp.gpu_backend = 'nvml' on a GPU host." if backend.simulated else "")  # fmt: skip
             else:
@@ -472,6 +472,7 @@ def cmd_k8s(args: argparse.Namespace) -> int:
         values = z2jh_values(
             whole_gpu=args.whole_gpu, mig=args.mig, hami_gpumem=args.hami_gpumem, hami_gpucores=args.hami_gpucores,
             cpu_profile=not args.no_cpu, default_quota=args.default_quota, card_headroom=args.card_headroom,
+            whole_gpu_product=args.whole_gpu_product, mig_product=args.mig_product, hami_scheduler=args.hami_scheduler,
         )  # fmt: skip
     except PolicyError as e:
         print(f"jupyter gpushare k8s-profiles: {e}", file=sys.stderr)
@@ -509,6 +510,11 @@ def parser() -> argparse.ArgumentParser:
         "--hami-gpumem", action="append", type=int, default=[], metavar="MIB", help="a HAMi slice of MIB (repeatable)"
     )
     k.add_argument("--hami-gpucores", type=int, default=None, metavar="PCT", help="SM share of HAMi slices, percent")
+    k.add_argument(
+        "--whole-gpu-product", metavar="NAME", help="pin whole-GPU pods to nodes of this nvidia.com/gpu.product"
+    )
+    k.add_argument("--mig-product", metavar="NAME", help="pin MIG pods to nodes of this GPU (checks the MIG profiles)")
+    k.add_argument("--hami-scheduler", default=HAMI_SCHEDULER, help=f"HAMi's scheduler name (default {HAMI_SCHEDULER})")
     k.add_argument("--no-cpu", action="store_true", help="no CPU-only profile")
     k.add_argument("--default-quota", default="25%", help="each kernel's share of the pod's slice (default 25%%)")
     k.add_argument("--card-headroom", default="256MiB", help="kept free in the slice (default 256MiB)")

@@ -231,16 +231,15 @@ class QuotaManager:
             rec = self.records[kernel_id] = KernelRecord(kernel_id, kernel_name, language, self.user)
         return rec
 
-    async def admit(
-        self, kernel_id: str, kernel_name: str, language: str, requested: Size | None = None, restarting: bool = False
-    ) -> Grant:
+    async def admit(self, kernel_id: str, kernel_name: str, language: str, requested: Size | None = None) -> Grant:
         """Reserve GPU room for a kernel about to start, or decide it starts without.
 
         Waits in the host-wide FIFO queue when the policy says ``queue``. Raises QuotaUnavailable
         (with how much was needed, how much was free and what to do) when the kernel must not start; a
-        kernel ``restarting`` then stays listed as 'failed', with that reason.
+        kernel that was restarting then stays listed as 'failed', with that reason.
         """
         rec = self.record(kernel_id, kernel_name, language)
+        restarting = rec.state != "starting"  # a new record starts so; a restart's record ran before
         if rec.pending_quota is not None:
             requested, rec.pending_quota = parse_size(rec.pending_quota, "quota"), None
         quota = self.policy.quota_for(kernel_name, language, requested)
@@ -442,9 +441,16 @@ class QuotaManager:
         elif rec is not None and rec.state == "queued":
             self.event("cancelled", kernel_id, f"Stopped waiting ({why}).")
 
-    async def reconcile(self) -> None:
+    async def reconcile(self, known: set[str] | None = None) -> None:
         """Release this process's leases for kernels it no longer has, and reclaim the dead. Raises LedgerError
-        while the ledger cannot be used (the caller logs it and tries again at the next interval)."""
+        while the ledger cannot be used (the caller logs it and tries again at the next interval).
+
+        ``known``: the kernels the server still has (started or starting). A record of another kernel is
+        forgotten: jupyter_client drops a kernel whose restart failed without cleaning it up."""
+        if known is not None:
+            for kernel_id, rec in list(self.records.items()):
+                if kernel_id not in known and rec.state not in ("starting", "queued"):
+                    await self.release(kernel_id, "gone from the server")
         keep = set(self.records)
         for lease in await self._run(self._ledger_call, "release_owned_except", keep) or []:
             self.event(

@@ -135,7 +135,8 @@ def test_code_in_a_kernel_cannot_release_or_rebind_its_own_reservation(host):
     replies = [json.loads(line) for line in printed.splitlines()]
     assert [r["ok"] for r in replies[:2]] == [False, False]
     assert all("Only the Jupyter server that holds kernel" in r["message"] for r in replies[:2])
-    assert lease_of(broker, kid) == {**lease, "age_s": lease_of(broker, kid)["age_s"]}  # untouched, still attached
+    after = lease_of(broker, kid)
+    assert after is not None and {**after, "age_s": 0} == {**lease, "age_s": 0}  # untouched, still attached
     assert alice.kernel(kid)["state"] == "running"
     alice.call("DELETE", f"api/kernels/{kid}")  # its own server may
     wait_until(lambda: lease_of(broker, kid) is None, what="the server's own release")
@@ -164,7 +165,8 @@ def test_one_student_holding_many_connections_does_not_starve_the_others(host):
     )  # fmt: skip
     try:
         result = json.loads(flood.stdout.readline())
-        assert result["held"] == CAP and len(result["refused"]) == 40 - CAP
+        # bob's own server holds a connection too: the flood gets the rest of his share, no more
+        assert CAP - 2 <= result["held"] < CAP and len(result["refused"]) == 40 - result["held"]
         assert f"Too many connections to the GPU broker from {bob.user.pw_uid} ({CAP} are open" in result["refused"][0]
         t0 = time.monotonic()
         kid = alice.start_kernel()  # another student's kernel starts as usual, on the GPU

@@ -10,7 +10,8 @@ import pytest
 from traitlets.config import Config
 
 from jupyter_gpushare.app import GpuShareApp
-from jupyter_gpushare.gpu import Card
+from jupyter_gpushare.gpu import Card, DeviceSample, ProcessSample
+from jupyter_gpushare.gpu.pod import limit_samples, pod_limit_mib
 from jupyter_gpushare.k8s import apply_pod_limits, dump, parse_hami_limit, profile_list, z2jh_values
 from jupyter_gpushare.policy import PolicyError
 
@@ -40,6 +41,30 @@ def test_pod_limits_per_device_then_for_all():
 def test_pod_limits_never_raise_capacity_and_absent_means_whole_device():
     assert apply_pod_limits([L4], {"CUDA_DEVICE_MEMORY_LIMIT_1": "100g"}) == [L4]
     assert apply_pod_limits([H100, L4], {}) == [H100, L4]
+
+
+def test_pod_limit_per_device_then_for_all_then_none():
+    env = {"CUDA_DEVICE_MEMORY_LIMIT_1": "bad", "CUDA_DEVICE_MEMORY_LIMIT": "2g"}
+    assert [pod_limit_mib(i, env) for i in (0, 1)] == [2048, 2048]
+    assert pod_limit_mib(0, {"CUDA_DEVICE_MEMORY_LIMIT_0": "8000m"}) == 8000
+    assert pod_limit_mib(0, {}) is None
+
+
+def test_samples_of_a_hami_share_read_from_the_whole_card_are_not_the_pods():
+    """Without HAMi-core's NVML hook, NVML shows the physical card: other pods' memory is not this share's use."""
+    (share,) = apply_pod_limits([L4], {"CUDA_DEVICE_MEMORY_LIMIT_1": "8000m"})
+    physical = DeviceSample(
+        card=share, total_mib=L4.total_mib, used_mib=12000, free_mib=L4.total_mib - 12000, utilization=40.0,
+        processes=(ProcessSample(4242, 12000),),
+    )  # fmt: skip
+    (seen,) = limit_samples([physical])
+    assert (seen.total_mib, seen.used_mib, seen.free_mib, seen.processes) == (8000, None, None, ())
+    assert "not this pod's 8000 MiB share" in seen.errors["memory"] and seen.errors["processes"]
+    assert (seen.card, seen.utilization) == (share, 40.0)
+    # HAMi-core's hook loaded: NVML reports the share itself; a whole GPU or a MIG instance: the card itself
+    hooked = DeviceSample(card=share, total_mib=8000, used_mib=3000, free_mib=5000, processes=(ProcessSample(7, 3000),))
+    whole = DeviceSample(card=H100, total_mib=H100.total_mib, used_mib=100, free_mib=H100.total_mib - 100)
+    assert limit_samples([hooked, whole]) == [hooked, whole]
 
 
 def test_profiles_ask_the_scheduler_for_each_slice_kind():
@@ -103,6 +128,7 @@ def test_cli_prints_yaml_and_json_of_the_same_values():
     yaml = pytest.importorskip("yaml")
     as_yaml = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert yaml.safe_load(as_yaml.stdout) == expected == yaml.safe_load(dump(expected))
+    assert "&id" not in as_yaml.stdout  # each profile has lists of its own: no YAML anchors to untangle
     bad = subprocess.run([*args[:4], "--mig", "huge"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "'huge' is not a MIG profile" in bad.stderr
 

@@ -93,7 +93,7 @@ def test_no_reserve_request_overbooks_the_card_or_makes_an_empty_lease(inproc, r
         (b'{"op": "reserve", "args": {"kernel_id": ["k1"], "mib": 1024}}', "'kernel_id' must be text"),
         (b'{"op": "attach", "args": {"kernel_id": "k1", "pid": -1}}', "'pid' must be a process id"),
         (b'{"op": "adopt", "args": {"kernel_id": "k1"}}', "Unknown request 'adopt'"),
-        (b'[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]', "JSON object"),
+        (b"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]", "JSON object"),
         (b"[" * 100_000, "not JSON"),
     ],
 )
@@ -126,7 +126,9 @@ def test_any_text_is_a_bounded_size_or_a_clear_error(text):
     except PolicyError as e:
         assert str(e).startswith("quota: ")
         return
-    assert (size.mib is not None and 0 <= size.mib <= MAX_MIB) or (size.percent is not None and 0 <= size.percent <= 100)
+    assert (size.mib is not None and 0 <= size.mib <= MAX_MIB) or (
+        size.percent is not None and 0 <= size.percent <= 100
+    )
     assert text.strip()[0].isascii() and text.strip()[0].isdigit()
 
 

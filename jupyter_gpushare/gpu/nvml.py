@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable
 
 from .base import Card, DeviceSample, GpuBackend, GpuUnavailable, ProcessSample
-from .pod import apply_pod_limits
+from .pod import apply_pod_limits, limit_samples
 
 log = logging.getLogger("jupyter_gpushare")
 
@@ -169,7 +169,7 @@ class NvmlBackend(GpuBackend):
     def sample(self) -> list[DeviceSample]:
         nv = self._init()
         cards = self._cards if self._cards is not None else self.cards()
-        return [self._sample_card(nv, card) for card in cards]
+        return limit_samples([self._sample_card(nv, card) for card in cards])  # a HAMi share is the card
 
     def _sample_card(self, nv: Any, card: Card) -> DeviceSample:
         errors: dict[str, str] = {}

@@ -1,4 +1,11 @@
-"""The GPU capacity a container may really use, where a device plugin limits it (HAMi)."""
+"""The GPU capacity a container may really use, where a device plugin limits it (HAMi).
+
+HAMi's device plugin gives a container its share of a GPU as ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` (and
+preloads HAMi-core, which enforces it). Where HAMi-core's NVML hook is loaded in this process, NVML reports
+the share itself; where it is not, NVML reports the whole physical card, other pods' memory included. Either
+way the card's capacity is the share (:func:`apply_pod_limits`), and figures NVML gives for the whole card
+are not this pod's (:func:`limit_samples`).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
-from .base import Card
+from .base import Card, DeviceSample
 
 HAMI_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"
 _HAMI_RE = re.compile(r"^\s*(\d+)\s*([kKmMgG]?)\s*$")
@@ -26,21 +33,57 @@ def parse_hami_limit(text: str) -> int | None:
     return mib if mib > 0 else None
 
 
+def pod_limit_mib(index: int, environ: Mapping[str, str] | None = None) -> int | None:
+    """The memory HAMi gives this container on its ``index``-th device, in MiB; None without a HAMi limit.
+
+    HAMi sets ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` for the i-th device the container sees, or
+    ``CUDA_DEVICE_MEMORY_LIMIT`` for every device.
+    """
+    env = os.environ if environ is None else environ
+    limit = parse_hami_limit(env.get(f"{HAMI_LIMIT}_{index}", ""))
+    return limit if limit is not None else parse_hami_limit(env.get(HAMI_LIMIT, ""))
+
+
 def apply_pod_limits(cards: Sequence[Card], environ: Mapping[str, str] | None = None) -> list[Card]:
     """The cards with the capacity this pod may really use (applied by NvmlBackend.cards()).
 
-    HAMi sets ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` for the i-th device the container sees (``i`` = the
-    card's index in this process), or ``CUDA_DEVICE_MEMORY_LIMIT`` for every device. A card's
-    capacity becomes the smaller of that limit and what NVML reports; other cards are unchanged.
-    Without HAMi variables this returns the cards as they are (whole GPU, or MIG device).
+    A card's capacity becomes the smaller of its HAMi limit (:func:`pod_limit_mib`, ``i`` = the card's
+    index in this process) and what NVML reports; other cards are unchanged. Without HAMi variables this
+    returns the cards as they are (whole GPU, or MIG device).
     """
-    env = os.environ if environ is None else environ
-    everywhere = parse_hami_limit(env.get(HAMI_LIMIT, ""))
     out = []
     for card in cards:
-        limit = parse_hami_limit(env.get(f"{HAMI_LIMIT}_{card.index}", ""))
-        limit = limit if limit is not None else everywhere
+        limit = pod_limit_mib(card.index, environ)
         if limit is not None and limit < card.total_mib:
             card = dataclasses.replace(card, total_mib=limit)
         out.append(card)
+    return out
+
+
+def limit_samples(samples: Sequence[DeviceSample]) -> list[DeviceSample]:
+    """The samples measured against the capacity of their cards (for NvmlBackend.sample(), after cards()).
+
+    A sample whose NVML total exceeds its card's capacity was read from the whole physical card under a
+    HAMi share (HAMi-core's NVML hook not loaded here): its used and free memory are the card's, other
+    pods' use included, and its process list is every container's on the card, none of which says what
+    this pod uses of its share. Those figures become "not available" with the reason, and the total is
+    the share. Other samples (a whole GPU, a MIG instance, HAMi with its hook) are returned as they are.
+    """
+    out = []
+    for sample in samples:
+        share = sample.card.total_mib
+        if sample.total_mib is not None and sample.total_mib > share:
+            why = (
+                f"NVML reports the whole GPU ({sample.total_mib} MiB), not this pod's {share} MiB share (HAMi): "
+                "what the pod uses of its share is not measured."
+            )
+            sample = dataclasses.replace(
+                sample,
+                total_mib=share,
+                used_mib=None,
+                free_mib=None,
+                processes=(),
+                errors={**sample.errors, "memory": why, "processes": why},
+            )
+        out.append(sample)
     return out
