@@ -159,6 +159,7 @@ class ConfigHandler(GpuShareHandler):
             {
                 "default_quota": str(p.default_quota),
                 "max_quota": str(p.max_quota) if p.max_quota else None,
+                "min_quota": str(p.min_quota),
                 "context_reserve_mib": p.context_reserve_mib,
                 "card_headroom": str(p.headroom),
                 "on_full": p.on_full,

@@ -39,8 +39,8 @@ class Guard:
 
     per_user: int = 64  # connections one user may hold open
     total: int = 4096  # connections in all (kept below the open-file limit)
-    rate: float = 50.0  # requests per second, per user, on average
-    burst: float = 200.0  # requests a user may make at once before being slowed down
+    rate: float = 200.0  # requests per second, per user, on average
+    burst: float = 400.0  # requests a user may make at once before being slowed down
     open: Counter = field(default_factory=Counter)
     _buckets: dict[str, _Bucket] = field(default_factory=dict)
 

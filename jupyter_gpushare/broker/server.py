@@ -18,7 +18,6 @@ see everything and may release any reservation. Each user has a connection cap a
 from __future__ import annotations
 
 import asyncio
-import functools
 import grp
 import logging
 import os
@@ -46,6 +45,7 @@ from ..sampler import unreserved_use
 from ..views import ANONYMOUS, anonymous_leases, view_for
 from .guard import Guard, LogLimiter, raise_fd_limit
 from .identity import Caller, container_reason, peer_credentials, proc_hidden_from_me, user_and_groups
+from .listener import Listener, tcp_listener_socket, unix_listener_socket
 from .protocol import (
     HUB_TOKEN_ENV,
     MAX_LINE,
@@ -200,17 +200,24 @@ class GpuShareBroker(JupyterApp):
         "the broker's own user are not limited. Default: 64.",
     )
     requests_per_second = Float(
-        50.0,
+        200.0,
         config=True,
         help="Requests per second one user may make on average; faster ones are answered later, so one user flooding "
         "the broker slows only themselves. A server makes about 2 per queued kernel and a few more every "
-        "reconcile_interval. 0 = no limit. Default: 50.",
+        "reconcile_interval. 0 = no limit. Default: 200.",
     )
     request_burst = Float(
-        200.0,
+        400.0,
         config=True,
         help="Requests one user may make at once before requests_per_second applies (a class starting its kernels). "
-        "Default: 200.",
+        "Default: 400.",
+    )
+    nice = Int(
+        -10,
+        config=True,
+        help="Scheduling priority (nice value, -20..19) the broker gives itself at start, so that students' busy "
+        "processes cannot take its CPU time and slow everyone's kernel starts (a negative value needs root or "
+        "CAP_SYS_NICE; without them it is logged and left as it is). Default: -10. 0 = leave it.",
     )
     idle_timeout = Float(
         300.0,
@@ -262,6 +269,8 @@ class GpuShareBroker(JupyterApp):
         self._touched: dict[str, float] = {}
         self._samples: tuple[DeviceSample, ...] = ()
         self._sampled_at = -SAMPLE_TTL_S
+        if not -20 <= self.nice <= 19:
+            raise PolicyError(f"GpuShareBroker.nice: {self.nice!r} is not a nice value; use -20..19, e.g. -10.")
         for name in ("max_connections_per_user", "requests_per_second", "request_burst", "idle_timeout"):
             if getattr(self, name) < 0 or (name == "max_connections_per_user" and self.max_connections_per_user < 1):
                 raise PolicyError(f"GpuShareBroker.{name}: {getattr(self, name)!r} must be positive.")
@@ -571,25 +580,32 @@ class GpuShareBroker(JupyterApp):
     # Ledger calls run on the event loop's own thread: each takes well under a millisecond, only the
     # broker writes the file (no lock waits), and a thread hop per request cost more than the call.
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tcp: bool = False) -> None:
-        """One connection: who it is, its share of the broker, then its requests one line at a time."""
+    def _unix_key(self, conn: socket.socket, address: Any) -> tuple[str, bool, tuple[int, int]]:
+        """A Unix-socket caller's share of the broker is its uid's (from the kernel, before it says anything)."""
+        pid, uid, _gid = peer_credentials(conn)
+        return f"uid:{uid}", self._trusted_uid(uid), (pid, uid)
+
+    @staticmethod
+    def _tcp_key(conn: socket.socket, address: Any) -> tuple[str, bool, None]:
+        """A TCP caller's share is its address's until it authenticates, then its Hub user's."""
+        return f"peer:{address[0]}", False, None
+
+    async def _client(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        key: str,
+        trusted: bool,
+        peer: tuple[int, int] | None,
+    ) -> None:
+        """One admitted connection (listener.py counted it for ``key``): who it is, then its requests one line at
+        a time. ``peer``: (pid, uid) on the Unix socket, None on TCP (the caller must authenticate first)."""
         loop = asyncio.get_running_loop()
         caller: Caller | None = None
         refused: BrokerRefused | None = None
-        trusted = False
-        if tcp:
-            key = f"peer:{(writer.get_extra_info('peername') or ('?',))[0]}"
-        else:
-            pid, uid, _gid = peer_credentials(writer.get_extra_info("socket"))
-            key, trusted = f"uid:{uid}", self._trusted_uid(uid)
-        reason = self.guard.enter(key, trusted)
-        if reason is not None:
-            self.log_limited(f"cap:{key}", logging.WARNING, "jupyter-gpushare broker: %s refused: %s", key, reason)
-            writer.write(encode(refusal("Refused", reason)))
-            writer.close()
-            return
         try:
-            if not tcp:  # the kernel says who is calling (NSS lookups may be slow: off the loop)
+            if peer is not None:  # the kernel says who is calling (NSS lookups may be slow: off the loop)
+                pid, uid = peer
                 try:
                     caller = await loop.run_in_executor(None, self.identify, pid, uid)
                 except BrokerRefused as e:  # answered to every request on this connection
@@ -704,7 +720,18 @@ class GpuShareBroker(JupyterApp):
         else:
             os.chmod(self.socket_path, 0o666)
 
+    def _set_priority(self) -> None:
+        if self.nice and os.getpriority(os.PRIO_PROCESS, 0) != self.nice:
+            try:
+                os.setpriority(os.PRIO_PROCESS, 0, self.nice)
+            except OSError as e:
+                self.log.warning(
+                    "jupyter-gpushare broker: cannot set its priority to nice %d (%s); students' busy processes may "
+                    "slow it. Run it as root, or give it CAP_SYS_NICE (systemd: Nice=%d).", self.nice, e, self.nice,
+                )  # fmt: skip
+
     async def serve(self, ready: Callable[[], None] | None = None) -> None:
+        self._set_priority()
         fds = raise_fd_limit()
         self.guard.total = max(16, min(self.guard.total, fds - 64))  # room left for the ledger and NVML
         loop = asyncio.get_running_loop()
@@ -714,17 +741,17 @@ class GpuShareBroker(JupyterApp):
         gone = self._ledger.reap()
         self._log_reclaimed(gone)
         self._prepare_socket()
-        server = await asyncio.start_unix_server(self._client, path=self.socket_path, limit=MAX_LINE)
+        listeners = [Listener(unix_listener_socket(self.socket_path), self.guard, self._unix_key, self._client, self.log_limited)]  # fmt: skip
         self._secure_socket()
-        tcp_server = None
         if self.tcp_address:
-            host, port = self._tcp
             try:
-                tcp_server = await asyncio.start_server(
-                    functools.partial(self._client, tcp=True), host, port, limit=MAX_LINE, ssl=self._tls
-                )
+                sock = tcp_listener_socket(*self._tcp)
             except OSError as e:
                 raise SystemExit(f"jupyter-gpushare broker: cannot listen on {self.tcp_address}: {e}") from e
+            listeners.append(Listener(sock, self.guard, self._tcp_key, self._client, self.log_limited, self._tls, AUTH_TIMEOUT_S))  # fmt: skip
+        tcp_server = len(listeners) > 1
+        for listener in listeners:
+            listener.start()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
@@ -756,10 +783,9 @@ class GpuShareBroker(JupyterApp):
                     self.log.exception("jupyter-gpushare broker: reclaiming failed")
 
         sweeper = asyncio.ensure_future(sweep())
-        async with server:
-            await stop.wait()
-        if tcp_server is not None:
-            tcp_server.close()
+        await stop.wait()
+        for listener in listeners:
+            listener.close()
         sweeper.cancel()
         try:
             os.unlink(self.socket_path)

@@ -131,9 +131,18 @@ export function describeState(
     case 'none':
       return {
         state,
-        label: 'no quota',
-        detail: k.reason ?? 'This kind of kernel reserves no GPU memory.',
+        label: 'no GPU',
+        detail:
+          k.reason ??
+          'This kind of kernel reserves no GPU memory, so it sees no GPU.',
         severity: 'muted'
+      };
+    case 'failed':
+      return {
+        state,
+        label: 'not running',
+        detail: k.reason ?? 'The kernel could not start again.',
+        severity: 'error'
       };
     default:
       return {
@@ -170,6 +179,8 @@ export function statusText(
       return 'no GPU';
     case 'none':
       return 'GPU: no quota';
+    case 'failed':
+      return 'GPU: not running';
     default:
       return `GPU ${formatUsage(kernel.used_mib, quotaMiB(kernel))}`;
   }
