@@ -4,9 +4,9 @@ __version__ = "0.1.0"
 
 
 def _jupyter_server_extension_points():
-    from .app import GpuShareApp
+    from .app import GpuShareExtension
 
-    return [{"module": "jupyter_gpushare", "app": GpuShareApp}]
+    return [{"module": "jupyter_gpushare", "app": GpuShareExtension}]
 
 
 def _jupyter_labextension_paths():

@@ -23,22 +23,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .policy import format_mib
+from .policy import EnforcePolicy, format_mib
 from .sampler import UsageSnapshot
 
-OVER_QUOTA_ACTIONS = ("notify", "interrupt", "restart", "shutdown")
-IDLE_ACTIONS = ("warn", "shutdown")
 REPEAT_MIN_S = 5.0  # least time between two actions on a kernel that stays over quota
-
-
-@dataclass(frozen=True)
-class EnforcePolicy:
-    near_ratio: float = 0.9  # of the reservation; 0 = no near-quota warning
-    over_grace_s: float = 30.0
-    over_action: str = "restart"
-    idle_timeout_s: float = 3600.0  # 0 = no idle policy
-    idle_action: str = "warn"
-    idle_shutdown_delay_s: float = 600.0
 
 
 @dataclass

@@ -20,10 +20,12 @@ from typing import Any, Callable, ClassVar, TypeVar
 from tornado import web
 
 from .broker import BrokerLedger
-from .gpu import Card, DeviceSample, GpuBackend
+from .gpu import Card, DeviceSample, GpuBackend, open_backend
 from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Waiting
 from .policy import CardView, Policy, PolicyError, Size, UserLimits, format_mib, parse_limits, parse_size
+from .reports import read_reports, remove_reports, report_dir
 from .sampler import unreserved_use
+from .settings import GpuShareApp
 from .views import host_view
 
 T = TypeVar("T")
@@ -427,9 +429,6 @@ class QuotaManager:
         except LedgerError as e:  # a full disk: the kernel goes all the same; reconcile gives its room back later
             lease = None
             self.event("release-pending", kernel_id, f"Its reservation will be given back once the ledger works: {e}")
-        from .provisioner import report_dir  # the provisioner imports this module
-        from .reports import remove_reports
-
         await self._run(lambda: remove_reports(report_dir(), kernel_id))
         if lease is not None:
             self.event(
@@ -498,9 +497,6 @@ class QuotaManager:
     async def snapshot(self) -> dict[str, Any]:
         """Cards with their reservations, this process's kernels, and the host-wide queue."""
 
-        from .provisioner import report_dir  # the provisioner imports this module
-        from .reports import read_reports
-
         kernel_ids = list(self.records)
 
         def read() -> tuple[list[Lease], list, dict[str, Any], dict[str, int]]:
@@ -558,3 +554,23 @@ class QuotaManager:
         if self._ledger is not None:
             self._executor.submit(self._ledger.close).result()
         self._executor.shutdown(wait=False)
+
+
+def build_manager(settings: GpuShareApp, log: logging.Logger | None = None) -> QuotaManager:
+    """A QuotaManager from the admin's settings, after they are checked as a whole against this host's cards
+    (PolicyError names the settings and the fix)."""
+    policy = settings.build_policy()
+    backend = open_backend(settings.gpu_backend, settings.simulated_cards)
+    try:
+        cards = backend.cards()
+    except Exception:  # a card lost now: the manager says so, and kernels start without a GPU
+        cards = []
+    settings.check(policy, [CardView(c.uuid, c.index, c.total_mib) for c in cards])
+    return QuotaManager(
+        policy,
+        backend,
+        settings.ledger_path,
+        log=log,
+        broker_socket=settings.broker_socket or None,
+        broker_ca_file=settings.broker_ca_file,
+    )

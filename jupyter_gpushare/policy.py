@@ -132,6 +132,8 @@ def format_mib(mib: float) -> str:
 
 
 ON_FULL_CHOICES = ("queue", "cpu", "reject")
+OVER_QUOTA_ACTIONS = ("notify", "interrupt", "restart", "shutdown")
+IDLE_ACTIONS = ("warn", "shutdown")
 DEFAULT_MIN_QUOTA_MIB = 256
 
 
@@ -236,6 +238,18 @@ class Policy:
             if best is None or (left, card.index) < best[:2]:
                 best = (left, card.index, card)
         return best[2] if best else None
+
+
+@dataclass(frozen=True)
+class EnforcePolicy:
+    """The over-quota and idle rules (enforce.py applies them)."""
+
+    near_ratio: float = 0.9  # of the reservation; 0 = no near-quota warning
+    over_grace_s: float = 30.0
+    over_action: str = "notify"
+    idle_timeout_s: float = 3600.0  # 0 = no idle policy
+    idle_action: str = "warn"
+    idle_shutdown_delay_s: float = 600.0
 
 
 # -- per-user limits (enforced host-wide by the broker, inside the ledger transaction) -------------

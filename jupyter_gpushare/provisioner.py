@@ -3,22 +3,28 @@
 Made the server-wide default provisioner by the config file shipped in the wheel, so every
 kernel started by JupyterLab, Notebook 7, nbclient or papermill gets a quota with no kernelspec
 edited. The reservation is decided only in ``cleanup(restart)``, which is the one call that gets
-the right restart flag (jupyter_client#1061).
+the right restart flag (jupyter_client#1061). The kernel's ports are held from the moment they are
+picked (Linux), and a kernel that dies before it was stable is restarted on new ones, keeping its
+reservation (docs/jupyter-client-port-reuse.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import sys
 from typing import Any
 
+from jupyter_client.connect import LocalPortCache, port_names
 from jupyter_client.provisioning import LocalProvisioner
-from jupyter_core.paths import jupyter_runtime_dir
-from traitlets import Unicode
+from traitlets import Bool, Unicode
 
 from .kernel_env import kernel_env
-from .manager import Grant, QuotaManager, QuotaUnavailable
+from .manager import Grant, QuotaManager, QuotaUnavailable, build_manager
 from .policy import PolicyError, parse_size
+from .reports import report_dir
+from .settings import load_config, settings_from
 
 
 class GpuShareProvisioner(LocalProvisioner):
@@ -31,15 +37,26 @@ class GpuShareProvisioner(LocalProvisioner):
         "metadata.kernel_provisioner.config. Empty (default): the server's GpuShareApp.default_quota.",
     )
 
+    hold_ports = Bool(
+        True,
+        config=True,
+        help="Linux, tcp transport: keep each of the kernel's ports bound by the server (SO_REUSEADDR, never "
+        "listening) from the moment it is picked until the kernel shuts down, so that no other socket's bind(0) or "
+        "connect() is given it before the kernel binds it; the kernel's listener (SO_REUSEADDR, as libzmq's) still "
+        "binds it. Default True. False: ports are only free when picked, as in jupyter_client. No effect elsewhere.",
+    )
+
     _grant: Grant | None = None
     _watching_death = False
+    _ports_renewed = False
+    _held: tuple[socket.socket, ...] = ()
 
     def _manager(self) -> QuotaManager:
         manager = QuotaManager.current()
-        if manager is None:  # started outside a Jupyter server (nbclient, papermill): build one from config
-            from .app import build_manager
-
-            manager = build_manager(self.config, self.log)
+        if manager is None:  # outside a Jupyter server (nbclient, papermill, `jupyter execute`): the same settings
+            config, sources = load_config(over=self.config)  # the server's files, then this program's own config
+            manager = build_manager(settings_from(config), self.log)
+            self.log.info("jupyter-gpushare: settings from %s", ", ".join(sources) or "no config file (the defaults)")
             QuotaManager.install(manager)
         return manager
 
@@ -48,12 +65,10 @@ class GpuShareProvisioner(LocalProvisioner):
         return getattr(self.parent, "kernel_name", "") or self.kernel_spec.display_name
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        kwargs = await super().pre_launch(**kwargs)  # after this, kwargs["env"] always exists
         manager = self._manager()
-        env = kwargs["env"]
         language = (self.kernel_spec.language or "").lower()
         rec = manager.record(self.kernel_id, self._kernel_name, language)
-        rec.path = self._notebook_path(env.get("JPY_SESSION_NAME")) or rec.path
+        rec.path = self._notebook_path((kwargs.get("env") or {}).get("JPY_SESSION_NAME")) or rec.path
         keep = (
             self._grant is not None
             and self._grant.mode == "gpu"
@@ -73,6 +88,10 @@ class GpuShareProvisioner(LocalProvisioner):
                 self._forget_failed_start()
                 raise
         try:
+            # Ports are picked only now, once admitted: a start that waited in the queue would
+            # otherwise hold free-looking ports that nothing binds for as long as it waited.
+            kwargs = await self._pick_ports(**kwargs)  # after this, kwargs["env"] always exists
+            env = kwargs["env"]
             env.update(
                 kernel_env(
                     self._grant,
@@ -88,6 +107,38 @@ class GpuShareProvisioner(LocalProvisioner):
             raise
         return kwargs
 
+    async def _pick_ports(self, **kwargs: Any) -> dict[str, Any]:
+        """LocalProvisioner's pre_launch, with ports held (``hold_ports``) and renewed when asked.
+
+        LocalProvisioner picks and caches the ports before the KernelManager records which of its
+        ports are random, so ``cleanup_random_ports()`` finds none and every restart reuses the
+        first ports, even the restarter's "new random ports" for a kernel that died before it was
+        stable: one whose port another socket took dies on it again, up to the restart limit.
+        Recording them first lets ``restart_kernel(newports=True)`` zero them; fresh ones are then
+        picked here while the old ones are still held or marked used, so none comes back.
+        """
+        km = self.parent
+        stale_ports: list[int] = []
+        stale_held: tuple[socket.socket, ...] = ()
+        try:
+            if km is not None and km.cache_ports and self.ports_cached and not all(km.ports):
+                stale_ports = [self.connection_info[name] for name in port_names]
+                stale_held, self.ports_cached = self._held, False
+            if km is not None and km.cache_ports and not self.ports_cached:
+                km._record_random_port_names()  # a no-op after the first start
+                if self.hold_ports and km.transport == "tcp" and sys.platform.startswith("linux"):
+                    self._held = _hold_ports(km.ip)
+                    for name, sock in zip(port_names, self._held):
+                        setattr(km, name, sock.getsockname()[1])
+                    self.ports_cached = True  # LocalProvisioner then writes km's ports as they are
+            kwargs = await super().pre_launch(**kwargs)
+            self._ports_renewed = bool(stale_ports)
+            return kwargs
+        finally:
+            _close(stale_held)
+            for port in stale_ports:
+                LocalPortCache.instance().return_port(port)
+
     async def launch_kernel(self, cmd: list[str], **kwargs: Any):
         try:
             return await super().launch_kernel(cmd, **kwargs)
@@ -99,10 +150,27 @@ class GpuShareProvisioner(LocalProvisioner):
     async def post_launch(self, **kwargs: Any) -> None:
         await super().post_launch(**kwargs)
         await self._manager().attach(self.kernel_id, self.pid)
+        if self._ports_renewed:
+            self._ports_renewed = False
+            self._watch_activity_on_new_ports()
         if not self._watching_death and hasattr(self.parent, "add_restart_callback"):
             # Past the restart limit the server drops the kernel without cleanup(): release then.
             self.parent.add_restart_callback(self._kernel_died, "dead")
             self._watching_death = True
+
+    def _watch_activity_on_new_ports(self) -> None:
+        """Point jupyter_server's activity watch (execution state, culling) at the kernel's new iopub port.
+
+        jupyter_server reconnects it after its own restart_kernel only. Left on the old port, the
+        state stays 'starting', and every new websocket's nudge waits for it until
+        kernel_info_timeout, then closes.
+        """
+        multi = getattr(self.parent, "parent", None)
+        stream = getattr(self.parent, "_activity_stream", None)
+        if stream is None or not hasattr(multi, "start_watching_activity"):
+            return  # not a jupyter_server kernel, or not watched yet
+        stream.close()
+        multi.start_watching_activity(self.kernel_id)
 
     def _notebook_path(self, session_name: str | None) -> str | None:
         """The session's notebook, relative to the server's root (as JupyterLab opens it)."""
@@ -131,11 +199,31 @@ class GpuShareProvisioner(LocalProvisioner):
 
     async def _release(self, why: str) -> None:
         self._grant = None
+        _close(self._held)
+        self._held = ()
         await self._manager().release(self.kernel_id, why)
 
 
-def report_dir() -> str:
-    """Where kernels write what their frameworks were capped at (read by the server)."""
-    path = os.path.join(jupyter_runtime_dir(), "gpushare")
-    os.makedirs(path, exist_ok=True)
-    return path
+def _hold_ports(ip: str) -> tuple[socket.socket, ...]:
+    """Five ports the OS picks free, each kept bound (not listening) by a socket of ours.
+
+    Linux gives a port with a bound socket to no bind(0) or connect() (ipykernel binds one with
+    bind(0) for its IOPub pipe: in a start storm, that is what took another kernel's port), yet
+    lets a listener bind it when both sockets set SO_REUSEADDR and ours never listens.
+    """
+    held: list[socket.socket] = []
+    try:
+        for _ in port_names:
+            sock = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
+            held.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((ip, 0))
+    except BaseException:
+        _close(held)
+        raise
+    return tuple(held)
+
+
+def _close(socks: tuple[socket.socket, ...] | list[socket.socket]) -> None:
+    for sock in socks:
+        sock.close()

@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 import psutil
+from jupyter_core.paths import jupyter_runtime_dir
 
 # A process started more than this long after the report's "started" time is not the one that
 # wrote it (pid reuse). The bootstrap stamps "started" within milliseconds of interpreter start.
@@ -72,6 +73,13 @@ def clean_report(data: Any, kernel_id: str) -> dict[str, Any] | None:
         },
         "warnings": [w[:MAX_TEXT] for w in warnings if isinstance(w, str)][:MAX_WARNINGS],
     }
+
+
+def report_dir() -> str:
+    """Where kernels write what their frameworks were capped at (read by the server)."""
+    path = os.path.join(jupyter_runtime_dir(), "gpushare")
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def _files(report_dir: str, kernel_id: str) -> list[str]:

@@ -28,8 +28,8 @@ import psutil
 
 from .gpu import DeviceSample, GpuUnavailable
 from .ledger import Lease, SessionRef
+from .settings import MIN_INTERVAL_S
 
-MIN_INTERVAL_S = 0.2
 MAX_DEPTH = 64  # ancestors walked from a GPU process before giving up
 QUOTA_REFRESH_S = 5.0  # the manager's snapshot (ledger, framework reports) is re-read at least this often
 REVALIDATE_S = 10.0  # a pid listed in consecutive readings is re-read from /proc at least this often
@@ -379,6 +379,33 @@ class Sampler:
 
     # -- one tick ------------------------------------------------------------------------------
 
+    def _kernel_usage(
+        self,
+        targets: Sequence[tuple[str, int | None, str | None]],
+        per_kernel: Mapping[str, list[ProcessUse]],
+        measured: bool,
+    ) -> dict[str, KernelUsage]:
+        """Each kernel's use from its processes' (0 when the driver's list was read and none is there), and its peak."""
+        kernels: dict[str, KernelUsage] = {}
+        for kid, pid, _card in targets:
+            procs = tuple(per_kernel.get(kid, ()))
+            known = [p.used_mib for p in procs if p.used_mib is not None]
+            if procs:
+                used = sum(known) if known else None
+            else:
+                used = 0 if measured and pid else None
+            utils = [p.utilization for p in procs if p.utilization is not None]
+            util = min(100.0, sum(utils)) if utils else (0.0 if used is not None and not procs else None)
+            prev_pid, prev_peak = self._peaks.get(kid, (pid, 0))
+            peak = prev_peak if prev_pid == pid else 0  # a restarted kernel starts a new peak
+            if used is not None:
+                peak = max(peak, used)
+            self._peaks[kid] = (pid, peak)
+            kernels[kid] = KernelUsage(kid, pid, used, peak if used is not None or peak else None, util, procs)
+        for kid in [k for k in self._peaks if k not in kernels]:
+            del self._peaks[kid]
+        return kernels
+
     def tick(self) -> UsageSnapshot:
         """Sample once and publish the snapshot (also returned)."""
         t0 = time.perf_counter()
@@ -399,56 +426,9 @@ class Sampler:
         owners = self._trees.owners(pids) if pids else {}
 
         per_kernel: dict[str, list[ProcessUse]] = {}
-        cards: dict[str, CardUsage] = {}
-        for s in samples:
-            mine = 0
-            others_known = 0
-            for p in s.processes:
-                kid = owners.get(p.pid)
-                if kid is not None:
-                    per_kernel.setdefault(kid, []).append(ProcessUse(p.pid, s.card.index, p.used_mib, p.utilization))
-                    mine += p.used_mib or 0
-                else:
-                    others_known += p.used_mib or 0
-            readable = "processes" not in s.errors and not s.lost
-            by_kernels = mine if readable else None
-            if s.used_mib is not None and by_kernels is not None:
-                by_others = max(0, s.used_mib - by_kernels)
-            else:
-                by_others = others_known if readable else None
-            cards[s.card.uuid] = CardUsage(
-                uuid=s.card.uuid,
-                index=s.card.index,
-                total_mib=s.total_mib,
-                used_mib=s.used_mib,
-                used_by_kernels_mib=by_kernels,
-                used_by_others_mib=by_others,
-                free_mib=s.free_mib,
-                utilization=s.utilization,
-                mig=s.mig,
-                lost=s.lost,
-                errors=MappingProxyType(dict(s.errors)),
-            )
+        cards = {s.card.uuid: _card_usage(s, owners, per_kernel) for s in samples}
         measured = any("processes" not in s.errors and not s.lost for s in samples)
-
-        kernels: dict[str, KernelUsage] = {}
-        for kid, pid, _card in targets:
-            procs = tuple(per_kernel.get(kid, ()))
-            known = [p.used_mib for p in procs if p.used_mib is not None]
-            if procs:
-                used = sum(known) if known else None
-            else:
-                used = 0 if measured and pid else None
-            utils = [p.utilization for p in procs if p.utilization is not None]
-            util = min(100.0, sum(utils)) if utils else (0.0 if used is not None and not procs else None)
-            prev_pid, prev_peak = self._peaks.get(kid, (pid, 0))
-            peak = prev_peak if prev_pid == pid else 0  # a restarted kernel starts a new peak
-            if used is not None:
-                peak = max(peak, used)
-            self._peaks[kid] = (pid, peak)
-            kernels[kid] = KernelUsage(kid, pid, used, peak if used is not None or peak else None, util, procs)
-        for kid in [k for k in self._peaks if k not in kernels]:
-            del self._peaks[kid]
+        kernels = self._kernel_usage(targets, per_kernel, measured)
 
         ids = frozenset(kid for kid, _, _ in targets)
         quota = None
@@ -537,3 +517,34 @@ __all__ = [
     "card_view",
     "kernel_view",
 ]
+
+
+def _card_usage(s: DeviceSample, owners: Mapping[int, str], per_kernel: dict[str, list[ProcessUse]]) -> CardUsage:
+    """One card's use, split between this server's kernels (their processes added to ``per_kernel``) and the rest."""
+    mine = others_known = 0
+    for p in s.processes:
+        kid = owners.get(p.pid)
+        if kid is not None:
+            per_kernel.setdefault(kid, []).append(ProcessUse(p.pid, s.card.index, p.used_mib, p.utilization))
+            mine += p.used_mib or 0
+        else:
+            others_known += p.used_mib or 0
+    readable = "processes" not in s.errors and not s.lost
+    by_kernels = mine if readable else None
+    if s.used_mib is not None and by_kernels is not None:
+        by_others = max(0, s.used_mib - by_kernels)
+    else:
+        by_others = others_known if readable else None
+    return CardUsage(
+        uuid=s.card.uuid,
+        index=s.card.index,
+        total_mib=s.total_mib,
+        used_mib=s.used_mib,
+        used_by_kernels_mib=by_kernels,
+        used_by_others_mib=by_others,
+        free_mib=s.free_mib,
+        utilization=s.utilization,
+        mig=s.mig,
+        lost=s.lost,
+        errors=MappingProxyType(dict(s.errors)),
+    )

@@ -377,7 +377,7 @@ def test_a_token_identified_server_owns_through_its_session(inproc):
 def test_tcp_settings_are_checked():
     from traitlets.config import Config
 
-    from jupyter_gpushare.app import GpuShareApp
+    from jupyter_gpushare.settings import settings_from
 
     c = Config()
     c.GpuShareApp.gpu_backend, c.GpuShareApp.simulated_cards = "simulated", "10GiB"
@@ -389,7 +389,7 @@ def test_tcp_settings_are_checked():
     with pytest.raises(PolicyError, match="is not host:port"):
         GpuShareBroker(config=c).setup()
     with pytest.raises(PolicyError, match=r"GpuShareApp.broker_socket = 'tcp://broker' is not host:port"):
-        GpuShareApp(broker_socket="tcp://broker").build_policy()
+        settings_from(Config({"GpuShareApp": {"broker_socket": "tcp://broker"}}))
 
 
 def test_bad_tcp_callers_get_reasons(inproc, monkeypatch):
@@ -424,7 +424,7 @@ def test_tcp_listener_plain_and_tls_end_to_end(tmp_path):
     from servers import free_port
     from tls import make_certificates
 
-    from jupyter_gpushare.cli import diagnose
+    from jupyter_gpushare.doctor import diagnose
     from jupyter_gpushare.ledger import LedgerError
 
     tls = make_certificates(tmp_path)
@@ -465,7 +465,7 @@ def test_tcp_listener_plain_and_tls_end_to_end(tmp_path):
 def test_tls_settings_are_checked(tmp_path):
     from traitlets.config import Config
 
-    from jupyter_gpushare.app import GpuShareApp
+    from jupyter_gpushare.settings import settings_from
 
     c = Config()
     c.GpuShareApp.gpu_backend, c.GpuShareApp.simulated_cards = "simulated", "10GiB"
@@ -482,7 +482,9 @@ def test_tls_settings_are_checked(tmp_path):
     with pytest.raises(PolicyError, match="tcp_keyfile is set but tcp_certfile is not"):
         GpuShareBroker(config=c).setup()
     with pytest.raises(PolicyError, match="broker_ca_file = '.*missing.pem' is not a file this server can read"):
-        GpuShareApp(broker_socket="tls://broker:8765", broker_ca_file=str(tmp_path / "missing.pem")).build_policy()
+        settings_from(
+            Config({"GpuShareApp": {"broker_socket": "tls://broker:8765", "broker_ca_file": str(tmp_path / "missing.pem")}})
+        )
 
 
 NEWROOT = str(Path(__file__).with_name("newroot.py"))

@@ -150,9 +150,9 @@ def test_status_lists_gpu_processes_without_a_reservation_to_admins_only():
     """An admin sees which processes use GPU memory outside any kernel (who runs a script in a terminal);
     a student's view names no other user's process."""
     from jupyter_gpushare.broker import Caller
-    from jupyter_gpushare.cli import add_use, format_status
     from jupyter_gpushare.gpu import SimulatedBackend
     from jupyter_gpushare.ledger import Lease
+    from jupyter_gpushare.status import add_use, format_status
     from jupyter_gpushare.views import view_for
 
     backend = SimulatedBackend([10240])

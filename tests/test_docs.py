@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpushare.app import GpuShareApp
 from jupyter_gpushare.broker import GpuShareBroker
 from jupyter_gpushare.provisioner import GpuShareProvisioner
+from jupyter_gpushare.settings import GpuShareApp
 
 ROOT = Path(__file__).resolve().parent.parent
 

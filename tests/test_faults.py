@@ -23,7 +23,7 @@ from servers import SimulatedServer, wait_until
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpushare.ledger import read_ledger
-from jupyter_gpushare.provisioner import report_dir
+from jupyter_gpushare.reports import report_dir
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
 

@@ -9,11 +9,11 @@ import sys
 import pytest
 from traitlets.config import Config
 
-from jupyter_gpushare.app import GpuShareApp
 from jupyter_gpushare.gpu import Card, DeviceSample, ProcessSample
 from jupyter_gpushare.gpu.pod import limit_samples, pod_limit_mib
 from jupyter_gpushare.k8s import apply_pod_limits, dump, parse_hami_limit, profile_list, z2jh_values
 from jupyter_gpushare.policy import PolicyError
+from jupyter_gpushare.settings import GpuShareApp
 
 H100 = Card(0, "GPU-a", "NVIDIA H100 80GB HBM3", 81559)
 L4 = Card(1, "GPU-b", "NVIDIA L4", 23034)

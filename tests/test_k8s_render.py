@@ -35,9 +35,9 @@ from k8s_pods import (  # noqa: E402
 from kubespawner import KubeSpawner  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
-from jupyter_gpushare.app import GpuShareApp  # noqa: E402
 from jupyter_gpushare.k8s import GPU_MODELS, profile_list, z2jh_values  # noqa: E402
 from jupyter_gpushare.policy import PolicyError  # noqa: E402
+from jupyter_gpushare.settings import GpuShareApp  # noqa: E402
 
 H100 = "NVIDIA H100 80GB HBM3"  # as nvidia-smi names it
 # The worked example of docs/kubernetes.md: a node of H100s (whole, or MIG 1g.10gb), a node of L4s under HAMi.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from jupyter_gpushare.provisioner import report_dir
+from jupyter_gpushare.reports import report_dir
 
 
 async def run_cell(client, code: str, timeout: float = 180) -> dict:

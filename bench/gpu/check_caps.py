@@ -34,7 +34,7 @@ from jupyter_client.manager import AsyncKernelManager  # noqa: E402
 
 from jupyter_gpushare.gpu import SimulatedBackend  # noqa: E402
 from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
-from jupyter_gpushare.provisioner import report_dir  # noqa: E402
+from jupyter_gpushare.reports import report_dir  # noqa: E402
 
 QUOTA_MIB = 4096
 RESERVE_MIB = 1024

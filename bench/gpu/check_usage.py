@@ -35,9 +35,10 @@ import pynvml  # noqa: E402
 from _manager import install_quota_manager  # noqa: E402
 from jupyter_client.multikernelmanager import AsyncMultiKernelManager  # noqa: E402
 
-from jupyter_gpushare.enforce import EnforcePolicy, Enforcer  # noqa: E402
+from jupyter_gpushare.enforce import Enforcer  # noqa: E402
 from jupyter_gpushare.gpu import SimulatedBackend  # noqa: E402
 from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
+from jupyter_gpushare.policy import EnforcePolicy  # noqa: E402
 from jupyter_gpushare.sampler import Sampler, kernel_view  # noqa: E402
 
 QUOTA_MIB, RESERVE_MIB = 2048, 1024

@@ -19,6 +19,8 @@ from typing import Any, Callable
 from ..ledger import Lease, Owner, ProcessRef, SessionRef, Waiter
 from ..policy import PolicyError, Size
 
+DEFAULT_SOCKET = "/run/jupyter-gpushare/broker.sock"
+DEFAULT_LEDGER = "/var/lib/jupyter-gpushare/ledger.sqlite"
 MAX_LINE = 1 << 20  # bytes of one request line
 HUB_TOKEN_ENV = "JUPYTERHUB_API_TOKEN"  # what a server started by a JupyterHub authenticates with
 MAX_PID = 1 << 22  # Linux's pid_max ceiling

@@ -42,11 +42,14 @@ from ..hub import HubClient, HubError
 from ..ledger import Lease, Ledger, LedgerError, ProcessRef, Request, SessionRef, Waiter
 from ..policy import CardView, LimitRules, PolicyError, UserLimits, format_mib, parse_limits
 from ..sampler import unreserved_use
+from ..settings import settings_from
 from ..views import ANONYMOUS, anonymous_leases, view_for
 from .guard import Guard, LogLimiter, raise_fd_limit
 from .identity import Caller, container_reason, peer_credentials, proc_hidden_from_me, user_and_groups
 from .listener import Listener, tcp_listener_socket, unix_listener_socket
 from .protocol import (
+    DEFAULT_LEDGER,
+    DEFAULT_SOCKET,
     HUB_TOKEN_ENV,
     MAX_LINE,
     AttachArgs,
@@ -64,8 +67,6 @@ from .protocol import (
     waiter_to_json,
 )
 
-DEFAULT_SOCKET = "/run/jupyter-gpushare/broker.sock"
-DEFAULT_LEDGER = "/var/lib/jupyter-gpushare/ledger.sqlite"
 SAMPLE_TTL_S = 1.0  # the driver is read at most this often for what processes without a reservation use
 AUTH_TIMEOUT_S = 10.0  # a TCP caller that has not authenticated by then is disconnected
 
@@ -252,13 +253,13 @@ class GpuShareBroker(JupyterApp):
 
     def setup(self) -> None:
         """Build policy, limits and cards from config (PolicyError names the bad setting)."""
-        from ..app import GpuShareApp
         from ..gpu import open_backend
 
-        shared = GpuShareApp(config=self.config)  # the same placement rules as a single server
+        shared = settings_from(self.config)  # the same placement rules (c.GpuShareApp.*) as a single server
         self.policy = shared.build_policy()
         self.backend = open_backend(shared.gpu_backend, shared.simulated_cards)
         self.cards: list[Card] = self.backend.cards()
+        shared.check(self.policy, [CardView(c.uuid, c.index, c.total_mib) for c in self.cards])
         self.rules = LimitRules.parse(self.default_limits, self.user_limits, self.group_limits)
         self._admin_groups = set(self.admin_groups)
         self._admin_users = set(self.admin_users)
