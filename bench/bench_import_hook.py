@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 from jupyter_gpushare.gpu import Card  # noqa: E402
 from jupyter_gpushare.kernel_env import BOOTSTRAP_DIR, kernel_env  # noqa: E402
 from jupyter_gpushare.ledger import Lease, ProcessRef  # noqa: E402
-from jupyter_gpushare.manager import Grant  # noqa: E402
+from jupyter_gpushare.records import Grant  # noqa: E402
 
 QUOTA = 4096
 PROBE = """

@@ -53,7 +53,9 @@ def _nvml() -> tuple[str | None, int | None, str | None]:
             pass
 
 
-def diagnose(config: Config | None = None, socket_path: str | None = None, sources: Sequence[str] = ()) -> list[Finding]:
+def diagnose(
+    config: Config | None = None, socket_path: str | None = None, sources: Sequence[str] = ()
+) -> list[Finding]:
     """Every check of `jupyter gpushare doctor`, each with what to do. ``config``: the settings to check
     (default: what this user's Jupyter server reads, ``settings.load_config``); ``sources``: where they came from."""
     if config is None:
@@ -117,7 +119,9 @@ def _cards_finding(app: GpuShareApp) -> Finding:
     except Exception as e:
         return Finding("cards", "error", f"The card list cannot be read: {e}", "Run nvidia-smi; a lost card needs a reset or reboot.")  # fmt: skip
     if not cards:
-        return Finding("cards", "error", f"No card: {backend.reason}", "Check the driver (above) and GpuShareApp.cards.")
+        return Finding(
+            "cards", "error", f"No card: {backend.reason}", "Check the driver (above) and GpuShareApp.cards."
+        )
     text = ", ".join(f"{c.index}: {c.name} {format_mib(c.total_mib)}" for c in cards)
     if any(pod_limit_mib(c.index) is not None for c in cards):  # (the sizes above are already the shares)
         text += " (HAMi's share of the GPU for this pod)"

@@ -9,9 +9,11 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
 from .ledger import LedgerError
-from .manager import KernelRecord, QuotaManager
+from .manager import QuotaManager
 from .policy import PolicyError, parse_size
-from .sampler import UsageSnapshot, card_view, kernel_view
+from .records import KernelRecord
+from .sampler import UsageSnapshot
+from .views import card_view, kernel_view
 
 API = r"/api/gpushare"
 AUTH_RESOURCE = "gpushare"

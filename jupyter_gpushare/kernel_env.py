@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .manager import Grant
+from .records import Grant
 
 BOOTSTRAP_DIR = Path(__file__).parent / "bootstrap"
 

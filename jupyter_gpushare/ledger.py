@@ -27,11 +27,12 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from .gpu import Card
+from .gpu import Card, DeviceSample
 from .ledger_file import LedgerError, LedgerFile, check_ledger, open_readonly
 from .policy import CardView, Policy, Size, UserLimits
-from .procs import Owner, ProcessRef, SessionRef
+from .procs import Owner, ProcessRef, SessionRef, unreserved_use
 
 __all__ = [
     "Lease", "Ledger", "LedgerError", "Owner", "ProcessRef", "Request", "SessionRef", "Waiter", "Waiting",
@@ -111,6 +112,43 @@ class Request:
     kernel_name: str = ""
 
 
+class Reservations(Protocol):
+    """What the manager needs of a ledger, whichever it has: this user's ledger file (``Ledger``) or the host's
+    broker (``broker.client.BrokerLedger``). The manager never asks which."""
+
+    replaced: str | None  # what happened the last time the ledger's file was removed under this process
+
+    def reserve(
+        self,
+        req: Request,
+        policy: Policy,
+        cards: Sequence[Card],
+        wait: bool,
+        limits: UserLimits | None = None,
+        outside: Mapping[str, int] | None = None,
+    ) -> Lease | Waiting: ...
+
+    def outside(self, samples: Sequence[DeviceSample]) -> dict[str, int] | None:
+        """Per card, what processes that hold no reservation use; None where this process cannot tell (the
+        broker measures it itself)."""
+        ...
+
+    def caller(self) -> tuple[str | None, bool, UserLimits | None]:
+        """Who this process reserves as: (user, or None for this process's own; whether it sees everyone's
+        kernels; its per-user limits, None where there are none)."""
+        ...
+
+    def cancel_wait(self, kernel_id: str) -> None: ...
+    def attach(self, kernel_id: str, kernel: ProcessRef | None) -> None: ...
+    def release(self, kernel_id: str) -> Lease | None: ...
+    def release_owned_except(self, keep: set[str]) -> list[Lease]: ...
+    def reap(self) -> list[Lease]: ...
+    def leases(self) -> list[Lease]: ...
+    def get(self, kernel_id: str) -> Lease | None: ...
+    def waiters(self) -> list[Waiter]: ...
+    def close(self) -> None: ...
+
+
 def _waiter(r: sqlite3.Row) -> Waiter:
     return Waiter(r["ticket"], r["kernel_id"], r["quota"], r["user"], r["kernel_name"], _owner(r), r["created"])
 
@@ -153,6 +191,14 @@ class Ledger:
     def replaced(self) -> str | None:
         """What happened the last time the file was removed or replaced under this process, or None."""
         return self._file.replaced
+
+    def outside(self, samples: Sequence[DeviceSample]) -> dict[str, int]:
+        """Per card, what processes in no lease's kernel tree use (procs.unreserved_use)."""
+        return unreserved_use(samples, self.leases())
+
+    def caller(self) -> tuple[None, bool, None]:
+        """This user's own file: everything in it is theirs, and no per-user limits apply."""
+        return None, True, None
 
     def close(self) -> None:
         self._file.close()

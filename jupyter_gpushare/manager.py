@@ -14,17 +14,14 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, TypeVar
-
-from tornado import web
 
 from .broker import BrokerLedger
 from .gpu import Card, DeviceSample, GpuBackend, open_backend
-from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Waiting
-from .policy import CardView, Policy, PolicyError, Size, UserLimits, format_mib, parse_limits, parse_size
+from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Reservations, Waiting
+from .policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
+from .records import Grant, KernelRecord, QuotaUnavailable
 from .reports import read_reports, remove_reports, report_dir
-from .sampler import unreserved_use
 from .settings import GpuShareApp
 from .views import host_view
 
@@ -34,81 +31,6 @@ LEDGER_RETRY_S = (1.0, 60.0)  # a ledger that cannot be opened is tried again af
 WHAT_TO_DO = (
     "Shut down a kernel you no longer use (Kernel > Shut Down Kernel), ask for a smaller quota, or try again later."
 )
-
-
-class QuotaUnavailable(web.HTTPError):
-    """A kernel start refused for want of GPU room. The message reaches the HTTP client as is."""
-
-    def __init__(self, message: str, status: int = 503):
-        super().__init__(status, message, reason="GPU quota unavailable")
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-
-@dataclass
-class Grant:
-    """What a kernel got: a GPU reservation, a start without GPU (``cpu``), or no quota at all (``none``)."""
-
-    mode: str
-    lease: Lease | None = None
-    card: Card | None = None
-    reason: str | None = None
-
-
-@dataclass
-class KernelRecord:
-    """What the API says of one kernel of this process."""
-
-    changes: ClassVar[int] = 0  # bumped on every field assignment: lets the API reuse an encoded reply
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        KernelRecord.changes += 1
-
-    kernel_id: str
-    kernel_name: str
-    language: str
-    user: str
-    state: str = "starting"  # starting | queued | running | cpu | none | failed (a restart was refused)
-    quota: str | None = None  # requested (or default) quota
-    pending_quota: str | None = None  # applied at the next restart
-    lease: Lease | None = None
-    card: Card | None = None
-    position: int | None = None
-    need_mib: int | None = None
-    free_mib: int | None = None
-    reason: str | None = None
-    since: float = field(default_factory=time.time)
-    queued_since: float | None = None
-    pid: int | None = None
-    path: str | None = None  # the notebook, when started through a session
-    cancelled: bool = False  # a queued start the user gave up on
-
-    def to_dict(self) -> dict[str, Any]:
-        lease = self.lease
-        return {
-            "kernel_id": self.kernel_id,
-            "kernel_name": self.kernel_name,
-            "path": self.path,
-            "language": self.language,
-            "user": self.user,
-            "state": self.state,
-            "quota": self.quota,
-            "pending_quota": self.pending_quota,
-            "quota_mib": lease.quota_mib if lease else None,
-            "reserve_mib": lease.reserve_mib if lease else None,
-            "reserved_mib": lease.reserved_mib if lease else None,
-            "card": self.card.to_dict() if self.card else None,
-            "position": self.position,
-            "need_mib": self.need_mib,
-            "free_mib": self.free_mib,
-            "waited_s": round(time.time() - self.queued_since, 1) if self.queued_since else None,
-            "reason": self.reason,
-            "pid": self.pid,
-            "since": self.since,
-        }
 
 
 class QuotaManager:
@@ -137,7 +59,7 @@ class QuotaManager:
         self.records: dict[str, KernelRecord] = {}
         self.events: collections.deque[dict] = collections.deque(maxlen=500)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpushare-ledger")
-        self._ledger: Ledger | None = None
+        self._ledger: Reservations | None = None
         self.ledger_error: str | None = None
         self._retry_at, self._retry_after = 0.0, LEDGER_RETRY_S[0]
         self._pending_release: set[str] = set()  # released while the ledger could not be written: sent again
@@ -168,7 +90,7 @@ class QuotaManager:
         later (``_ensure_ledger``), backing off from 1 s to 60 s."""
         try:
             if self.broker_socket:  # many users on this host: their broker owns the ledger
-                self._ledger = BrokerLedger(  # type: ignore[assignment]
+                self._ledger = BrokerLedger(
                     self.broker_socket, ca_file=self.broker_ca_file, on_state=lambda e: setattr(self, "ledger_error", e)
                 )
             else:
@@ -314,17 +236,8 @@ class QuotaManager:
         """On the ledger thread. Memory that processes without a reservation use is taken too: measured
         here against the ledger's leases, or by the broker itself, which sees every user's."""
         assert self._ledger is not None
-        if isinstance(self._ledger, BrokerLedger):
-            return self._ledger.reserve(request, self.policy, self.cards, wait)
-        outside = self._outside(self._ledger.leases())
+        outside = self._ledger.outside(self.latest_samples())
         return self._ledger.reserve(request, self.policy, self.cards, wait, outside=outside)
-
-    def _outside(self, leases: Sequence[Lease]) -> dict[str, int]:
-        """On the ledger thread: per card, what processes that hold no reservation use; {} through a broker,
-        whose other users' kernels are not this server's to see (the broker measures it itself)."""
-        if isinstance(self._ledger, BrokerLedger):
-            return {}
-        return unreserved_use(self.latest_samples(), leases)
 
     def _refuse(
         self, kernel_id: str, message: str, status: int = 503, keep: bool = False, **figures: Any
@@ -476,14 +389,15 @@ class QuotaManager:
         """On the ledger thread: the broker's per-user limits for this user, against the quotas of their other
         kernels. Nothing to check with an embedded ledger (no per-user limits) or while the broker is down (the
         restart then starts without a GPU and says why)."""
-        if not isinstance(self._ledger, BrokerLedger):
-            return
+        assert self._ledger is not None
         try:
-            hello, leases = self._ledger.hello(), self._ledger.leases()
+            user, _admin, limits = self._ledger.caller()
+            leases = self._ledger.leases() if limits is not None else []
         except LedgerError:
             return
-        limits = UserLimits(**parse_limits(hello.get("limits") or {}, "The broker's limits"))  # type: ignore[arg-type]
-        user = hello.get("user", self.user)
+        if limits is None:
+            return
+        user = user or self.user
         held = [x.quota_mib for x in leases if x.user == user and not x.anonymous and x.kernel_id != kernel_id]
         biggest = max((c.total_mib for c in self.cards), default=0)
         limits.check(user, quota.resolve(biggest), biggest, held)
@@ -499,13 +413,12 @@ class QuotaManager:
 
         kernel_ids = list(self.records)
 
-        def read() -> tuple[list[Lease], list, dict[str, Any], dict[str, int]]:
+        def read() -> tuple[list[Lease], list, dict[str, Any], dict[str, int] | None]:
             directory = report_dir()  # the kernels' own reports of their framework caps
             reports = {kid: read_reports(directory, kid) for kid in kernel_ids}
             if self._ledger is None:
-                return [], [], reports, {}
-            leases = self._ledger.leases()
-            return leases, self._ledger.waiters(), reports, self._outside(leases)
+                return [], [], reports, None
+            return self._ledger.leases(), self._ledger.waiters(), reports, self._ledger.outside(self.latest_samples())
 
         leases, waiters, reports, outside = await self._run(read)
         cards = []
@@ -521,7 +434,7 @@ class QuotaManager:
                     "unreserved_mib": max(0, usable - reserved),
                     "kernels": sum(not lease.anonymous for lease in mine),
                     "allowed": self.policy.card_allowed(card.uuid, card.index),
-                    "outside_mib": outside.get(card.uuid),
+                    "outside_mib": outside.get(card.uuid) if outside is not None else None,
                 }
             )
         queue = [

@@ -21,8 +21,9 @@ from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Unicode
 
 from .kernel_env import kernel_env
-from .manager import Grant, QuotaManager, QuotaUnavailable, build_manager
+from .manager import QuotaManager, build_manager
 from .policy import PolicyError, parse_size
+from .records import Grant, QuotaUnavailable
 from .reports import report_dir
 from .settings import load_config, settings_from
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -24,15 +23,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable
 
-import psutil
-
 from .gpu import DeviceSample, GpuUnavailable
-from .ledger import Lease, SessionRef
+from .procs import ProcessTrees
 from .settings import MIN_INTERVAL_S
 
-MAX_DEPTH = 64  # ancestors walked from a GPU process before giving up
 QUOTA_REFRESH_S = 5.0  # the manager's snapshot (ledger, framework reports) is re-read at least this often
-REVALIDATE_S = 10.0  # a pid listed in consecutive readings is re-read from /proc at least this often
 EMPTY: Mapping = MappingProxyType({})
 
 
@@ -121,195 +116,6 @@ class UsageSnapshot:
             "error": self.error,
             "seq": self.seq,
         }
-
-
-def _proc_stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time) of a process, or None when it does not exist (one read on Linux).
-
-    The start time is in clock ticks since boot on Linux (from /proc/<pid>/stat), elsewhere
-    psutil's create_time: either way, with the pid it names one process for its whole life.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return _psutil_stat(pid)
-    fields = data[data.rindex(b")") + 2 :].split()  # the name may hold spaces and parentheses
-    try:
-        return int(fields[1]), int(fields[19])  # ppid (field 4), starttime (field 22)
-    except (IndexError, ValueError):
-        return _psutil_stat(pid)
-
-
-def _psutil_stat(pid: int) -> tuple[int, int] | None:
-    try:
-        p = psutil.Process(pid)
-        return p.ppid(), int(p.create_time() * 1000)
-    except (psutil.Error, ValueError):
-        return None
-
-
-if not os.path.isdir("/proc/self"):  # not Linux: psutil for both
-    _proc_stat = _psutil_stat  # noqa: F811
-
-
-def pid_namespace_depth(pid: int | str) -> int:
-    """How many PID namespaces a process is in, as /proc sees it (its NSpid line, readable by any user);
-    0 when that cannot be read."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return len(line.split()) - 1
-    except OSError:  # gone
-        pass
-    return 0
-
-
-def _exists(pid: int) -> bool:
-    """The pid names a process (a signal-0 probe: one system call, no /proc read)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: another user's process, alive
-        pass
-    return True
-
-
-def _under(pid: int, roots: set[int]) -> bool:
-    """Whether a process is one of ``roots`` or descends from one (its parents read from /proc; a process
-    that is gone or hidden from us is under none)."""
-    for _ in range(MAX_DEPTH):
-        if pid in roots:
-            return True
-        stat = _proc_stat(pid)
-        if stat is None or stat[0] <= 1:
-            return False
-        pid = stat[0]
-    return False
-
-
-def unreserved_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> dict[str, int]:
-    """Per card (uuid), the GPU memory of processes that hold no reservation: a script run in a terminal,
-    a program started outside Jupyter, a kernel started without a quota. That is every process the driver
-    lists in no lease's kernel tree, with two exceptions. Processes in a PID namespace below ours
-    (containers, whose kernels' pids the ledger does not know) are taken to be the kernels of the card's
-    leases held by sessions (servers known by a Hub token) up to what those reserve, and only the rest
-    counts. In a container ourselves, where the driver's pids are the host's, nothing can be told, so
-    the answer is {} (as it is with no reading). A figure the driver does not give counts as 0.
-    """
-    own_depth = pid_namespace_depth("self")
-    if own_depth > 1:
-        return {}
-    if not any(s.processes for s in samples):
-        return {s.card.uuid: 0 for s in samples}
-    roots = {lease.kernel.pid for lease in leases if lease.kernel is not None and lease.kernel.alive()}
-    by_session: dict[str, int] = {}
-    for lease in leases:
-        if isinstance(lease.owner, SessionRef):  # a server in a container, known by its Hub token
-            by_session[lease.card_uuid] = by_session.get(lease.card_uuid, 0) + lease.reserved_mib
-    out: dict[str, int] = {}
-    for sample in samples:
-        outside = in_containers = 0
-        for p in sample.processes:
-            if _under(p.pid, roots):
-                continue
-            if pid_namespace_depth(p.pid) > own_depth:
-                in_containers += p.used_mib or 0
-            else:
-                outside += p.used_mib or 0
-        out[sample.card.uuid] = outside + max(0, in_containers - by_session.get(sample.card.uuid, 0))
-    return out
-
-
-class ProcessTrees:
-    """Maps pids to the kernel whose process tree holds them, caching by (pid, start time)."""
-
-    def __init__(self) -> None:
-        self._roots: dict[int, tuple[int, str]] = {}  # root pid -> (start time, kernel id)
-        self._owner: dict[tuple[int, int], tuple[int, int] | None] = {}  # process -> its kernel root
-        self._roots_version = 0
-        self._negative_version: dict[tuple[int, int], int] = {}
-        self._recent: dict[int, tuple[tuple[int, int], tuple[int, int], float]] = {}  # pid -> (key, stat, read at)
-
-    def set_roots(self, roots: dict[str, int | None]) -> None:
-        """The kernels' root pids (kernel id -> pid); a root's start time is read once."""
-        current = {pid: kid for kid, pid in roots.items() if pid}
-        changed = False
-        for pid in list(self._roots):
-            if current.get(pid) != self._roots[pid][1]:
-                del self._roots[pid]
-                changed = True
-        for pid, kid in current.items():
-            if pid not in self._roots:
-                stat = _proc_stat(pid)
-                if stat is None:
-                    continue
-                self._roots[pid] = (stat[1], kid)
-                changed = True
-        if changed:
-            self._roots_version += 1
-
-    def owners(self, pids: set[int]) -> dict[int, str]:
-        """Kernel id for every pid that belongs to a kernel of this server; others are left out.
-
-        A pid listed by the driver in the previous reading too, still alive, and read from /proc
-        less than REVALIDATE_S ago, is taken to be the same process without reading /proc again: for another
-        process to hold that pid, this one must have exited (and the driver drops exited processes
-        at once), the pid be handed out again and the new process reach the GPU, all within one
-        interval. Every other pid is read (one small /proc read each).
-        """
-        now = time.monotonic()
-        found: dict[int, str] = {}
-        seen: dict[int, tuple[tuple[int, int], tuple[int, int], float]] = {}
-        for pid in pids:
-            recent = self._recent.get(pid)
-            if recent is not None and now - recent[2] < REVALIDATE_S and _exists(pid):
-                key, stat, checked = recent
-            else:
-                stat = _proc_stat(pid)
-                if stat is None:
-                    continue  # exited (or another namespace's pid): "other"
-                key, checked = (pid, stat[1]), now
-            seen[pid] = (key, stat, checked)
-            root = self._lookup(pid, stat, key)
-            if root is not None:
-                entry = self._roots.get(root[0])
-                if entry is not None and entry[0] == root[1]:
-                    found[pid] = entry[1]
-        self._recent = seen
-        if len(self._owner) > len(seen):  # forget processes no longer on a GPU
-            keys = {v[0] for v in seen.values()}
-            for key in [k for k in self._owner if k not in keys]:
-                self._owner.pop(key, None)
-                self._negative_version.pop(key, None)
-        return found
-
-    def _lookup(self, pid: int, stat: tuple[int, int], key: tuple[int, int]) -> tuple[int, int] | None:
-        if key in self._owner:
-            root = self._owner[key]
-            if root is not None or self._negative_version.get(key) == self._roots_version:
-                return root
-        root = None
-        cur_pid, (ppid, start) = pid, stat
-        for _ in range(MAX_DEPTH):
-            entry = self._roots.get(cur_pid)
-            if entry is not None and entry[0] == start:
-                root = (cur_pid, start)
-                break
-            if ppid <= 1:
-                break
-            parent = _proc_stat(ppid)
-            if parent is None or parent[1] > start:  # gone, or younger than its child: the pid was reused
-                break
-            cur_pid, (ppid, start) = ppid, parent
-        self._owner[key] = root
-        if root is None:
-            self._negative_version[key] = self._roots_version
-        return root
 
 
 class Sampler:
@@ -480,45 +286,6 @@ class Sampler:
             self._pending = None
 
 
-def kernel_view(rec: dict[str, Any], snap: UsageSnapshot, policy_state: str | None = None) -> dict[str, Any]:
-    """A kernel record (``KernelRecord.to_dict()``) with the measured use and the policy state."""
-    usage = snap.kernels.get(rec["kernel_id"])
-    view = {
-        **rec,
-        "frameworks": snap.frameworks.get(rec["kernel_id"]),
-        "used_mib": usage.used_mib if usage else None,
-        "peak_mib": usage.peak_mib if usage else None,
-        "utilization": usage.utilization if usage else None,
-        "processes": [p.to_dict() for p in usage.processes] if usage else [],
-    }
-    if rec.get("state") == "running" and policy_state:
-        view["state"] = policy_state
-    return view
-
-
-def card_view(card: dict[str, Any], snap: UsageSnapshot) -> dict[str, Any]:
-    """A card of QuotaManager.snapshot() with the measured use (null figures when not measured)."""
-    usage = snap.cards.get(card["uuid"])
-    if usage is None:
-        figures = dict.fromkeys(("used_mib", "used_by_kernels_mib", "used_by_others_mib", "free_mib", "utilization"))
-        figures.update(mig=False, lost=False, errors={})
-    else:
-        figures = usage.figures()
-    return {**card, **figures}
-
-
-__all__ = [
-    "CardUsage",
-    "KernelUsage",
-    "ProcessTrees",
-    "ProcessUse",
-    "Sampler",
-    "UsageSnapshot",
-    "card_view",
-    "kernel_view",
-]
-
-
 def _card_usage(s: DeviceSample, owners: Mapping[int, str], per_kernel: dict[str, list[ProcessUse]]) -> CardUsage:
     """One card's use, split between this server's kernels (their processes added to ``per_kernel``) and the rest."""
     mine = others_known = 0
@@ -548,3 +315,6 @@ def _card_usage(s: DeviceSample, owners: Mapping[int, str], per_kernel: dict[str
         lost=s.lost,
         errors=MappingProxyType(dict(s.errors)),
     )
+
+
+__all__ = ["CardUsage", "KernelUsage", "ProcessUse", "Sampler", "UsageSnapshot"]

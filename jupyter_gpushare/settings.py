@@ -220,7 +220,11 @@ class GpuShareApp(LoggingConfigurable):
             return value
         size = _checked(lambda: parse_size(value, f"GpuShareApp.{name}", allow_percent=percent_ok))
         if size.is_zero and not zero_ok:
-            hint = "; to give a kernelspec no GPU, set kernel_quotas = {'<name>': '0MiB'}" if name == "default_quota" else ""
+            hint = (
+                "; to give a kernelspec no GPU, set kernel_quotas = {'<name>': '0MiB'}"
+                if name == "default_quota"
+                else ""
+            )
             raise TraitError(f"GpuShareApp.{name}: {value!r} is zero; use e.g. '4GiB'{hint}.")
         return value
 
@@ -250,7 +254,10 @@ class GpuShareApp(LoggingConfigurable):
     def _valid_sample_interval(self, proposal: Any) -> float:
         if proposal["value"] < MIN_INTERVAL_S:
             self.log.warning(
-                "GpuShareApp.sample_interval %s is below %s s; using %s s.", proposal["value"], MIN_INTERVAL_S, MIN_INTERVAL_S
+                "GpuShareApp.sample_interval %s is below %s s; using %s s.",
+                proposal["value"],
+                MIN_INTERVAL_S,
+                MIN_INTERVAL_S,
             )
             return MIN_INTERVAL_S
         return proposal["value"]
@@ -292,7 +299,9 @@ class GpuShareApp(LoggingConfigurable):
         quotas.update((f"GpuShareApp.kernel_quotas[{k!r}]", q) for k, q in kernel_quotas.items() if not q.is_zero)
         for name, quota in quotas.items():
             if _below(quota, minimum):
-                raise PolicyError(f"{name}: {quota} is less than GpuShareApp.min_quota ({minimum}); raise it, or lower min_quota.")
+                raise PolicyError(
+                    f"{name}: {quota} is less than GpuShareApp.min_quota ({minimum}); raise it, or lower min_quota."
+                )
         if _below(sizes.get("max_quota"), sizes["default_quota"]):
             raise PolicyError(
                 f"GpuShareApp.max_quota ({sizes['max_quota']}) is less than GpuShareApp.default_quota "
@@ -337,7 +346,9 @@ class GpuShareApp(LoggingConfigurable):
             )
         allowed = [c for c in cards if policy.card_allowed(c.uuid, c.index)]
         quotas = {"GpuShareApp.default_quota": policy.default_quota}
-        quotas.update((f"GpuShareApp.kernel_quotas[{k!r}]", q) for k, q in policy.kernel_quotas.items() if not q.is_zero)
+        quotas.update(
+            (f"GpuShareApp.kernel_quotas[{k!r}]", q) for k, q in policy.kernel_quotas.items() if not q.is_zero
+        )
         for name, quota in quotas.items():
             try:
                 policy.check_quota(quota, allowed)

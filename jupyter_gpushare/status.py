@@ -12,6 +12,7 @@ from .broker.identity import Caller
 from .broker.protocol import DEFAULT_SOCKET
 from .ledger import read_ledger
 from .policy import format_mib
+from .procs import describe, tree_pids
 from .settings import GpuShareApp
 from .views import view_for
 
@@ -20,8 +21,6 @@ def add_use(view: dict[str, Any], backend) -> dict[str, Any]:
     """Add what the driver measures now: memory used per card, and per kernel (its process tree). An admin's
     view also gets ``outside``: the GPU processes in no listed kernel's tree (a script in a terminal, a
     program started outside Jupyter, a kernel of a server in a container), with their user and command."""
-    import psutil
-
     for card in view["cards"]:
         card["used_mib"] = None
     for kernel in view["kernels"]:
@@ -38,9 +37,8 @@ def add_use(view: dict[str, Any], backend) -> dict[str, Any]:
         sample, pid = samples.get(kernel["card_uuid"]), kernel.get("kernel_pid")
         if sample is None or not pid:
             continue
-        try:
-            tree = {pid} | {child.pid for child in psutil.Process(pid).children(recursive=True)}
-        except psutil.Error:
+        tree = tree_pids(pid)
+        if not tree:
             continue
         in_kernels |= tree
         figures = [p.used_mib for p in sample.processes if p.pid in tree]
@@ -50,7 +48,7 @@ def add_use(view: dict[str, Any], backend) -> dict[str, Any]:
     if view.get("admin") and (view.get("source", "").startswith("broker") or os.geteuid() == 0):
         labels = {c["uuid"]: _label(c, "index") for c in view["cards"]}
         view["outside"] = [
-            {"card_label": labels.get(uuid, sample.card.label), "pid": p.pid, "used_mib": p.used_mib, **_process(p.pid)}
+            {"card_label": labels.get(uuid, sample.card.label), "pid": p.pid, "used_mib": p.used_mib, **describe(p.pid)}
             for uuid, sample in samples.items()
             for p in sample.processes
             if p.pid not in in_kernels
@@ -61,17 +59,6 @@ def add_use(view: dict[str, Any], backend) -> dict[str, Any]:
 def _label(row: dict[str, Any], index_key: str, label_key: str = "label") -> str:
     """A card's label ("GPU 0", "GPU 0 MIG 3"); "GPU <index>" from a broker older than labels."""
     return row.get(label_key) or f"GPU {row[index_key]}"
-
-
-def _process(pid: int) -> dict[str, str | None]:
-    """The user and command line of a process (None where this host does not show them)."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        return {"user": proc.username(), "command": " ".join(proc.cmdline())[:120] or proc.name()}
-    except (psutil.Error, KeyError):  # gone, another namespace's pid, or a uid without a name
-        return {"user": None, "command": None}
 
 
 def gather_status(app: GpuShareApp, socket_path: str | None = None, ledger_path: str | None = None) -> dict[str, Any]:

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .gpu import Card
-from .ledger import Lease, ProcessRef, Waiter
+from .ledger import Lease, ProcessRef, Reservations, Waiter
 from .policy import Policy, UserLimits
+from .sampler import UsageSnapshot
 
 
 class Viewer(Protocol):
@@ -119,25 +120,49 @@ def view_for(
     }
 
 
-def host_view(ledger: Any, user: str, cards: Sequence[Card], policy: Policy) -> dict[str, Any] | None:
-    """The host view for a server's API, whichever ledger it has (call it on the ledger thread).
-
-    Through a broker (a BrokerLedger): what the broker shows this server's user (view_for on the
-    broker's side; raises LedgerError while it is down). With an embedded Ledger: every lease in
-    it is this user's, so all of it. None when there is no ledger.
-    """
-    from .broker.client import BrokerLedger  # (the broker's server builds its views from this module)
-
+def host_view(ledger: Reservations | None, user: str, cards: Sequence[Card], policy: Policy) -> dict[str, Any] | None:
+    """The host view for a server's API, whichever ledger it has (call it on the ledger thread): what its
+    user may see (``Reservations.caller``: through a broker, their own kernels and others as totals; in their
+    own ledger file, all of it). Raises LedgerError while the broker is down; None when there is no ledger."""
     if ledger is None:
         return None
-    if isinstance(ledger, BrokerLedger):
-        return ledger.view()
-    return view_for(_Me(user), ledger.leases(), ledger.waiters(), cards, policy)
+    who, admin, limits = ledger.caller()
+    return view_for(_Me(who or user, admin), ledger.leases(), ledger.waiters(), cards, policy, limits)
 
 
 @dataclass(frozen=True)
 class _Me:
-    """A server's own user, looking at its own ledger: all of it is theirs."""
+    """A server's own user, as its ledger says it may see."""
 
     user: str
-    admin: bool = True
+    admin: bool
+
+
+# -- the REST API's kernels and cards, with the sampler's measurement -----------------------------------
+
+
+def kernel_view(rec: dict[str, Any], snap: UsageSnapshot, policy_state: str | None = None) -> dict[str, Any]:
+    """A kernel record (``KernelRecord.to_dict()``) with the measured use and the policy state."""
+    usage = snap.kernels.get(rec["kernel_id"])
+    view = {
+        **rec,
+        "frameworks": snap.frameworks.get(rec["kernel_id"]),
+        "used_mib": usage.used_mib if usage else None,
+        "peak_mib": usage.peak_mib if usage else None,
+        "utilization": usage.utilization if usage else None,
+        "processes": [p.to_dict() for p in usage.processes] if usage else [],
+    }
+    if rec.get("state") == "running" and policy_state:
+        view["state"] = policy_state
+    return view
+
+
+def card_view(card: dict[str, Any], snap: UsageSnapshot) -> dict[str, Any]:
+    """A card of QuotaManager.snapshot() with the measured use (null figures when not measured)."""
+    usage = snap.cards.get(card["uuid"])
+    if usage is None:
+        figures = dict.fromkeys(("used_mib", "used_by_kernels_mib", "used_by_others_mib", "free_mib", "utilization"))
+        figures.update(mig=False, lost=False, errors={})
+    else:
+        figures = usage.figures()
+    return {**card, **figures}

@@ -22,7 +22,7 @@ import pytest
 from jupyter_gpushare.gpu import Card
 from jupyter_gpushare.kernel_env import BOOTSTRAP_DIR, kernel_env
 from jupyter_gpushare.ledger import Lease, ProcessRef
-from jupyter_gpushare.manager import Grant
+from jupyter_gpushare.records import Grant
 from jupyter_gpushare.reports import read_reports, remove_reports
 
 CARD = Card(index=0, uuid="GPU-test-0", name="Test Card 80GB", total_mib=81920, simulated=False)

@@ -483,7 +483,9 @@ def test_tls_settings_are_checked(tmp_path):
         GpuShareBroker(config=c).setup()
     with pytest.raises(PolicyError, match="broker_ca_file = '.*missing.pem' is not a file this server can read"):
         settings_from(
-            Config({"GpuShareApp": {"broker_socket": "tls://broker:8765", "broker_ca_file": str(tmp_path / "missing.pem")}})
+            Config(
+                {"GpuShareApp": {"broker_socket": "tls://broker:8765", "broker_ca_file": str(tmp_path / "missing.pem")}}
+            )
         )
 
 

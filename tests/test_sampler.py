@@ -18,7 +18,8 @@ from jupyter_gpushare.gpu.nvml import NvmlBackend
 from jupyter_gpushare.ledger import Lease, Ledger, ProcessRef, Request, SessionRef
 from jupyter_gpushare.manager import QuotaManager
 from jupyter_gpushare.policy import Policy, Size
-from jupyter_gpushare.sampler import Sampler, unreserved_use
+from jupyter_gpushare.procs import unreserved_use
+from jupyter_gpushare.sampler import Sampler
 
 TREE = (
     "import subprocess, sys, time\n"

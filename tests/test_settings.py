@@ -108,7 +108,10 @@ def test_status_and_doctor_see_what_the_running_server_was_started_with(tmp_path
             ["--GpuShareApp.default_quota=4GiB", "--GpuShareApp.max_quota=2GiB"],
             "GpuShareApp.max_quota (2 GiB) is less than GpuShareApp.default_quota (4 GiB)",
         ),
-        (["--GpuShareApp.default_quota=20GiB"], "GpuShareApp.default_quota: A quota of 20 GiB does not fit on any card"),
+        (
+            ["--GpuShareApp.default_quota=20GiB"],
+            "GpuShareApp.default_quota: A quota of 20 GiB does not fit on any card",
+        ),
         (
             ["--GpuShareApp.kernel_quotas={'big': '64GiB'}"],
             "GpuShareApp.kernel_quotas['big']: A quota of 64 GiB does not fit on any card",

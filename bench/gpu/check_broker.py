@@ -39,7 +39,7 @@ from test_broker import Broker, UserServer, ensure_user, remove_user, root_trave
 from jupyter_gpushare.gpu import SimulatedBackend  # noqa: E402
 from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
 from jupyter_gpushare.ledger import read_ledger  # noqa: E402
-from jupyter_gpushare.sampler import unreserved_use  # noqa: E402
+from jupyter_gpushare.procs import unreserved_use  # noqa: E402
 
 SMOKE = os.environ.get("GPUSHARE_CHECK_SMOKE") == "1"  # the plumbing on a simulated 40 GiB card, no GPU
 NVML = {"gpu_backend": "simulated", "simulated_cards": "40GiB"} if SMOKE else {"gpu_backend": "nvml"}

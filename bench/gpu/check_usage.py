@@ -39,7 +39,8 @@ from jupyter_gpushare.enforce import Enforcer  # noqa: E402
 from jupyter_gpushare.gpu import SimulatedBackend  # noqa: E402
 from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
 from jupyter_gpushare.policy import EnforcePolicy  # noqa: E402
-from jupyter_gpushare.sampler import Sampler, kernel_view  # noqa: E402
+from jupyter_gpushare.sampler import Sampler  # noqa: E402
+from jupyter_gpushare.views import kernel_view  # noqa: E402
 
 QUOTA_MIB, RESERVE_MIB = 2048, 1024
 INTERVAL_S = 0.5

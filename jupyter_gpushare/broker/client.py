@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from ..gpu import Card
 from ..ledger import Lease, LedgerError, ProcessRef, Request, Waiter, Waiting
-from ..policy import Policy, PolicyError, UserLimits
+from ..policy import Policy, PolicyError, UserLimits, parse_limits
 from .protocol import HUB_TOKEN_ENV, MAX_LINE, is_tcp, lease_from_json, parse_tcp, waiter_from_json
 
 log = logging.getLogger("jupyter_gpushare.broker")
@@ -62,6 +62,8 @@ class BrokerLedger:
     _pending_release: set = field(default_factory=set, repr=False)
     _pending_attach: dict = field(default_factory=dict, repr=False)
     outage: _Outage | None = field(default=None, repr=False)
+    replaced: str | None = None  # (the broker's file is the broker's to watch)
+    _hello: tuple[float, dict] | None = field(default=None, repr=False)
 
     # -- transport ---------------------------------------------------------------------------------------
 
@@ -195,6 +197,18 @@ class BrokerLedger:
     def hello(self) -> dict:
         return self._call("hello")
 
+    def caller(self) -> tuple[str | None, bool, UserLimits | None]:
+        """Who the broker says this server is (asked at most every 5 s): user, admin, per-user limits."""
+        if self._hello is None or time.monotonic() - self._hello[0] > 5.0:
+            self._hello = (time.monotonic(), self.hello())
+        hello = self._hello[1]
+        limits = UserLimits(**parse_limits(hello.get("limits") or {}, "The broker's limits"))  # type: ignore[arg-type]
+        return hello.get("user"), bool(hello.get("admin")), limits
+
+    def outside(self, samples: Sequence[Any]) -> None:
+        """The broker measures what processes without a reservation use itself, from every user's leases."""
+        return None
+
     def view(self) -> dict:
         """What the broker shows this caller (see view_for)."""
         return self._call("view")
@@ -206,9 +220,10 @@ class BrokerLedger:
         cards: Sequence[Card] = (),
         wait: bool = False,
         limits: UserLimits | None = None,
+        outside: Any = None,
     ) -> Lease | Waiting:
-        """Reserve through the broker. ``policy``, ``limits`` and ``req.user`` are the broker's to decide and are
-        not sent; ``cards`` (the real cards this server sees) restrict where the broker may place the kernel.
+        """Reserve through the broker. ``policy``, ``limits``, ``outside`` and ``req.user`` are the broker's to decide
+        and are not sent; ``cards`` (the real cards this server sees) restrict where the broker may place the kernel.
         What processes without a reservation use, the broker measures itself."""
         visible = [c.uuid for c in cards if not c.simulated]
         got = self._call("reserve", kernel_id=req.kernel_id, mib=req.quota.mib, percent=req.quota.percent, kernel_name=req.kernel_name, wait=wait, **({"cards": visible} if visible else {}))  # fmt: skip

@@ -18,60 +18,41 @@ see everything and may release any reservation. Each user has a connection cap a
 from __future__ import annotations
 
 import asyncio
-import grp
 import logging
 import os
 import signal
-import socket
 import ssl
 import stat
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-import psutil
 from jupyter_core.application import JupyterApp
 from traitlets import Any as AnyTrait
 from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 
 from ..gpu import Card, DeviceSample
 from ..hub import HubClient, HubError
-from ..ledger import Lease, Ledger, LedgerError, ProcessRef, Request, SessionRef, Waiter
+from ..ledger import Ledger, LedgerError, ProcessRef, SessionRef
 from ..policy import CardView, LimitRules, PolicyError, UserLimits, format_mib, parse_limits
-from ..sampler import unreserved_use
+from ..procs import container_reason, proc_hidden_from_me
 from ..settings import settings_from
-from ..views import ANONYMOUS, anonymous_leases, view_for
+from .connections import AUTH_TIMEOUT_S, Connections
 from .guard import Guard, LogLimiter, raise_fd_limit
-from .identity import Caller, container_reason, peer_credentials, proc_hidden_from_me, user_and_groups
+from .identity import Caller, user_and_groups
 from .listener import Listener, tcp_listener_socket, unix_listener_socket
+from .ops import SAMPLE_TTL_S, Operations
 from .protocol import (
     DEFAULT_LEDGER,
     DEFAULT_SOCKET,
     HUB_TOKEN_ENV,
-    MAX_LINE,
-    AttachArgs,
-    AuthArgs,
     BrokerRefused,
-    KeepArgs,
-    KernelArgs,
-    NoArgs,
-    ReserveArgs,
-    decode_request,
-    encode,
-    lease_to_json,
     parse_tcp,
-    refusal,
-    waiter_to_json,
 )
 
-SAMPLE_TTL_S = 1.0  # the driver is read at most this often for what processes without a reservation use
-AUTH_TIMEOUT_S = 10.0  # a TCP caller that has not authenticated by then is disconnected
 
-
-class GpuShareBroker(JupyterApp):
+class GpuShareBroker(Operations, Connections, JupyterApp):
     """The host-wide GPU reservation broker (``jupyter gpushare broker``)."""
 
     name = "jupyter-gpushare-broker"
@@ -392,334 +373,6 @@ class GpuShareBroker(JupyterApp):
             if extra.exists():
                 os.chmod(extra, 0o600)
         return ledger
-
-    # -- requests (all on the one ledger thread) ------------------------------------------------------
-
-    @contextmanager
-    def _as_owner(self, caller: Caller) -> Iterator[Ledger]:
-        """The ledger with the caller's server process as the owner of what it writes."""
-        assert self._ledger is not None
-        if caller.owner is None:
-            raise BrokerRefused(
-                "The broker cannot see the calling process (it runs in another PID namespace, e.g. a container). "
-                "Servers in containers connect over TCP with their JupyterHub token: set GpuShareApp.broker_socket "
-                "to 'tcp://<broker host>:<port>' (GpuShareBroker.tcp_address, docs/multi-user.md)."
-            )
-        self._ledger.owner = caller.owner
-        try:
-            yield self._ledger
-        finally:
-            self._ledger.owner = self._me
-
-    def _latest_samples(self) -> tuple[DeviceSample, ...]:
-        """The driver's per-process reading (ledger thread), at most SAMPLE_TTL_S old; none without a GPU."""
-        if time.monotonic() - self._sampled_at >= SAMPLE_TTL_S:
-            try:
-                self._samples = tuple(self.backend.sample())
-            except Exception as e:  # a lost card, no NVML: reservations alone then
-                self.log.debug("jupyter-gpushare broker: no GPU reading: %s", e)
-                self._samples = ()
-            self._sampled_at = time.monotonic()
-        return self._samples
-
-    def _mine(self, caller: Caller, user: str) -> bool:
-        return caller.admin or user == caller.user
-
-    def _may_change(self, caller: Caller, kernel_id: str, lease_user: str, owner: Any, what: str) -> None:
-        """Refuse a change to a lease or waiter that this connection does not hold (admins may)."""
-        if caller.admin or (lease_user == caller.user and caller.owns(owner)):
-            return
-        if lease_user != caller.user:
-            self.log_limited(
-                "refused-other-user", logging.WARNING, "%s (uid %s) asked to %s %s's kernel %s; refused.",
-                caller.user, caller.uid, what, lease_user, kernel_id,
-            )  # fmt: skip
-            raise BrokerRefused(f"Kernel {kernel_id} is another user's; you may not {what} it.")
-        raise BrokerRefused(
-            f"Only the Jupyter server that holds kernel {kernel_id}'s reservation may {what} it; this connection "
-            f"(process {caller.process.pid if caller.process else '?'}) is not that server. Shut the kernel down from "
-            "JupyterLab (Kernel > Shut Down Kernel) to give its GPU memory back."
-        )
-
-    def _op_hello(self, caller: Caller, args: NoArgs) -> dict:
-        return {
-            "user": caller.user,
-            "uid": caller.uid,
-            "admin": caller.admin,
-            "pid": caller.process.pid if caller.process else None,
-            "session": caller.session.id if caller.session else None,
-            "cards": [c.to_dict() for c in self.cards],
-            "limits": self.limits_for(caller).to_dict(),
-            "context_reserve_mib": self.policy.context_reserve_mib,
-        }
-
-    def _op_reserve(self, caller: Caller, args: ReserveArgs) -> dict:
-        ledger = self._ledger
-        assert ledger is not None
-        taken = ledger.get(args.kernel_id)
-        if (taken is not None and taken.user != caller.user) or any(
-            w.kernel_id == args.kernel_id and w.user != caller.user for w in ledger.waiters()
-        ):
-            raise BrokerRefused(f"Kernel id {args.kernel_id} is in use by another user's kernel; use a new id.")
-        cards = self.cards
-        if args.cards:  # the server sees only these (a container given some of the host's cards)
-            cards = [c for c in self.cards if c.uuid in set(args.cards)]
-            if not cards:
-                raise BrokerRefused(
-                    f"None of the cards this server sees ({', '.join(args.cards)}) is one of the broker's "
-                    f"({', '.join(c.uuid for c in self.cards) or 'none'}). Give the server's container one of "
-                    "the broker's cards, or check that both read the same host's cards."
-                )
-        self.policy.check_quota(args.quota, [CardView(c.uuid, c.index, c.total_mib) for c in cards])
-        request = Request(args.kernel_id, args.quota, caller.user, args.kernel_name)
-        outside = unreserved_use(self._latest_samples(), ledger.leases())
-        with self._as_owner(caller) as led:
-            got = led.reserve(request, self.policy, cards, args.wait, self.limits_for(caller), outside=outside)
-        if isinstance(got, Lease):
-            return {"lease": lease_to_json(got)}
-        waiting = asdict(got)  # outside_mib beside it: a server older than it takes the rest as it was
-        return {"waiting": waiting, "outside_mib": waiting.pop("outside_mib")}
-
-    def _op_cancel_wait(self, caller: Caller, args: KernelArgs) -> None:
-        assert self._ledger is not None
-        waiter = next((w for w in self._ledger.waiters() if w.kernel_id == args.kernel_id), None)
-        if waiter is not None:
-            self._may_change(caller, args.kernel_id, waiter.user, waiter.owner, "stop the wait of")
-            self._ledger.cancel_wait(args.kernel_id)
-
-    def _op_attach(self, caller: Caller, args: AttachArgs) -> None:
-        ledger = self._ledger
-        assert ledger is not None
-        lease = ledger.get(args.kernel_id)
-        if lease is None:
-            return None
-        self._may_change(caller, args.kernel_id, lease.user, lease.owner, "attach a process to")
-        if caller.session is not None:
-            return None  # a server in a container: its pids mean nothing here; its session keeps the lease
-        ref = None
-        if args.pid is not None:
-            try:
-                owner_uid = psutil.Process(args.pid).uids().real
-            except psutil.Error as e:
-                raise BrokerRefused(f"Process {args.pid} cannot be attached: {e}.") from e
-            if owner_uid != caller.uid and caller.uid != 0:
-                raise BrokerRefused(
-                    f"Process {args.pid} is not yours (uid {owner_uid}); only your own kernels can be attached."
-                )
-            ref = ProcessRef.of(args.pid)
-        ledger.attach(args.kernel_id, ref)
-        return None
-
-    def _op_release(self, caller: Caller, args: KernelArgs) -> dict | None:
-        ledger = self._ledger
-        assert ledger is not None
-        lease = ledger.get(args.kernel_id)
-        if lease is None:  # a start still waiting: releasing it stops the wait
-            self._op_cancel_wait(caller, args)
-            return None
-        self._may_change(caller, args.kernel_id, lease.user, lease.owner, "release")
-        released = ledger.release(args.kernel_id)
-        return lease_to_json(released) if released else None
-
-    def _op_release_owned_except(self, caller: Caller, args: KeepArgs) -> list[dict]:
-        with self._as_owner(caller) as led:
-            return [lease_to_json(x) for x in led.release_owned_except(set(args.keep))]
-
-    def _op_reap(self, caller: Caller, args: NoArgs) -> list[dict]:
-        assert self._ledger is not None
-        gone = self._ledger.reap()
-        self._log_reclaimed(gone)
-        return [lease_to_json(x) for x in gone if self._mine(caller, x.user)]
-
-    def _op_leases(self, caller: Caller, args: NoArgs) -> list[dict]:
-        assert self._ledger is not None
-        leases = self._ledger.leases()
-        if caller.admin:
-            return [lease_to_json(x) for x in leases]
-        own = [x for x in leases if x.user == caller.user]
-        others = [x for x in leases if x.user != caller.user]
-        return [lease_to_json(x) for x in own + anonymous_leases(others)]
-
-    def _op_get(self, caller: Caller, args: KernelArgs) -> dict | None:
-        assert self._ledger is not None
-        lease = self._ledger.get(args.kernel_id)
-        return lease_to_json(lease) if lease and self._mine(caller, lease.user) else None
-
-    def _op_waiters(self, caller: Caller, args: NoArgs) -> list[dict]:
-        assert self._ledger is not None
-        return [
-            waiter_to_json(w if self._mine(caller, w.user) else Waiter(w.ticket, "", "", "", "", ANONYMOUS, w.created))
-            for w in self._ledger.waiters()
-        ]
-
-    def _op_view(self, caller: Caller, args: NoArgs) -> dict:
-        assert self._ledger is not None
-        led = self._ledger
-        return view_for(caller, led.leases(), led.waiters(), self.cards, self.policy, self.limits_for(caller))
-
-    def handle(self, caller: Caller, op: str, args: Any) -> Any:
-        """Carry out one request for ``caller``; runs on the ledger thread. ``args`` is the request's arguments,
-        typed by protocol.decode_request (a plain dict is decoded here first)."""
-        if isinstance(args, dict):
-            op, args = decode_request({"op": op, "args": args})
-        answer = getattr(self, f"_op_{op}", None)
-        if answer is None:  # 'auth' is answered by the connection, before any other request
-            raise BrokerRefused(f"{op!r} is not a request for this point of the conversation.")
-        return answer(caller, args)
-
-    def _log_reclaimed(self, gone: Sequence[Lease]) -> None:
-        for lease in gone:
-            self.log.info(
-                "Reclaimed %s of %s's kernel %s (its server and kernel are gone).",
-                format_mib(lease.reserved_mib),
-                lease.user,
-                lease.kernel_id,
-            )
-
-    # -- the socket ------------------------------------------------------------------------------------
-
-    # Ledger calls run on the event loop's own thread: each takes well under a millisecond, only the
-    # broker writes the file (no lock waits), and a thread hop per request cost more than the call.
-
-    def _unix_key(self, conn: socket.socket, address: Any) -> tuple[str, bool, tuple[int, int]]:
-        """A Unix-socket caller's share of the broker is its uid's (from the kernel, before it says anything)."""
-        pid, uid, _gid = peer_credentials(conn)
-        return f"uid:{uid}", self._trusted_uid(uid), (pid, uid)
-
-    @staticmethod
-    def _tcp_key(conn: socket.socket, address: Any) -> tuple[str, bool, None]:
-        """A TCP caller's share is its address's until it authenticates, then its Hub user's."""
-        return f"peer:{address[0]}", False, None
-
-    async def _client(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        key: str,
-        trusted: bool,
-        peer: tuple[int, int] | None,
-    ) -> None:
-        """One admitted connection (listener.py counted it for ``key``): who it is, then its requests one line at
-        a time. ``peer``: (pid, uid) on the Unix socket, None on TCP (the caller must authenticate first)."""
-        loop = asyncio.get_running_loop()
-        caller: Caller | None = None
-        refused: BrokerRefused | None = None
-        try:
-            if peer is not None:  # the kernel says who is calling (NSS lookups may be slow: off the loop)
-                pid, uid = peer
-                try:
-                    caller = await loop.run_in_executor(None, self.identify, pid, uid)
-                except BrokerRefused as e:  # answered to every request on this connection
-                    refused = e
-            while True:
-                timeout = AUTH_TIMEOUT_S if caller is None and refused is None else self.idle_timeout or None
-                try:
-                    line = await asyncio.wait_for(reader.readline(), timeout)
-                except asyncio.TimeoutError:
-                    break  # idle: the server reconnects on its next call
-                except ValueError:  # longer than MAX_LINE: answer once, then drop the connection
-                    writer.write(encode(refusal("Refused", f"A request line is at most {MAX_LINE} bytes.")))
-                    break
-                if not line:
-                    break
-                pause = self.guard.delay(key, trusted)
-                if pause:
-                    await asyncio.sleep(pause)
-                if refused is not None:
-                    writer.write(encode(refusal("Refused", str(refused))))
-                elif caller is None:
-                    caller, key, reply = await self._authenticate(line, key, writer)
-                    writer.write(encode(reply))
-                    if caller is None:
-                        break
-                else:
-                    writer.write(encode(self._answer(caller, line)))
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        except Exception:
-            self.log_limited("connection-failed", logging.ERROR, "jupyter-gpushare broker: a client connection failed", exc_info=True)  # fmt: skip
-        finally:
-            self.guard.leave(key)
-            writer.close()
-
-    async def _authenticate(
-        self, line: bytes, key: str, writer: asyncio.StreamWriter
-    ) -> tuple[Caller | None, str, dict]:
-        """A TCP caller's first request, which must be 'auth' with its JupyterHub token: (caller, its key, the
-        reply); the caller is None when refused."""
-        try:
-            op, args = decode_request(line)
-            if op != "auth" or not isinstance(args, AuthArgs):
-                raise BrokerRefused(
-                    "Send your JupyterHub API token first ({'op': 'auth', 'args': {'token': ..., 'instance': "
-                    "...}}): on TCP the broker knows callers only by it."
-                )
-            caller = await asyncio.get_running_loop().run_in_executor(
-                None, self.authenticate, args.token, args.instance
-            )
-        except BrokerRefused as e:
-            self.log_limited(
-                f"auth:{key}", logging.WARNING, "jupyter-gpushare broker: %s not authenticated: %s", key, e
-            )
-            return None, key, refusal("Refused", str(e))
-        assert caller.session is not None
-        new_key = f"hub:{caller.user}"
-        reason = self.guard.rekey(key, new_key)
-        if reason is not None:
-            return None, key, refusal("Refused", reason)
-        self.log.info(
-            "%s authenticated by JupyterHub token as %s", writer.get_extra_info("peername"), caller.session.id
-        )
-        self._touch(caller)
-        return caller, new_key, {"ok": True, "result": {"user": caller.user, "admin": caller.admin}}
-
-    def _answer(self, caller: Caller, line: bytes) -> dict:
-        """The reply to one request line of an identified caller; never raises."""
-        try:
-            op, args = decode_request(line)
-            self._touch(caller)
-            if op == "auth":
-                return {"ok": True, "result": {"user": caller.user, "admin": caller.admin}}
-            return {"ok": True, "result": self.handle(caller, op, args)}
-        except PolicyError as e:
-            return refusal("PolicyError", str(e))
-        except LedgerError as e:
-            return refusal("LedgerError", str(e))
-        except BrokerRefused as e:
-            return refusal("Refused", str(e))
-        except Exception as e:  # a bug, or a user_limits_hook that raised: answer, keep serving
-            self.log_limited("request-failed", logging.ERROR, "jupyter-gpushare broker: %r from %s failed", line[:200], caller, exc_info=True)  # fmt: skip
-            return refusal("LedgerError", f"The broker failed on this request ({type(e).__name__}); see its log.")
-
-    def _prepare_socket(self) -> None:
-        path = Path(self.socket_path)
-        if not path.parent.exists():
-            path.parent.mkdir(parents=True)
-            os.chmod(path.parent, 0o755)  # the umask is 077: let users reach the socket
-        if path.exists() or path.is_symlink():
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(str(path))
-            except OSError:
-                path.unlink()  # left behind by a broker that is gone
-            else:
-                raise SystemExit(f"jupyter-gpushare broker: another broker already listens on {path}.")
-            finally:
-                probe.close()
-
-    def _secure_socket(self) -> None:
-        if self.socket_group:
-            try:
-                gid = grp.getgrnam(self.socket_group).gr_gid
-            except KeyError as e:
-                raise SystemExit(
-                    f"jupyter-gpushare broker: GpuShareBroker.socket_group {self.socket_group!r} is not a group."
-                ) from e
-            os.chown(self.socket_path, -1, gid)
-            os.chmod(self.socket_path, 0o660)
-        else:
-            os.chmod(self.socket_path, 0o666)
 
     def _set_priority(self) -> None:
         if self.nice and os.getpriority(os.PRIO_PROCESS, 0) != self.nice:

@@ -1,0 +1,222 @@
+"""What each caller may do: the broker's operations, one method per request (``_op_<name>``).
+
+A mixin of GpuShareBroker (server.py), which provides ``_ledger`` (the host's Ledger), ``policy``, ``cards``,
+``backend``, ``limits_for``, ``_me`` and ``log``. Every method runs on the broker's one thread, with
+arguments protocol.decode_request has already typed and checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
+
+import psutil
+
+from ..gpu import DeviceSample
+from ..ledger import Lease, Ledger, ProcessRef, Request, Waiter
+from ..policy import CardView, format_mib
+from ..procs import unreserved_use
+from ..views import ANONYMOUS, anonymous_leases, view_for
+from .identity import Caller
+from .protocol import (
+    AttachArgs,
+    BrokerRefused,
+    KeepArgs,
+    KernelArgs,
+    NoArgs,
+    ReserveArgs,
+    decode_request,
+    lease_to_json,
+    waiter_to_json,
+)
+
+SAMPLE_TTL_S = 1.0  # the driver is read at most this often for what processes without a reservation use
+
+
+class Operations:
+    # -- requests (all on the one ledger thread) ------------------------------------------------------
+
+    @contextmanager
+    def _as_owner(self, caller: Caller) -> Iterator[Ledger]:
+        """The ledger with the caller's server process as the owner of what it writes."""
+        assert self._ledger is not None
+        if caller.owner is None:
+            raise BrokerRefused(
+                "The broker cannot see the calling process (it runs in another PID namespace, e.g. a container). "
+                "Servers in containers connect over TCP with their JupyterHub token: set GpuShareApp.broker_socket "
+                "to 'tcp://<broker host>:<port>' (GpuShareBroker.tcp_address, docs/multi-user.md)."
+            )
+        self._ledger.owner = caller.owner
+        try:
+            yield self._ledger
+        finally:
+            self._ledger.owner = self._me
+
+    def _latest_samples(self) -> tuple[DeviceSample, ...]:
+        """The driver's per-process reading (ledger thread), at most SAMPLE_TTL_S old; none without a GPU."""
+        if time.monotonic() - self._sampled_at >= SAMPLE_TTL_S:
+            try:
+                self._samples = tuple(self.backend.sample())
+            except Exception as e:  # a lost card, no NVML: reservations alone then
+                self.log.debug("jupyter-gpushare broker: no GPU reading: %s", e)
+                self._samples = ()
+            self._sampled_at = time.monotonic()
+        return self._samples
+
+    def _mine(self, caller: Caller, user: str) -> bool:
+        return caller.admin or user == caller.user
+
+    def _may_change(self, caller: Caller, kernel_id: str, lease_user: str, owner: Any, what: str) -> None:
+        """Refuse a change to a lease or waiter that this connection does not hold (admins may)."""
+        if caller.admin or (lease_user == caller.user and caller.owns(owner)):
+            return
+        if lease_user != caller.user:
+            self.log_limited(
+                "refused-other-user", logging.WARNING, "%s (uid %s) asked to %s %s's kernel %s; refused.",
+                caller.user, caller.uid, what, lease_user, kernel_id,
+            )  # fmt: skip
+            raise BrokerRefused(f"Kernel {kernel_id} is another user's; you may not {what} it.")
+        raise BrokerRefused(
+            f"Only the Jupyter server that holds kernel {kernel_id}'s reservation may {what} it; this connection "
+            f"(process {caller.process.pid if caller.process else '?'}) is not that server. Shut the kernel down from "
+            "JupyterLab (Kernel > Shut Down Kernel) to give its GPU memory back."
+        )
+
+    def _op_hello(self, caller: Caller, args: NoArgs) -> dict:
+        return {
+            "user": caller.user,
+            "uid": caller.uid,
+            "admin": caller.admin,
+            "pid": caller.process.pid if caller.process else None,
+            "session": caller.session.id if caller.session else None,
+            "cards": [c.to_dict() for c in self.cards],
+            "limits": self.limits_for(caller).to_dict(),
+            "context_reserve_mib": self.policy.context_reserve_mib,
+        }
+
+    def _op_reserve(self, caller: Caller, args: ReserveArgs) -> dict:
+        ledger = self._ledger
+        assert ledger is not None
+        taken = ledger.get(args.kernel_id)
+        if (taken is not None and taken.user != caller.user) or any(
+            w.kernel_id == args.kernel_id and w.user != caller.user for w in ledger.waiters()
+        ):
+            raise BrokerRefused(f"Kernel id {args.kernel_id} is in use by another user's kernel; use a new id.")
+        cards = self.cards
+        if args.cards:  # the server sees only these (a container given some of the host's cards)
+            cards = [c for c in self.cards if c.uuid in set(args.cards)]
+            if not cards:
+                raise BrokerRefused(
+                    f"None of the cards this server sees ({', '.join(args.cards)}) is one of the broker's "
+                    f"({', '.join(c.uuid for c in self.cards) or 'none'}). Give the server's container one of "
+                    "the broker's cards, or check that both read the same host's cards."
+                )
+        self.policy.check_quota(args.quota, [CardView(c.uuid, c.index, c.total_mib) for c in cards])
+        request = Request(args.kernel_id, args.quota, caller.user, args.kernel_name)
+        outside = unreserved_use(self._latest_samples(), ledger.leases())
+        with self._as_owner(caller) as led:
+            got = led.reserve(request, self.policy, cards, args.wait, self.limits_for(caller), outside=outside)
+        if isinstance(got, Lease):
+            return {"lease": lease_to_json(got)}
+        waiting = asdict(got)  # outside_mib beside it: a server older than it takes the rest as it was
+        return {"waiting": waiting, "outside_mib": waiting.pop("outside_mib")}
+
+    def _op_cancel_wait(self, caller: Caller, args: KernelArgs) -> None:
+        assert self._ledger is not None
+        waiter = next((w for w in self._ledger.waiters() if w.kernel_id == args.kernel_id), None)
+        if waiter is not None:
+            self._may_change(caller, args.kernel_id, waiter.user, waiter.owner, "stop the wait of")
+            self._ledger.cancel_wait(args.kernel_id)
+
+    def _op_attach(self, caller: Caller, args: AttachArgs) -> None:
+        ledger = self._ledger
+        assert ledger is not None
+        lease = ledger.get(args.kernel_id)
+        if lease is None:
+            return None
+        self._may_change(caller, args.kernel_id, lease.user, lease.owner, "attach a process to")
+        if caller.session is not None:
+            return None  # a server in a container: its pids mean nothing here; its session keeps the lease
+        ref = None
+        if args.pid is not None:
+            try:
+                owner_uid = psutil.Process(args.pid).uids().real
+            except psutil.Error as e:
+                raise BrokerRefused(f"Process {args.pid} cannot be attached: {e}.") from e
+            if owner_uid != caller.uid and caller.uid != 0:
+                raise BrokerRefused(
+                    f"Process {args.pid} is not yours (uid {owner_uid}); only your own kernels can be attached."
+                )
+            ref = ProcessRef.of(args.pid)
+        ledger.attach(args.kernel_id, ref)
+        return None
+
+    def _op_release(self, caller: Caller, args: KernelArgs) -> dict | None:
+        ledger = self._ledger
+        assert ledger is not None
+        lease = ledger.get(args.kernel_id)
+        if lease is None:  # a start still waiting: releasing it stops the wait
+            self._op_cancel_wait(caller, args)
+            return None
+        self._may_change(caller, args.kernel_id, lease.user, lease.owner, "release")
+        released = ledger.release(args.kernel_id)
+        return lease_to_json(released) if released else None
+
+    def _op_release_owned_except(self, caller: Caller, args: KeepArgs) -> list[dict]:
+        with self._as_owner(caller) as led:
+            return [lease_to_json(x) for x in led.release_owned_except(set(args.keep))]
+
+    def _op_reap(self, caller: Caller, args: NoArgs) -> list[dict]:
+        assert self._ledger is not None
+        gone = self._ledger.reap()
+        self._log_reclaimed(gone)
+        return [lease_to_json(x) for x in gone if self._mine(caller, x.user)]
+
+    def _op_leases(self, caller: Caller, args: NoArgs) -> list[dict]:
+        assert self._ledger is not None
+        leases = self._ledger.leases()
+        if caller.admin:
+            return [lease_to_json(x) for x in leases]
+        own = [x for x in leases if x.user == caller.user]
+        others = [x for x in leases if x.user != caller.user]
+        return [lease_to_json(x) for x in own + anonymous_leases(others)]
+
+    def _op_get(self, caller: Caller, args: KernelArgs) -> dict | None:
+        assert self._ledger is not None
+        lease = self._ledger.get(args.kernel_id)
+        return lease_to_json(lease) if lease and self._mine(caller, lease.user) else None
+
+    def _op_waiters(self, caller: Caller, args: NoArgs) -> list[dict]:
+        assert self._ledger is not None
+        return [
+            waiter_to_json(w if self._mine(caller, w.user) else Waiter(w.ticket, "", "", "", "", ANONYMOUS, w.created))
+            for w in self._ledger.waiters()
+        ]
+
+    def _op_view(self, caller: Caller, args: NoArgs) -> dict:
+        assert self._ledger is not None
+        led = self._ledger
+        return view_for(caller, led.leases(), led.waiters(), self.cards, self.policy, self.limits_for(caller))
+
+    def handle(self, caller: Caller, op: str, args: Any) -> Any:
+        """Carry out one request for ``caller``; runs on the ledger thread. ``args`` is the request's arguments,
+        typed by protocol.decode_request (a plain dict is decoded here first)."""
+        if isinstance(args, dict):
+            op, args = decode_request({"op": op, "args": args})
+        answer = getattr(self, f"_op_{op}", None)
+        if answer is None:  # 'auth' is answered by the connection, before any other request
+            raise BrokerRefused(f"{op!r} is not a request for this point of the conversation.")
+        return answer(caller, args)
+
+    def _log_reclaimed(self, gone: Sequence[Lease]) -> None:
+        for lease in gone:
+            self.log.info(
+                "Reclaimed %s of %s's kernel %s (its server and kernel are gone).",
+                format_mib(lease.reserved_mib),
+                lease.user,
+                lease.kernel_id,
+            )

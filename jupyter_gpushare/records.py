@@ -1,0 +1,92 @@
+"""What the server knows of each kernel it starts: the grant it got and the record the API serves.
+
+``Grant``: a GPU reservation, a start without a GPU, or no quota at all. ``KernelRecord``: one kernel of this
+server as the REST API and the sidebar see it. ``QuotaUnavailable``: a start refused for want of GPU room,
+whose message reaches the HTTP client as it is.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tornado import web
+
+from .gpu import Card
+from .ledger import Lease
+
+
+class QuotaUnavailable(web.HTTPError):
+    """A kernel start refused for want of GPU room. The message reaches the HTTP client as is."""
+
+    def __init__(self, message: str, status: int = 503):
+        super().__init__(status, message, reason="GPU quota unavailable")
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class Grant:
+    """What a kernel got: a GPU reservation, a start without GPU (``cpu``), or no quota at all (``none``)."""
+
+    mode: str
+    lease: Lease | None = None
+    card: Card | None = None
+    reason: str | None = None
+
+
+@dataclass
+class KernelRecord:
+    """What the API says of one kernel of this process."""
+
+    changes: ClassVar[int] = 0  # bumped on every field assignment: lets the API reuse an encoded reply
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        KernelRecord.changes += 1
+
+    kernel_id: str
+    kernel_name: str
+    language: str
+    user: str
+    state: str = "starting"  # starting | queued | running | cpu | none | failed (a restart was refused)
+    quota: str | None = None  # requested (or default) quota
+    pending_quota: str | None = None  # applied at the next restart
+    lease: Lease | None = None
+    card: Card | None = None
+    position: int | None = None
+    need_mib: int | None = None
+    free_mib: int | None = None
+    reason: str | None = None
+    since: float = field(default_factory=time.time)
+    queued_since: float | None = None
+    pid: int | None = None
+    path: str | None = None  # the notebook, when started through a session
+    cancelled: bool = False  # a queued start the user gave up on
+
+    def to_dict(self) -> dict[str, Any]:
+        lease = self.lease
+        return {
+            "kernel_id": self.kernel_id,
+            "kernel_name": self.kernel_name,
+            "path": self.path,
+            "language": self.language,
+            "user": self.user,
+            "state": self.state,
+            "quota": self.quota,
+            "pending_quota": self.pending_quota,
+            "quota_mib": lease.quota_mib if lease else None,
+            "reserve_mib": lease.reserve_mib if lease else None,
+            "reserved_mib": lease.reserved_mib if lease else None,
+            "card": self.card.to_dict() if self.card else None,
+            "position": self.position,
+            "need_mib": self.need_mib,
+            "free_mib": self.free_mib,
+            "waited_s": round(time.time() - self.queued_since, 1) if self.queued_since else None,
+            "reason": self.reason,
+            "pid": self.pid,
+            "since": self.since,
+        }
