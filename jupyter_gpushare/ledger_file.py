@@ -68,7 +68,7 @@ CREATE TABLE IF NOT EXISTS meta (
     key          TEXT PRIMARY KEY,
     value        TEXT NOT NULL
 )
-"""  # meta: added in schema 2 without a version change (older code ignores the table)
+"""  # meta: settle_until, while a re-created file settles (ledger_file.LedgerFile._recreate)
 _MIGRATE_FROM_1 = """
 ALTER TABLE leases ADD COLUMN owner_session TEXT;
 ALTER TABLE waiters ADD COLUMN owner_session TEXT

@@ -1,8 +1,8 @@
 """Kernel launch hook: reserve -> environment -> launch -> keep across restarts -> release.
 
-Made the server-wide default provisioner by the config file shipped in the wheel, so every
-kernel started by JupyterLab, Notebook 7, nbclient or papermill gets a quota with no kernelspec
-edited. The reservation is decided only in ``cleanup(restart)``, which is the one call that gets
+The server extension makes it the server's default provisioner at start (app.py: jupyter_server reads
+no other setting from the config file the wheel ships), and JUPYTER_DEFAULT_PROVISIONER_NAME makes it
+nbclient's and papermill's, so every kernel gets a quota with no kernelspec edited. The reservation is decided only in ``cleanup(restart)``, which is the one call that gets
 the right restart flag (jupyter_client#1061). The kernel's ports are held from the moment they are
 picked (Linux), and a kernel that dies before it was stable is restarted on new ones, keeping its
 reservation (docs/jupyter-client-port-reuse.md).

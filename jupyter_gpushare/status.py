@@ -46,7 +46,7 @@ def add_use(view: dict[str, Any], backend) -> dict[str, Any]:
     # Who runs what: for an admin of the broker, or root (a student's view names no other user's process, and
     # reading one's own ledger file makes one "admin" of that file only).
     if view.get("admin") and (view.get("source", "").startswith("broker") or os.geteuid() == 0):
-        labels = {c["uuid"]: _label(c, "index") for c in view["cards"]}
+        labels = {c["uuid"]: c["label"] for c in view["cards"]}
         view["outside"] = [
             {"card_label": labels.get(uuid, sample.card.label), "pid": p.pid, "used_mib": p.used_mib, **describe(p.pid)}
             for uuid, sample in samples.items()
@@ -54,11 +54,6 @@ def add_use(view: dict[str, Any], backend) -> dict[str, Any]:
             if p.pid not in in_kernels
         ]
     return view
-
-
-def _label(row: dict[str, Any], index_key: str, label_key: str = "label") -> str:
-    """A card's label ("GPU 0", "GPU 0 MIG 3"); "GPU <index>" from a broker older than labels."""
-    return row.get(label_key) or f"GPU {row[index_key]}"
 
 
 def gather_status(app: GpuShareApp, socket_path: str | None = None, ledger_path: str | None = None) -> dict[str, Any]:
@@ -109,7 +104,7 @@ def format_status(view: dict[str, Any]) -> str:
     out.append(
         _table(
             [
-                (_label(c, "index"), c["name"] + (" [simulated]" if c.get("simulated") else ""), mib(c["total_mib"]), mib(c["usable_mib"]),
+                (c["label"], c["name"] + (" [simulated]" if c.get("simulated") else ""), mib(c["total_mib"]), mib(c["usable_mib"]),
                  mib(c["reserved_mib"]), mib(c["mine_reserved_mib"]), mib(c["others_reserved_mib"]), mib(c["unreserved_mib"]),
                  mib(c.get("used_mib")))
                 for c in view["cards"]
@@ -129,7 +124,7 @@ def format_status(view: dict[str, Any]) -> str:
     if view["kernels"]:
         out.append(
             _table(
-                [(k["user"], k["kernel_id"], k["kernel_name"], _label(k, "card_index", "card_label"), mib(k["quota_mib"]), mib(k["reserved_mib"]),
+                [(k["user"], k["kernel_id"], k["kernel_name"], k["card_label"], mib(k["quota_mib"]), mib(k["reserved_mib"]),
                   mib(k.get("used_mib")), k["kernel_pid"], f"{k['age_s']:.0f} s")
                  for k in view["kernels"]],
                 ("USER", "KERNEL ID", "KERNELSPEC", "CARD", "QUOTA", "RESERVED", "IN USE", "PID", "AGE"),

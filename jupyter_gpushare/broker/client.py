@@ -229,9 +229,7 @@ class BrokerLedger:
         got = self._call("reserve", kernel_id=req.kernel_id, mib=req.quota.mib, percent=req.quota.percent, kernel_name=req.kernel_name, wait=wait, **({"cards": visible} if visible else {}))  # fmt: skip
         if "lease" in got:
             return lease_from_json(got["lease"])
-        known = Waiting.__dataclass_fields__  # a newer broker may say more
-        waiting = {k: v for k, v in got["waiting"].items() if k in known}
-        return Waiting(**{**waiting, "outside_mib": int(got.get("outside_mib") or 0)})
+        return Waiting(**got["waiting"])
 
     def cancel_wait(self, kernel_id: str) -> None:
         try:

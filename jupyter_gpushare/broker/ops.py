@@ -122,8 +122,7 @@ class Operations:
             got = led.reserve(request, self.policy, cards, args.wait, self.limits_for(caller), outside=outside)
         if isinstance(got, Lease):
             return {"lease": lease_to_json(got)}
-        waiting = asdict(got)  # outside_mib beside it: a server older than it takes the rest as it was
-        return {"waiting": waiting, "outside_mib": waiting.pop("outside_mib")}
+        return {"waiting": asdict(got)}
 
     def _op_cancel_wait(self, caller: Caller, args: KernelArgs) -> None:
         assert self._ledger is not None

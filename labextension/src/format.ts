@@ -145,7 +145,7 @@ export class Stack {
 
 /**
  * What people call a card: the server's label ("GPU 0", or "GPU 0 MIG 3" for one
- * of several MIG instances of GPU 0), else "GPU <index>" (an older server).
+ * of several MIG instances of GPU 0), else "GPU <index>".
  */
 export function cardLabel(card: { index: number; label?: string }): string {
   return card.label || `GPU ${card.index}`;
