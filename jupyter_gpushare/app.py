@@ -5,15 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from typing import Any
 
 from jupyter_client.provisioning import KernelProvisionerFactory
 from jupyter_server.extension.application import ExtensionApp
+from tornado.ioloop import PeriodicCallback
 from traitlets import TraitError
 
 from .ledger import LedgerError
 from .manager import QuotaManager, build_manager
 from .policy import PolicyError
 from .settings import GpuShareApp, publish
+from .state import SCHEMA_FILE, STATE_SCHEMA, changed_kernels, notable
+
+ANNOUNCE_EVERY_S = 0.1  # how soon a change is announced on the event bus
 
 PROVISIONER_NAME = "gpushare-provisioner"
 
@@ -47,6 +52,7 @@ class GpuShareExtension(ExtensionApp):
         self._make_sampler(manager)
         self._make_default_provisioner()
         self._start_reconciling()
+        self._announce_changes(manager)
         info = manager.backend.describe()
         if manager.backend.simulated:
             self.log.warning(
@@ -77,6 +83,26 @@ class GpuShareExtension(ExtensionApp):
         metrics.install(sampler, enforcer)
         # Started here, not in the start hook: embedders and test fixtures do not always run that hook.
         sampler.start()
+
+    def _announce_changes(self, manager: QuotaManager) -> None:
+        """Say on the server's event bus (STATE_SCHEMA) when the state changes in a way a person would notice,
+        within ANNOUNCE_EVERY_S, so that browsers read GET /api/gpushare/state then instead of polling fast."""
+        events = getattr(self.serverapp, "event_logger", None)
+        if events is None:
+            return
+        events.register_event_schema(SCHEMA_FILE)
+        enforcer = self.settings["gpushare_enforcer"]
+        last: dict[str, Any] = {"key": notable({}, {}, ()), "count": 0}
+
+        def check() -> None:
+            key = notable(manager.records, enforcer.states, manager.events)
+            if key != last["key"]:
+                kernel_ids = changed_kernels(last["key"], key)
+                last.update(key=key, count=last["count"] + 1)
+                events.emit(schema_id=STATE_SCHEMA, data={"version": str(last["count"]), "kernel_ids": kernel_ids})
+
+        self._announcer = PeriodicCallback(check, ANNOUNCE_EVERY_S * 1000)
+        self._announcer.start()
 
     def _make_default_provisioner(self) -> None:
         """Give every kernel without a provisioner stanza ours, unless the admin chose another.
@@ -145,6 +171,8 @@ class GpuShareExtension(ExtensionApp):
         task = getattr(self, "_reconcile_task", None)
         if task:
             task.cancel()
+        if getattr(self, "_announcer", None) is not None:
+            self._announcer.stop()
         if getattr(self, "_published", None):
             with contextlib.suppress(OSError):
                 os.unlink(self._published)

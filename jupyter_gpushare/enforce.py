@@ -210,7 +210,7 @@ class Enforcer:
             self.manager.event(
                 kind,
                 kid,
-                f"Over its reservation ({why}); no action is configured (GpuShareApp.over_quota_action).",
+                f"Over its reservation ({why}). Free memory or ask for a larger quota: a neighbour may run out of memory.",
                 action=action,
                 **figures,
             )

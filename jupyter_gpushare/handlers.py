@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
@@ -13,7 +14,10 @@ from .manager import QuotaManager
 from .policy import PolicyError, parse_size
 from .records import KernelRecord
 from .sampler import UsageSnapshot
-from .views import card_view, kernel_view
+from .state import build_state
+from .views import card_view, config_view, kernel_view
+
+QUOTA_TTL_S = 2.0  # the ledger's reservations in /state are re-read at least this often (and on every record change)
 
 API = r"/api/gpushare"
 AUTH_RESOURCE = "gpushare"
@@ -156,18 +160,38 @@ class ConfigHandler(GpuShareHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        p = self.manager.policy
-        self.finish(
-            {
-                "default_quota": str(p.default_quota),
-                "max_quota": str(p.max_quota) if p.max_quota else None,
-                "min_quota": str(p.min_quota),
-                "context_reserve_mib": p.context_reserve_mib,
-                "card_headroom": str(p.headroom),
-                "on_full": p.on_full,
-                "queue_timeout_s": None if p.queue_timeout_s == float("inf") else p.queue_timeout_s,
-            }
+        self.finish(config_view(self.manager.policy))
+
+
+class StateHandler(GpuShareHandler):
+    """Everything the sidebar, the status bar and the notifications show, in one reply (state.py). Its ETag is
+    the state's version: an unchanged state is answered 304 with no body."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        manager, usage = self.manager, self.usage
+        cache = self.settings.setdefault("gpushare_state_cache", {})
+        if cache.get("key") != KernelRecord.changes or time.monotonic() - cache.get("at", 0.0) > QUOTA_TTL_S:
+            cache.update(key=KernelRecord.changes, at=time.monotonic(), quota=await manager.snapshot())
+        sessions = await self.serverapp.session_manager.list_sessions()
+        state = build_state(
+            cache["quota"],
+            [self.kernel(rec) for rec in list(manager.records.values())],
+            {uuid: card.figures() for uuid, card in usage.cards.items()},
+            {s["kernel"]["id"]: s["path"] for s in sessions if s.get("kernel")},
+            manager.events,
+            config_view(manager.policy),
+            usage.status(),
         )
+        etag = f'"{state["version"]}"'
+        self.set_header("ETag", etag)
+        self.set_header("Cache-Control", "no-cache")
+        if etag in (self.request.headers.get("If-None-Match") or ""):
+            self.set_status(304)
+            self.finish()
+            return
+        self.finish(state)
 
 
 handlers = [
@@ -178,4 +202,5 @@ handlers = [
     (rf"{API}/queue", QueueHandler),
     (rf"{API}/events", EventsHandler),
     (rf"{API}/config", ConfigHandler),
+    (rf"{API}/state", StateHandler),
 ]

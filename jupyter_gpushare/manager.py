@@ -140,8 +140,13 @@ class QuotaManager:
     # -- admission -----------------------------------------------------------------------------
 
     def event(self, kind: str, kernel_id: str | None, message: str, **figures: Any) -> None:
-        """Record an event for the API (``/api/gpushare/events``) and the log, with the figures behind it."""
-        self.events.append({"time": time.time(), "kind": kind, "kernel_id": kernel_id, "message": message, **figures})
+        """Record an event for the API (``/api/gpushare/events``) and the log, with the figures behind it and the
+        kernel's notebook (``path``), so that a notification can name it even once the kernel is gone."""
+        rec = self.records.get(kernel_id) if kernel_id else None
+        path = figures.pop("path", None) or (rec.path if rec else None)
+        self.events.append(
+            {"time": time.time(), "kind": kind, "kernel_id": kernel_id, "path": path, "message": message, **figures}
+        )
         self.log.info("gpushare %s %s: %s", kind, kernel_id or "", message)
 
     def usage_targets(self) -> list[tuple[str, int | None, str | None]]:
@@ -172,7 +177,7 @@ class QuotaManager:
                 rec,
                 Grant(
                     "none",
-                    reason=f"Kernels of {kernel_name or language!r} reserve no GPU memory here (GpuShareApp.kernel_quotas).",
+                    reason=f"Kernels of {kernel_name or language!r} reserve no GPU memory here, so they see no GPU.",
                 ),
             )
         rec.quota = str(quota)
@@ -221,6 +226,7 @@ class QuotaManager:
                 return got
             if rec.state != "queued":
                 rec.state, rec.queued_since = "queued", time.time()
+                rec.wait_until = time.time() + self.policy.queue_timeout_s if self.policy.queue_timeout_s < float("inf") else None
                 self.event(
                     "queued",
                     request.kernel_id,
@@ -248,7 +254,7 @@ class QuotaManager:
         if rec is not None and keep:
             rec.state, rec.lease, rec.card, rec.position = "failed", None, None, None
             rec.reason = f"The kernel could not start again: {message} Shut it down, or start it with another quota."
-        self.event("refused", kernel_id, message, **figures)
+        self.event("refused", kernel_id, message, path=rec.path if rec else None, **figures)
         return QuotaUnavailable(message, status=status)
 
     async def stop_admitting(self, timeout: float = 5.0) -> None:
@@ -287,7 +293,7 @@ class QuotaManager:
                 f"use {format_mib(got.outside_mib)} of the GPU memory: it counts as taken until they exit."
             )
         if waited:
-            text += f" It waited {time.time() - waited:.0f} s in the queue (GpuShareApp.queue_timeout)."
+            text += f" It waited {time.time() - waited:.0f} s in the queue, as long as kernels may wait here."
         elif got.ahead:
             text += f" {got.ahead} kernel(s) are already waiting for a GPU."
         return f"{text} {WHAT_TO_DO}"
@@ -474,6 +480,8 @@ def build_manager(settings: GpuShareApp, log: logging.Logger | None = None) -> Q
     (PolicyError names the settings and the fix)."""
     policy = settings.build_policy()
     backend = open_backend(settings.gpu_backend, settings.simulated_cards)
+    if backend.simulated:  # kernels may say what they "use" of it (gpushare_simulate): the quota flow without a GPU
+        backend.claims_dir = report_dir()
     try:
         cards = backend.cards()
     except Exception:  # a card lost now: the manager says so, and kernels start without a GPU

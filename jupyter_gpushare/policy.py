@@ -216,7 +216,7 @@ class Policy:
             biggest = max(self.max_quota.resolve(c.total_mib) for c in cards)
             raise PolicyError(
                 f"A quota of {quota} is more than the largest a kernel may have here "
-                f"({format_mib(biggest)}, GpuShareApp.max_quota). Ask for at most {format_mib(biggest)}."
+                f"({format_mib(biggest)}). Ask for at most {format_mib(biggest)}."
             )
         if all(self.need_mib(quota, c.total_mib) > self.usable_mib(c.total_mib) for c in cards):
             biggest = max(self.usable_mib(c.total_mib) - self.context_reserve_mib for c in cards)

@@ -63,6 +63,7 @@ class KernelRecord:
     reason: str | None = None
     since: float = field(default_factory=time.time)
     queued_since: float | None = None
+    wait_until: float | None = None  # (time.time) when a queued start gives up; None: it waits without limit
     pid: int | None = None
     path: str | None = None  # the notebook, when started through a session
     cancelled: bool = False  # a queued start the user gave up on
@@ -86,6 +87,7 @@ class KernelRecord:
             "need_mib": self.need_mib,
             "free_mib": self.free_mib,
             "waited_s": round(time.time() - self.queued_since, 1) if self.queued_since else None,
+            "wait_left_s": round(max(0.0, self.wait_until - time.time())) if self.wait_until and self.queued_since else None,
             "reason": self.reason,
             "pid": self.pid,
             "since": self.since,

@@ -27,6 +27,7 @@ from .gpu import DeviceSample, GpuUnavailable
 from .procs import ProcessTrees
 from .settings import MIN_INTERVAL_S
 
+HISTORY_EVERY_S, HISTORY_POINTS = 5.0, 72  # a kernel's use over the last 6 minutes, for the sidebar's timeline
 QUOTA_REFRESH_S = 5.0  # the manager's snapshot (ledger, framework reports) is re-read at least this often
 EMPTY: Mapping = MappingProxyType({})
 
@@ -59,6 +60,7 @@ class KernelUsage:
     peak_mib: int | None
     utilization: float | None
     processes: tuple[ProcessUse, ...] = ()
+    history: tuple[tuple[float, int], ...] = ()  # (time, used MiB), oldest first
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,7 @@ class Sampler:
         self.snapshot = UsageSnapshot(interval_s=self.interval_s)
         self._trees = ProcessTrees()
         self._peaks: dict[str, tuple[int | None, int]] = {}  # kernel id -> (pid, peak MiB)
+        self._history: dict[str, tuple[int | None, tuple[tuple[float, int], ...]]] = {}  # kernel id -> (pid, points)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pending: Any = None
@@ -207,10 +210,23 @@ class Sampler:
             if used is not None:
                 peak = max(peak, used)
             self._peaks[kid] = (pid, peak)
-            kernels[kid] = KernelUsage(kid, pid, used, peak if used is not None or peak else None, util, procs)
+            history = self._remember(kid, pid, used)
+            kernels[kid] = KernelUsage(kid, pid, used, peak if used is not None or peak else None, util, procs, history)
         for kid in [k for k in self._peaks if k not in kernels]:
             del self._peaks[kid]
+            self._history.pop(kid, None)
         return kernels
+
+    def _remember(self, kid: str, pid: int | None, used: int | None) -> tuple[tuple[float, int], ...]:
+        """The kernel's recent use, a point every HISTORY_EVERY_S (a restarted kernel starts anew)."""
+        now = time.time()
+        prev_pid, points = self._history.get(kid, (pid, ()))
+        if prev_pid != pid:
+            points = ()
+        if used is not None and (not points or now - points[-1][0] >= HISTORY_EVERY_S):
+            points = (*points[-(HISTORY_POINTS - 1) :], (round(now, 1), used))
+        self._history[kid] = (pid, points)
+        return points
 
     def tick(self) -> UsageSnapshot:
         """Sample once and publish the snapshot (also returned)."""

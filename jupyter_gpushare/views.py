@@ -15,6 +15,7 @@ from .gpu import Card
 from .ledger import Lease, ProcessRef, Reservations, Waiter
 from .policy import Policy, UserLimits
 from .sampler import UsageSnapshot
+from .state import card_segments
 
 
 class Viewer(Protocol):
@@ -59,17 +60,16 @@ def view_for(
         reserved = sum(lease.reserved_mib for lease in on_card)
         own = sum(lease.reserved_mib for lease in on_card if lease.user == caller.user)
         usable = policy.usable_mib(card.total_mib)
-        card_rows.append(
-            {
-                **card.to_dict(),
-                "usable_mib": usable,
-                "reserved_mib": reserved,
-                "unreserved_mib": max(0, usable - reserved),
-                "mine_reserved_mib": own,
-                "others_reserved_mib": reserved - own,
-                "allowed": policy.card_allowed(card.uuid, card.index),
-            }
-        )
+        row = {
+            **card.to_dict(),
+            "usable_mib": usable,
+            "reserved_mib": reserved,
+            "unreserved_mib": max(0, usable - reserved),
+            "mine_reserved_mib": own,
+            "others_reserved_mib": reserved - own,
+            "allowed": policy.card_allowed(card.uuid, card.index),
+        }
+        card_rows.append({**row, "segments": card_segments(row, own)})
     labels = {card.uuid: card.label for card in cards}
     kernels = [
         {
@@ -151,6 +151,7 @@ def kernel_view(rec: dict[str, Any], snap: UsageSnapshot, policy_state: str | No
         "peak_mib": usage.peak_mib if usage else None,
         "utilization": usage.utilization if usage else None,
         "processes": [p.to_dict() for p in usage.processes] if usage else [],
+        "history": [list(p) for p in usage.history] if usage else [],
     }
     if rec.get("state") == "running" and policy_state:
         view["state"] = policy_state
@@ -166,3 +167,17 @@ def card_view(card: dict[str, Any], snap: UsageSnapshot) -> dict[str, Any]:
     else:
         figures = usage.figures()
     return {**card, **figures}
+
+
+def config_view(p: Policy) -> dict[str, Any]:
+    """The admin's rules a student may know: default, smallest and largest quota, the CUDA reserve, what a full
+    card does."""
+    return {
+        "default_quota": str(p.default_quota),
+        "max_quota": str(p.max_quota) if p.max_quota else None,
+        "min_quota": str(p.min_quota),
+        "context_reserve_mib": p.context_reserve_mib,
+        "card_headroom": str(p.headroom),
+        "on_full": p.on_full,
+        "queue_timeout_s": None if p.queue_timeout_s == float("inf") else p.queue_timeout_s,
+    }

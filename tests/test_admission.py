@@ -282,7 +282,7 @@ class TestKernelspecs:
         with pytest.raises(HTTPClientError) as e:
             await gpushare.start_kernel("big")
         message = json.loads(e.value.response.body)["message"]
-        assert e.value.code == 400 and "largest a kernel may have here (6 GiB, GpuShareApp.max_quota)" in message
+        assert e.value.code == 400 and "largest a kernel may have here (6 GiB). Ask for at most 6 GiB" in message
 
     async def test_other_languages_reserve_nothing(self, specs, gpushare):
         kid = await gpushare.start_kernel("other-language")

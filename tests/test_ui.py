@@ -147,7 +147,7 @@ def broker_host(ui_tests_dir):
     if os.geteuid() != 0 or not shutil.which("useradd"):
         pytest.skip("needs root and useradd: runs Jupyter servers as three different Unix users")
     test_labextension_is_installed()
-    from test_broker import Broker, UserServer, ensure_user, remove_user, shared_scratch
+    from multiuser import Broker, UserServer, ensure_user, remove_user, shared_scratch
 
     class QueueingServer(UserServer):
         """on_full=queue: a kernel that finds the card full waits in the host queue."""

@@ -135,8 +135,8 @@ class BrokerLedger:
             "tcp": " If the broker has GpuShareBroker.tcp_certfile, it speaks TLS: use tls://.",
         }.get(self.path.partition("://")[0] if self.tcp else "", "")
         return (
-            f"The GPU broker at {self.path} is not reachable ({e}). GPU reservations for this host go through it "
-            "(GpuShareApp.broker_socket), so kernels start without a GPU until it is back. Ask the administrator "
+            f"The GPU broker at {self.path} is not reachable ({e}). GPU reservations for this host go through it, "
+            "so kernels start without a GPU until it is back. Ask the administrator "
             f"to check it (systemctl status jupyter-gpushare-broker; jupyter gpushare doctor).{hint}"
         )
 

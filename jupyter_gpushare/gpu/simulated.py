@@ -1,12 +1,19 @@
 """Simulated cards, for machines without a GPU: the quota flow can be tried, no memory is real.
 
 They are the NVML backend over the fake NVML of ``fake.py``: tests (and demos) add processes to
-``backend.fake`` and the sampler, the API and the UI show their use like a real card's.
+``backend.fake`` and the sampler, the API and the UI show their use like a real card's. With
+``claims_dir`` (the kernels' report directory), a kernel process that says it uses memory
+(``gpushare_simulate.use('1.5GiB')`` in a notebook) is shown using it, so a student can try what
+happens near and over a quota without a GPU.
 """
 
 from __future__ import annotations
 
-from .base import Card
+import os
+
+import psutil
+
+from .base import Card, DeviceSample
 from .fake import FakeNvml
 from .nvml import NvmlBackend
 
@@ -23,6 +30,41 @@ class SimulatedBackend(NvmlBackend):
         self.fake = FakeNvml(sizes_mib, name=SIMULATED_NAME, uuid_prefix="GPU-simulated-")
         super().__init__(library=self.fake)
         self.reason = reason or "Simulated cards were configured (GpuShareApp.gpu_backend = 'simulated')."
+
+    claims_dir: str | None = None
+    _claimed: set[int] = set()  # (replaced, never changed in place)
+
+    def sample(self) -> list[DeviceSample]:
+        if self.claims_dir:
+            self._apply_claims()
+        return super().sample()
+
+    def _apply_claims(self) -> None:
+        """Processes' claimed use, from ``<kernel id>.<pid>.simulated`` files ("<MiB> <card index>"): a file of a
+        process that is gone is removed, one that does not read as two small numbers is ignored."""
+        claims: dict[int, tuple[int, int]] = {}
+        try:
+            names = [n for n in os.listdir(self.claims_dir) if n.endswith(".simulated")]
+        except OSError:
+            names = []
+        for name in names:
+            path = os.path.join(self.claims_dir, name)
+            try:
+                pid = int(name.split(".")[-2])
+                with open(path, encoding="ascii") as f:
+                    mib, card = (int(x) for x in f.read(40).split())
+            except (OSError, ValueError):
+                continue
+            if not psutil.pid_exists(pid):
+                os.unlink(path)
+            elif 0 <= mib <= 1 << 30 and 0 <= card < len(self.fake.devices):
+                claims[pid] = (mib, card)
+        for pid in self._claimed - claims.keys():
+            self.fake.remove_process(pid)
+        for pid, (mib, card) in claims.items():
+            self.fake.remove_process(pid)
+            self.fake.add_process(pid, mib, card=card)
+        self._claimed = set(claims)
 
     def _make_card(self, index: int, uuid: str, name: str, total_mib: int, mig_instance: int | None = None) -> Card:
         return Card(index=index, uuid=uuid, name=name, total_mib=total_mib, simulated=True, mig_instance=mig_instance)

@@ -23,15 +23,26 @@ export function cardHead(
   );
 }
 
-/** A horizontal bar of segments, each a share of `totalMiB`, with a tooltip. */
+/** A horizontal bar of segments, each a share of `totalMiB`, with a tooltip; `label` is what a screen reader says. */
 export function bar(
   segments: { cls: string; mib: number; title: string }[],
   totalMiB: number,
-  extra?: VirtualElement
+  extra?: VirtualElement | VirtualElement[],
+  label?: string
 ): VirtualElement {
   const total = Math.max(1, totalMiB);
+  const extras = extra ? (Array.isArray(extra) ? extra : [extra]) : [];
   return h.div(
-    { className: `${C}-bar`, role: 'img' },
+    {
+      className: `${C}-bar`,
+      role: 'img',
+      'aria-label':
+        label ??
+        segments
+          .filter(s => s.mib > 0)
+          .map(s => s.title)
+          .join('; ')
+    },
     ...segments
       .filter(s => s.mib > 0)
       .map(s =>
@@ -43,7 +54,7 @@ export function bar(
           }
         })
       ),
-    ...(extra ? [extra] : [])
+    ...extras
   );
 }
 

@@ -120,30 +120,6 @@ export function formatDuration(seconds: number | null | undefined): string {
 }
 
 /**
- * Figures laid end to end on a bar of `total` MiB: each is clamped to what is
- * left (an unmeasured one takes 0), so together they never pass the bar.
- */
-export class Stack {
-  private _left: number;
-
-  constructor(total: number) {
-    this._left = Math.max(0, total);
-  }
-
-  /** What no figure has taken yet. */
-  get left(): number {
-    return this._left;
-  }
-
-  /** Take a figure (clamped to what is left); returns what was taken. */
-  take(mib: number | null | undefined): number {
-    const v = Math.max(0, Math.min(isMeasured(mib) ? mib : 0, this._left));
-    this._left -= v;
-    return v;
-  }
-}
-
-/**
  * What people call a card: the server's label ("GPU 0", or "GPU 0 MIG 3" for one
  * of several MIG instances of GPU 0), else "GPU <index>".
  */

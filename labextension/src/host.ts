@@ -13,80 +13,15 @@ import {
   formatDuration,
   formatGiB,
   isMeasured,
-  parseSize,
-  Stack
+  parseSize
 } from './format';
 import type {
-  IHostCard,
   IHostKernel,
   IHostQueueEntry,
   IHostUser,
   IHostView,
   IUserLimits
 } from './types';
-
-export interface IHostSegment {
-  key: 'mine' | 'others' | 'headroom' | 'free';
-  label: string;
-  mib: number;
-  /** The tooltip: what the figure is. */
-  title: string;
-}
-
-/**
- * A card's capacity split for the host bar: yours, other users (one total),
- * kept free by the admin (headroom) and unreserved. Each segment is clamped to
- * what is left of the card, so the segments sum to its total.
- */
-export function hostCardSegments(
-  card: IHostCard,
-  admin = false
-): IHostSegment[] {
-  const total = Math.max(0, card.total_mib);
-  const headroom = Math.max(0, total - card.usable_mib);
-  const stack = new Stack(total);
-  const segs: IHostSegment[] = [];
-  const push = (
-    key: IHostSegment['key'],
-    label: string,
-    mib: number,
-    title: (v: string) => string
-  ) => {
-    const v = stack.take(mib);
-    segs.push({ key, label, mib: v, title: title(formatGiB(v)) });
-  };
-  push(
-    'mine',
-    'yours',
-    card.mine_reserved_mib,
-    v =>
-      `Yours: ${v} reserved by your kernels on this GPU (quotas + CUDA context)`
-  );
-  push(
-    'others',
-    'other users',
-    card.others_reserved_mib,
-    v =>
-      `Other users: ${v} reserved by other users’ kernels` +
-      (admin
-        ? ' (see the kernel table)'
-        : ' (one total: who holds it is not shown)')
-  );
-  push(
-    'headroom',
-    'kept free by the admin',
-    headroom,
-    v => `Kept free by the admin: ${v} (card_headroom), never reserved`
-  );
-  push(
-    'free',
-    'unreserved',
-    // what is left of the usable part (the server's figure, or the rest of the card)
-    isMeasured(card.unreserved_mib) ? card.unreserved_mib : stack.left,
-    v => `Unreserved: ${v} that new kernels can reserve`
-  );
-  return segs;
-}
 
 /** A size limit for people: "16 GiB", or "25% of a card" for a share. */
 function limitSize(text: string): string {

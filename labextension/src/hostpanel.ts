@@ -9,7 +9,6 @@ import { h, VirtualElement } from '@lumino/virtualdom';
 import { bar, C, cardHead, notice } from './dom';
 import { formatGiB, formatMiB } from './format';
 import {
-  hostCardSegments,
   hostKernelRows,
   limitsText,
   limitsUse,
@@ -24,12 +23,12 @@ export interface IHostSectionProps {
   snapshot: ISnapshot;
   open: boolean;
   toggle(): void;
-  /** The notebook path of a kernel this server runs. */
-  pathOf(kernel: IKernel): string | null;
+  /** The name (notebook) of a kernel this server runs. */
+  nameOf(kernel: IKernel): string;
 }
 
-function hostCard(card: IHostCard, admin: boolean): VirtualElement {
-  const segs = hostCardSegments(card, admin);
+function hostCard(card: IHostCard): VirtualElement {
+  const segs = card.segments ?? []; // the server's split, in the panel's words (state.py card_segments)
   return h.div(
     {
       className: `${C}-host-card${card.allowed ? '' : ` ${C}-card-disallowed`}`,
@@ -100,7 +99,10 @@ function usersTable(host: IHostView): VirtualElement {
             dataset: { user: u.user },
             title: `${u.user}: quotas ${formatGiB(u.quota_mib)} + CUDA context = ${formatGiB(u.reserved_mib)} reserved`
           },
-          h.td(u.user === host.user ? `${u.user} (you)` : u.user),
+          h.td(
+            { className: `${C}-table-name`, title: u.user },
+            u.user === host.user ? `${u.user} (you)` : u.user
+          ),
           h.td(String(u.kernels)),
           h.td(formatGiB(u.reserved_mib))
         )
@@ -120,10 +122,12 @@ function kernelsTable(
   host: IHostView,
   props: IHostSectionProps
 ): VirtualElement {
-  const known = new Map(props.snapshot.kernels.map(k => [k.kernel_id, k]));
+  const known = new Map(
+    (props.snapshot.state?.kernels ?? []).map(k => [k.kernel_id, k])
+  );
   const rows = hostKernelRows(host, id => {
     const k = known.get(id);
-    return k ? props.pathOf(k) : null;
+    return k ? props.nameOf(k) : null;
   });
   const out: VirtualElement[] = [];
   rows.forEach((r, i) => {
@@ -147,8 +151,8 @@ function kernelsTable(
           dataset: { kernelId: r.kernelId, user: r.user },
           title: `${r.user}’s ${r.title}`
         },
-        h.td({ className: `${C}-table-name` }, r.name),
-        h.td(r.card),
+        h.td({ className: `${C}-table-name`, title: r.name }, r.name),
+        h.td({ title: r.card }, r.card),
         h.td(r.quota),
         h.td(r.age)
       )
@@ -165,7 +169,7 @@ function body(host: IHostView, props: IHostSectionProps): VirtualElement[] {
     out.push(
       h.div(
         { className: `${C}-host-cards` },
-        ...host.cards.map(c => hostCard(c, host.admin))
+        ...host.cards.map(c => hostCard(c))
       )
     );
   }
@@ -234,7 +238,7 @@ function hostError(err: IModelError): VirtualElement {
     ? notice(
         'error',
         'This server has no host view',
-        'It does not answer /api/gpushare/host (404): its jupyter-gpushare is older than this sidebar.'
+        'It does not answer /api/gpushare/host (404): its jupyter-gpushare does not match this sidebar.'
       )
     : notice('error', 'The host view is unavailable', err.message, 'Retrying…');
 }

@@ -3,16 +3,8 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { EventCursor, ReplyGuard } from './guard';
-import { GpuShareError, requestAPI } from './request';
-import { findKernel } from './state';
-import type {
-  ICardsReply,
-  IConfig,
-  IEvent,
-  IHostView,
-  IKernel,
-  IQueueEntry
-} from './types';
+import { GpuShareError, requestAPI, requestState } from './request';
+import type { IEvent, IHostView, IKernel, IState } from './types';
 
 /** What the user chose in the settings (schema/plugin.json). */
 export interface ISettings {
@@ -21,7 +13,6 @@ export interface ISettings {
   showCards: boolean;
   showFrameworks: boolean;
   notifications: boolean;
-  nearQuotaPercent: number;
 }
 
 export const DEFAULT_SETTINGS: ISettings = {
@@ -29,9 +20,15 @@ export const DEFAULT_SETTINGS: ISettings = {
   showStatusBar: true,
   showCards: true,
   showFrameworks: true,
-  notifications: true,
-  nearQuotaPercent: 90
+  notifications: true
 };
+
+/** How often the state is read while nothing on screen needs it fast (changes are pushed anyway). */
+export const SLOW_INTERVAL_MS = 30 * 1000;
+
+/** The server's event bus announces a state change with this schema (state.py, STATE_SCHEMA). */
+export const STATE_SCHEMA =
+  'https://jupyter-gpushare.org/events/state-changed/v1';
 
 /** Why there is nothing to show. */
 export type ErrorKind = 'missing' | 'forbidden' | 'unreachable' | 'server';
@@ -41,20 +38,10 @@ export interface IModelError {
   message: string;
 }
 
-/** The notebook (or console) in front: its kernel id once known, and its path. */
-export interface ICurrent {
-  kernelId: string | null;
-  path: string | null;
-  /** The widget has a session context (it can run a kernel). */
-  hasSession: boolean;
-}
-
-/** Everything the panel and the status bar show; replaced as a whole on each refresh. */
+/** Everything the panel, the status bar, the banner and the notifications show. */
 export interface ISnapshot {
-  cards: ICardsReply | null;
-  kernels: IKernel[];
-  queue: IQueueEntry[];
-  config: IConfig | null;
+  /** GET /api/gpushare/state: the server's judgment of every kernel and card (null before the first reply). */
+  state: IState | null;
   error: IModelError | null;
   /** Client time of the last good refresh (ms). */
   updated: number | null;
@@ -78,26 +65,44 @@ function modelError(error: unknown): IModelError {
   return { kind, message: e.message ?? String(e) };
 }
 
+/** Something that receives the server's events (JupyterLab's serviceManager.events). */
+export interface IEventStream {
+  stream: ISignal<any, { schema_id?: string; [key: string]: unknown }>;
+}
+
 /**
- * Polls /api/gpushare/ and holds the latest snapshot. One poll serves the panel,
- * the status bar and the notifications.
+ * The server's state, read as one versioned reply (GET /api/gpushare/state with If-None-Match: an unchanged
+ * state costs a 304) and re-read at once when the server announces a change on its event bus. Between
+ * announcements it is polled: fast (the refresh interval) only while something on screen needs live figures
+ * (the open panel, a kernel of this user waiting for a GPU), else every 30 s; never while the page is hidden.
  */
 export class GpuShareModel {
-  constructor(serverSettings: ServerConnection.ISettings) {
+  constructor(
+    serverSettings: ServerConnection.ISettings,
+    events?: IEventStream | null
+  ) {
     this.serverSettings = serverSettings;
     this._poll = new Poll({
       factory: () => this._refresh(),
-      frequency: {
-        interval: this._settings.refreshInterval,
-        backoff: true,
-        max: 60 * 1000
-      },
-      name: 'jupyter-gpushare:refresh',
+      frequency: { interval: SLOW_INTERVAL_MS, backoff: true, max: 60 * 1000 },
+      name: 'jupyter-gpushare:state',
       standby: 'when-hidden'
     });
+    events?.stream.connect((_, event) => {
+      if (event?.schema_id === STATE_SCHEMA) {
+        this.announcements++;
+        void this._poll.refresh();
+      }
+    }, this);
   }
 
   readonly serverSettings: ServerConnection.ISettings;
+
+  /** State changes announced by the server (for tests). */
+  announcements = 0;
+
+  /** Requests made for the state (for tests: an idle tab makes few). */
+  requests = 0;
 
   get changed(): ISignal<this, void> {
     return this._changed;
@@ -112,78 +117,25 @@ export class GpuShareModel {
     return this._snapshot;
   }
 
+  /** This server's kernels as the server judges them. */
+  get kernels(): IKernel[] {
+    return this._snapshot.state?.kernels ?? [];
+  }
+
+  kernel(kernelId: string | null | undefined): IKernel | undefined {
+    return kernelId
+      ? this.kernels.find(k => k.kernel_id === kernelId)
+      : undefined;
+  }
+
   get settings(): ISettings {
     return this._settings;
   }
 
   set settings(value: ISettings) {
-    const old = this._settings;
     this._settings = { ...DEFAULT_SETTINGS, ...value };
-    if (old.refreshInterval !== this._settings.refreshInterval) {
-      this._poll.frequency = {
-        ...this._poll.frequency,
-        interval: this._settings.refreshInterval
-      };
-      void this._poll.refresh();
-    }
+    this._pace();
     this._changed.emit();
-  }
-
-  get current(): ICurrent {
-    return this._current;
-  }
-
-  /** The current notebook changed (or its kernel did). */
-  setCurrent(current: ICurrent): void {
-    const same =
-      current.kernelId === this._current.kernelId &&
-      current.path === this._current.path &&
-      current.hasSession === this._current.hasSession;
-    this._current = current;
-    this._guard.setCurrent(current.kernelId);
-    if (!same) {
-      this._changed.emit();
-      void this.refreshCurrent();
-    }
-  }
-
-  /** The current notebook's kernel record, if the server has one. */
-  get currentKernel(): IKernel | undefined {
-    return findKernel(
-      this._snapshot.kernels,
-      this._current.kernelId,
-      this._current.path
-    );
-  }
-
-  /**
-   * Ask for the current kernel alone (quick update after a switch). A reply
-   * that comes after the user moved to another kernel is dropped.
-   */
-  async refreshCurrent(): Promise<void> {
-    const id = this._current.kernelId;
-    if (!id || this._snapshot.error) {
-      return;
-    }
-    const ticket = this._guard.ticket();
-    let kernel: IKernel | null = null;
-    try {
-      kernel = await requestAPI<IKernel>(
-        `kernels/${encodeURIComponent(id)}`,
-        this.serverSettings
-      );
-    } catch {
-      return; // not (yet) known to the server: the poll will tell
-    }
-    if (!this._guard.accept(ticket) || !kernel) {
-      this.droppedReplies++;
-      return;
-    }
-    const kernels = this._snapshot.kernels.filter(
-      k => k.kernel_id !== kernel!.kernel_id
-    );
-    kernels.push(kernel);
-    this._update({ ...this._snapshot, kernels });
   }
 
   /** Refresh now (after an action). */
@@ -212,9 +164,6 @@ export class GpuShareModel {
     void this.refresh();
   }
 
-  /** Replies dropped because their kernel was no longer current (for tests). */
-  droppedReplies = 0;
-
   /** The "This host" section is open: /host is read with each refresh. */
   get hostOpen(): boolean {
     return this._hostOpen;
@@ -229,17 +178,43 @@ export class GpuShareModel {
     this._changed.emit();
   }
 
-  /** The panel is on screen (the host view is read only then). */
+  /** The panel is on screen: figures are read fast, and the host view too when open. */
   setPanelVisible(visible: boolean): void {
     if (visible !== this._panelVisible) {
       this._panelVisible = visible;
       this._watchHost();
+      this._pace();
+      if (visible) {
+        void this.refresh();
+      }
     }
+  }
+
+  /** Something else on screen needs live figures for a while (e.g. the queued banner). */
+  setWatching(who: string, watching: boolean): void {
+    if (watching) {
+      this._watchers.add(who);
+    } else {
+      this._watchers.delete(who);
+    }
+    this._pace();
   }
 
   dispose(): void {
     this._poll.dispose();
     Signal.clearData(this);
+  }
+
+  /** Fast while the panel is shown, something watches, or a kernel of this user waits or starts. */
+  private _pace(): void {
+    const waiting = this.kernels.some(
+      k => k.state === 'queued' || k.state === 'starting'
+    );
+    const fast = this._panelVisible || this._watchers.size > 0 || waiting;
+    const interval = fast ? this._settings.refreshInterval : SLOW_INTERVAL_MS;
+    if (this._poll.frequency.interval !== interval) {
+      this._poll.frequency = { ...this._poll.frequency, interval };
+    }
   }
 
   /** Start or stop reading /host; a reply that comes after a change is dropped. */
@@ -274,86 +249,57 @@ export class GpuShareModel {
   }
 
   private async _refresh(): Promise<void> {
-    const s = this.serverSettings;
-    // The host view is read alongside, only while watched. It never rejects, so its errors
-    // (e.g. 503 while the broker is down) neither fail this refresh nor back the poll off;
-    // the next tick waits for it, so slow replies do not pile up.
-    const host = this._refreshHost();
+    const host = this._refreshHost(); // never rejects; the next tick waits for it
     try {
-      const first = this._snapshot.config === null;
-      const [cards, kernels, queue, config, events] = await Promise.all([
-        requestAPI<ICardsReply>('cards', s),
-        requestAPI<{ kernels: IKernel[] }>('kernels', s),
-        requestAPI<{ queue: IQueueEntry[] }>('queue', s),
-        first || this._tick % 20 === 0
-          ? requestAPI<IConfig>('config', s)
-          : Promise.resolve(this._snapshot.config),
-        requestAPI<{ events: IEvent[] }>(
-          `events?since=${this._cursor.since}`,
-          s
-        )
-      ]);
-      this._tick++;
+      this.requests++;
+      const state = await requestState(
+        this.serverSettings,
+        this._snapshot.state
+      );
       this._update({
         ...this._snapshot,
-        cards,
-        kernels: kernels.kernels ?? [],
-        queue: queue.queue ?? [],
-        config,
+        state,
         error: null,
         updated: Date.now()
       });
-      const fresh = this._cursor.take(events.events ?? []);
+      const fresh = this._cursor.take(state.events ?? []);
       if (fresh.length) {
         this._events.emit(fresh);
       }
     } catch (error) {
       this._update({ ...this._snapshot, error: modelError(error) });
       throw error; // the poll backs off
+    } finally {
+      this._pace();
     }
     await host;
   }
 
   private _update(next: ISnapshot): void {
-    const key = JSON.stringify([
-      next.cards,
-      next.kernels,
-      next.queue,
-      next.config,
-      next.error,
-      next.host,
-      next.hostError
-    ]);
+    const changed =
+      next.state?.version !== this._snapshot.state?.version ||
+      next.error?.message !== this._snapshot.error?.message ||
+      next.host !== this._snapshot.host ||
+      next.hostError !== this._snapshot.hostError;
     this._snapshot = next;
-    if (key !== this._lastKey) {
-      this._lastKey = key;
+    if (changed) {
       this._changed.emit();
     }
   }
 
   private _poll: Poll;
-  private _tick = 0;
-  private _lastKey = '';
   private _settings: ISettings = { ...DEFAULT_SETTINGS };
   private _snapshot: ISnapshot = {
-    cards: null,
-    kernels: [],
-    queue: [],
-    config: null,
+    state: null,
     error: null,
     updated: null,
     host: null,
     hostError: null
   };
-  private _current: ICurrent = {
-    kernelId: null,
-    path: null,
-    hasSession: false
-  };
-  private _guard = new ReplyGuard<string>();
   private _hostGuard = new ReplyGuard<string>();
   private _hostOpen = false;
   private _panelVisible = false;
+  private _watchers = new Set<string>();
   private _cursor = new EventCursor();
   private _changed = new Signal<this, void>(this);
   private _events = new Signal<this, IEvent[]>(this);

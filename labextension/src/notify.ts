@@ -1,65 +1,45 @@
 import { Notification } from '@jupyterlab/apputils';
 
-import { basename } from './format';
-import type { IEvent, IKernel } from './types';
-
-export type NotifyType = 'info' | 'success' | 'warning' | 'error';
+import { classifyEvent, eventText } from './state';
+import type { IEvent } from './types';
 
 /**
- * How an event is announced, or null for events that only update the panel
- * (reserved, released, reclaimed, quota requested...).
+ * Announce new events, each once, naming the notebook (never a kernel id); a
+ * notification about a kernel is closed when that kernel goes away.
  */
-export function classifyEvent(kind: string): NotifyType | null {
-  const k = kind.toLowerCase();
-  if (k === 'admitted') {
-    return 'success';
-  }
-  if (k === 'refused' || k.includes('over') || k.includes('failed')) {
-    return 'error';
-  }
-  if (k === 'no-gpu' || k.includes('near') || k.includes('idle')) {
-    return 'warning';
-  }
-  if (
-    k === 'queued' ||
-    k.includes('action') ||
-    k.includes('restart') ||
-    k.includes('shutdown') ||
-    k.includes('shut-down') ||
-    k.includes('kill')
-  ) {
-    return 'warning';
-  }
-  return null;
-}
+export class Notifier {
+  constructor(readonly nameOf: (kernelId: string) => string | null) {}
 
-/** Show each new event once, naming the notebook when the kernel is known. */
-export function notifyEvents(
-  events: IEvent[],
-  kernels: IKernel[],
-  pathOf: (kernelId: string) => string | null
-): number {
-  let shown = 0;
-  for (const e of events) {
-    const type = classifyEvent(e.kind);
-    if (!type) {
-      continue;
+  show(events: IEvent[]): number {
+    let shown = 0;
+    for (const e of events) {
+      const type = classifyEvent(e.kind);
+      if (!type) {
+        continue;
+      }
+      const name = e.kernel_id ? this.nameOf(e.kernel_id) : null;
+      const id = Notification.emit(eventText(e, name), type, {
+        autoClose: type === 'error' ? false : 8000
+      });
+      if (e.kernel_id && e.kind !== 'refused') {
+        const ids = this._byKernel.get(e.kernel_id) ?? [];
+        ids.push(id);
+        this._byKernel.set(e.kernel_id, ids);
+      }
+      shown++;
     }
-    const k = e.kernel_id
-      ? kernels.find(x => x.kernel_id === e.kernel_id)
-      : undefined;
-    const path = (e.kernel_id && pathOf(e.kernel_id)) || k?.path || null;
-    const who = path ? `${basename(path)}: ` : '';
-    const title =
-      e.kind === 'admitted'
-        ? 'GPU ready. '
-        : e.kind === 'refused'
-          ? 'Kernel not started. '
-          : '';
-    Notification.emit(`${who}${title}${e.message}`, type, {
-      autoClose: type === 'error' ? false : 8000
-    });
-    shown++;
+    return shown;
   }
-  return shown;
+
+  /** Close what was said about kernels that are gone. */
+  forget(present: Set<string>): void {
+    for (const [kernelId, ids] of this._byKernel) {
+      if (!present.has(kernelId)) {
+        ids.forEach(id => Notification.dismiss(id));
+        this._byKernel.delete(kernelId);
+      }
+    }
+  }
+
+  private _byKernel = new Map<string, string[]>();
 }

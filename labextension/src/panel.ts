@@ -1,45 +1,34 @@
 import { Widget } from '@lumino/widgets';
 import { h, VirtualDOM, VirtualElement } from '@lumino/virtualdom';
 
+import { IKernelActions } from './actions';
+import { bar, C, cardHead, notice } from './dom';
 import {
-  basename,
-  cardLabel,
   formatDuration,
   formatMiB,
   formatPercent,
   formatUsage,
   isMeasured
 } from './format';
-import { bar, C, cardHead, notice } from './dom';
 import { renderHostSection } from './hostpanel';
-import { GpuShareModel, ISettings, ISnapshot, ICurrent } from './model';
-import { cardSegments, describeState, findKernel, quotaMiB } from './state';
+import { GpuShareModel, ISettings, ISnapshot } from './model';
+import { quotaMiB, statusOf } from './state';
+import { ICurrent, KernelTracker } from './tracker';
 import type { ICard, IKernel } from './types';
 
-/** What the panel's buttons do (index.ts wires them to JupyterLab). */
-export interface IPanelActions {
-  open(kernel: IKernel): void;
-  changeQuota(kernel: IKernel): void;
-  shutdown(kernel: IKernel): void;
-  /** Stop waiting for a GPU (a queued kernel). */
-  stopWaiting(kernel: IKernel): void;
-  refresh(): void;
-  /** Open or close the "This host" section. */
-  toggleHost(): void;
-  /** The notebook path to show for a kernel (from its session when known). */
-  pathOf(kernel: IKernel): string | null;
-}
-
+/** What the panel shows: the server's state, the notebook in front, the user's settings. */
 export interface IPanelView {
   snapshot: ISnapshot;
   current: ICurrent;
+  /** The record of the notebook in front (by kernel id), if any. */
+  currentKernel: IKernel | undefined;
   settings: ISettings;
   /** The "This host" section is open. */
   hostOpen: boolean;
 }
 
-function renderCard(card: ICard, mine: IKernel[]): VirtualElement {
-  const segs = cardSegments(card, mine);
+function renderCard(card: ICard): VirtualElement {
+  const segs = card.segments ?? [];
   const measured = isMeasured(card.used_mib);
   return h.div(
     {
@@ -48,12 +37,14 @@ function renderCard(card: ICard, mine: IKernel[]): VirtualElement {
     },
     cardHead(card, formatMiB(card.total_mib)),
     bar(
-      segs.map(s => ({
-        cls: s.key,
-        mib: s.mib,
-        title: `${s.label}: ${formatMiB(s.mib)}${s.detail ? `, ${s.detail}` : ''}`
-      })),
-      card.total_mib
+      segs.map(s => ({ cls: s.key, mib: s.mib, title: s.title })),
+      card.total_mib,
+      undefined,
+      `${card.label ?? `GPU ${card.index}`}, ${formatMiB(card.total_mib)}: ` +
+        segs
+          .filter(s => s.mib > 0)
+          .map(s => `${s.label} ${formatMiB(s.mib)}`)
+          .join(', ')
     ),
     h.div(
       { className: `${C}-legend` },
@@ -61,7 +52,11 @@ function renderCard(card: ICard, mine: IKernel[]): VirtualElement {
         .filter(s => s.mib > 0 || s.key === 'mine' || s.key === 'free')
         .map(s =>
           h.span(
-            { className: `${C}-legend-item` },
+            {
+              className: `${C}-legend-item`,
+              title: s.title,
+              dataset: { key: s.key }
+            },
             h.span({ className: `${C}-swatch ${C}-seg-${s.key}` }),
             `${s.label} ${formatMiB(s.mib)}`
           )
@@ -71,57 +66,109 @@ function renderCard(card: ICard, mine: IKernel[]): VirtualElement {
       { className: `${C}-card-foot` },
       `${card.kernels} kernel${card.kernels === 1 ? '' : 's'} on this card · ` +
         (measured
-          ? `measured use ${formatMiB(card.used_mib)}, utilisation ${formatPercent(card.utilization)}`
-          : 'usage not measured yet') +
+          ? `in use (measured) ${formatUsage(card.used_mib, card.total_mib)}, utilisation ${formatPercent(card.utilization)}`
+          : 'use not measured yet') +
         (card.allowed ? '' : ' · not used for new kernels')
     )
   );
 }
 
-function quotaBar(k: IKernel, state: string): VirtualElement {
+/** A line at `mib` on a bar of `scale` MiB (the quota or the reservation), drawn to stay visible on any fill. */
+function marker(
+  cls: string,
+  mib: number,
+  scale: number,
+  title: string
+): VirtualElement {
+  return h.div({
+    className: `${C}-marker ${C}-marker-${cls}`,
+    title,
+    style: { left: `${Math.min(100, (100 * mib) / scale).toFixed(2)}%` }
+  });
+}
+
+/**
+ * Use against the kernel's reservation (what the server judges it by): the fill
+ * is the measured use, coloured by the server's severity; a line at the quota,
+ * one at the end of the reservation when use passes it, a tick at the peak.
+ */
+function quotaBar(k: IKernel, severity: string): VirtualElement {
+  const limit = isMeasured(k.reserved_mib) ? k.reserved_mib : null;
   const q = quotaMiB(k);
-  if (q === null) {
+  if (limit === null || q === null) {
     return h.div({ className: `${C}-quota-none` });
   }
   const used = isMeasured(k.used_mib) ? k.used_mib : null;
   const peak = isMeasured(k.peak_mib) ? k.peak_mib : null;
-  const scale = Math.max(q, used ?? 0, peak ?? 0, 1);
+  const scale = Math.max(limit, used ?? 0, peak ?? 0, 1);
   const cls =
-    state === 'over_quota' ? 'over' : state === 'near_quota' ? 'near' : 'used';
-  const peakMark =
-    peak !== null && peak > 0
-      ? h.div({
-          className: `${C}-peak`,
-          title: `peak ${formatMiB(peak)}`,
-          style: { left: `${Math.min(100, (100 * peak) / scale).toFixed(2)}%` }
-        })
-      : undefined;
-  const quotaMark =
-    scale > q
-      ? h.div({
-          className: `${C}-quota-line`,
-          title: `quota ${formatMiB(q)}`,
-          style: { left: `${((100 * q) / scale).toFixed(2)}%` }
-        })
-      : undefined;
+    severity === 'error' ? 'over' : severity === 'warn' ? 'near' : 'used';
+  const marks = [
+    marker('quota', q, scale, `quota ${formatMiB(q)}`),
+    ...(scale > limit
+      ? [marker('limit', limit, scale, `reservation ${formatMiB(limit)}`)]
+      : []),
+    ...(peak !== null && peak > 0
+      ? [marker('peak', peak, scale, `peak ${formatMiB(peak)}`)]
+      : [])
+  ];
   const label =
     used === null
-      ? 'usage not measured yet'
-      : `${formatUsage(used, q)}${peak !== null ? ` · peak ${formatMiB(peak)}` : ''}`;
+      ? `use not measured yet (reservation ${formatMiB(limit)})`
+      : `${formatUsage(used, limit)}${peak !== null ? ` · peak ${formatMiB(peak)}` : ''}`;
   return h.div(
     { className: `${C}-quota` },
-    h.div(
-      { className: `${C}-quota-bar-wrap` },
-      bar(
-        used !== null
-          ? [{ cls, mib: used, title: `using ${formatMiB(used)}` }]
-          : [],
-        scale,
-        peakMark
-      ),
-      ...(quotaMark ? [quotaMark] : [])
+    bar(
+      used !== null
+        ? [{ cls, mib: used, title: `using ${formatMiB(used)}` }]
+        : [],
+      scale,
+      marks,
+      `GPU memory: ${label}, of a reservation of ${formatMiB(limit)} (quota ${formatMiB(q)} + CUDA context)`
     ),
-    h.div({ className: `${C}-quota-label` }, label)
+    h.div(
+      {
+        className: `${C}-quota-label`,
+        title: `of its reservation: quota ${formatMiB(q)} + ${formatMiB(k.reserve_mib)} for the CUDA context`
+      },
+      label
+    )
+  );
+}
+
+/** The kernel's use over the last minutes, with its quota and reservation as lines: how a loop grows. */
+function timeline(k: IKernel): VirtualElement | null {
+  const points = k.history ?? [];
+  const limit = k.reserved_mib;
+  const q = quotaMiB(k);
+  if (points.length < 2 || !isMeasured(limit) || q === null) {
+    return null;
+  }
+  const W = 200;
+  const H = 32;
+  const t0 = points[0][0];
+  const span = Math.max(1, points[points.length - 1][0] - t0);
+  const top = Math.max(limit, ...points.map(p => p[1])) * 1.05;
+  const x = (t: number) => ((t - t0) / span) * W;
+  const y = (mib: number) => H - (mib / top) * H;
+  const peak = Math.max(...points.map(p => p[1]));
+  const line = points
+    .map(p => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`)
+    .join(' ');
+  const svg =
+    `<svg viewBox="0 0 ${W} ${H}" preserveAspectRatio="none" aria-hidden="true">` +
+    `<line class="${C}-tl-limit" x1="0" x2="${W}" y1="${y(limit).toFixed(1)}" y2="${y(limit).toFixed(1)}"/>` +
+    `<line class="${C}-tl-quota" x1="0" x2="${W}" y1="${y(q).toFixed(1)}" y2="${y(q).toFixed(1)}"/>` +
+    `<polyline class="${C}-tl-use" points="${line}"/></svg>`;
+  const minutes = formatDuration(span);
+  return h.div(
+    {
+      className: `${C}-timeline`,
+      role: 'img',
+      'aria-label': `GPU memory over the last ${minutes}: from ${formatMiB(points[0][1])} to ${formatMiB(points[points.length - 1][1])}, peak ${formatMiB(peak)}, quota ${formatMiB(q)}`,
+      title: `Use over the last ${minutes} (peak ${formatMiB(peak)}); lines: quota ${formatMiB(q)}, reservation ${formatMiB(limit)}`
+    },
+    h.div({ className: `${C}-timeline-svg`, dataset: { svg } })
   );
 }
 
@@ -153,40 +200,88 @@ function frameworks(k: IKernel): VirtualElement | null {
   );
 }
 
+function button(
+  cls: string,
+  text: string,
+  label: string,
+  onclick: () => void
+): VirtualElement {
+  return h.button(
+    {
+      className: `jp-Button ${C}-btn ${C}-${cls}`,
+      title: label,
+      'aria-label': label,
+      onclick
+    },
+    text
+  );
+}
+
 function renderKernel(
   k: IKernel,
   isCurrent: boolean,
   view: IPanelView,
-  actions: IPanelActions
+  actions: IKernelActions
 ): VirtualElement {
-  const s = describeState(k, view.settings.nearQuotaPercent / 100);
-  const path = actions.pathOf(k);
-  const name =
-    basename(path) || `${k.kernel_name} kernel ${k.kernel_id.slice(0, 8)}`;
+  const s = statusOf(k);
+  const name = actions.nameOf(k);
   const where = k.card
-    ? cardLabel(k.card)
+    ? (k.card.label ?? `GPU ${k.card.index}`)
     : k.state === 'queued'
       ? 'waiting'
       : 'no card';
   const quota = k.quota ? `quota ${k.quota}` : '';
   const reserve =
     isMeasured(k.reserve_mib) && isMeasured(k.reserved_mib)
-      ? ` + ${formatMiB(k.reserve_mib)} CUDA context = ${formatMiB(k.reserved_mib)} held`
+      ? ` + ${formatMiB(k.reserve_mib)} CUDA context = ${formatMiB(k.reserved_mib)} reserved`
       : '';
-  const canAct = k.state !== 'none';
   const fw = view.settings.showFrameworks ? frameworks(k) : null;
+  const tl =
+    k.state === 'queued' || k.state === 'starting' ? null : timeline(k);
+  const act: VirtualElement[] = [];
+  if (k.state !== 'none' && k.state !== 'queued') {
+    act.push(
+      button(
+        'quota-btn',
+        'Change quota…',
+        `Change the GPU quota of ${name} (restarts it)`,
+        () => void actions.changeQuota(k)
+      )
+    );
+  }
+  act.push(
+    k.state === 'queued'
+      ? button(
+          'stop-btn',
+          'Stop waiting',
+          `Stop waiting for a GPU for ${name}`,
+          () => void actions.stopWaiting(k)
+        )
+      : button(
+          'shutdown-btn',
+          'Shut down',
+          `Shut down ${name}`,
+          () => void actions.shutdown(k)
+        )
+  );
   return h.li(
     {
-      className: `${C}-kernel ${C}-state-${s.state}${isCurrent ? ` ${C}-current` : ''}`,
-      dataset: { kernelId: k.kernel_id, state: s.state }
+      className: `${C}-kernel ${C}-state-${k.state}${isCurrent ? ` ${C}-current` : ''}`,
+      dataset: {
+        kernelId: k.kernel_id,
+        state: String(k.state),
+        severity: s.severity
+      },
+      'aria-current': isCurrent ? 'true' : undefined
     },
     h.div(
       { className: `${C}-kernel-head` },
-      path
+      k.path
         ? h.button(
             {
               className: `${C}-link`,
-              title: `Open ${path}`,
+              title: `Open ${k.path}`,
+              'aria-label': `Open ${name}`,
               onclick: () => actions.open(k)
             },
             name
@@ -209,7 +304,8 @@ function renderKernel(
     ),
     ...(k.state === 'queued' || k.state === 'starting'
       ? []
-      : [quotaBar(k, s.state)]),
+      : [quotaBar(k, s.severity)]),
+    ...(tl ? [tl] : []),
     ...(isMeasured(k.utilization)
       ? [
           h.div(
@@ -219,69 +315,84 @@ function renderKernel(
         ]
       : []),
     ...(fw ? [fw] : []),
-    ...(s.state !== 'running'
+    ...(s.severity !== 'ok'
       ? [
           h.div(
             { className: `${C}-kernel-detail ${C}-sev-text-${s.severity}` },
-            s.detail +
-              (k.state === 'queued' && isMeasured(k.waited_s)
-                ? ` Waited ${formatDuration(k.waited_s)}.`
-                : '')
+            s.detail
           )
         ]
       : []),
-    h.div(
-      { className: `${C}-actions` },
-      ...(canAct && k.state !== 'queued'
-        ? [
-            h.button(
-              {
-                className: `jp-Button ${C}-btn ${C}-quota-btn`,
-                title:
-                  'Ask for another quota; the kernel restarts (its state is lost)',
-                onclick: () => actions.changeQuota(k)
-              },
-              'Change quota…'
-            )
-          ]
-        : []),
-      ...(k.state === 'queued'
-        ? [
-            h.button(
-              {
-                className: `jp-Button ${C}-btn ${C}-stop-btn`,
-                title: 'Stop waiting for a GPU: the kernel is not started',
-                onclick: () => actions.stopWaiting(k)
-              },
-              'Stop waiting'
-            )
-          ]
-        : [
-            h.button(
-              {
-                className: `jp-Button ${C}-btn ${C}-shutdown-btn`,
-                title: 'Shut this kernel down and give its GPU memory back',
-                onclick: () => actions.shutdown(k)
-              },
-              'Shut down'
-            )
-          ])
-    )
+    h.div({ className: `${C}-actions` }, ...act)
   );
 }
 
-/** The panel's content for one snapshot (a pure function of the view). */
+function renderStatus(snapshot: ISnapshot): VirtualElement[] {
+  const err = snapshot.error;
+  const state = snapshot.state;
+  if (err && (err.kind === 'missing' || state === null)) {
+    return [
+      err.kind === 'missing'
+        ? notice(
+            'error',
+            'The GPU quota server extension is not running',
+            'This Jupyter server does not answer /api/gpushare/ (404). Ask the admin to install jupyter-gpushare in the server’s environment and enable it (jupyter server extension enable jupyter_gpushare), then restart Jupyter.'
+          )
+        : notice('error', 'GPU quotas cannot be read', err.message, 'Retrying…')
+    ];
+  }
+  const out: VirtualElement[] = [];
+  if (err) {
+    out.push(
+      notice('warn', 'Showing the last known figures', err.message, 'Retrying…')
+    );
+  }
+  if (state === null) {
+    out.push(h.div({ className: `${C}-loading` }, 'Loading…'));
+    return out;
+  }
+  if (state.backend === 'none' || state.cards.length === 0) {
+    out.push(
+      notice(
+        'info',
+        'No GPU on this server',
+        state.reason ?? 'No GPU was found.',
+        'Notebooks run on the CPU here.'
+      )
+    );
+  } else if (state.simulated) {
+    out.push(
+      notice(
+        'info',
+        'Simulated card',
+        'These cards are simulated: quotas and queueing behave as on a real GPU, but there is no GPU memory behind them. In a notebook, gpushare_simulate.use("1.5GiB") pretends use.'
+      )
+    );
+  }
+  if (state.ledger?.error) {
+    out.push(
+      notice(
+        'error',
+        'Reservations are unavailable',
+        state.ledger.error,
+        'New kernels start without a GPU until the admin fixes this.'
+      )
+    );
+  }
+  return out;
+}
+
+/** The panel's content for one view (a pure function of it). */
 export function renderPanel(
   view: IPanelView,
-  actions: IPanelActions
+  actions: IKernelActions
 ): VirtualElement[] {
   const { snapshot, current, settings } = view;
-  const out: VirtualElement[] = [];
-  out.push(
+  const out: VirtualElement[] = [
     h.div(
       { className: `${C}-header` },
       h.span({ className: `${C}-title` }, 'GPU memory'),
-      ...(snapshot.cards?.simulated
+      ...(snapshot.state?.simulated
         ? [
             h.span(
               { className: `${C}-badge ${C}-sev-info ${C}-simulated` },
@@ -289,82 +400,23 @@ export function renderPanel(
             )
           ]
         : []),
-      h.button(
-        {
-          className: `jp-Button ${C}-btn ${C}-refresh`,
-          title: 'Refresh now',
-          onclick: () => actions.refresh()
-        },
-        '↻'
+      button('refresh', '↻', 'Refresh GPU memory quotas now', () =>
+        actions.refresh()
       )
-    )
-  );
-  const err = snapshot.error;
-  if (err && (err.kind === 'missing' || snapshot.cards === null)) {
-    if (err.kind === 'missing') {
-      out.push(
-        notice(
-          'error',
-          'The GPU quota server extension is not running',
-          'This Jupyter server does not answer /api/gpushare/ (404). Ask the admin to install jupyter-gpushare in the server’s environment and enable it (jupyter server extension enable jupyter_gpushare), then restart Jupyter.'
-        )
-      );
-    } else {
-      out.push(
-        notice('error', 'GPU quotas cannot be read', err.message, 'Retrying…')
-      );
-    }
+    ),
+    ...renderStatus(snapshot)
+  ];
+  const state = snapshot.state;
+  if (state === null || (snapshot.error && snapshot.error.kind === 'missing')) {
     return out;
   }
-  if (err) {
+  if (settings.showCards && state.cards.length) {
     out.push(
-      notice('warn', 'Showing the last known figures', err.message, 'Retrying…')
+      h.div({ className: `${C}-cards` }, ...state.cards.map(renderCard))
     );
   }
-  const cards = snapshot.cards;
-  if (cards === null) {
-    out.push(h.div({ className: `${C}-loading` }, 'Loading…'));
-    return out;
-  }
-  if (cards.backend === 'none' || cards.cards.length === 0) {
-    out.push(
-      notice(
-        'info',
-        'No GPU on this server',
-        cards.reason ?? 'No GPU was found.',
-        'Notebooks run on the CPU here.'
-      )
-    );
-  } else if (cards.simulated) {
-    out.push(
-      notice(
-        'info',
-        'Simulated card',
-        'These cards are simulated: quotas and queueing behave as on a real GPU, but there is no GPU memory behind them.'
-      )
-    );
-  }
-  if (cards.ledger?.error) {
-    out.push(
-      notice(
-        'error',
-        'Reservations are unavailable',
-        cards.ledger.error,
-        'New kernels start without a GPU until the admin fixes this.'
-      )
-    );
-  }
-  const kernels = snapshot.kernels;
-  if (settings.showCards && cards.cards.length) {
-    out.push(
-      h.div(
-        { className: `${C}-cards` },
-        ...cards.cards.map(c => renderCard(c, kernels))
-      )
-    );
-  }
-  const waiting = snapshot.queue.length;
-  const mineWaiting = snapshot.queue.filter(q => q.mine).length;
+  const waiting = state.queue.length;
+  const mineWaiting = state.queue.filter(q => q.mine).length;
   if (waiting) {
     out.push(
       h.div(
@@ -374,8 +426,8 @@ export function renderPanel(
       )
     );
   }
-  // The notebook in front.
-  const mine = findKernel(kernels, current.kernelId, current.path);
+  const kernels = state.kernels;
+  const mine = view.currentKernel;
   if (current.hasSession && !mine) {
     out.push(
       notice(
@@ -385,59 +437,53 @@ export function renderPanel(
           : 'This notebook’s kernel is not started',
         current.kernelId
           ? 'The server did not give this kernel a quota (it may have started before the extension, or be shutting down).'
-          : 'Start its kernel (Kernel › Restart, or run a cell) to reserve GPU memory.'
+          : 'Run a cell (or Kernel › Restart) to start its kernel and reserve GPU memory.'
       )
     );
   }
-  const sorted = [...kernels].sort((a, b) => {
-    const ac = a === mine ? 0 : 1;
-    const bc = b === mine ? 0 : 1;
-    return ac - bc || (a.since ?? 0) - (b.since ?? 0);
-  });
+  const sorted = [...kernels].sort(
+    (a, b) =>
+      (a === mine ? 0 : 1) - (b === mine ? 0 : 1) ||
+      (a.since ?? 0) - (b.since ?? 0)
+  );
   out.push(
     h.div({ className: `${C}-section-title` }, `My kernels (${kernels.length})`)
   );
-  if (kernels.length === 0) {
-    out.push(
-      h.div(
-        { className: `${C}-empty` },
-        'No kernel holds or waits for GPU memory. Open a notebook to start one.'
-      )
-    );
-  } else {
-    out.push(
-      h.ul(
-        { className: `${C}-kernels` },
-        ...sorted.map(k => renderKernel(k, k === mine, view, actions))
-      )
-    );
-  }
-  const cfg = snapshot.config;
-  if (cfg) {
-    out.push(
-      h.div(
-        { className: `${C}-config` },
-        `Default quota ${cfg.default_quota ?? '–'}` +
-          (cfg.max_quota ? `, at most ${cfg.max_quota}` : '') +
-          (isMeasured(cfg.context_reserve_mib)
-            ? `; each kernel also reserves ${formatMiB(cfg.context_reserve_mib)} for its CUDA context`
-            : '') +
-          (cfg.on_full === 'queue'
-            ? '; when the GPU is full, kernels wait in line.'
-            : cfg.on_full === 'cpu'
-              ? '; when the GPU is full, kernels start on the CPU.'
-              : cfg.on_full === 'reject'
-                ? '; when the GPU is full, kernels are refused.'
-                : '.')
-      )
-    );
-  }
+  out.push(
+    kernels.length === 0
+      ? h.div(
+          { className: `${C}-empty` },
+          'No kernel holds or waits for GPU memory. Open a notebook to start one.'
+        )
+      : h.ul(
+          { className: `${C}-kernels` },
+          ...sorted.map(k => renderKernel(k, k === mine, view, actions))
+        )
+  );
+  const cfg = state.config;
+  out.push(
+    h.div(
+      { className: `${C}-config` },
+      `Default quota ${cfg.default_quota ?? '–'}` +
+        (cfg.max_quota ? `, at most ${cfg.max_quota}` : '') +
+        (isMeasured(cfg.context_reserve_mib)
+          ? `; each kernel also reserves ${formatMiB(cfg.context_reserve_mib)} for its CUDA context`
+          : '') +
+        (
+          {
+            queue: '; when the GPU is full, kernels wait in line.',
+            cpu: '; when the GPU is full, kernels start on the CPU.',
+            reject: '; when the GPU is full, kernels are refused.'
+          } as Record<string, string>
+        )[cfg.on_full ?? ''] ?? '.'
+    )
+  );
   out.push(
     renderHostSection({
       snapshot,
       open: view.hostOpen,
       toggle: () => actions.toggleHost(),
-      pathOf: k => actions.pathOf(k)
+      nameOf: k => actions.nameOf(k)
     })
   );
   return out;
@@ -447,13 +493,15 @@ export function renderPanel(
 export class GpuSharePanel extends Widget {
   constructor(
     readonly model: GpuShareModel,
-    readonly actions: IPanelActions
+    readonly tracker: KernelTracker,
+    readonly actions: IKernelActions
   ) {
     super();
     this.addClass(C);
     this.node.setAttribute('role', 'region');
     this.node.setAttribute('aria-label', 'GPU memory quotas');
     model.changed.connect(this._schedule, this);
+    tracker.changed.connect(this._schedule, this);
   }
 
   /** Milliseconds the last render took (virtual DOM diff + layout). */
@@ -464,11 +512,20 @@ export class GpuSharePanel extends Widget {
     const t0 = performance.now();
     const v: IPanelView = view ?? {
       snapshot: this.model.snapshot,
-      current: this.model.current,
+      current: this.tracker.current,
+      currentKernel: this.tracker.currentKernel,
       settings: this.model.settings,
       hostOpen: this.model.hostOpen
     };
     VirtualDOM.render(renderPanel(v, this.actions), this.node);
+    for (const el of Array.from(
+      this.node.querySelectorAll<HTMLElement>(`.${C}-timeline-svg`)
+    )) {
+      if (el.dataset.svg !== el.dataset.drawn) {
+        el.innerHTML = el.dataset.svg ?? ''; // our own markup of numbers only (virtualdom has no SVG)
+        el.dataset.drawn = el.dataset.svg;
+      }
+    }
     void this.node.offsetHeight; // force layout so that it is counted
     this.lastRenderMs = performance.now() - t0;
     this.node.dataset.renderMs = this.lastRenderMs.toFixed(2);

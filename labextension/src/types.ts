@@ -17,12 +17,25 @@ export interface ICardRef {
   simulated: boolean;
 }
 
+/** A part of a card's memory as the server splits it (state.py card_segments): they add up to the card. */
+export interface ISegment {
+  key: 'mine' | 'others' | 'outside' | 'headroom' | 'free';
+  label: string;
+  mib: number;
+  /** The tooltip: the figure and what it is. */
+  title: string;
+}
+
 export interface ICard extends ICardRef {
   usable_mib: number;
   reserved_mib: number;
   unreserved_mib: number;
   kernels: number;
   allowed: boolean;
+  /** What this server's own kernels reserve on it (GET /state). */
+  mine_reserved_mib?: number;
+  /** The card's memory as the bar shows it (GET /state). */
+  segments?: ISegment[];
   // sampler
   used_mib?: number | null;
   used_by_kernels_mib?: number | null;
@@ -55,7 +68,17 @@ export type KernelState =
   | 'over_quota'
   | 'idle'
   | 'cpu'
-  | 'none';
+  | 'none'
+  | 'failed';
+
+/** The server's words for a kernel's state: the panel, the status bar and the notifications all say these. */
+export interface IStatus {
+  /** Short badge text, e.g. "queued #2". */
+  label: string;
+  /** One sentence, with the figures. */
+  detail: string;
+  severity: 'ok' | 'info' | 'warn' | 'error' | 'muted';
+}
 
 export interface IKernel {
   kernel_id: string;
@@ -74,7 +97,13 @@ export interface IKernel {
   need_mib?: number | null;
   free_mib?: number | null;
   waited_s?: number | null;
+  /** How much longer a queued kernel may wait before its start is refused (null: no limit). */
+  wait_left_s?: number | null;
   reason?: string | null;
+  /** The server's judgment in words (GET /state). */
+  status?: IStatus;
+  /** Recent use, [unix time, MiB] oldest first (GET /state). */
+  history?: [number, number][];
   pid?: number | null;
   since?: number;
   // sampler
@@ -96,13 +125,18 @@ export interface IEvent {
   time: number;
   kind: string;
   kernel_id?: string | null;
+  /** The kernel's notebook when the event happened (the kernel may be gone since). */
+  path?: string | null;
   message: string;
+  /** What to do, said first in a notification. */
+  advice?: string;
   [figure: string]: unknown;
 }
 
 export interface IConfig {
   default_quota?: string;
   max_quota?: string | null;
+  min_quota?: string;
   context_reserve_mib?: number;
   card_headroom?: string;
   on_full?: 'queue' | 'cpu' | 'reject' | string;
@@ -121,6 +155,8 @@ export interface IUserLimits {
 
 /** A card as GET /host shows it: everyone's reservations, split into mine and others'. */
 export interface IHostCard extends ICardRef {
+  /** The card's memory as the server splits it (the same words as the panel's cards). */
+  segments?: ISegment[];
   usable_mib: number;
   reserved_mib: number;
   unreserved_mib: number;
@@ -173,4 +209,24 @@ export interface IHostView {
   users?: IHostUser[];
   kernels: IHostKernel[];
   queue: IHostQueueEntry[];
+}
+
+/** GET /api/gpushare/state: everything the sidebar, status bar and notifications show, judged by the server. */
+export interface IState {
+  version: string;
+  backend: 'nvml' | 'simulated' | 'none' | string;
+  simulated: boolean;
+  reason?: string | null;
+  ledger?: {
+    path?: string | null;
+    broker?: string | null;
+    error?: string | null;
+    replaced?: string | null;
+  };
+  cards: ICard[];
+  kernels: IKernel[];
+  queue: IQueueEntry[];
+  events: IEvent[];
+  config: IConfig;
+  sampler?: { time?: number | null; error?: string | null };
 }

@@ -3,7 +3,6 @@ import { test } from 'node:test';
 
 import {
   hasLimits,
-  hostCardSegments,
   hostKernelRows,
   limitsText,
   limitsUse,
@@ -56,60 +55,6 @@ function view(over: Partial<IHostView> = {}): IHostView {
     ...over
   };
 }
-
-const sum = (xs: { mib: number }[]) => xs.reduce((s, x) => s + x.mib, 0);
-
-test('host card: yours, other users, kept free, unreserved; they sum to the card', () => {
-  const segs = hostCardSegments(card);
-  assert.deepEqual(
-    segs.map(s => [s.key, s.mib]),
-    [
-      ['mine', 2560],
-      ['others', 2560],
-      ['headroom', 1024],
-      ['free', 4096]
-    ]
-  );
-  assert.equal(sum(segs), card.total_mib);
-  assert.deepEqual(
-    segs.map(s => s.label),
-    ['yours', 'other users', 'kept free by the admin', 'unreserved']
-  );
-  // tooltips give the figure in GiB and say what it is
-  assert.match(segs[0].title, /^Yours: 2\.5 GiB reserved by your kernels/);
-  assert.match(segs[1].title, /^Other users: 2\.5 GiB .*not shown/);
-  assert.match(segs[3].title, /^Unreserved: 4\.0 GiB/);
-  assert.match(hostCardSegments(card, true)[1].title, /kernel table/);
-});
-
-test('host card: figures past the card are clamped, never more than its total', () => {
-  const over: IHostCard = {
-    ...card,
-    mine_reserved_mib: 6000,
-    others_reserved_mib: 6000,
-    unreserved_mib: 0
-  };
-  const segs = hostCardSegments(over);
-  assert.equal(sum(segs), over.total_mib);
-  assert.deepEqual(
-    segs.map(s => s.mib),
-    [6000, 4240, 0, 0]
-  );
-  assert.ok(segs.every(s => s.mib >= 0));
-  // an empty card: all unreserved (no headroom)
-  const empty = hostCardSegments({
-    ...card,
-    usable_mib: 10240,
-    reserved_mib: 0,
-    unreserved_mib: 10240,
-    mine_reserved_mib: 0,
-    others_reserved_mib: 0
-  });
-  assert.deepEqual(
-    empty.map(s => s.mib),
-    [0, 0, 0, 10240]
-  );
-});
 
 test('limits in one phrase, only those set', () => {
   assert.equal(

@@ -1,13 +1,17 @@
 import { Widget } from '@lumino/widgets';
 
 import { GpuShareModel } from './model';
-import { quotaMiB, statusText, statusTitle } from './state';
-import { isMeasured } from './format';
+import { statusOf, statusText, statusTitle } from './state';
+import { KernelTracker } from './tracker';
 
-/** "GPU 1.2 / 4.0 GiB" for the notebook in front; click to open the panel. */
+/**
+ * "GPU 1.2 / 4.6 GiB" for the notebook in front (use against its reservation, as the server judges it), its
+ * colour the server's severity, its tooltip the server's sentence; click to open the panel.
+ */
 export class GpuStatusItem extends Widget {
   constructor(
     readonly model: GpuShareModel,
+    readonly tracker: KernelTracker,
     onClick: () => void
   ) {
     super({ node: document.createElement('div') });
@@ -21,6 +25,7 @@ export class GpuStatusItem extends Widget {
       }
     });
     model.changed.connect(this.update, this);
+    tracker.changed.connect(this.update, this);
     this.update();
   }
 
@@ -29,35 +34,26 @@ export class GpuStatusItem extends Widget {
     const m = this.model;
     return (
       m.settings.showStatusBar &&
-      m.current.hasSession &&
+      this.tracker.current.hasSession &&
       (m.snapshot.error?.kind ?? '') !== 'missing'
     );
   }
 
   update(): void {
-    const m = this.model;
-    const k = m.currentKernel;
+    const k = this.tracker.currentKernel;
     const text = statusText(k, {
-      backend: m.snapshot.cards?.backend,
-      hasKernel: !!m.current.kernelId
+      backend: this.model.snapshot.state?.backend,
+      hasKernel: !!this.tracker.current.kernelId
     });
     if (this.node.textContent !== text) {
       this.node.textContent = text;
     }
     this.node.title = statusTitle(k);
-    const q = k ? quotaMiB(k) : null;
-    const level =
-      k && isMeasured(k.used_mib) && q
-        ? k.used_mib > q
-          ? 'over'
-          : k.used_mib >= (q * m.settings.nearQuotaPercent) / 100
-            ? 'near'
-            : 'ok'
-        : k?.state === 'queued'
-          ? 'queued'
-          : k?.state === 'cpu'
-            ? 'cpu'
-            : 'ok';
-    this.node.dataset.level = level;
+    this.node.setAttribute(
+      'aria-label',
+      `${this.node.title} Show GPU memory quotas.`
+    );
+    this.node.dataset.severity = k ? statusOf(k).severity : 'muted';
+    this.node.dataset.state = k ? String(k.state) : 'none';
   }
 }

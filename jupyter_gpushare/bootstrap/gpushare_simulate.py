@@ -1,0 +1,43 @@
+"""Pretend GPU memory use on a simulated card (a machine without a GPU), to try the quota flow.
+
+In a kernel started on a simulated card::
+
+    import gpushare_simulate
+    gpushare_simulate.use("1.5GiB")   # this process now "uses" 1.5 GiB: the sidebar shows it, the policies judge it
+    gpushare_simulate.use(0)          # and now nothing
+
+Nothing is allocated: the server's simulated card reads what each kernel process says it uses (a small file
+next to the kernel's reports) and shows it as measured use. On a real GPU this module refuses to run.
+Standard library only (the kernel's environment may not have jupyter-gpushare).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+_UNITS = {"": 1, "m": 1, "mib": 1, "mb": 1, "g": 1024, "gib": 1024, "gb": 1024}
+
+
+def _mib(size: object) -> int:
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(size), re.ASCII)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"{size!r} is not a size; write e.g. '1.5GiB' or 512 (MiB).")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def use(size: object) -> None:
+    """Say that this process uses ``size`` of its simulated card ('1.5GiB', '512MiB', or MiB as an int)."""
+    if os.environ.get("GPUSHARE_SIMULATED") != "1":
+        raise RuntimeError("gpushare_simulate works only in a kernel on a simulated card; this one is not.")
+    mib = _mib(size)
+    if not 0 <= mib <= 1 << 30:
+        raise ValueError(f"{size!r} is not a size a card could hold.")
+    path = os.path.join(
+        os.environ["GPUSHARE_REPORT_DIR"], f"{os.environ['GPUSHARE_KERNEL_ID']}.{os.getpid()}.simulated"
+    )
+    with open(path + ".tmp", "w", encoding="ascii") as f:
+        f.write(f"{mib} {os.environ.get('GPUSHARE_CARD_INDEX', '0')}")
+    os.replace(path + ".tmp", path)

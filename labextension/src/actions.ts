@@ -1,0 +1,237 @@
+import { JupyterFrontEnd } from '@jupyterlab/application';
+import {
+  Dialog,
+  Notification,
+  showDialog,
+  showErrorMessage
+} from '@jupyterlab/apputils';
+import { KernelAPI } from '@jupyterlab/services';
+import { Widget } from '@lumino/widgets';
+
+import { basename, formatMiB, parseSize } from './format';
+import { GpuShareModel } from './model';
+import { KernelTracker } from './tracker';
+import type { IKernel } from './types';
+
+/** What a person does to a kernel from the sidebar or the queued banner. */
+export interface IKernelActions {
+  /** The name to show for a kernel: its notebook (the server's path, which follows renames). */
+  nameOf(kernel: IKernel): string;
+  open(kernel: IKernel): void;
+  changeQuota(kernel: IKernel): Promise<void>;
+  shutdown(kernel: IKernel): Promise<void>;
+  /** Stop waiting for a GPU (a queued kernel), after asking. */
+  stopWaiting(kernel: IKernel): Promise<void>;
+  refresh(): void;
+  /** Open or close the "This host" section. */
+  toggleHost(): void;
+}
+
+/** The dialog body that asks for a new quota; it keeps what was typed and says why it was not taken. */
+class QuotaBody extends Widget implements Dialog.IBodyWidget<string> {
+  constructor(kernel: IKernel, limits: string, value: string, problem: string) {
+    super();
+    this.addClass('jp-gpushare-quota-dialog');
+    const p = document.createElement('p');
+    p.textContent =
+      `Current quota: ${kernel.quota ?? '–'}. ${limits} ` +
+      'The kernel restarts to apply the new quota: its variables and state will be lost. ' +
+      'If the GPU has no room, it waits in line.';
+    this.input = document.createElement('input');
+    this.input.className = 'jp-mod-styled jp-gpushare-quota-input';
+    this.input.value = value;
+    this.input.placeholder = 'e.g. 6GiB or 512MiB';
+    this.input.setAttribute('aria-label', 'New GPU memory quota');
+    this.node.append(p, this.input);
+    if (problem) {
+      const why = document.createElement('p');
+      why.className = 'jp-gpushare-quota-problem';
+      why.setAttribute('role', 'alert');
+      why.textContent = problem;
+      this.input.setAttribute('aria-invalid', 'true');
+      this.node.append(why);
+    }
+  }
+  getValue(): string {
+    return this.input.value.trim();
+  }
+  protected onAfterAttach(): void {
+    this.input.focus();
+    this.input.select();
+  }
+  readonly input: HTMLInputElement;
+}
+
+export function kernelActions(
+  app: JupyterFrontEnd,
+  model: GpuShareModel,
+  tracker: KernelTracker
+): IKernelActions {
+  const { commands, serviceManager } = app;
+  const nameOf = (k: IKernel) =>
+    basename(k.path) || `${k.kernel_name} kernel ${k.kernel_id.slice(0, 8)}`;
+
+  const restart = async (k: IKernel) => {
+    const kernel = tracker.widgetOf(k)?.sessionContext.session?.kernel;
+    if (kernel) {
+      await kernel.restart();
+    } else {
+      await KernelAPI.restartKernel(k.kernel_id, model.serverSettings);
+    }
+  };
+
+  /** Ask until the quota is one the server takes, or the person cancels. */
+  const askQuota = async (k: IKernel): Promise<string | null> => {
+    const cfg = model.snapshot.state?.config;
+    const total = k.card?.total_mib;
+    const limits = [
+      cfg?.min_quota ? `at least ${cfg.min_quota}` : '',
+      cfg?.max_quota ? `at most ${cfg.max_quota}` : ''
+    ]
+      .filter(Boolean)
+      .join(' and ');
+    let value = k.pending_quota ?? k.quota ?? '';
+    let problem = '';
+    for (;;) {
+      const result = await showDialog({
+        title: `GPU quota of ${nameOf(k)}`,
+        body: new QuotaBody(
+          k,
+          limits ? `You may ask for ${limits}.` : '',
+          value,
+          problem
+        ),
+        buttons: [
+          Dialog.cancelButton(),
+          Dialog.warnButton({
+            label: 'Restart with new quota',
+            ariaLabel: `Restart ${nameOf(k)} with the new quota`
+          })
+        ],
+        focusNodeSelector: 'input'
+      });
+      if (!result.button.accept) {
+        return null;
+      }
+      value = result.value ?? '';
+      const mib = parseSize(value, total);
+      const max = cfg?.max_quota ? parseSize(cfg.max_quota, total) : null;
+      if (mib === null || mib <= 0) {
+        problem = `“${value}” is not a GPU memory size. Write e.g. 6GiB, 512MiB or 4G.`;
+      } else if (max !== null && mib > max) {
+        problem = `${value} is more than the most a kernel may have here, ${cfg!.max_quota}${cfg!.max_quota!.includes('%') ? ` (${formatMiB(max)})` : ''}.`;
+      } else {
+        try {
+          await model.requestQuota(k.kernel_id, value);
+          return value;
+        } catch (e) {
+          problem = (e as Error).message; // the server's reason (a limit, the minimum): ask again
+        }
+      }
+    }
+  };
+
+  return {
+    nameOf,
+    open: k => {
+      if (k.path) {
+        void commands.execute('docmanager:open', { path: k.path });
+      }
+    },
+    changeQuota: async k => {
+      const quota = await askQuota(k);
+      if (quota === null) {
+        return;
+      }
+      Notification.info(`Restarting ${nameOf(k)} with a ${quota} GPU quota…`, {
+        autoClose: 5000
+      });
+      restart(k)
+        .then(() => model.refresh())
+        .catch(e =>
+          Notification.error(
+            `${nameOf(k)} did not restart: ${(e as Error).message ?? e}`,
+            { autoClose: false }
+          )
+        );
+      void model.refresh();
+    },
+    shutdown: async k => {
+      const result = await showDialog({
+        title: `Shut down ${nameOf(k)}?`,
+        body: 'Its variables and state will be lost, and its GPU memory goes back to the others.',
+        buttons: [
+          Dialog.cancelButton(),
+          Dialog.warnButton({ label: 'Shut down' })
+        ]
+      });
+      if (!result.button.accept) {
+        return;
+      }
+      try {
+        const session = [...serviceManager.sessions.running()].find(
+          s => s.kernel?.id === k.kernel_id
+        );
+        if (session) {
+          await serviceManager.sessions.shutdown(session.id);
+        } else {
+          await serviceManager.kernels.shutdown(k.kernel_id);
+        }
+      } catch (e) {
+        void showErrorMessage(
+          `${nameOf(k)} was not shut down`,
+          (e as Error).message
+        );
+      }
+      void model.refresh();
+    },
+    stopWaiting: async k => {
+      const result = await showDialog({
+        title: 'Stop waiting for a GPU?',
+        body: `${nameOf(k)}'s kernel is not started then; run a cell later to ask for a GPU again.`,
+        buttons: [
+          Dialog.cancelButton({ label: 'Keep waiting' }),
+          Dialog.okButton({ label: 'Stop waiting' })
+        ]
+      });
+      if (!result.button.accept) {
+        return;
+      }
+      try {
+        await model.stopWaiting(k.kernel_id);
+        Notification.info(
+          `${nameOf(k)}: stopped waiting for a GPU; its kernel was not started.`,
+          {
+            autoClose: 6000
+          }
+        );
+      } catch (e) {
+        void showErrorMessage('Could not stop waiting', (e as Error).message);
+      }
+    },
+    refresh: () => void model.refresh(),
+    toggleHost: () => {
+      model.hostOpen = !model.hostOpen;
+      remember(HOST_OPEN_KEY, model.hostOpen);
+    }
+  };
+}
+
+/** localStorage key: the "This host" section was left open (per browser). */
+export const HOST_OPEN_KEY = 'jupyter-gpushare:host-open';
+
+export function remembered(key: string): boolean {
+  try {
+    return window.localStorage.getItem(key) === 'true';
+  } catch {
+    return false; // storage disabled: start closed
+  }
+}
+
+function remember(key: string, value: boolean): void {
+  try {
+    window.localStorage.setItem(key, String(value));
+  } catch {
+    // storage disabled or full: the section just starts closed next time
+  }
+}
