@@ -226,7 +226,9 @@ class QuotaManager:
                 return got
             if rec.state != "queued":
                 rec.state, rec.queued_since = "queued", time.time()
-                rec.wait_until = time.time() + self.policy.queue_timeout_s if self.policy.queue_timeout_s < float("inf") else None
+                rec.wait_until = (
+                    time.time() + self.policy.queue_timeout_s if self.policy.queue_timeout_s < float("inf") else None
+                )
                 self.event(
                     "queued",
                     request.kernel_id,
@@ -236,7 +238,8 @@ class QuotaManager:
             await asyncio.sleep(QUEUE_POLL_S)
             if rec.cancelled or self.closing:
                 why = "the start was cancelled" if rec.cancelled else "the Jupyter server is shutting down"
-                raise self._refuse(request.kernel_id, f"Stopped waiting for a GPU: {why}.", status=409)
+                kind = "cancelled" if rec.cancelled else "refused"
+                raise self._refuse(request.kernel_id, f"Stopped waiting for a GPU: {why}.", status=409, kind=kind)
 
     def _reserve(self, request: Request, wait: bool) -> Lease | Waiting:
         """On the ledger thread. Memory that processes without a reservation use is taken too: measured
@@ -246,15 +249,16 @@ class QuotaManager:
         return self._ledger.reserve(request, self.policy, self.cards, wait, outside=outside)
 
     def _refuse(
-        self, kernel_id: str, message: str, status: int = 503, keep: bool = False, **figures: Any
+        self, kernel_id: str, message: str, status: int = 503, keep: bool = False, kind: str = "refused", **figures: Any
     ) -> QuotaUnavailable:
         """Record why a kernel will not start and return the error to raise. Its record is forgotten, or with
-        ``keep`` (a restart that was refused: the kernel is down now) kept as 'failed' with the reason."""
+        ``keep`` (a restart that was refused: the kernel is down now) kept as 'failed' with the reason. The event
+        is 'refused', or 'cancelled' for a wait its owner stopped."""
         rec = self.records.get(kernel_id) if keep else self.records.pop(kernel_id, None)
         if rec is not None and keep:
             rec.state, rec.lease, rec.card, rec.position = "failed", None, None, None
             rec.reason = f"The kernel could not start again: {message} Shut it down, or start it with another quota."
-        self.event("refused", kernel_id, message, path=rec.path if rec else None, **figures)
+        self.event(kind, kernel_id, message, path=rec.path if rec else None, **figures)
         return QuotaUnavailable(message, status=status)
 
     async def stop_admitting(self, timeout: float = 5.0) -> None:

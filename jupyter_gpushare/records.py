@@ -87,7 +87,9 @@ class KernelRecord:
             "need_mib": self.need_mib,
             "free_mib": self.free_mib,
             "waited_s": round(time.time() - self.queued_since, 1) if self.queued_since else None,
-            "wait_left_s": round(max(0.0, self.wait_until - time.time())) if self.wait_until and self.queued_since else None,
+            "wait_left_s": round(max(0.0, self.wait_until - time.time()))
+            if self.wait_until and self.queued_since
+            else None,
             "reason": self.reason,
             "pid": self.pid,
             "since": self.since,

@@ -8,7 +8,7 @@ it is decided by the browser:
 - a kernel's **state** and the words for it (``kernel_status``): a kernel is judged against its
   *reservation*, its quota plus the CUDA context reserve, because that is what it holds on the card and
   what the over-quota policy acts on; near its quota at ``near_quota_threshold`` of it;
-- a card's **segments** (``card_segments``): yours, other users', memory used without a reservation, kept
+- a card's **segments** (``card_segments``): yours, other kernels' (other users' in the host view), memory used without a reservation, kept
   free by the admin, unreserved; one vocabulary, clamped so that they add up to the card;
 - student-facing texts never name an admin setting.
 
@@ -89,17 +89,25 @@ def kernel_status(k: Mapping[str, Any], now: float | None = None) -> dict[str, s
     texts = {
         "starting": ("starting", "info", "Reserving GPU memory for this kernel…"),
         "cpu": ("no GPU", "error", f"Started without a GPU. {k.get('reason') or ''}".strip()),
-        "none": ("no GPU", "muted", k.get("reason") or "This kind of kernel reserves no GPU memory, so it sees no GPU."),
+        "none": (
+            "no GPU",
+            "muted",
+            k.get("reason") or "This kind of kernel reserves no GPU memory, so it sees no GPU.",
+        ),
         "failed": ("not running", "error", k.get("reason") or "The kernel could not start again."),
     }
     label, severity, detail = texts.get(str(state), (str(state), "muted", k.get("reason") or ""))
     return {"label": label, "severity": severity, "detail": detail}
 
 
-def card_segments(card: Mapping[str, Any], mine_mib: int) -> list[dict[str, Any]]:
+OTHER_USERS = ("others", "other users", "reserved by other users' kernels on this host")
+
+
+def card_segments(card: Mapping[str, Any], mine_mib: int, by_user: bool = False) -> list[dict[str, Any]]:
     """The card's memory as the bar shows it, each part clamped to what is left of the card, so they add up
     to its total; ``mine_mib`` is what this server's own kernels reserve on it (a kernel restarting with a new
-    quota is still its own)."""
+    quota is still its own), or with ``by_user`` (the host view) what all the caller's kernels reserve, the
+    rest being other users'."""
     total = max(0, int(card["total_mib"]))
     reserved = int(card.get("reserved_mib") or 0)
     wanted = {
@@ -110,6 +118,8 @@ def card_segments(card: Mapping[str, Any], mine_mib: int) -> list[dict[str, Any]
     }
     left, out = total, []
     for key, label, what in SEGMENTS:
+        if by_user and key == "others":
+            key, label, what = OTHER_USERS
         mib = left if key == "free" else max(0, min(int(wanted[key]), left))
         left -= mib
         out.append({"key": key, "label": label, "mib": mib, "title": f"{label[0].upper()}{label[1:]}: {format_mib(mib)} {what}"})  # fmt: skip

@@ -69,7 +69,7 @@ def view_for(
             "others_reserved_mib": reserved - own,
             "allowed": policy.card_allowed(card.uuid, card.index),
         }
-        card_rows.append({**row, "segments": card_segments(row, own)})
+        card_rows.append({**row, "segments": card_segments(row, own, by_user=True)})
     labels = {card.uuid: card.label for card in cards}
     kernels = [
         {

@@ -23,6 +23,7 @@ from servers import SimulatedServer, wait_until
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpushare.ledger import read_ledger
+from jupyter_gpushare.ledger_file import LedgerError
 from jupyter_gpushare.reports import report_dir
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small tmpfs")
@@ -278,8 +279,15 @@ def test_ledger_files_removed_under_running_servers_are_recreated_and_nothing_is
         a.call("GET", "api/gpushare/cards")  # each has read the whole table since
         for suffix in ("", "-wal", "-shm", ".lock"):
             Path(f"{ledger}{suffix}").unlink(missing_ok=True)
+
+        def entered_again() -> bool:
+            try:
+                return {x.kernel_id for x in read_ledger(ledger)[0]} == {ka, kb}
+            except LedgerError:  # not there yet, or created and its tables not yet
+                return False
+
         wait_until(
-            lambda: ledger.exists() and {x.kernel_id for x in read_ledger(ledger)[0]} == {ka, kb},
+            entered_again,
             timeout=30,
             what="both reservations entered again into a re-created ledger",
         )

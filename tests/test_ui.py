@@ -79,11 +79,10 @@ def test_labextension_is_installed():
 
 
 def test_browser():
-    """Real JupyterLab + system Chromium: the lab loads without errors with the extension active
-    (our equivalent of jupyterlab.browser_check, which would download a browser), kernels appear
-    with quota bars, a third notebook queues, a quota change restarts the kernel and admits the
-    queued one, the status bar reads 'GPU – / 3.0 GiB' / 'GPU queued #1', screenshots (light and
-    dark) go to docs/img/, and the 50-kernel render time goes to bench/results/ui-render.json."""
+    """Real JupyterLab + system Chromium, a student's day (labextension/ui-tests/tests/gpushare.spec.ts,
+    described in docs/ui.md): queued banner and held cells, admission, quota limits, over quota said
+    the same by the panel, the status bar and a notification, a rename, stop waiting, dark theme and
+    contrast, an idle tab's requests, error states, the host section's reads."""
     jlpm = _need_node()
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set CHROMIUM=/path)")

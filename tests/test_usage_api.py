@@ -7,21 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
-import yaml
-from openapi_schema_validator import OAS30Validator, validate
-
-import jupyter_gpushare
-
-SPEC = yaml.safe_load((Path(jupyter_gpushare.__file__).parent / "api" / "openapi.yaml").read_text())
-
-
-def conforms(instance, schema_name: str) -> None:
-    validate(
-        instance, {"$ref": f"#/components/schemas/{schema_name}", "components": SPEC["components"]}, cls=OAS30Validator
-    )
+from apispec import SPEC, conforms
 
 
 @pytest.fixture

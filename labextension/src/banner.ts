@@ -1,6 +1,7 @@
 import { Notification } from '@jupyterlab/apputils';
 import { Cell, CodeCell } from '@jupyterlab/cells';
 import { NotebookActions, NotebookPanel } from '@jupyterlab/notebook';
+import { MessageLoop, Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { IKernelActions } from './actions';
@@ -8,7 +9,7 @@ import { basename, formatDuration, formatMiB, isMeasured } from './format';
 import { GpuShareModel } from './model';
 import { statusText, statusTitle } from './state';
 import { KernelTracker } from './tracker';
-import type { IKernel } from './types';
+import type { IEvent, IKernel } from './types';
 
 /**
  * In a notebook whose kernel waits for a GPU: a banner above its cells that says
@@ -33,6 +34,7 @@ export class QueuedBanner extends Widget {
     panel.sessionContext.kernelChanged.connect(this._update, this);
     panel.sessionContext.statusChanged.connect(this._update, this);
     NotebookActions.executionScheduled.connect(this._onScheduled, this);
+    model.events.connect(this._onEvents, this);
     this._update();
   }
 
@@ -79,6 +81,7 @@ export class QueuedBanner extends Widget {
       this._wasQueued = k!.kernel_id;
       this._render(k!);
       this.show();
+      this._fit();
       return;
     }
     this.hide();
@@ -87,17 +90,28 @@ export class QueuedBanner extends Widget {
     }
     const kernel = this.panel.sessionContext.session?.kernel;
     if (
-      kernel &&
+      kernel?.id === this._wasQueued &&
       (k?.state === 'running' ||
         this.panel.sessionContext.kernelDisplayStatus === 'idle')
     ) {
       void this._runHeld();
-    } else if (
-      !k &&
-      !this.panel.sessionContext.isReady &&
-      this.panel.sessionContext.kernelDisplayStatus !== 'starting'
-    ) {
-      this._drop('Its kernel was not started');
+    }
+    // a refused or cancelled start is said by the server's event (see _onEvents);
+    // until then the session request may still be on its way back
+  }
+
+  private _onEvents(_: unknown, events: IEvent[]): void {
+    const ended = events.find(
+      e =>
+        e.kernel_id === this._wasQueued &&
+        (e.kind === 'cancelled' || e.kind === 'refused')
+    );
+    if (ended && this._held.length) {
+      this._drop(
+        ended.kind === 'cancelled'
+          ? 'You stopped waiting for a GPU'
+          : 'Its kernel was not started'
+      );
     }
   }
 
@@ -157,6 +171,46 @@ export class QueuedBanner extends Widget {
     stop.onclick = () => void this.actions.stopWaiting(k);
     this.node.append(text, stop);
     this.node.title = k.status?.detail ?? '';
+  }
+
+  protected onResize(msg: Widget.ResizeMessage): void {
+    super.onResize(msg);
+    this._fit();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this._fit();
+  }
+
+  /**
+   * The notebook's content header (a Lumino BoxPanel) sizes its children by their
+   * min-height: give it the banner's text height, which changes with its width.
+   */
+  private _fit(): void {
+    if (!this.isVisible) {
+      return;
+    }
+    const style = getComputedStyle(this.node);
+    const frame = [
+      'paddingTop',
+      'paddingBottom',
+      'borderTopWidth',
+      'borderBottomWidth'
+    ]
+      .map(p => parseFloat((style as any)[p]) || 0)
+      .reduce((a, b) => a + b, 0);
+    const inner = Math.max(
+      0,
+      ...Array.from(this.node.children, c => (c as HTMLElement).offsetHeight)
+    );
+    const want = `${Math.ceil(inner + frame)}px`;
+    if (this.node.style.minHeight !== want) {
+      this.node.style.minHeight = want;
+      if (this.parent) {
+        MessageLoop.postMessage(this.parent, Widget.Msg.FitRequest);
+      }
+    }
   }
 
   private _held: Cell[] = [];

@@ -159,10 +159,14 @@ const panel: JupyterFrontEndPlugin<void> = {
 const statusBar: JupyterFrontEndPlugin<void> = {
   id: 'jupyter-gpushare:status-bar',
   description:
-    'The status bar item: the current notebook’s GPU use against its reservation.',
+    'The status bar item: the current notebook’s GPU use against its reservation (Notebook 7 has no status bar: the notebooks plugin puts it in the toolbar).',
   autoStart: true,
-  requires: [IGpuShare, IStatusBar],
-  activate: (app: JupyterFrontEnd, gpu: IGpuShare, bar: IStatusBar) => {
+  requires: [IGpuShare],
+  optional: [IStatusBar],
+  activate: (app: JupyterFrontEnd, gpu: IGpuShare, bar: IStatusBar | null) => {
+    if (!bar) {
+      return;
+    }
     void import('./statusbar').then(({ GpuStatusItem }) => {
       const item = new GpuStatusItem(
         gpu.model,
@@ -216,15 +220,23 @@ const notebooks: JupyterFrontEndPlugin<void> = {
     // A start stopped on purpose ("Stop waiting") is not an error: close JupyterLab's error dialog for it
     // (the banner's notification said what happened).
     Dialog.tracker.widgetAdded.connect((_, dialog) => {
-      requestAnimationFrame(() => {
+      // its title and body are React elements, rendered after the dialog is added: watch for their text
+      const seen = new MutationObserver(() => {
         const text = dialog.node.textContent ?? '';
         if (
           text.includes(START_ERROR) &&
           text.includes('Stopped waiting for a GPU')
         ) {
+          seen.disconnect();
           dialog.reject();
         }
       });
+      seen.observe(dialog.node, {
+        childList: true,
+        subtree: true,
+        characterData: true
+      });
+      setTimeout(() => seen.disconnect(), 5000);
     });
   }
 };

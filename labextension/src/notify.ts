@@ -1,5 +1,6 @@
 import { Notification } from '@jupyterlab/apputils';
 
+import { basename } from './format';
 import { classifyEvent, eventText } from './state';
 import type { IEvent } from './types';
 
@@ -17,7 +18,10 @@ export class Notifier {
       if (!type) {
         continue;
       }
-      const name = e.kernel_id ? this.nameOf(e.kernel_id) : null;
+      // the notebook's name now (it follows renames), or the one the event was said for
+      const name =
+        (e.kernel_id ? this.nameOf(e.kernel_id) : null) ??
+        (e.path ? basename(e.path) : null);
       const id = Notification.emit(eventText(e, name), type, {
         autoClose: type === 'error' ? false : 8000
       });

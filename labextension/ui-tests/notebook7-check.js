@@ -64,7 +64,7 @@ async function main() {
       errors,
       quota_mib: rec.quota_mib,
       path: rec.path,
-      panel: panelText.slice(0, 400)
+      panel: panelText.slice(0, 2000)
     })
   );
   process.exit(errors.length ? 1 : 0);

@@ -31,6 +31,10 @@ async function openLab(page: Page, url: string): Promise<void> {
   // These servers do not expose window.jupyterapp: the panel opens from its sidebar tab.
   await page.goto(url);
   await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
+  // notifications (JupyterLab's news question, the kernels' own) stay out of the way of the clicks
+  await page.addStyleTag({
+    content: '.Toastify { display: none !important; }'
+  });
   await page.locator('.jp-SideBar [data-id="jp-gpushare"]').click();
   await expect(panel(page)).toBeVisible();
 }

@@ -59,15 +59,20 @@ async function openNotebook(page: Page, name: string): Promise<void> {
   ).toBeVisible();
 }
 
+/** The lab is up: our commands exist and the workspace is restored (the splash screen is gone). */
 async function waitForLab(page: Page): Promise<void> {
   await page.waitForFunction(() => {
     const app = (window as any).jupyterapp;
     return !!app && app.commands.hasCommand('gpushare:open-panel');
   });
+  await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
 }
 
 /** Contrast (WCAG AA) of everything inside `selector`, by axe-core. */
-async function contrastViolations(page: Page, selector: string): Promise<string[]> {
+async function contrastViolations(
+  page: Page,
+  selector: string
+): Promise<string[]> {
   if (!(await page.evaluate(() => !!(window as any).axe))) {
     await page.addScriptTag({ path: AXE });
   }
@@ -101,7 +106,9 @@ async function hideToasts(page: Page) {
     await news.locator('button', { hasText: 'No' }).click();
   }
   await page.mouse.move(0, 0);
-  return page.addStyleTag({ content: '.Toastify { display: none !important; }' });
+  return page.addStyleTag({
+    content: '.Toastify { display: none !important; }'
+  });
 }
 
 const figures: Record<string, unknown> = {};
@@ -132,7 +139,10 @@ test.afterAll(() => {
       {
         what: 'jupyter-gpushare sidebar in Chromium: requests of an idle tab, admission-to-screen latency, render time',
         date: new Date().toISOString(),
-        host: `${os.cpus().length} CPUs, load average ${os.loadavg().map(x => x.toFixed(2)).join(' ')}`,
+        host: `${os.cpus().length} CPUs, load average ${os
+          .loadavg()
+          .map(x => x.toFixed(2))
+          .join(' ')}`,
         ...figures
       },
       null,
@@ -154,21 +164,25 @@ test('lab loads with the extension activated and no errors (browser check)', asy
   await page.goto('/lab');
   await page.waitForSelector('#main');
   await waitForLab(page);
-  await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
   for (const id of ['plugin', 'panel', 'status-bar', 'notebooks']) {
     expect(
       await page.evaluate(
-        p => (window as any).jupyterapp.isPluginActivated(`jupyter-gpushare:${p}`),
+        p =>
+          (window as any).jupyterapp.isPluginActivated(`jupyter-gpushare:${p}`),
         id
       )
     ).toBe(true);
   }
-  await expect(page.locator('.jp-SideBar [data-id="jp-gpushare"]')).toBeVisible();
+  await expect(
+    page.locator('.jp-SideBar [data-id="jp-gpushare"]')
+  ).toBeVisible();
   // the panel's command is in the command palette and the View menu
   await page.keyboard.press('Control+Shift+C');
   await page.keyboard.type('GPU Memory');
   await expect(
-    page.locator('.lm-CommandPalette-item', { hasText: 'Show GPU Memory Quotas' })
+    page.locator('.lm-CommandPalette-item', {
+      hasText: 'Show GPU Memory Quotas'
+    })
   ).toBeVisible();
   await page.keyboard.press('Escape');
   await page.locator('.lm-MenuBar-item', { hasText: 'View' }).click();
@@ -186,20 +200,29 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   const errors: string[] = [];
   page.on('pageerror', e => errors.push(String(e)));
   await page.goto('/lab?reset');
-  await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
   await waitForLab(page);
 
   await run(page, 'gpushare:open-panel');
-  await expect(panel(page).locator('.jp-gpushare-simulated')).toHaveText('simulated');
-  await expect(panel(page)).toContainText('No kernel holds or waits for GPU memory');
+  await expect(panel(page).locator('.jp-gpushare-simulated')).toHaveText(
+    'simulated'
+  );
+  await expect(panel(page)).toContainText(
+    'No kernel holds or waits for GPU memory'
+  );
 
   // Two notebooks get a GPU quota; the status bar shows use against the reservation (3 GiB + 512 MiB).
   await openNotebook(page, 'nb1.ipynb');
-  await expect(item(page, 'nb1.ipynb')).toHaveAttribute('data-state', 'running');
+  await expect(item(page, 'nb1.ipynb')).toHaveAttribute(
+    'data-state',
+    'running'
+  );
   await expect(item(page, 'nb1.ipynb')).toHaveClass(/jp-gpushare-current/);
   await expect(status(page)).toHaveText(/^GPU (–|0\.0) \/ 3\.5 GiB$/);
   await openNotebook(page, 'nb2.ipynb');
-  await expect(item(page, 'nb2.ipynb')).toHaveAttribute('data-state', 'running');
+  await expect(item(page, 'nb2.ipynb')).toHaveAttribute(
+    'data-state',
+    'running'
+  );
   await expect(item(page, 'nb1.ipynb')).not.toHaveClass(/jp-gpushare-current/);
 
   // The third waits: a banner in the notebook says so, with its place, need and longest wait.
@@ -209,15 +232,21 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
     /^Waiting for a GPU \(#1, needs 3\.5 GiB; about (9|10) min at most\)\./
   );
   await expect(status(page)).toHaveText('GPU queued #1');
-  const queued = panel(page).locator('.jp-gpushare-kernel[data-state="queued"]');
+  const queued = panel(page).locator(
+    '.jp-gpushare-kernel[data-state="queued"]'
+  );
   await expect(queued.locator('.jp-gpushare-badge')).toHaveText('queued #1');
   await expect(queued).toHaveClass(/jp-gpushare-current/);
-  await expect(panel(page)).toContainText('1 kernel waiting for a GPU on this host');
+  await expect(panel(page)).toContainText(
+    '1 kernel waiting for a GPU on this host'
+  );
   await expect(panel(page)).not.toContainText('GpuShareApp');
   // The card's parts add up, in one vocabulary: yours 7.0 GiB, unreserved 3.0 GiB.
   const legend = panel(page).locator('.jp-gpushare-card .jp-gpushare-legend');
   await expect(legend.locator('[data-key="mine"]')).toHaveText('yours 7.0 GiB');
-  await expect(legend.locator('[data-key="free"]')).toHaveText('unreserved 3.0 GiB');
+  await expect(legend.locator('[data-key="free"]')).toHaveText(
+    'unreserved 3.0 GiB'
+  );
 
   // A cell run while it waits is held, not dropped.
   await frontNotebook(page).locator('.jp-Cell').first().click();
@@ -237,16 +266,26 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   const host = panel(page).locator('.jp-gpushare-host');
   await host.locator('.jp-gpushare-host-toggle').click();
   await expect(host).toHaveAttribute('data-view', 'admin');
-  await expect(host.locator('.jp-gpushare-host-mine')).toHaveText('yours 7.0 GiB');
-  await expect(host.locator('.jp-gpushare-host-free')).toHaveText('unreserved 3.0 GiB');
+  await expect(host.locator('.jp-gpushare-host-mine')).toHaveText(
+    'yours 7.0 GiB'
+  );
+  await expect(host.locator('.jp-gpushare-host-free')).toHaveText(
+    'unreserved 3.0 GiB'
+  );
   await expect(
-    host.locator('.jp-gpushare-host-kernels tbody tr[data-kernelid] .jp-gpushare-table-name')
+    host.locator(
+      '.jp-gpushare-host-kernels tbody tr[data-kernelid] .jp-gpushare-table-name'
+    )
   ).toHaveText(['nb1.ipynb', 'nb2.ipynb']);
   await host.locator('.jp-gpushare-host-toggle').click();
 
   // Change nb1's quota to 2 GiB: the kernel restarts with 2.5 GiB, and nb3 gets its GPU.
   const dialog = page.locator('.jp-Dialog');
-  await item(page, 'nb1.ipynb').getByRole('button', { name: 'Change the GPU quota of nb1.ipynb (restarts it)' }).click();
+  await item(page, 'nb1.ipynb')
+    .getByRole('button', {
+      name: 'Change the GPU quota of nb1.ipynb (restarts it)'
+    })
+    .click();
   await expect(dialog).toContainText('state will be lost');
   await dialog.locator('input.jp-gpushare-quota-input').fill('2GiB');
   await dialog.locator('button', { hasText: 'Restart with new quota' }).click();
@@ -259,7 +298,12 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
             '#jp-gpushare .jp-gpushare-current[data-state="running"]'
           );
           const bar = document.querySelector('.jp-gpushare-status');
-          if (line && bar && /^GPU /.test(bar.textContent ?? '') && !/queued/.test(bar.textContent ?? '')) {
+          if (
+            line &&
+            bar &&
+            /^GPU /.test(bar.textContent ?? '') &&
+            !/queued/.test(bar.textContent ?? '')
+          ) {
             resolve(Date.now() / 1000);
           } else {
             requestAnimationFrame(check);
@@ -269,24 +313,37 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
       })
   );
   const state = await (await page.request.get('/api/gpushare/state')).json();
-  const admitted = state.events.filter((e: any) => e.kind === 'admitted').pop();
+  const admitted = state.events
+    .filter((e: any) => e.kind === 'admitted' && e.path === 'nb3.ipynb')
+    .pop();
   expect(admitted).toBeTruthy();
   figures.admission_to_screen_ms = Math.round((shown - admitted.time) * 1000);
   console.log(`admission to screen: ${figures.admission_to_screen_ms} ms`);
   await expect(banner(page)).toBeHidden();
-  // The held cell ran once the kernel was admitted.
-  await expect(frontNotebook(page).locator('.jp-OutputArea-output')).toContainText('ran after admission', { timeout: 60000 });
-  await expect(frontNotebook(page).locator('.jp-gpushare-held')).toHaveCount(0);
   await expect(
-    page.locator('.Toastify__toast').filter({ hasText: 'nb3.ipynb: GPU ready. Run your cells' }).first()
+    page
+      .locator('.Toastify__toast')
+      .filter({ hasText: 'nb3.ipynb: GPU ready.' })
+      .first()
   ).toBeVisible();
+  // The held cell ran once the kernel was admitted.
+  await expect(
+    frontNotebook(page).locator('.jp-OutputArea-output')
+  ).toContainText('ran after admission', { timeout: 60000 });
+  await expect(frontNotebook(page).locator('.jp-gpushare-held')).toHaveCount(0);
 
   // A quota above the maximum keeps the dialog open, with what was typed and why.
-  await item(page, 'nb2.ipynb').getByRole('button', { name: /Change the GPU quota of nb2\.ipynb/ }).click();
+  await item(page, 'nb2.ipynb')
+    .getByRole('button', { name: /Change the GPU quota of nb2\.ipynb/ })
+    .click();
   await dialog.locator('input.jp-gpushare-quota-input').fill('8GiB');
   await dialog.locator('button', { hasText: 'Restart with new quota' }).click();
-  await expect(dialog.locator('.jp-gpushare-quota-problem')).toContainText('more than the most a kernel may have here, 6GiB');
-  await expect(dialog.locator('input.jp-gpushare-quota-input')).toHaveValue('8GiB');
+  await expect(dialog.locator('.jp-gpushare-quota-problem')).toContainText(
+    'more than the most a kernel may have here, 6 GiB'
+  );
+  await expect(dialog.locator('input.jp-gpushare-quota-input')).toHaveValue(
+    '8GiB'
+  );
   await dialog.locator('button', { hasText: 'Cancel' }).click();
   await expect(dialog).toHaveCount(0);
 
@@ -297,50 +354,87 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await page.evaluate(() => {
     const app = (window as any).jupyterapp;
     const nb = app.shell.currentWidget;
-    nb.content.activeCell.model.sharedModel.setSource("import gpushare_simulate; gpushare_simulate.use('2.7GiB')");
+    nb.content.activeCell.model.sharedModel.setSource(
+      "import gpushare_simulate; gpushare_simulate.use('2.7GiB')"
+    );
   });
   await run(page, 'notebook:run-cell');
-  await expect(item(page, 'nb1.ipynb')).toHaveAttribute('data-state', 'over_quota', { timeout: 30000 });
-  await expect(item(page, 'nb1.ipynb').locator('.jp-gpushare-badge')).toHaveText('over quota');
+  await expect(item(page, 'nb1.ipynb')).toHaveAttribute(
+    'data-state',
+    'over_quota',
+    { timeout: 30000 }
+  );
+  await expect(
+    item(page, 'nb1.ipynb').locator('.jp-gpushare-badge')
+  ).toHaveText('over quota');
   await expect(status(page)).toHaveText('GPU 2.7 / 2.5 GiB');
   await expect(status(page)).toHaveAttribute('data-severity', 'error');
-  const detail = await item(page, 'nb1.ipynb').locator('.jp-gpushare-kernel-detail').textContent();
+  const detail = await item(page, 'nb1.ipynb')
+    .locator('.jp-gpushare-kernel-detail')
+    .textContent();
   expect(detail).toContain('more than its 2.5 GiB reservation');
   expect(await status(page).getAttribute('title')).toContain(detail!);
   await expect(
-    page.locator('.Toastify__toast').filter({ hasText: /^nb1\.ipynb:.*more than its reservation/ }).first()
+    page
+      .locator('.Toastify__toast')
+      .filter({ hasText: /^nb1\.ipynb:.*more than its reservation/ })
+      .first()
   ).toBeVisible();
   // the quota line stays visible on the red bar
-  await expect(item(page, 'nb1.ipynb').locator('.jp-gpushare-marker-quota')).toBeVisible();
+  await expect(
+    item(page, 'nb1.ipynb').locator('.jp-gpushare-marker-quota')
+  ).toBeVisible();
 
   // Rename nb1 while it runs, then open a new notebook under the old name: its status is its own.
   await page.evaluate(() =>
-    (window as any).jupyterapp.serviceManager.contents.rename('nb1.ipynb', 'renamed.ipynb')
+    (window as any).jupyterapp.serviceManager.contents.rename(
+      'nb1.ipynb',
+      'renamed.ipynb'
+    )
   );
-  await expect(item(page, 'renamed.ipynb')).toHaveAttribute('data-state', 'over_quota', { timeout: 30000 });
+  await expect(item(page, 'renamed.ipynb')).toHaveAttribute(
+    'data-state',
+    'over_quota',
+    { timeout: 30000 }
+  );
   await page.request.put('/api/contents/nb1.ipynb', {
     data: { type: 'notebook', format: 'json', content: notebook('x = 1') }
   });
   await openNotebook(page, 'nb1.ipynb'); // 2.5 + 3.5 + 3.5 GiB are held: it waits
   await expect(status(page)).toHaveText('GPU queued #1');
-  await expect(item(page, 'renamed.ipynb')).not.toHaveClass(/jp-gpushare-current/);
+  await expect(item(page, 'renamed.ipynb')).not.toHaveClass(
+    /jp-gpushare-current/
+  );
   // Stop waiting: asked first, then said as information, not as an error dialog.
-  await banner(page).getByRole('button', { name: 'Stop waiting for a GPU for nb1.ipynb' }).click();
+  await banner(page)
+    .getByRole('button', { name: 'Stop waiting for a GPU for nb1.ipynb' })
+    .click();
   await expect(dialog).toContainText('Stop waiting for a GPU?');
   await dialog.locator('button', { hasText: 'Stop waiting' }).click();
   await expect(
-    page.locator('.Toastify__toast').filter({ hasText: 'nb1.ipynb: stopped waiting for a GPU' }).first()
+    page
+      .locator('.Toastify__toast')
+      .filter({ hasText: 'nb1.ipynb: stopped waiting for a GPU' })
+      .first()
   ).toBeVisible();
   await page.waitForTimeout(1500);
-  await expect(page.locator('.jp-Dialog', { hasText: 'Error Starting Kernel' })).toHaveCount(0);
-  for (let i = 0; i < 3 && (await page.locator('.jp-Dialog').count()) > 0; i++) {
+  await expect(
+    page.locator('.jp-Dialog', { hasText: 'Error Starting Kernel' })
+  ).toHaveCount(0);
+  for (
+    let i = 0;
+    i < 3 && (await page.locator('.jp-Dialog').count()) > 0;
+    i++
+  ) {
     await page.locator('.jp-Dialog-footer button').first().click(); // JupyterLab offers another kernel: no
     await page.waitForTimeout(300);
   }
 
   // Dark theme: screenshot and contrast.
   await run(page, 'apputils:change-theme', { theme: 'JupyterLab Dark' });
-  await page.waitForFunction(() => document.body.dataset.jpThemeLight === 'false');
+  await page.waitForFunction(
+    () => document.body.dataset.jpThemeLight === 'false'
+  );
   await page.waitForTimeout(500);
   const hide2 = await hideToasts(page);
   await panel(page).screenshot({ path: path.join(IMG, 'panel-dark.png') });
@@ -348,55 +442,106 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   expect(await contrastViolations(page, '#jp-gpushare')).toEqual([]);
   expect(await contrastViolations(page, '.jp-gpushare-status')).toEqual([]);
   await run(page, 'apputils:change-theme', { theme: 'JupyterLab Light' });
-  await page.waitForFunction(() => document.body.dataset.jpThemeLight === 'true');
+  await page.waitForFunction(
+    () => document.body.dataset.jpThemeLight === 'true'
+  );
 
   // Render time with 50 and 200 synthetic kernels in the real panel (layout included).
   for (const n of [50, 200]) {
     figures[`render_${n}_kernels`] = await page.evaluate(count => {
       const app = (window as any).jupyterapp;
-      const widget = Array.from(app.shell.widgets('right')).find((w: any) => w.id === 'jp-gpushare') as any;
+      const widget = Array.from(app.shell.widgets('right')).find(
+        (w: any) => w.id === 'jp-gpushare'
+      ) as any;
       const base = widget.model.snapshot;
-      const states = ['running', 'near_quota', 'over_quota', 'idle', 'queued', 'cpu'];
-      const sev: Record<string, string> = { running: 'ok', near_quota: 'warn', over_quota: 'error', idle: 'warn', queued: 'warn', cpu: 'error' };
+      const states = [
+        'running',
+        'near_quota',
+        'over_quota',
+        'idle',
+        'queued',
+        'cpu'
+      ];
+      const sev: Record<string, string> = {
+        running: 'ok',
+        near_quota: 'warn',
+        over_quota: 'error',
+        idle: 'warn',
+        queued: 'warn',
+        cpu: 'error'
+      };
       const times: number[] = [];
       for (let r = 0; r < 20; r++) {
         const kernels = Array.from({ length: count }, (_, i) => {
           const state = states[i % states.length];
           return {
-            kernel_id: `bench-${i}`, kernel_name: 'python3', language: 'python', user: 'student',
-            path: `course/week${i % 10}/notebook-${i}.ipynb`, state, quota: '2 GiB', quota_mib: 2048,
-            reserve_mib: 512, reserved_mib: 2560, card: base.state.cards[0], position: 1,
-            used_mib: (i * 37 + r * 11) % 2900, peak_mib: 2400, utilization: (i * 7 + r) % 100,
-            history: Array.from({ length: 60 }, (_, t) => [1000 + 5 * t, (t * 40 + i) % 2600]),
-            status: { label: state, severity: sev[state], detail: 'synthetic' }, since: i
+            kernel_id: `bench-${i}`,
+            kernel_name: 'python3',
+            language: 'python',
+            user: 'student',
+            path: `course/week${i % 10}/notebook-${i}.ipynb`,
+            state,
+            quota: '2 GiB',
+            quota_mib: 2048,
+            reserve_mib: 512,
+            reserved_mib: 2560,
+            card: base.state.cards[0],
+            position: 1,
+            used_mib: (i * 37 + r * 11) % 2900,
+            peak_mib: 2400,
+            utilization: (i * 7 + r) % 100,
+            history: Array.from({ length: 60 }, (_, t) => [
+              1000 + 5 * t,
+              (t * 40 + i) % 2600
+            ]),
+            status: { label: state, severity: sev[state], detail: 'synthetic' },
+            since: i
           };
         });
-        times.push(widget.renderNow({
-          snapshot: { ...base, state: { ...base.state, kernels } },
-          current: { kernelId: 'bench-3', path: null, hasSession: true },
-          currentKernel: kernels[3], settings: widget.model.settings, hostOpen: false
-        }));
+        times.push(
+          widget.renderNow({
+            snapshot: { ...base, state: { ...base.state, kernels } },
+            current: { kernelId: 'bench-3', path: null, hasSession: true },
+            currentKernel: kernels[3],
+            settings: widget.model.settings,
+            hostOpen: false
+          })
+        );
       }
       widget.renderNow();
       const sorted = times.slice(1).sort((a, b) => a - b);
-      return { median_ms: sorted[Math.floor(sorted.length / 2)], p95_ms: sorted[Math.floor(sorted.length * 0.95)], first_ms: times[0] };
+      return {
+        median_ms: sorted[Math.floor(sorted.length / 2)],
+        p95_ms: sorted[Math.floor(sorted.length * 0.95)],
+        first_ms: times[0]
+      };
     }, n);
   }
   console.log(`render: ${JSON.stringify(figures.render_50_kernels)}`);
 
   // Shut nb2 down from the panel; the button says which notebook it acts on.
-  await item(page, 'nb2.ipynb').getByRole('button', { name: 'Shut down nb2.ipynb' }).click();
+  await item(page, 'nb2.ipynb')
+    .getByRole('button', { name: 'Shut down nb2.ipynb' })
+    .click();
   await expect(dialog).toContainText('Shut down nb2.ipynb?');
   await dialog.locator('button.jp-mod-warn').click();
   await expect(item(page, 'nb2.ipynb')).toHaveCount(0);
   expect(errors).toEqual([]);
 });
 
-test('an idle tab with the panel closed asks the server at most twice a minute', async ({ page }) => {
+test('an idle tab with the panel closed asks the server at most twice a minute', async ({
+  page
+}) => {
   test.setTimeout(180 * 1000);
-  await page.goto('/lab');
+  // idle: no notebook open (a fresh workspace) and no kernel of ours waiting (the last test's nb1 still does)
+  const state = await (await page.request.get('/api/gpushare/state')).json();
+  for (const k of state.kernels.filter((k: any) => k.state === 'queued')) {
+    expect(
+      (await page.request.delete(`/api/gpushare/kernels/${k.kernel_id}`)).ok()
+    ).toBeTruthy();
+  }
+  await page.goto('/lab?reset');
   await waitForLab(page);
-  await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
   // the sidebar closed, no kernel of ours waiting
   if (await panel(page).isVisible()) {
     await run(page, 'application:toggle-right-area');
@@ -419,7 +564,7 @@ test('empty and error states explain themselves', async ({ page }) => {
   await page.route('**/api/gpushare/**', route =>
     route.fulfill({ status: 404, body: '<html>404</html>' })
   );
-  await page.goto('/lab');
+  await page.goto('/lab?reset');
   await waitForLab(page);
   await run(page, 'gpushare:open-panel');
   await expect(panel(page)).toContainText('server extension is not running');
@@ -428,12 +573,19 @@ test('empty and error states explain themselves', async ({ page }) => {
   await page.route(/\/api\/gpushare\/state(\?|$)/, route =>
     route.fulfill({
       json: {
-        version: 'test', backend: 'none', simulated: false, cards: [], kernels: [], queue: [], events: [],
-        config: {}, reason: 'NVML is not installed (libnvidia-ml.so.1 not found).'
+        version: 'test',
+        backend: 'none',
+        simulated: false,
+        cards: [],
+        kernels: [],
+        queue: [],
+        events: [],
+        config: {},
+        reason: 'NVML is not installed (libnvidia-ml.so.1 not found).'
       }
     })
   );
-  await page.reload();
+  await page.goto('/lab?reset');
   await waitForLab(page);
   await run(page, 'gpushare:open-panel');
   await expect(panel(page)).toContainText('No GPU on this server');
@@ -453,7 +605,7 @@ test('the host view is read only while open and shown; its 503 stays in its sect
       json: { message: 'The GPU broker is not reachable (test).' }
     });
   });
-  await page.goto('/lab');
+  await page.goto('/lab?reset');
   await waitForLab(page);
   await run(page, 'gpushare:open-panel');
   await expect(panel(page).locator('.jp-gpushare-card')).toHaveCount(1);
@@ -467,7 +619,9 @@ test('the host view is read only while open and shown; its 503 stays in its sect
   await expect(panel(page).locator('.jp-gpushare-card')).toHaveCount(1);
   await expect(panel(page).locator('.jp-gpushare-notice-error')).toHaveCount(1);
   await expect(panel(page)).toContainText('My kernels');
-  await expect.poll(() => hostCalls.length, { timeout: 15000 }).toBeGreaterThan(2);
+  await expect
+    .poll(() => hostCalls.length, { timeout: 15000 })
+    .toBeGreaterThan(2);
 
   await run(page, 'application:toggle-right-area');
   await expect(panel(page)).toBeHidden();
