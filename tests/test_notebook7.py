@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,6 +68,8 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["errors"] == [] and result["quota_mib"] == 3072 and result["path"] == "nb.ipynb"
     assert "nb.ipynb" in result["panel"] and "simulated" in result["panel"].lower()
+    # no status bar in Notebook 7: the notebook's toolbar shows its use against the reservation (3 GiB + context)
+    assert re.fullmatch(r"GPU (–|0\.0) / \d+\.\d GiB", result["indicator"]), result["indicator"]
 
 
 def _answers(port: int) -> bool:

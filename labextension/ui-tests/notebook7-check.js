@@ -51,6 +51,14 @@ async function main() {
   if (!rec) {
     throw new Error('no kernel got a GPU quota within 60 s');
   }
+  // Notebook 7 has no status bar: the notebook's toolbar carries the indicator
+  const indicator = page.locator('.jp-gpushare-indicator');
+  await indicator.waitFor({ timeout: 30000 });
+  let indicatorText = '';
+  for (let i = 0; i < 60 && !/^GPU .* \/ /.test(indicatorText); i++) {
+    indicatorText = (await indicator.textContent()) || '';
+    await page.waitForTimeout(250);
+  }
   await page.evaluate(() =>
     window.jupyterapp.commands.execute('gpushare:open-panel')
   );
@@ -64,6 +72,7 @@ async function main() {
       errors,
       quota_mib: rec.quota_mib,
       path: rec.path,
+      indicator: indicatorText,
       panel: panelText.slice(0, 2000)
     })
   );
