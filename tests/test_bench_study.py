@@ -17,12 +17,30 @@ def test_study_harness_runs_jobs_through_a_real_server_and_queues_the_one_that_d
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     doc = json.loads((tmp_path / "results.json").read_text())
-    (run,) = doc["results"]
-    assert run["scenario"] == "gpushare" and run["jobs"] == 3 and run["fit"] == 2
     logs = "".join(f"\n--- {p.name}\n{p.read_text()[-6000:]}" for p in tmp_path.glob("server-*.log"))
-    assert (run["ok"], run["failed"], run["refused"]) == (3, 0, 0), f"{run['per_job']}\n{run['events']}{logs}"
-    assert run["queued"] == 1 and "queued" in run["events"] and "admitted" in run["events"]
-    waits = sorted(j["wait_s"] for j in run["per_job"])
-    assert waits[-1] >= min(j["run_s"] for j in run["per_job"])  # it waited for a job to finish
-    assert all(j["job_s"] is not None and j["pid"] for j in run["per_job"])
-    assert (tmp_path / "jobs.csv").read_text().count("\n") == 4
+    runs = {r["framework"]: r for r in doc["results"]}
+    assert set(runs) == {"numpy", "tensorflow"}  # the study's own framework, a Keras CNN (tensorflow-cpu here)
+    for run in runs.values():
+        assert run["scenario"] == "gpushare" and run["jobs"] == 3 and run["fit"] == 2
+        assert (run["ok"], run["failed"], run["refused"]) == (3, 0, 0), f"{run['per_job']}\n{run['events']}{logs}"
+        assert run["queued"] == 1 and "queued" in run["events"] and "admitted" in run["events"]
+        waits = sorted(j["wait_s"] for j in run["per_job"])
+        assert waits[-1] >= min(j["run_s"] for j in run["per_job"])  # it waited for a job to finish
+        assert all(j["job_s"] is not None and j["pid"] for j in run["per_job"])
+        assert run["reruns"] == 0 and run["all_ok_s"] >= run["run_s_max"]
+    assert (tmp_path / "jobs.csv").read_text().count("\n") == 7
+
+
+def test_a_refused_job_is_run_again_after_the_others_and_counted_until_all_are_done(tmp_path):
+    """on_full=reject: the third job is refused at once (a failed job), run again once the first two are done,
+    and 'all_ok_s' is when that rerun finished."""
+    out = subprocess.run(
+        [sys.executable, str(HARNESS), "--simulate", "--out", str(tmp_path), "--epochs", "1", "--images", "2000",
+         "--job-timeout", "120", "--on-full", "reject", "--runs-simulated", "numpy"],
+        capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    (run,) = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert (run["ok"], run["refused"], run["reruns"], run["rerun_rounds"], run["never_ok"]) == (2, 1, 1, 1, 0), run
+    (again,) = [j for j in run["per_job"] if j["attempt"] == 1]
+    assert again["status"] == "ok" and run["all_ok_s"] == round(again["finished"], 2) > run["total_s"] - 0.5

@@ -1,5 +1,9 @@
 """The job each kernel runs: MNIST-shaped training (5 epochs, batch 32) then inference over 60,000 images.
 
+TensorFlow's job is the study's own: a Keras CNN (two convolutions through cuDNN, pooling, two dense
+layers), trained with ``model.fit`` and run with ``model.predict``; in the ``growth`` and ``gpushare``
+scenarios it first runs the cell TensorFlow notebooks start with, ``set_memory_growth`` on every GPU.
+
 Data is generated (nothing is downloaded). A resident working set scales each job so that about
 22 fit on the card, mirroring the study's 1,205 MiB jobs on a 24 GiB card at a larger card's scale.
 The code prints ``PID <pid>`` first (so the harness can attribute NVML figures), then ``DONE <s>``.
@@ -53,6 +57,30 @@ correct = sum(int((predict_jit(params, x[i:i + 32]).argmax(1) == y[i:i + 32]).su
 print("DONE", round(time.time() - t0, 3), flush=True)
 """
 
+TENSORFLOW = """
+import os, time
+print("PID", os.getpid(), flush=True)
+t0 = time.time()
+import numpy as np, tensorflow as tf, keras
+{growth}
+rng = np.random.default_rng(0)
+x = rng.random(({n}, 28, 28, 1), dtype=np.float32)
+y = rng.integers(0, 10, {n})
+working_set = tf.ones(({ws_mib} * 2**18,), tf.float32)  # scales the job to ~1/22 of the card
+model = keras.Sequential([
+    keras.Input((28, 28, 1)),
+    keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.Conv2D(64, 3, activation="relu"),
+    keras.layers.MaxPooling2D(), keras.layers.Flatten(),
+    keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10),
+])
+model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(x, y, batch_size=32, epochs={epochs}, verbose=0)
+correct = int((model.predict(x, batch_size=32, verbose=0).argmax(1) == y).sum())
+print("DONE", round(time.time() - t0, 3), flush=True)
+"""
+
+GROWTH_CELL = "for g in tf.config.list_physical_devices('GPU'): tf.config.experimental.set_memory_growth(g, True)"
+
 # CPU stand-in for the smoke test of the harness (simulated card, no GPU): same shape, NumPy.
 NUMPY = """
 import os, time
@@ -68,8 +96,9 @@ for epoch in range({epochs}):
 print("DONE", round(time.time() - t0, 3), flush=True)
 """
 
-CODE = {"torch": TORCH, "jax": JAX, "numpy": NUMPY}
+CODE = {"torch": TORCH, "jax": JAX, "tensorflow": TENSORFLOW, "numpy": NUMPY}
 
 
-def job_code(framework: str, ws_mib: int, epochs: int = 5, n: int = 60000) -> str:
-    return CODE[framework].format(ws_mib=ws_mib, epochs=epochs, n=n)
+def job_code(framework: str, ws_mib: int, epochs: int = 5, n: int = 60000, growth: bool = True) -> str:
+    """The job's code; ``growth``: TensorFlow's job starts with the memory-growth cell (not in ``defaults``)."""
+    return CODE[framework].format(ws_mib=ws_mib, epochs=epochs, n=n, growth=GROWTH_CELL if growth else "")

@@ -1,6 +1,6 @@
 """Plots of study runs: jobs over time, per-job run times, card memory over time (PNG).
 
-    python bench/study/plot.py docs/img/ bench/results/study/study-*.json
+    python bench/study/plot.py docs/img/ bench/results/study/study-*.json [--prefix study-tf]
 """
 
 from __future__ import annotations
@@ -43,7 +43,17 @@ def grid(n: int, w: float = 4.2, h: float = 2.6):
     return fig, axes.flat
 
 
-def main(outdir: str, files: list[str]) -> None:
+def done_text(r: dict) -> str:
+    """The batch's time, and when every job had finished successfully with failed ones rerun after the others."""
+    if "all_ok_s" not in r:  # runs recorded before reruns were counted
+        return f"all done in {r['total_s']:.0f} s"
+    if r["all_ok_s"] is None:
+        return f"batch {r['total_s']:.0f} s; {r['never_ok']} never ok after {r['rerun_rounds']} reruns"
+    again = f" ({r['reruns']} reruns)" if r["reruns"] else ""
+    return f"every job ok in {r['all_ok_s']:.0f} s{again}"
+
+
+def main(outdir: str, files: list[str], prefix: str = "study") -> None:
     runs, doc = load(files)
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
@@ -55,13 +65,13 @@ def main(outdir: str, files: list[str]) -> None:
             ax.barh(j["index"], j["wait_s"] or 0, left=j["requested"], color="#bdbdbd", height=0.8)
             if j["admitted"] is not None and j["finished"] is not None:
                 ax.barh(j["index"], j["finished"] - j["admitted"], left=j["admitted"], color=COLORS.get(j["status"], "k"), height=0.8)
-        ax.set_title(f"{r['label']}\nok {r['ok']}, failed {r['failed']}, queued {r['queued']}, all done in {r['total_s']:.0f} s", fontsize=8)
+        ax.set_title(f"{r['label']}\nok {r['ok']}, failed {r['failed']}, queued {r['queued']}; {done_text(r)}", fontsize=8)
         ax.set_yticks([])
         ax.tick_params(labelsize=7)
     fig.suptitle(f"Jobs over time (grey: waiting for a GPU; green: ran; red: failed) — {title}", fontsize=10)
     fig.supxlabel("seconds since all jobs were submitted", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "study-jobs.png", dpi=100)
+    fig.savefig(out / f"{prefix}-jobs.png", dpi=100)
 
     fig, ax = plt.subplots(figsize=(12, 4.2))
     for i, r in enumerate(runs):
@@ -71,9 +81,10 @@ def main(outdir: str, files: list[str]) -> None:
     ax.set_xticks(range(len(runs)), [r["label"] for r in runs], fontsize=6, rotation=30, ha="right")
     ax.set_ylabel("run time of each finished job (s)", fontsize=8)
     ax.set_ylim(bottom=0)
-    ax.set_title(f"Per-job run times (training 5 epochs + inference, 60,000 images, batch 32) — {title}", fontsize=9)
+    job = doc.get("job", {"epochs": 5, "images": 60000})
+    ax.set_title(f"Per-job run times (training {job['epochs']} epochs + inference, {job['images']:,} images, batch 32) — {title}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(out / "study-runtimes.png", dpi=100)
+    fig.savefig(out / f"{prefix}-runtimes.png", dpi=100)
 
     fig, axes = grid(len(runs))
     for ax, r in zip(axes, runs):
@@ -86,8 +97,14 @@ def main(outdir: str, files: list[str]) -> None:
     fig.suptitle(f"Card memory used (GiB, NVML; dashed: the card) — {title}", fontsize=10)
     fig.supxlabel("seconds", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "study-memory.png", dpi=100)
+    fig.savefig(out / f"{prefix}-memory.png", dpi=100)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    args = sys.argv[1:]
+    prefix = "study"
+    if "--prefix" in args:
+        i = args.index("--prefix")
+        prefix = args[i + 1]
+        del args[i : i + 2]
+    main(args[0], args[1:], prefix)
