@@ -24,6 +24,16 @@ from jupyter_core.paths import jupyter_runtime_dir
 # wrote it (pid reuse). The bootstrap stamps "started" within milliseconds of interpreter start.
 START_SLACK_S = 2.0
 FRAMEWORKS = ("cupy", "jax", "tensorflow", "torch")  # what the bootstrap caps; other names are not reported
+PULLED_IN_BY = (*FRAMEWORKS, "keras")  # whose import may bring a framework in (bootstrap: OUTER_IMPORTS)
+# The functions the bootstrap makes give the kernel's quota as the GPU's size (bootstrap/_gpushare_views.py).
+VIEWS = (
+    "cupy.cuda.Device.mem_info",
+    "cupy.cuda.runtime.memGetInfo",
+    "pynvml.nvmlDeviceGetMemoryInfo",
+    "pynvml.nvmlDeviceGetMemoryInfo_v2",
+    "torch.cuda.get_device_properties",
+    "torch.cuda.mem_get_info",
+)
 MAX_REPORT_BYTES = 64 * 1024
 MAX_TEXT, MAX_WARNINGS = 500, 20
 MAX_LIMIT_MIB = 1 << 30
@@ -31,6 +41,11 @@ MAX_LIMIT_MIB = 1 << 30
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # (not NaN)
+
+
+def _views(value: Any) -> list[str]:
+    """The known view names in ``value`` (a list), sorted; anything else is dropped."""
+    return sorted({v for v in value if isinstance(v, str) and v in VIEWS}) if isinstance(value, list) else []
 
 
 def _clean_entry(entry: Any) -> dict[str, Any] | None:
@@ -48,6 +63,8 @@ def _clean_entry(entry: Any) -> dict[str, Any] | None:
     }
     if isinstance(entry.get("version"), str):
         out["version"] = entry["version"][:40]
+    if _views(entry.get("views")):
+        out["views"] = _views(entry.get("views"))
     return out
 
 
@@ -60,6 +77,7 @@ def clean_report(data: Any, kernel_id: str) -> dict[str, Any] | None:
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not (started is None or _number(started)):
         return None
     frameworks = data.get("frameworks") if isinstance(data.get("frameworks"), dict) else {}
+    pulled_in = data.get("pulled_in") if isinstance(data.get("pulled_in"), dict) else {}
     warnings = data.get("warnings") if isinstance(data.get("warnings"), list) else []
     return {
         "pid": pid,
@@ -71,6 +89,12 @@ def clean_report(data: Any, kernel_id: str) -> dict[str, Any] | None:
             for name in FRAMEWORKS
             if name in frameworks and (entry := _clean_entry(frameworks[name])) is not None
         },
+        "pulled_in": {
+            name: pulled_in[name]
+            for name in FRAMEWORKS
+            if name not in frameworks and pulled_in.get(name) in PULLED_IN_BY and pulled_in[name] != name
+        },
+        "views": _views(data.get("views")),
         "warnings": [w[:MAX_TEXT] for w in warnings if isinstance(w, str)][:MAX_WARNINGS],
     }
 
@@ -116,15 +140,21 @@ def _merge(entries: list[tuple[dict, bool]]) -> dict[str, Any]:
     }
     if len(entries) > 1:
         merged["processes"] = len(entries)
+    views = sorted({v for e, _ in entries for v in e.get("views", ())})
+    if views:
+        merged["views"] = views
     return merged
 
 
 def read_reports(report_dir: str, kernel_id: str) -> dict[str, Any] | None:
     """Merge the reports of a kernel's live processes, or None when none has written one.
 
-    Returns ``{"frameworks": {name: {"capped", "limit_mib", "detail"[, "processes"]}}, "warnings": [...],
-    "processes": [{"pid", "root", "frameworks"}...], "time": latest}``. A framework is ``capped`` only
-    if every process that imported it capped it; otherwise the entry explains the first that did not.
+    Returns ``{"frameworks": {name: {"capped", "limit_mib", "detail"[, "processes", "views"]}},
+    "pulled_in": {name: by}, "views": [...], "warnings": [...], "processes": [{"pid", "root", "frameworks"}...],
+    "time": latest}``. A framework is ``capped`` only if every process that imported it capped it; otherwise
+    the entry explains the first that did not. A framework that only another one's import brought in
+    (TensorFlow imports JAX) is not in ``frameworks`` but in ``pulled_in``, with the one that brought it.
+    ``views`` are the functions that give the kernel's quota as the GPU's size in some process.
     Reports of processes that have exited (or whose pid now belongs to another process) are skipped,
     so a restarted kernel does not show what its previous process imported.
     """
@@ -143,7 +173,10 @@ def read_reports(report_dir: str, kernel_id: str) -> dict[str, Any] | None:
     reports.sort(key=lambda r: (not r["root"], r["pid"]))
     by_framework: dict[str, list[tuple[dict, bool]]] = {}
     warnings: list[str] = []
+    pulled_in: dict[str, str] = {}
     for r in reports:
+        for name, by in r["pulled_in"].items():
+            pulled_in.setdefault(name, by)
         for name, entry in r["frameworks"].items():
             by_framework.setdefault(name, []).append((entry, r["root"]))
         for w in r["warnings"]:
@@ -151,6 +184,8 @@ def read_reports(report_dir: str, kernel_id: str) -> dict[str, Any] | None:
                 warnings.append(w)
     return {
         "frameworks": {name: _merge(entries) for name, entries in sorted(by_framework.items())},
+        "pulled_in": {name: by for name, by in sorted(pulled_in.items()) if name not in by_framework},
+        "views": sorted({v for r in reports for v in r["views"]}),
         "warnings": warnings,
         "processes": [{"pid": r["pid"], "root": r["root"], "frameworks": sorted(r["frameworks"])} for r in reports],
         "time": max(r["time"] for r in reports),

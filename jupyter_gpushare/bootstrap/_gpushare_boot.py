@@ -13,9 +13,12 @@ What it does, all driven by the GPUSHARE_* environment the provisioner set:
 - any failure in a hook becomes a ``GpuShareWarning``, never an error in the user's import;
 - every process of the kernel that imports a framework (and the kernel process itself, at start)
   writes ``$GPUSHARE_REPORT_DIR/<kernel id>.<pid>.json`` (temp file + os.replace) saying which
-  frameworks were capped and at what limit, or why not;
-- when a framework's out-of-memory error reaches the notebook (IPython custom exception handler)
-  or the top of a script (chained ``sys.excepthook``), a short note follows the usual traceback.
+  frameworks were capped and at what limit, or why not; a framework that another one's import
+  brought in (TensorFlow imports JAX) is named apart, under ``pulled_in``;
+- the GPU's size as torch, CuPy and NVML report it inside the kernel is the kernel's quota
+  (``_gpushare_views``); the report lists those ``views``;
+- when a framework's out-of-memory error reaches the notebook or the top of a script, a short note
+  follows the usual traceback (``_gpushare_oom``).
 """
 
 from __future__ import annotations
@@ -28,15 +31,20 @@ import time
 # json, re and warnings are imported where used: every process of the kernel (each `!pip`, each
 # DataLoader worker) runs this module at start, so it imports as little as it can.
 
-__all__ = ["GpuShareWarning", "install", "register", "report", "oom_framework", "oom_note"]
+__all__ = ["GpuShareWarning", "install", "register", "report", "pulled_in_by"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _installed = False
-_state: dict = {"frameworks": {}, "warnings": []}
+_state: dict = {"frameworks": {}, "warnings": [], "views": [], "nested": {}}  # nested: see pulled_in_by
 _started = time.time()
 _lock = _thread.RLock()
 _hook_seconds: dict = {}  # time our code spent around each hooked import (for bench/)
+_importing = _thread._local()  # per thread: the hooked modules whose code is executing now, outermost first
 MiB = 2**20
+FRAMEWORKS = ("torch", "tensorflow", "jax", "cupy")  # what the report lists (reports.FRAMEWORKS)
+# Whose own import, when it imports a framework, brings that one in on its own account: the frameworks, and
+# Keras 3, which imports JAX whatever its backend (TensorFlow 2.21 imports JAX too, for tf.lite).
+OUTER_IMPORTS = (*FRAMEWORKS, "keras")
 
 
 class GpuShareWarning(UserWarning):
@@ -133,10 +141,27 @@ def _set(framework: str, capped: bool, detail: str, limit_mib: int | None = None
     _write_report()
 
 
+def _add_views(names: list) -> None:
+    """Note for the report that these functions now give the kernel's quota as the GPU's size (the next
+    write says so: a framework's own entry is written right after, by its cap hook)."""
+    with _lock:
+        _state["views"] = sorted(set(_state["views"]) | set(names))
+
+
 def report() -> dict:
     """This process's report, as written to the report directory."""
     with _lock:
         root = os.environ.get("GPUSHARE_ROOT_PID")
+        frameworks, pulled_in = {}, {}
+        for name, entry in _state["frameworks"].items():
+            by = pulled_in_by(name)
+            if by:
+                pulled_in[name] = by
+                continue
+            frameworks[name] = dict(entry)
+            views = [v for v in _state["views"] if v.startswith(name + ".")]
+            if views:
+                frameworks[name]["views"] = views
         return {
             "pid": os.getpid(),
             "ppid": os.getppid(),
@@ -146,7 +171,9 @@ def report() -> dict:
             "time": time.time(),
             "mode": os.environ.get("GPUSHARE_MODE"),
             "quota_mib": _quota_mib(),
-            "frameworks": {k: dict(v) for k, v in _state["frameworks"].items()},
+            "frameworks": frameworks,
+            "pulled_in": pulled_in,
+            "views": list(_state["views"]),
             "warnings": list(_state["warnings"]),
             "hook_ms": {k: round(v * 1000, 3) for k, v in _hook_seconds.items()},
         }
@@ -202,7 +229,12 @@ class _HookedLoader:
         for fn in pre:
             _guarded(fn, self._name, module)
         spent = time.perf_counter() - start
-        self._loader.exec_module(module)
+        outer = _enter_import(self._name)
+        try:
+            self._loader.exec_module(module)
+        finally:
+            if outer:
+                _importing.stack.pop()
         start = time.perf_counter()
         for fn in post:
             _guarded(fn, self._name, sys.modules.get(self._name, module))
@@ -277,140 +309,81 @@ def register(name: str, pre=None, post=None) -> None:
         sys.meta_path.insert(0, _finder)
 
 
-# -- out-of-memory note -------------------------------------------------------------------------------
+# -- who imported a framework ---------------------------------------------------------------------------
+# A framework is listed in the report when it was imported in this process by the notebook or by any library
+# it uses, not when only another framework's own import brought it in (TensorFlow and Keras import JAX when it
+# is installed). Such a one is "pulled in" until an import statement outside the frameworks and Keras names it:
+# `import tensorflow as tf, jax` lists both, though jax was already in sys.modules when its statement ran.
 
-_oom_types: list = []
-_ip_previous: dict = {}
-_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow", "jax": "JAX", "cupy": "CuPy", "jaxlib": "JAX"}
-
-
-def oom_framework(exc: BaseException | None) -> str | None:
-    """The framework ('torch', 'tensorflow', 'jax', 'cupy') whose out-of-memory error ``exc`` is (or wraps)."""
-    seen = 0
-    while exc is not None and seen < 8:
-        for cls in type(exc).__mro__:
-            top = (getattr(cls, "__module__", "") or "").split(".")[0]
-            if cls.__name__ == "OutOfMemoryError" and top in ("torch", "cupy", "cupy_backends"):
-                return "cupy" if top.startswith("cupy") else "torch"
-            if cls.__name__ == "ResourceExhaustedError" and top == "tensorflow":
-                return "tensorflow"
-            if cls.__name__ in ("XlaRuntimeError", "JaxRuntimeError") and "RESOURCE_EXHAUSTED" in str(exc):
-                return "jax"
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return None
+_builtin_import = None
 
 
-def _in_use_mib(framework: str) -> int | None:
-    """What the framework's allocator holds now, where it can tell without side effects."""
-    try:
-        if framework == "torch":
-            torch = sys.modules["torch"]
-            if torch.cuda.is_initialized():
-                return torch.cuda.memory_reserved(0) // MiB
-        elif framework == "cupy":
-            return sys.modules["cupy"].get_default_memory_pool().total_bytes() // MiB
-        elif framework == "jax":
-            for device in sys.modules["jax"].local_devices():
-                if device.platform == "gpu":
-                    stats = device.memory_stats() or {}
-                    return stats.get("bytes_in_use", 0) // MiB
-        elif framework == "tensorflow":
-            tf = sys.modules["tensorflow"]
-            if tf.config.list_physical_devices("GPU"):
-                return tf.config.experimental.get_memory_info("GPU:0")["current"] // MiB
-    except Exception:
-        return None
-    return None
+def _enter_import(name: str) -> bool:
+    """Note a hooked module starting to execute; True when it was pushed as an outer import."""
+    stack = _importing.__dict__.setdefault("stack", [])
+    if stack and name in FRAMEWORKS and name not in _state["nested"]:
+        with _lock:
+            _state["nested"][name] = stack[-1]  # this import runs inside that one's: it brought it in
+        _watch_imports()
+    if name in OUTER_IMPORTS:
+        stack.append(name)
+        return True
+    return False
 
 
-def oom_note(framework: str) -> str:
-    """The note shown after a framework's out-of-memory traceback."""
-    name = _NAMES.get(framework, framework)
-    quota, most = _quota_mib(), _env_int("GPUSHARE_MAX_QUOTA_MIB")
-    reason = _no_cap_reason()
-    lines = [f"[jupyter-gpushare] {name} ran out of memory."]
-    if quota is not None and os.environ.get("GPUSHARE_MODE") == "gpu":
-        card = os.environ.get("GPUSHARE_CARD_NAME") or "its GPU"
-        used = _in_use_mib(framework)
-        held = f"; {name} holds {used} MiB of it now" if used is not None else ""
-        lines.append(f"This kernel's GPU memory quota is {quota} MiB on {card}{held}.")
-        if reason:
-            lines.append(f"(No GPU cap applies in this process: {reason}.)")
-    else:
-        lines.append(f"This kernel has no GPU memory quota: {reason or 'no GPU reservation'}.")
-    free = {
-        "torch": "del tensors you no longer need, then torch.cuda.empty_cache()",
-        "cupy": "del arrays you no longer need, then cupy.get_default_memory_pool().free_all_blocks()",
-        "jax": "del arrays you no longer need (and jax.clear_caches())",
-        "tensorflow": "del tensors and models you no longer need (tf.keras.backend.clear_session())",
-    }.get(framework, "free what you no longer need")
-    larger = "restart the kernel with a larger quota"
-    if most:
-        larger += f" (at most {most} MiB on this server)"
-    lines.append(f"What to do: use a smaller batch or model; {free}; or {larger}.")
-    return "\n".join(lines)
+def pulled_in_by(name: str) -> str | None:
+    """The framework (or Keras) whose own import alone imported ``name`` in this process; None when the
+    notebook or a library that is not a GPU framework imported it (Keras's backend counts as the notebook's:
+    Keras computes with it)."""
+    return _state["nested"].get(name)
 
 
-def _print_note(exc: BaseException) -> None:
-    framework = oom_framework(exc)
-    if framework:
-        sys.stderr.write("\n" + oom_note(framework) + "\n")
-        sys.stderr.flush()
+def _watch_imports() -> None:
+    """Chain builtins.__import__ while some framework is pulled in (only then: it runs for every import)."""
+    global _builtin_import
+    import builtins
+
+    if builtins.__import__ is not _import:
+        _builtin_import = builtins.__import__
+        builtins.__import__ = _import
 
 
-def _ipython_handler(shell, etype, value, tb, tb_offset=None):
-    previous = _ip_previous.get(id(shell))
-    if previous and issubclass(etype, previous[0]) and not issubclass(etype, tuple(_oom_types)):
-        return previous[1](etype, value, tb, tb_offset=tb_offset)
-    shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
-    try:
-        _print_note(value)
-    except Exception:
-        pass
-    return None
+def _import(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002  (__import__'s own names)
+    if level == 0 and _state["nested"]:
+        try:
+            _imported_by(name.partition(".")[0], globals)
+        except Exception:
+            pass
+    return _builtin_import(name, globals, locals, fromlist, level)
 
 
-_ipython_handler._gpushare = True
+def _imported_by(top: str, namespace) -> None:
+    if top not in _state["nested"] or getattr(_importing, "stack", None):
+        return  # not pulled in, or inside a framework's own import
+    importer = ((namespace or {}).get("__name__") or "").partition(".")[0]
+    if importer not in OUTER_IMPORTS:
+        _imported(top)
 
 
-def _install_ipython_handler() -> None:
-    ipython = sys.modules.get("IPython")
-    get = getattr(ipython, "get_ipython", None)
-    shell = get() if get else None
-    if shell is None or not hasattr(shell, "set_custom_exc"):
-        return
-    current = tuple(getattr(shell, "custom_exceptions", ()) or ())
-    ours = getattr(getattr(shell, "CustomTB", None), "__func__", None)
-    if current and id(shell) not in _ip_previous and not getattr(ours, "_gpushare", False):
-        _ip_previous[id(shell)] = (current, shell.CustomTB)  # someone else's handler: chain to it
-    previous = _ip_previous.get(id(shell), ((), None))[0]
-    shell.set_custom_exc(tuple(dict.fromkeys(_oom_types + list(previous))), _ipython_handler)
-    # set_custom_exc wraps the handler: mark the wrapper so a second call knows it is ours
-    shell.CustomTB.__func__._gpushare = True
+def _imported(name: str) -> None:
+    """``name`` counts as the notebook's from now on; the watch on imports ends with the last one pulled in."""
+    import builtins
+
+    with _lock:
+        _state["nested"].pop(name, None)
+        done = not _state["nested"]
+    if done and builtins.__import__ is _import:
+        builtins.__import__ = _builtin_import
+    _write_report()
 
 
-def _excepthook(etype, value, tb):
-    _previous_excepthook(etype, value, tb)
-    try:
-        _print_note(value)
-    except Exception:
-        pass
-
-
-_previous_excepthook = sys.excepthook
-
-
-def _register_oom_type(cls) -> None:
-    global _previous_excepthook
-    if cls is None or cls in _oom_types:
-        return
-    _oom_types.append(cls)
-    try:
-        _install_ipython_handler()
-    except Exception as e:
-        _warn(f"the out-of-memory note could not be set up in IPython: {e}")
-    if sys.excepthook is not _excepthook:
-        _previous_excepthook, sys.excepthook = sys.excepthook, _excepthook
+def _keras_post(keras) -> None:
+    """Keras 3 imports JAX whatever its backend, and its backend, which it computes with: note which it is."""
+    config = getattr(keras, "config", None) or getattr(keras, "backend", None)
+    backend = getattr(config, "backend", None)
+    backend = backend() if callable(backend) else None
+    if _state["nested"].get(backend) == "keras":
+        _imported(backend)
 
 
 # -- start ------------------------------------------------------------------------------------------
@@ -427,9 +400,12 @@ def install() -> bool:
     if not _no_cap_reason():
         _check_visible_devices()
     import _gpushare_caps
+    import _gpushare_views
 
-    for name, (pre, post) in _gpushare_caps.HOOKS.items():
-        register(name, pre, post)
+    for hooks in (_gpushare_views.HOOKS, _gpushare_caps.HOOKS):  # views first: the caps' report says both
+        for name, (pre, post) in hooks.items():
+            register(name, pre, post)
+    register("keras", post=_keras_post)
     if os.environ.get("GPUSHARE_ROOT_PID") == str(os.getpid()):
         _write_report()  # the kernel process says at once that its bootstrap runs
     return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import _gpushare_boot as boot
+import _gpushare_oom as oom
 
 # Oldest torch whose PYTORCH_CUDA_ALLOC_CONF is known to accept per_process_memory_fraction (checked
 # on torch 2.11, see DESIGN.md); older ones reject unknown keys, so they get the deferred call.
@@ -99,7 +100,7 @@ def _torch_pre(module) -> None:
 def _torch_post(torch) -> None:
     version = getattr(torch, "__version__", None) or _torch_plan.get("version")
     version = str(version) if version else None
-    boot._register_oom_type(getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None))
+    oom.register_oom_type(getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None))
     reason = boot._no_cap_reason()
     if reason:
         return boot._set("torch", False, f"not capped: {reason}", version=version)
@@ -114,7 +115,8 @@ def _torch_post(torch) -> None:
         return boot._set("torch", True, text, quota, version)
 
     def apply() -> None:
-        props = torch.cuda.get_device_properties(0)
+        real = torch.cuda.get_device_properties
+        props = getattr(real, "__wrapped__", real)(0)  # the card's own size, not the quota the view shows
         fraction = min(1.0, quota * MiB / props.total_memory)
         torch.cuda.set_per_process_memory_fraction(fraction, 0)
         boot._set(
@@ -192,7 +194,7 @@ def _tf_post(tf) -> None:
     try:
         from tensorflow.python.framework import errors_impl
 
-        boot._register_oom_type(errors_impl.ResourceExhaustedError)
+        oom.register_oom_type(errors_impl.ResourceExhaustedError)
     except Exception:
         pass
     config = tf.config
@@ -345,7 +347,7 @@ def _jax_post(jax) -> None:
             from jaxlib.xla_extension import XlaRuntimeError as cls
         except Exception:
             cls = None
-    boot._register_oom_type(cls)
+    oom.register_oom_type(cls)
     reason = boot._no_cap_reason()
     if reason:
         return boot._set("jax", False, f"not capped: {reason}", version=version)
@@ -396,7 +398,7 @@ def _cupy_post(cupy) -> None:
     try:
         from cupy.cuda.memory import OutOfMemoryError
 
-        boot._register_oom_type(OutOfMemoryError)
+        oom.register_oom_type(OutOfMemoryError)
     except Exception:
         pass
     reason = boot._no_cap_reason()
