@@ -78,6 +78,7 @@ class GpuShareExtension(ExtensionApp):
         loop = self._server_loop()
         sampler = Sampler(manager, settings.sample_interval, loop=loop, on_sample=enforcer.on_sample, log=self.log)
         manager.latest_samples = sampler.latest_samples  # what processes without a reservation use is taken too
+        manager.kernel_usage = lambda kernel_id: sampler.snapshot.kernels.get(kernel_id)  # peaks, for history
         self.settings["gpushare_sampler"] = sampler
         self.settings["gpushare_enforcer"] = enforcer
         metrics.install(sampler, enforcer)

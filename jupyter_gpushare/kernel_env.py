@@ -8,20 +8,31 @@ from pathlib import Path
 from .records import Grant
 
 BOOTSTRAP_DIR = Path(__file__).parent / "bootstrap"
+PEAK_BEFORE = "GPUSHARE_PEAK_BEFORE_MIB"  # what earlier runs of the kernel's notebook peaked at (history.py)
 
 
 def kernel_env(
-    grant: Grant, kernel_id: str, python: bool, base: dict[str, str], report_dir: str, max_quota_mib: int | None = None
+    grant: Grant,
+    kernel_id: str,
+    python: bool,
+    base: dict[str, str],
+    report_dir: str,
+    max_quota_mib: int | None = None,
+    peak_before_mib: int | None = None,
 ) -> dict[str, str]:
     """Variables to add to (or override in) a kernel's environment ``base``.
 
-    GPUSHARE_* tell the in-kernel bootstrap (and any tool) what the kernel got. Framework knobs that
+    GPUSHARE_* tell the in-kernel bootstrap (and any tool) what the kernel got; GPUSHARE_PEAK_BEFORE_MIB (a whole
+    number of MiB, set only when its notebook has history) what earlier runs of its notebook peaked at, NVML's
+    figure with the CUDA context, for the out-of-memory note. Framework knobs that
     are safe in every framework version are set here; version-dependent ones (PyTorch's allocator
     config) are set by the bootstrap, which can see the installed version.
     """
     env = {"GPUSHARE_KERNEL_ID": kernel_id, "GPUSHARE_MODE": grant.mode, "GPUSHARE_REPORT_DIR": report_dir}
     if grant.reason:
         env["GPUSHARE_REASON"] = grant.reason
+    if peak_before_mib is not None:
+        env[PEAK_BEFORE] = str(int(peak_before_mib))
     if python:
         # The stdlib-only bootstrap (sitecustomize -> _gpushare_boot) runs in the kernel and its children.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), base.get("PYTHONPATH", "")) if p)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .gpu import Card, DeviceSample
+from .history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Learned, choose_peak
 from .ledger_file import LedgerError, LedgerFile, check_ledger, open_readonly
 from .policy import CardView, Policy, Size, UserLimits
 from .procs import Owner, ProcessRef, SessionRef, unreserved_use
@@ -136,6 +137,16 @@ class Reservations(Protocol):
     def caller(self) -> tuple[str | None, bool, UserLimits | None]:
         """Who this process reserves as: (user, or None for this process's own; whether it sees everyone's
         kernels; its per-user limits, None where there are none)."""
+        ...
+
+    def record_peak(self, kernel_id: str, path: str, peak_mib: int, rules: HistoryRules) -> bool:
+        """Remember the peak of the kernel process that holds ``kernel_id``'s lease, for the lease's user and
+        kernelspec and the notebook ``path``; False when there is no such lease (or no history is kept)."""
+        ...
+
+    def learned_peak(self, user: str, kernel_name: str, path: str, rules: HistoryRules) -> Learned | None:
+        """What earlier runs of a notebook teach ``user`` (history.choose_peak). Through the broker, the broker's
+        rules apply and the user is the caller."""
         ...
 
     def cancel_wait(self, kernel_id: str) -> None: ...
@@ -375,6 +386,43 @@ class Ledger:
         for lease in gone:
             self._known.pop(lease.kernel_id, None)
         return gone
+
+    def record_peak(self, kernel_id: str, path: str, peak_mib: int, rules: HistoryRules) -> bool:
+        """Remember a run's peak (one row per kernel process: a second call for the same process replaces it),
+        then forget runs past the rules' age and the row bounds (history.RUNS_KEPT, ROWS_PER_USER, MAX_ROWS)."""
+        if not rules.kept:
+            return False
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
+            if row is None:
+                return False
+            lease = _lease(row)
+            run = f"{lease.kernel.pid}:{lease.kernel.start}" if lease.kernel else ""
+            db.execute(
+                "INSERT OR REPLACE INTO peaks (kernel_id, run, user, kernel_name, path, peak_mib, reserved_mib,"
+                " recorded) VALUES (?,?,?,?,?,?,?,?)",
+                (kernel_id, run, lease.user, lease.kernel_name, path, peak_mib, lease.reserved_mib, now),
+            )
+            db.execute("DELETE FROM peaks WHERE recorded < ?", (now - rules.max_age_s,))
+            newest = "SELECT rowid FROM peaks WHERE {} ORDER BY recorded DESC LIMIT -1 OFFSET ?"
+            db.execute(
+                f"DELETE FROM peaks WHERE rowid IN ({newest.format('user=? AND kernel_name=? AND path=?')})",
+                (lease.user, lease.kernel_name, path, RUNS_KEPT),
+            )
+            db.execute(f"DELETE FROM peaks WHERE rowid IN ({newest.format('user=?')})", (lease.user, ROWS_PER_USER))
+            db.execute(f"DELETE FROM peaks WHERE rowid IN ({newest.format('1')})", (MAX_ROWS,))
+        return True
+
+    def learned_peak(self, user: str, kernel_name: str, path: str, rules: HistoryRules) -> Learned | None:
+        if not rules.kept:
+            return None
+        with self._file.read() as db:
+            runs = db.execute(
+                "SELECT user, peak_mib, recorded FROM peaks WHERE kernel_name=? AND path=? AND recorded >= ?",
+                (kernel_name, path, time.time() - rules.max_age_s),
+            ).fetchall()
+        return choose_peak([tuple(r) for r in runs], user, rules)
 
     def touch_session(self, session: SessionRef, user: str, expires: float) -> None:
         """Open or extend a session: its leases live until ``expires`` unless touched again."""

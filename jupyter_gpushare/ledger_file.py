@@ -27,7 +27,9 @@ from typing import Callable
 
 log = logging.getLogger("jupyter_gpushare.ledger")
 
-SCHEMA_VERSION = 2  # 2: sessions, and an owner_session column in leases and waiters
+# 2: sessions, and an owner_session column in leases and waiters. The peaks table (history.py) came later without a
+# new version: older releases never read it, so servers of both can share a file while a host is upgraded.
+SCHEMA_VERSION = 2
 SETTLE_S = 30.0  # after a re-creation, no new reservations for this long (servers re-enter theirs first)
 _FILES = ("", "-wal", "-shm")  # the database and SQLite's WAL files next to it
 
@@ -67,8 +69,22 @@ CREATE TABLE IF NOT EXISTS sessions (
 CREATE TABLE IF NOT EXISTS meta (
     key          TEXT PRIMARY KEY,
     value        TEXT NOT NULL
-)
-"""  # meta: settle_until, while a re-created file settles (ledger_file.LedgerFile._recreate)
+);
+CREATE TABLE IF NOT EXISTS peaks (
+    kernel_id    TEXT NOT NULL,
+    run          TEXT NOT NULL,
+    user         TEXT NOT NULL,
+    kernel_name  TEXT NOT NULL,
+    path         TEXT NOT NULL,
+    peak_mib     INTEGER NOT NULL,
+    reserved_mib INTEGER NOT NULL,
+    recorded     REAL NOT NULL,
+    PRIMARY KEY (kernel_id, run)
+);
+CREATE INDEX IF NOT EXISTS peaks_notebook ON peaks (kernel_name, path, recorded);
+CREATE INDEX IF NOT EXISTS peaks_user ON peaks (user, recorded)
+"""  # meta: settle_until, while a re-created file settles (ledger_file.LedgerFile._recreate); peaks: one row per
+# kernel process (run: its pid and start time) with the peak GPU memory it reached (history.py)
 _MIGRATE_FROM_1 = """
 ALTER TABLE leases ADD COLUMN owner_session TEXT;
 ALTER TABLE waiters ADD COLUMN owner_session TEXT

@@ -18,9 +18,10 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 from .broker import BrokerLedger
 from .gpu import Card, DeviceSample, GpuBackend, open_backend
+from .history import HistoryRules, history_key, learned_quota, lookup
 from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Reservations, Waiting
 from .policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
-from .records import Grant, KernelRecord, QuotaUnavailable
+from .records import Grant, KernelRecord, QuotaUnavailable, full_message
 from .reports import read_reports, remove_reports, report_dir
 from .settings import GpuShareApp
 from .views import host_view
@@ -28,9 +29,6 @@ from .views import host_view
 T = TypeVar("T")
 QUEUE_POLL_S = 0.5
 LEDGER_RETRY_S = (1.0, 60.0)  # a ledger that cannot be opened is tried again after 1 s, doubling up to 60 s
-WHAT_TO_DO = (
-    "Shut down a kernel you no longer use (Kernel > Shut Down Kernel), ask for a smaller quota, or try again later."
-)
 
 
 class QuotaManager:
@@ -46,10 +44,13 @@ class QuotaManager:
         log: logging.Logger | None = None,
         broker_socket: str | None = None,
         broker_ca_file: str = "",
+        history: HistoryRules | None = None,
     ):
         """``broker_socket``: reserve through the host's broker (broker.py) instead of the ledger file;
-        ``broker_ca_file``: the CA of its TLS certificate ('tls://' sockets)."""
+        ``broker_ca_file``: the CA of its TLS certificate ('tls://' sockets); ``history``: quotas learned from
+        earlier runs (history.py)."""
         self.policy = policy
+        self.history = history or HistoryRules()
         self.backend = backend
         self.ledger_path = ledger_path
         self.broker_socket = broker_socket
@@ -67,6 +68,8 @@ class QuotaManager:
         # The driver's last per-process reading (the sampler's; app.py wires it), for what processes that hold
         # no reservation use.
         self.latest_samples: Callable[[], Sequence[DeviceSample]] = tuple
+        # A kernel's last reading (sampler.KernelUsage, app.py wires it): its peak is recorded when it stops.
+        self.kernel_usage: Callable[[str], Any] = lambda kernel_id: None
         try:
             self.cards: list[Card] = backend.cards()
         except Exception as e:  # a card lost between detection and now: run without GPU, say why
@@ -169,8 +172,9 @@ class QuotaManager:
         """
         rec = self.record(kernel_id, kernel_name, language)
         restarting = rec.state != "starting"  # a new record starts so; a restart's record ran before
+        rec.quota_source = "kernelspec" if requested is not None else "default"
         if rec.pending_quota is not None:
-            requested, rec.pending_quota = parse_size(rec.pending_quota, "quota"), None
+            requested, rec.pending_quota, rec.quota_source = parse_size(rec.pending_quota, "quota"), None, "requested"
         quota = self.policy.quota_for(kernel_name, language, requested)
         if quota is None:
             return self._settle(
@@ -189,6 +193,7 @@ class QuotaManager:
             return self._settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"))
         if not await self._run(self._ensure_ledger):
             return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {self.ledger_error}"))
+        quota = await self._learn(rec, quota)
         try:
             self.policy.check_quota(quota, self._views({}))
         except PolicyError as e:
@@ -211,11 +216,46 @@ class QuotaManager:
             if rec.queued_since:
                 self.event("admitted", kernel_id, f"Admitted after waiting {time.time() - rec.queued_since:.0f} s.")
             return self._settle(rec, Grant("gpu", lease=got, card=self._card(got.card_uuid)))
-        message = self._full_message(quota, got, waited=rec.queued_since)
+        message = full_message(quota, got, self.policy.context_reserve_mib, waited=rec.queued_since)
         rec.position = rec.queued_since = None
         if self.policy.on_full == "cpu":
             return self._settle(rec, Grant("cpu", reason=message + " This kernel was started without a GPU."))
         raise self._refuse(kernel_id, message, keep=restarting, need_mib=got.need_mib, free_mib=got.free_mib)
+
+    async def _learn(self, rec: KernelRecord, quota: Size) -> Size:
+        """What earlier runs of the kernel's notebook teach (shown, and told to the kernel), and the quota: the
+        learned one when the admin's policy says so and nothing more explicit chose it (history.learned_quota)."""
+        key, rec.learned_peak_mib, rec.learned_from = history_key(rec.path), None, None
+        if key is None or not self.history.kept:
+            return quota
+        try:
+            got, limits = await self._run(lookup, self._ledger, self.user, rec.kernel_name, key, self.history)
+        except LedgerError as e:  # history is advice: a kernel starts without it
+            self.log.info("jupyter-gpushare: no history for %r: %s", key, e)
+            return quota
+        if got is None:
+            return quota
+        rec.learned_peak_mib, rec.learned_from = got.peak_mib, got.source
+        if not self.history.enabled or rec.quota_source != "default":
+            return quota
+        learned = learned_quota(self.policy, got.peak_mib, self.history.margin, self._views({}), limits)
+        rec.quota, rec.quota_source = str(learned), "learned"
+        self.event(
+            "learned", rec.kernel_id, f"Quota {learned} learned from earlier runs (peak {format_mib(got.peak_mib)})."
+        )
+        return learned
+
+    async def remember_peak(self, kernel_id: str) -> None:
+        """Record the peak GPU memory of a kernel's process that held a reservation (the sampler's NVML reading,
+        CUDA context included) as it shuts down or restarts: once per process, and only a measured peak."""
+        rec, usage = self.records.get(kernel_id), self.kernel_usage(kernel_id)
+        key = history_key(rec.path) if rec is not None else None
+        if rec is None or rec.lease is None or key is None or usage is None or not self.history.kept:
+            return
+        if usage.pid != rec.pid or not usage.peak_mib or rec.recorded_pid == rec.pid:
+            return  # another process's reading, nothing measured (or nothing used), or recorded already
+        rec.recorded_pid = rec.pid
+        await self._quietly("record_peak", kernel_id, key, int(usage.peak_mib), self.history)
 
     async def _wait_for_room(self, rec: KernelRecord, request: Request, wait: bool) -> Lease | Waiting:
         """Ask for room until granted, or (queueing) until the queue timeout; the last answer."""
@@ -282,26 +322,6 @@ class QuotaManager:
         rec.cancelled = True
         return rec
 
-    def _full_message(self, quota: Size, got: Waiting, waited: float | None) -> str:
-        if got.reason:  # nothing is granted for now, whatever room there is
-            return got.reason
-        reserve = format_mib(self.policy.context_reserve_mib)
-        need = format_mib(got.need_mib) if got.need_mib else f"{quota} + {reserve}"
-        text = (
-            f"No GPU has room for this kernel: it needs {need} (quota {quota} + {reserve} CUDA context reserve), "
-            f"and the most unreserved on any card is {format_mib(got.free_mib)}."
-        )
-        if got.outside_mib:
-            text += (
-                f" Processes that hold no reservation (a script in a terminal, a program started outside a notebook) "
-                f"use {format_mib(got.outside_mib)} of the GPU memory: it counts as taken until they exit."
-            )
-        if waited:
-            text += f" It waited {time.time() - waited:.0f} s in the queue, as long as kernels may wait here."
-        elif got.ahead:
-            text += f" {got.ahead} kernel(s) are already waiting for a GPU."
-        return f"{text} {WHAT_TO_DO}"
-
     def _settle(self, rec: KernelRecord, grant: Grant) -> Grant:
         rec.state = {"gpu": "running"}.get(grant.mode, grant.mode)
         rec.lease, rec.card, rec.reason, rec.position = grant.lease, grant.card, grant.reason, None
@@ -319,13 +339,7 @@ class QuotaManager:
 
     def max_quota_mib(self, grant: Grant) -> int | None:
         """The largest quota this kernel could be given on its card (for the in-kernel OOM note)."""
-        if grant.card is None:
-            return None
-        total = grant.card.total_mib
-        biggest = self.policy.usable_mib(total) - self.policy.context_reserve_mib
-        if self.policy.max_quota is not None:
-            biggest = min(biggest, self.policy.max_quota.resolve(total))
-        return max(0, biggest)
+        return None if grant.card is None else self.policy.largest_quota_mib(grant.card.total_mib)
 
     def _card(self, uuid: str) -> Card | None:
         return next((c for c in self.cards if c.uuid == uuid), None)
@@ -344,6 +358,7 @@ class QuotaManager:
 
     async def release(self, kernel_id: str, why: str = "shut down", forget: bool = True) -> None:
         """Give a kernel's reservation back (idempotent) and, unless it restarts, forget its record."""
+        await self.remember_peak(kernel_id)
         rec = self.records.pop(kernel_id, None) if forget else self.records.get(kernel_id)
         if rec is not None and not forget:
             rec.lease = None
@@ -498,4 +513,5 @@ def build_manager(settings: GpuShareApp, log: logging.Logger | None = None) -> Q
         log=log,
         broker_socket=settings.broker_socket or None,
         broker_ca_file=settings.broker_ca_file,
+        history=settings.build_history(),
     )

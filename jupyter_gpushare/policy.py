@@ -192,6 +192,14 @@ class Policy:
         """What may be reserved on a card: its memory less the headroom kept free."""
         return max(0, total_mib - self.headroom.resolve(total_mib))
 
+    def largest_quota_mib(self, total_mib: int) -> int:
+        """The largest quota a kernel may have on a card of ``total_mib``: what the card can hold beside the CUDA
+        context reserve, and at most ``max_quota``."""
+        biggest = self.usable_mib(total_mib) - self.context_reserve_mib
+        if self.max_quota is not None:
+            biggest = min(biggest, self.max_quota.resolve(total_mib))
+        return max(0, biggest)
+
     def need_mib(self, quota: Size, total_mib: int) -> int:
         """Reservation on a card for a quota: the quota plus the CUDA context reserve."""
         return quota.resolve(total_mib) + self.context_reserve_mib

@@ -20,7 +20,7 @@ from jupyter_client.connect import LocalPortCache, port_names
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Unicode
 
-from .kernel_env import kernel_env
+from .kernel_env import PEAK_BEFORE, kernel_env
 from .manager import QuotaManager, build_manager
 from .policy import PolicyError, parse_size
 from .records import Grant, QuotaUnavailable
@@ -93,6 +93,7 @@ class GpuShareProvisioner(LocalProvisioner):
             # otherwise hold free-looking ports that nothing binds for as long as it waited.
             kwargs = await self._pick_ports(**kwargs)  # after this, kwargs["env"] always exists
             env = kwargs["env"]
+            env.pop(PEAK_BEFORE, None)  # only this notebook's own history, never a value the server inherited
             env.update(
                 kernel_env(
                     self._grant,
@@ -101,6 +102,7 @@ class GpuShareProvisioner(LocalProvisioner):
                     env,
                     report_dir(),
                     manager.max_quota_mib(self._grant),
+                    peak_before_mib=rec.learned_peak_mib,
                 )
             )
         except BaseException:
@@ -195,7 +197,9 @@ class GpuShareProvisioner(LocalProvisioner):
 
     async def cleanup(self, restart: bool = False) -> None:
         await super().cleanup(restart=restart)
-        if not restart:
+        if restart:  # the process that ran is gone: its peak is history (a shutdown records it in release)
+            await self._manager().remember_peak(self.kernel_id)
+        else:
             await self._release("shut down")
 
     async def _release(self, why: str) -> None:

@@ -2,7 +2,7 @@
 
 ``Grant``: a GPU reservation, a start without a GPU, or no quota at all. ``KernelRecord``: one kernel of this
 server as the REST API and the sidebar see it. ``QuotaUnavailable``: a start refused for want of GPU room,
-whose message reaches the HTTP client as it is.
+whose message (``full_message``) reaches the HTTP client as it is.
 """
 
 from __future__ import annotations
@@ -14,7 +14,12 @@ from typing import Any, ClassVar
 from tornado import web
 
 from .gpu import Card
-from .ledger import Lease
+from .ledger import Lease, Waiting
+from .policy import Size, format_mib
+
+WHAT_TO_DO = (
+    "Shut down a kernel you no longer use (Kernel > Shut Down Kernel), ask for a smaller quota, or try again later."
+)
 
 
 class QuotaUnavailable(web.HTTPError):
@@ -26,6 +31,29 @@ class QuotaUnavailable(web.HTTPError):
 
     def __str__(self) -> str:
         return self.message
+
+
+def full_message(quota: Size, got: Waiting, reserve_mib: int, waited: float | None) -> str:
+    """Why no card has room for a kernel of ``quota``, with the figures and what to do (``reserve_mib``: the CUDA
+    context reserve; ``waited``: when it started waiting, if it queued)."""
+    if got.reason:  # nothing is granted for now, whatever room there is
+        return got.reason
+    reserve = format_mib(reserve_mib)
+    need = format_mib(got.need_mib) if got.need_mib else f"{quota} + {reserve}"
+    text = (
+        f"No GPU has room for this kernel: it needs {need} (quota {quota} + {reserve} CUDA context reserve), "
+        f"and the most unreserved on any card is {format_mib(got.free_mib)}."
+    )
+    if got.outside_mib:
+        text += (
+            f" Processes that hold no reservation (a script in a terminal, a program started outside a notebook) "
+            f"use {format_mib(got.outside_mib)} of the GPU memory: it counts as taken until they exit."
+        )
+    if waited:
+        text += f" It waited {time.time() - waited:.0f} s in the queue, as long as kernels may wait here."
+    elif got.ahead:
+        text += f" {got.ahead} kernel(s) are already waiting for a GPU."
+    return f"{text} {WHAT_TO_DO}"
 
 
 @dataclass
@@ -67,6 +95,10 @@ class KernelRecord:
     pid: int | None = None
     path: str | None = None  # the notebook, when started through a session
     cancelled: bool = False  # a queued start the user gave up on
+    quota_source: str = "default"  # history.SOURCES: default | kernelspec | requested | learned
+    learned_peak_mib: int | None = None  # what earlier runs of its notebook peaked at (history.Learned)
+    learned_from: str | None = None  # whose runs: "own" | "others"
+    recorded_pid: int | None = None  # the kernel process whose peak was recorded (once per process)
 
     def to_dict(self) -> dict[str, Any]:
         lease = self.lease
@@ -78,6 +110,9 @@ class KernelRecord:
             "user": self.user,
             "state": self.state,
             "quota": self.quota,
+            "quota_source": self.quota_source,
+            "learned_peak_mib": self.learned_peak_mib,
+            "learned_from": self.learned_from,
             "pending_quota": self.pending_quota,
             "quota_mib": lease.quota_mib if lease else None,
             "reserve_mib": lease.reserve_mib if lease else None,

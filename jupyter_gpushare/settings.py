@@ -16,9 +16,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from traitlets import Dict, Enum, Float, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Config, LoggingConfigurable
 
+from .history import DAY_S, HistoryRules
 from .policy import (
     DEFAULT_MIN_QUOTA_MIB,
     IDLE_ACTIONS,
@@ -35,6 +36,11 @@ from .policy import (
 
 MIN_INTERVAL_S = 0.2  # the sampler reads the driver at most this often
 CONFIG_FILES = ("jupyter_config", "jupyter_server_config")  # what a Jupyter server reads, lowest priority first
+HISTORY_RANGES = {  # setting -> (highest, example)
+    "history_margin": (10, "0.2 (= +20%)"),
+    "history_max_age_days": (36500, "90, or 0 for no history"),
+    "history_quorum": (1000, "3 (users), or 0: only history_teachers teach others"),
+}
 SIZES = {  # setting -> (may be a percentage, may be zero, may be empty)
     "default_quota": (True, False, False),
     "max_quota": (True, False, True),
@@ -187,6 +193,37 @@ class GpuShareApp(LoggingConfigurable):
         "between cancels it. Default: 600.",
     )
 
+    quota_from_history = Bool(
+        False,
+        config=True,
+        help="Give a kernel of a notebook that ran before the quota its earlier runs teach: their peak GPU memory "
+        "(NVML, CUDA context included) plus history_margin, less context_reserve, within min_quota and max_quota. "
+        "A quota asked for (API, sidebar) or set in the kernelspec wins. Peaks are recorded either way. Default: False.",
+    )
+    history_margin = Float(
+        0.2,
+        config=True,
+        help="Added to a learned peak (quota_from_history): 0.2 = +20%, so a notebook that peaked at 5 GiB reserves "
+        "6 GiB. 0 to 10. Default: 0.2.",
+    )
+    history_max_age_days = Float(
+        90.0, config=True, help="Days a recorded peak is kept and learned from. Default: 90. 0 = record no peaks."
+    )
+    history_teachers = List(
+        Unicode(),
+        default_value=[],
+        config=True,
+        help="Users whose runs of a notebook teach every user's first run of it (instructor, TAs), e.g. ['prof']. "
+        "With a broker, the broker's setting applies. Default: [].",
+    )
+    history_quorum = Int(
+        3,
+        config=True,
+        help="Users who must have run a notebook (same path under their root, same kernelspec) before the median of "
+        "their peaks teaches others' first run; one user alone never teaches another. With a broker, the broker's "
+        "setting applies. Default: 3. 0 = only history_teachers teach others.",
+    )
+
     broker_socket = Unicode(
         "",
         config=True,
@@ -262,6 +299,14 @@ class GpuShareApp(LoggingConfigurable):
             return MIN_INTERVAL_S
         return proposal["value"]
 
+    @validate("history_margin", "history_max_age_days", "history_quorum")
+    def _valid_history(self, proposal: Any) -> float:
+        name, value = proposal["trait"].name, proposal["value"]
+        highest, example = HISTORY_RANGES[name]
+        if not 0 <= value <= highest:  # also False for NaN
+            raise TraitError(f"GpuShareApp.{name}: {value!r} is out of range; use 0 to {highest}, e.g. {example}.")
+        return value
+
     @validate("near_quota_threshold")
     def _valid_fraction(self, proposal: Any) -> float:
         if not 0 <= proposal["value"] <= 1:
@@ -318,6 +363,21 @@ class GpuShareApp(LoggingConfigurable):
             queue_timeout_s=self.queue_timeout or float("inf"),
             kernel_quotas=kernel_quotas,
             cards=tuple(self.cards),
+        )
+
+    def build_history(self) -> HistoryRules:
+        """The rules of quotas learned from history; PolicyError for a policy without the history it needs."""
+        if self.quota_from_history and not self.history_max_age_days:
+            raise PolicyError(
+                "GpuShareApp.quota_from_history = True learns from recorded peaks, but history_max_age_days = 0 "
+                "records none. Set history_max_age_days to e.g. 90, or quota_from_history = False."
+            )
+        return HistoryRules(
+            max_age_s=self.history_max_age_days * DAY_S,
+            teachers=frozenset(self.history_teachers),
+            quorum=self.history_quorum,
+            enabled=self.quota_from_history,
+            margin=self.history_margin,
         )
 
     def build_enforce_policy(self) -> EnforcePolicy:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from jupyter_client import BlockingKernelClient
 from servers import ServerProcess, wait_until
 
 from jupyter_gpushare.broker import BrokerLedger
@@ -181,6 +182,25 @@ class UserServer(ServerProcess):
         return next(k for k in self.call("GET", "api/gpushare/kernels")["kernels"] if k["kernel_id"] == kernel_id)
 
 
+def run_in_kernel(server: UserServer, kernel_id: str, code: str) -> str:
+    """Run ``code`` in a kernel of ``server`` (as its user, in its process) and return what it printed."""
+    client = BlockingKernelClient(connection_file=str(server.home / "runtime" / f"kernel-{kernel_id}.json"))
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        out: list[str] = []
+        reply = client.execute_interactive(
+            textwrap.dedent(code),
+            timeout=60,
+            output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
+        )
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(out)
+    finally:
+        client.stop_channels()
+
+
 def as_user(user: pwd.struct_passwd, home: Path, code: str) -> dict:
     """Run Python as ``user`` and return the JSON it prints last."""
     out = subprocess.run(
@@ -250,3 +270,31 @@ def stop_all_kernels(servers) -> None:
 
 def reserved(broker: Broker) -> int:
     return broker.admin_view()["cards"][0]["reserved_mib"]
+
+
+@contextlib.contextmanager
+def running_host(
+    prefix: str, staff: bool = True, gpu: dict | None = None, **broker_args
+) -> Iterator[tuple[Broker, dict[str, UserServer]]]:
+    """A broker (``broker_args``: see Broker) and a Jupyter server for each of the students (and, with ``staff``,
+    STAFF in STAFF_GROUP), each run as its own Unix user; all gone afterwards."""
+    with shared_scratch(prefix) as base:
+        users = {name: ensure_user(name) for name in STUDENTS}
+        if staff:
+            users[STAFF] = ensure_user(STAFF, STAFF_GROUP)
+        broker = Broker(base, **broker_args)
+        servers: dict[str, UserServer] = {}
+        try:
+            broker.start()
+            servers = {name: UserServer(base, user, broker, gpu=gpu).start() for name, user in users.items()}
+            for server in servers.values():
+                server.wait_ready()
+            yield broker, servers
+        finally:
+            for server in servers.values():
+                server.stop()
+            broker.stop()
+            for name in users:
+                remove_user(name)
+            if staff:
+                subprocess.run(["groupdel", STAFF_GROUP], capture_output=True)

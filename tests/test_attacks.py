@@ -17,19 +17,16 @@ import time
 import urllib.error
 
 import pytest
-from jupyter_client import BlockingKernelClient
 from multiuser import (
     ALICE,
     BOB,
     Broker,
-    UserServer,
     as_user,
-    ensure_user,
     needs_root,
-    remove_user,
     reserved,
     run_as,
-    shared_scratch,
+    run_in_kernel,
+    running_host,
 )
 from servers import wait_until
 
@@ -38,41 +35,9 @@ CAP = 8  # connections per user (GpuShareBroker.max_connections_per_user) on thi
 
 @pytest.fixture(scope="module")
 def host():
-    with shared_scratch("gpushare-attacks-") as base:
-        users = {name: ensure_user(name) for name in (ALICE, BOB)}
-        broker = Broker(base, limits={"max_total": "5GiB"}, extra=f"c.GpuShareBroker.max_connections_per_user = {CAP}")
-        servers: dict[str, UserServer] = {}
-        try:
-            broker.start()
-            servers = {name: UserServer(base, user, broker).start() for name, user in users.items()}
-            for server in servers.values():
-                server.wait_ready()
-            yield broker, servers
-        finally:
-            for server in servers.values():
-                server.stop()
-            broker.stop()
-            for name in users:
-                remove_user(name)
-
-
-def run_in_kernel(server: UserServer, kernel_id: str, code: str) -> str:
-    """Run ``code`` in a kernel of ``server`` (as its user, in its process) and return what it printed."""
-    client = BlockingKernelClient(connection_file=str(server.home / "runtime" / f"kernel-{kernel_id}.json"))
-    client.load_connection_file()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
-        out: list[str] = []
-        reply = client.execute_interactive(
-            textwrap.dedent(code),
-            timeout=60,
-            output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
-        )
-        assert reply["content"]["status"] == "ok", reply["content"]
-        return "".join(out)
-    finally:
-        client.stop_channels()
+    extra = f"c.GpuShareBroker.max_connections_per_user = {CAP}"
+    with running_host("gpushare-attacks-", staff=False, limits={"max_total": "5GiB"}, extra=extra) as got:
+        yield got
 
 
 def lease_of(broker: Broker, kernel_id: str) -> dict | None:

@@ -25,15 +25,13 @@ from multiuser import (
     KERNEL,
     RUN,
     STAFF,
-    STAFF_GROUP,
-    STUDENTS,
     Broker,
-    UserServer,
     as_user,
     ensure_user,
     needs_root,
     remove_user,
     reserved,
+    running_host,
     shared_scratch,
     stop_all_kernels,
 )
@@ -50,24 +48,8 @@ from jupyter_gpushare.views import view_for
 
 @pytest.fixture(scope="module")
 def host():
-    with shared_scratch("gpushare-broker-") as base:
-        users = {name: ensure_user(name) for name in STUDENTS}
-        users[STAFF] = ensure_user(STAFF, STAFF_GROUP)
-        broker = Broker(base)
-        servers: dict[str, UserServer] = {}
-        try:
-            broker.start()
-            servers = {name: UserServer(base, user, broker).start() for name, user in users.items()}
-            for server in servers.values():
-                server.wait_ready()
-            yield broker, servers
-        finally:
-            for server in servers.values():
-                server.stop()
-            broker.stop()
-            for name in users:
-                remove_user(name)
-            subprocess.run(["groupdel", STAFF_GROUP], capture_output=True)
+    with running_host("gpushare-broker-") as got:
+        yield got
 
 
 # -- tests (in order: the last ones restart the broker and kill a server) ------------------------------

@@ -10,25 +10,12 @@ import os
 
 import pytest
 from apispec import SPEC, conforms
+from kernels import run_in_kernel
 
 
 @pytest.fixture
 def gpushare_config(gpushare_config):
     return {**gpushare_config, "sample_interval": 0.2, "over_quota_action": "notify", "idle_timeout": 0}
-
-
-async def run_in_kernel(jp_serverapp, kernel_id: str, code: str) -> str:
-    """Run code in a real kernel; its printed output."""
-    client = jp_serverapp.kernel_manager.get_kernel(kernel_id).client()
-    client.start_channels()
-    out: list = []
-    try:
-        await client.wait_for_ready(timeout=60)
-        reply = await client.execute_interactive(code, output_hook=out.append, timeout=60)
-        assert reply["content"]["status"] == "ok", reply["content"]
-    finally:
-        client.stop_channels()
-    return "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream")
 
 
 CHILD = "import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); print(child.pid)"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..gpu import Card
+from ..history import HistoryRules, Learned
 from ..ledger import Lease, LedgerError, ProcessRef, Request, Waiter, Waiting
 from ..policy import Policy, PolicyError, UserLimits, parse_limits
 from .protocol import HUB_TOKEN_ENV, MAX_LINE, is_tcp, lease_from_json, parse_tcp, waiter_from_json
@@ -230,6 +231,16 @@ class BrokerLedger:
         if "lease" in got:
             return lease_from_json(got["lease"])
         return Waiting(**got["waiting"])
+
+    def record_peak(self, kernel_id: str, path: str, peak_mib: int, rules: HistoryRules | None = None) -> bool:
+        """Send a run's peak; the broker keys it by this server's user and the lease's kernelspec, and keeps it by
+        its own rules. Lost (False) while the broker is down: history is advice, not a reservation."""
+        return bool(self._query("record_peak", False, kernel_id=kernel_id, path=path, peak_mib=peak_mib))
+
+    def learned_peak(self, user: str, kernel_name: str, path: str, rules: HistoryRules | None = None) -> Learned | None:
+        """What the broker says this server's user learns for a notebook (its rules; ``user`` is not sent: the
+        broker knows who calls)."""
+        return Learned.from_json(self._query("learned_peak", None, kernel_name=kernel_name[:200], path=path))
 
     def cancel_wait(self, kernel_id: str) -> None:
         try:

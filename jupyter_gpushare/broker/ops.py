@@ -1,7 +1,7 @@
 """What each caller may do: the broker's operations, one method per request (``_op_<name>``).
 
-A mixin of GpuShareBroker (server.py), which provides ``_ledger`` (the host's Ledger), ``policy``, ``cards``,
-``backend``, ``limits_for``, ``_me`` and ``log``. Every method runs on the broker's one thread, with
+A mixin of GpuShareBroker (server.py), which provides ``_ledger`` (the host's Ledger), ``policy``, ``history``,
+``cards``, ``backend``, ``limits_for``, ``_me`` and ``log``. Every method runs on the broker's one thread, with
 arguments protocol.decode_request has already typed and checked.
 """
 
@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import psutil
@@ -27,7 +27,9 @@ from .protocol import (
     BrokerRefused,
     KeepArgs,
     KernelArgs,
+    LearnedArgs,
     NoArgs,
+    RecordPeakArgs,
     ReserveArgs,
     decode_request,
     lease_to_json,
@@ -164,6 +166,28 @@ class Operations:
         self._may_change(caller, args.kernel_id, lease.user, lease.owner, "release")
         released = ledger.release(args.kernel_id)
         return lease_to_json(released) if released else None
+
+    def _op_record_peak(self, caller: Caller, args: RecordPeakArgs) -> bool:
+        """A run's peak, for the lease's own user only: its server (no one else, admins included) names the
+        notebook; no more than its card holds. One row per kernel process (ledger.record_peak)."""
+        ledger = self._ledger
+        assert ledger is not None
+        lease = ledger.get(args.kernel_id)
+        if lease is None:
+            return False
+        self._may_change(replace(caller, admin=False), args.kernel_id, lease.user, lease.owner, "record the peak of")
+        card = next((c for c in self.cards if c.uuid == lease.card_uuid), None)
+        if card is None or args.peak_mib > card.total_mib:
+            raise BrokerRefused(
+                f"A peak of {format_mib(args.peak_mib)} is more than kernel {args.kernel_id}'s card holds; not recorded."
+            )
+        return ledger.record_peak(args.kernel_id, args.path, args.peak_mib, self.history)
+
+    def _op_learned_peak(self, caller: Caller, args: LearnedArgs) -> dict | None:
+        """What the caller's next kernel of a notebook learns, by the broker's rules (never the server's)."""
+        assert self._ledger is not None
+        got = self._ledger.learned_peak(caller.user, args.kernel_name, args.path, self.history)
+        return got.to_json() if got else None
 
     def _op_release_owned_except(self, caller: Caller, args: KeepArgs) -> list[dict]:
         with self._as_owner(caller) as led:

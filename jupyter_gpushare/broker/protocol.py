@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..history import MAX_PATH, MAX_PEAK_MIB, PATH
 from ..ledger import Lease, Owner, ProcessRef, SessionRef, Waiter
 from ..policy import PolicyError, Size
 
@@ -80,6 +81,19 @@ class AttachArgs:
 @dataclass(frozen=True)
 class KeepArgs:
     keep: frozenset[str]
+
+
+@dataclass(frozen=True)
+class RecordPeakArgs:
+    kernel_id: str
+    path: str  # the notebook, relative to the server's root ("" for a kernel without one)
+    peak_mib: int
+
+
+@dataclass(frozen=True)
+class LearnedArgs:
+    kernel_name: str
+    path: str
 
 
 @dataclass(frozen=True)
@@ -155,6 +169,17 @@ def _attach(f: _Fields) -> AttachArgs:
     return AttachArgs(f.kernel_id(), pid)
 
 
+def _record_peak(f: _Fields) -> RecordPeakArgs:
+    peak = f.number("peak_mib", (int,))
+    if peak is None or not 0 < peak <= MAX_PEAK_MIB:
+        raise f.refuse("peak_mib", f"a whole number of MiB from 1 to {MAX_PEAK_MIB}")
+    return RecordPeakArgs(f.kernel_id(), f.text("path", PATH, MAX_PATH, default=""), peak)
+
+
+def _learned(f: _Fields) -> LearnedArgs:
+    return LearnedArgs(f.text("kernel_name", default=""), f.text("path", PATH, MAX_PATH, default=""))
+
+
 def _keep(f: _Fields) -> KeepArgs:
     return KeepArgs(frozenset(f.texts("keep", KERNEL_ID, MAX_KEEP)))
 
@@ -177,6 +202,8 @@ REQUESTS: dict[str, Callable[[_Fields], Any]] = {
     "leases": lambda f: NoArgs(),
     "get": lambda f: KernelArgs(f.kernel_id()),
     "waiters": lambda f: NoArgs(),
+    "record_peak": _record_peak,
+    "learned_peak": _learned,
 }
 
 

@@ -238,6 +238,7 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
 
         shared = settings_from(self.config)  # the same placement rules (c.GpuShareApp.*) as a single server
         self.policy = shared.build_policy()
+        self.history = shared.build_history()  # whose runs teach whom: the broker's rules, not the servers'
         self.backend = open_backend(shared.gpu_backend, shared.simulated_cards)
         self.cards: list[Card] = self.backend.cards()
         shared.check(self.policy, [CardView(c.uuid, c.index, c.total_mib) for c in self.cards])

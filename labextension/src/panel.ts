@@ -12,7 +12,7 @@ import {
 } from './format';
 import { renderHostSection } from './hostpanel';
 import { GpuShareModel, ISettings, ISnapshot } from './model';
-import { quotaMiB, statusOf } from './state';
+import { historyText, quotaMiB, statusOf } from './state';
 import { ICurrent, KernelTracker } from './tracker';
 import type { ICard, IKernel } from './types';
 
@@ -236,6 +236,7 @@ function renderKernel(
       ? ` + ${formatMiB(k.reserve_mib)} CUDA context = ${formatMiB(k.reserved_mib)} reserved`
       : '';
   const fw = view.settings.showFrameworks ? frameworks(k) : null;
+  const learned = historyText(k);
   const tl =
     k.state === 'queued' || k.state === 'starting' ? null : timeline(k);
   const act: VirtualElement[] = [];
@@ -302,6 +303,7 @@ function renderKernel(
         .filter(Boolean)
         .join(' · ')
     ),
+    ...(learned ? [h.div({ className: `${C}-kernel-history` }, learned)] : []),
     ...(k.state === 'queued' || k.state === 'starting'
       ? []
       : [quotaBar(k, s.severity)]),

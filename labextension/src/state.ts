@@ -4,7 +4,13 @@
  * Nothing here decides a state: the server does (state.py), and every view
  * says its words. Pure functions (tested with node).
  */
-import { basename, cardLabel, formatUsage, isMeasured } from './format';
+import {
+  basename,
+  cardLabel,
+  formatMiB,
+  formatUsage,
+  isMeasured
+} from './format';
 import type { IEvent, IKernel, IStatus } from './types';
 
 export type Severity = IStatus['severity'];
@@ -18,6 +24,25 @@ export function statusOf(k: IKernel): IStatus {
       severity: 'muted'
     }
   );
+}
+
+/**
+ * What earlier runs of a kernel's notebook tell its student: what they peaked
+ * at, and whether the quota was learned from them; null when it has no history.
+ * A kernel without a notebook learns from earlier kernels of its kind.
+ */
+export function historyText(k: IKernel): string | null {
+  if (!isMeasured(k.learned_peak_mib)) {
+    return null;
+  }
+  const peak = formatMiB(k.learned_peak_mib);
+  const own = k.learned_from !== 'others';
+  const text = k.path
+    ? `This notebook peaked at ${peak} ${own ? 'in your earlier runs' : 'when others ran it'}.`
+    : `${own ? 'Your earlier' : 'Earlier'} ${k.kernel_name} kernels peaked at ${peak}.`;
+  return k.quota_source === 'learned'
+    ? `${text} Its quota was learned from earlier runs.`
+    : text;
 }
 
 /** A kernel's quota in MiB (what its frameworks are capped at). */

@@ -89,6 +89,12 @@ export interface IKernel {
   state: KernelState | string;
   quota?: string | null;
   pending_quota?: string | null;
+  /** Where the quota came from; 'learned' = from earlier runs of its notebook. */
+  quota_source?: 'default' | 'kernelspec' | 'requested' | 'learned' | string;
+  /** What earlier runs of its notebook peaked at (null: no history). */
+  learned_peak_mib?: number | null;
+  /** Whose runs: the user's own, or others' (a teacher's, several users'). */
+  learned_from?: 'own' | 'others' | null;
   quota_mib?: number | null;
   reserve_mib?: number | null;
   reserved_mib?: number | null;

@@ -4,6 +4,7 @@ import { test } from 'node:test';
 import {
   classifyEvent,
   eventText,
+  historyText,
   matchKernel,
   quotaMiB,
   statusOf,
@@ -123,5 +124,29 @@ test('notifications: the notebook, what to do first, then what happened', () => 
       'nb3.ipynb'
     ),
     'nb3.ipynb was not started. Ask for a smaller quota. No GPU has room.'
+  );
+});
+
+test("history: what earlier runs peaked at, in a student's words", () => {
+  assert.equal(historyText(kernel()), null); // no history: nothing said
+  assert.equal(
+    historyText(kernel({ learned_peak_mib: 2150, learned_from: 'own' })),
+    'This notebook peaked at 2.1 GiB in your earlier runs.'
+  );
+  const learned = historyText(
+    kernel({
+      learned_peak_mib: 2150,
+      learned_from: 'others',
+      quota_source: 'learned'
+    })
+  )!;
+  assert.equal(
+    learned,
+    'This notebook peaked at 2.1 GiB when others ran it. Its quota was learned from earlier runs.'
+  );
+  assert.ok(!/GpuShareApp|history_|margin/.test(learned)); // no admin setting named
+  assert.equal(
+    historyText(kernel({ path: null, learned_peak_mib: 512 })),
+    'Your earlier python3 kernels peaked at 512 MiB.'
   );
 });
