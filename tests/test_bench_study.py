@@ -44,3 +44,20 @@ def test_a_refused_job_is_run_again_after_the_others_and_counted_until_all_are_d
     assert (run["ok"], run["refused"], run["reruns"], run["rerun_rounds"], run["never_ok"]) == (2, 1, 1, 1, 0), run
     (again,) = [j for j in run["per_job"] if j["attempt"] == 1]
     assert again["status"] == "ok" and run["all_ok_s"] == round(again["finished"], 2) > run["total_s"] - 0.5
+
+
+def test_learned_quotas_fit_what_the_job_used_so_the_batch_does_not_wait(tmp_path):
+    """The learned scenario on the simulated card: a warm-up job says it holds its 1,024 MiB working set; the
+    batch's kernels get that peak + 10% (quota 487 MiB + 640 MiB context reserve) instead of the fixed 2,048 MiB
+    reservation, so all three run at once where fixed quotas queue one."""
+    out = subprocess.run(
+        [sys.executable, str(HARNESS), "--simulate", "--out", str(tmp_path), "--epochs", "1", "--images", "2000",
+         "--job-timeout", "120", "--runs-simulated", "numpy:gpushare,numpy:learned"],
+        capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    fixed, learned = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert fixed["quotas"]["quota_mib_and_source"] == [[1408, "default"]] and fixed["queued"] == 1
+    assert learned["warmup"]["status"] == "ok" and learned["quotas"]["learned_peak_mib"] == [1024]
+    assert learned["quotas"]["quota_mib_and_source"] == [[487, "learned"]]
+    assert (learned["ok"], learned["queued"], learned["never_ok"]) == (3, 0, 0), learned["event_messages"]

@@ -1,7 +1,13 @@
 # Source on the GPU machine from the repo root: installs the carried wheels (.whl/, see
-# bench/README.md) into /tmp/site and registers this checkout's kernel provisioner entry point,
-# so a real jupyter-server and kernels run there without pip access.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
+# bench/README.md) into /tmp/site once per machine and registers this checkout's kernel provisioner
+# entry point, so a real jupyter-server and kernels run there without pip access. Later commands on the
+# same machine need not carry .whl/ again.
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
+elif [ ! -d /tmp/site/jupyter_server ]; then
+  echo "device_env.sh: carry .whl/ (the Jupyter wheels) on this machine's first command" >&2
+  return 1
+fi
 d=/tmp/site/jupyter_gpushare-0.1.0.dist-info
 mkdir -p "$d"
 printf 'Metadata-Version: 2.1\nName: jupyter-gpushare\nVersion: 0.1.0\n' > "$d/METADATA"

@@ -8,6 +8,8 @@ time. Scenarios (same job, same job counts):
   defaults   framework defaults, no extension (JAX preallocates 75% of the card)
   growth     memory growth (PyTorch's caching allocator as is; JAX without preallocation), no extension
   gpushare   the extension with quotas (kernels that do not fit wait in the queue)
+  learned    the extension with quotas learned from history: one warm-up job (with a generous quota) teaches
+             its measured peak, then the batch gets that peak plus --learn-margin each (quota_from_history)
 
     python bench/study/harness.py --out results/ [--frameworks torch,jax] [--runs torch:growth:24,...]
     python bench/study/harness.py --simulate --out /tmp/smoke     # CPU smoke test, simulated card
@@ -280,9 +282,11 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         "on_full": args.on_full,
         "queue_timeout": args.job_timeout,
     }
+    if scenario == "learned":  # the warm-up runs at a quarter of the card, so its peak is not cut by the quota
+        gpushare.update(quota_from_history=True, history_margin=args.learn_margin, default_quota=f"{sizing['card_mib'] // 4}MiB")
     if args.simulate:
-        gpushare.update(gpu_backend="simulated", simulated_cards=f"{sizing['card_mib']}MiB")
-    server = Server(scenario == "gpushare", gpushare, env, Path(args.workdir))
+        gpushare.update(gpu_backend="simulated", simulated_cards=f"{sizing['card_mib']}MiB", sample_interval=0.25)
+    server = Server(scenario in ("gpushare", "learned"), gpushare, env, Path(args.workdir))
     label = f"{framework}/{scenario}/{n_jobs}"
     print(f"[{label}] starting server", flush=True)
     jobs: list[Job] = []
@@ -290,10 +294,17 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
     try:
         await server.wait_ready()
         code = job_code(framework, sizing["ws_mib"][framework], epochs=args.epochs, n=args.images, growth=scenario != "defaults")
+        warmup = None
+        if scenario == "learned":  # one job alone teaches the peak (recorded when its kernel is shut down)
+            warmup = Job(-1)
+            await run_job(server, warmup, code, time.time(), args.job_timeout)
+            print(f"[{label}] warm-up: {warmup.status} in {warmup.run_s} s", flush=True)
+            await settled(server)
         t0 = time.time()
         monitor = Monitor(nvml, t0)
         monitor.start()
         jobs = [Job(i) for i in range(n_jobs)]
+        quotas = asyncio.ensure_future(kernel_quotas(server, scenario))
         await asyncio.gather(*(run_job(server, j, code, t0, args.job_timeout) for j in jobs))
         batch_s = round(time.time() - t0, 2)
         attempts = list(jobs)
@@ -306,7 +317,7 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
             attempts += again
         monitor.stop()
         events = []
-        if scenario == "gpushare":
+        if scenario in ("gpushare", "learned"):
             events = (await server.call("GET", "api/gpushare/events"))["events"]
         for j in attempts:
             j.peak_mib = monitor.peak_by_pid.get(j.pid) if j.pid else None
@@ -342,6 +353,9 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         "peak_card_used_mib": max((s["used_mib"] for s in monitor.timeline), default=None),
         "errors": sorted({(j.error or "")[:160] for j in attempts if j.status != "ok"}),
         "events": [e["kind"] for e in events],
+        "event_messages": [f"{e['kind']}: {e['message']}" for e in events if e["kind"] in ("learned", "queued", "refused")],
+        "quotas": quotas.result() if quotas.done() else None,
+        "warmup": {k: v for k, v in asdict(warmup).items() if k != "output"} | {"output_tail": warmup.output[-3:]} if warmup else None,
         "per_job": [{k: v for k, v in asdict(j).items() if k != "output"} | {"output_tail": j.output[-3:]} for j in attempts],
         "timeline": monitor.timeline,
     }
@@ -350,6 +364,36 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
     for err in result["errors"][:3]:
         print(f"[{label}]   error: {err}", flush=True)
     return result
+
+
+async def settled(server: Server, timeout: float = 15) -> None:
+    """Until the card shows no memory used outside reservations: the warm-up's process has gone from the
+    usage samples (until then its memory counts as taken, as any process without a reservation does)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cards = (await server.call("GET", "api/gpushare/cards"))["cards"]
+        if all(not c.get("outside_mib") for c in cards):
+            return
+        await asyncio.sleep(0.25)
+
+
+async def kernel_quotas(server: Server, scenario: str, timeout: float = 30) -> dict | None:
+    """What the server gave the batch's first running kernels: their quotas and where each came from."""
+    if scenario not in ("gpushare", "learned"):
+        return None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        try:
+            kernels = (await server.call("GET", "api/gpushare/kernels"))["kernels"]
+        except (HTTPClientError, OSError) as e:
+            return {"error": str(e)}
+        running = [k for k in kernels if k.get("quota_mib") and k.get("state") != "queued"]
+        if running:
+            seen = sorted({(k["quota_mib"], k.get("quota_source")) for k in running}, key=str)
+            peaks = sorted({k.get("learned_peak_mib") for k in running} - {None})
+            return {"quota_mib_and_source": seen, "learned_peak_mib": peaks}
+    return None
 
 
 async def drain(nvml: Nvml | None, timeout: float = 30) -> None:
@@ -388,17 +432,18 @@ async def main() -> int:
     ap.add_argument("--images", type=int, default=60000)
     ap.add_argument("--job-timeout", type=float, default=300)
     ap.add_argument("--budget", type=float, default=0, help="stop starting new scenarios after this many seconds (0 = none)")
+    ap.add_argument("--learn-margin", type=float, default=0.1, help="learned scenario: the margin on the learned peak")
     ap.add_argument("--on-full", default="queue", choices=["queue", "reject"], help="the extension's on_full: wait or refuse")
     ap.add_argument("--reruns", type=int, default=3, help="rounds of running failed jobs again after the others")
     ap.add_argument("--simulate", action="store_true", help="CPU smoke test: simulated card, NumPy and TensorFlow (CPU) jobs, small counts")
-    ap.add_argument("--runs-simulated", default="numpy,tensorflow", help="with --simulate: the frameworks' jobs to run")
+    ap.add_argument("--runs-simulated", default="numpy,tensorflow", help="with --simulate: FRAMEWORK[:SCENARIO],... (gpushare)")
     ap.add_argument("--workdir", default=tempfile.gettempdir())
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.simulate:
         nvml, card_mib, device = None, 4096 + HEADROOM_MIB, "simulated card (no GPU): harness smoke test"
-        runs = [(fw, "gpushare", 1.5) for fw in args.runs_simulated.split(",")]
+        runs = [(*(item.split(":") + ["gpushare"])[:2], 1.5) for item in args.runs_simulated.split(",")]
         args.fit = 2
     else:
         nvml = Nvml()

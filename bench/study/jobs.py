@@ -81,12 +81,16 @@ print("DONE", round(time.time() - t0, 3), flush=True)
 
 GROWTH_CELL = "for g in tf.config.list_physical_devices('GPU'): tf.config.experimental.set_memory_growth(g, True)"
 
-# CPU stand-in for the smoke test of the harness (simulated card, no GPU): same shape, NumPy.
+# CPU stand-in for the smoke test of the harness (simulated card, no GPU): same shape, NumPy; it says it holds
+# its working set on the simulated card for a second, so the server measures a peak (the learned scenario).
 NUMPY = """
 import os, time
 print("PID", os.getpid(), flush=True)
 t0 = time.time()
 import numpy as np
+if os.environ.get("GPUSHARE_SIMULATED") == "1":
+    import gpushare_simulate
+    gpushare_simulate.use({ws_mib}); time.sleep(1.5)
 rng = np.random.default_rng(0)
 x = rng.standard_normal(({n}, 784), dtype=np.float32)
 w = rng.standard_normal((784, 10), dtype=np.float32) * 0.01
