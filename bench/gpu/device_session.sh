@@ -10,7 +10,8 @@
 #   piece:NN          move TensorFlow's piece NN under /tmp/parts
 #   tf                assemble TensorFlow once, then use it (source /tmp/tfgpu-env.sh)
 #   torch-study:N     the study's PyTorch scenarios (growth and gpushare, 1.2x the jobs that fit), run N
-#   study:NAME:RUNS[:EPOCHS]  the study with --runs RUNS (commas as '+'), results under $OUT/study-NAME
+#   study:NAME:RUNS[:EPOCHS[:RERUNS]]  the study with --runs RUNS written with '/' for ':' and '+' for ',' (e.g.
+#                     tensorflow/growth/1.2+tensorflow/gpushare/1.2), results under $OUT/study-NAME
 #   check-tf:N        bench/gpu/check_tf.py, run N
 #   check-views       bench/gpu/check_views.py (Accelerate/transformers from the carried .whl-hf)
 # Everything goes to $OUT (the device tool brings it back); the Jupyter wheels come from .whl (device_env.sh).
@@ -36,8 +37,9 @@ for step in "$@"; do
       --runs torch:growth:1.2,torch:gpushare:1.2 --workdir /tmp > "$OUT/study-torch-run${step#torch-study:}.log" 2>&1 || rc=1
     grep -E "^\[|device" "$OUT/study-torch-run${step#torch-study:}.log" ;;
   study:*)
-    IFS=: read -r _ name runs epochs <<< "$step"
-    python3 bench/study/harness.py --out "$OUT/study-$name" --runs "${runs//+/,}" --epochs "${epochs:-5}" \
+    IFS=: read -r _ name runs epochs reruns <<< "$step"
+    runs=${runs//\//:}
+    python3 bench/study/harness.py --out "$OUT/study-$name" --runs "${runs//+/,}" --epochs "${epochs:-5}" --reruns "${reruns:-3}" \
       --workdir /tmp > "$OUT/study-$name.log" 2>&1 || rc=1
     grep -E "^\[|device" "$OUT/study-$name.log" ;;
   check-tf:*)
