@@ -1,8 +1,11 @@
-"""The quota manager and provisioner for the GPU checks that start kernels without a Jupyter server."""
+"""What the GPU checks that start kernels without a Jupyter server share: the card they describe, the
+quota manager and the provisioner."""
 
 from __future__ import annotations
 
+import datetime
 import os
+import platform
 from importlib.metadata import EntryPoint
 
 from jupyter_client.provisioning import KernelProvisionerFactory
@@ -10,6 +13,39 @@ from jupyter_client.provisioning import KernelProvisionerFactory
 from jupyter_gpushare.gpu import GpuBackend
 from jupyter_gpushare.manager import QuotaManager
 from jupyter_gpushare.policy import Policy, Size
+
+SMOKE = os.environ.get("GPUSHARE_CHECK_SMOKE") == "1"  # the plumbing only, on a simulated card, no GPU
+
+
+def check_header(what: str, quota_mib: int, reserve_mib: int, total_if_smoke: int = 81920) -> tuple:
+    """Card 0's NVML handle (None in a SMOKE run), its UUID, and the head of a check's result: what ran,
+    when, on which card and driver, with which quota."""
+    if SMOKE:
+        handle = uuid = driver = None
+        device, total = "none (smoke run of the plumbing on a simulated card)", total_if_smoke
+    else:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        uuid, device = (_text(f(handle)) for f in (pynvml.nvmlDeviceGetUUID, pynvml.nvmlDeviceGetName))
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        total = pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20
+    head = {
+        "what": what,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "driver": driver,
+        "card_total_mib": total,
+        "python": platform.python_version(),
+        "quota_mib": quota_mib,
+        "context_reserve_mib": reserve_mib,
+    }
+    return handle, uuid, head
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def install_quota_manager(backend: GpuBackend, quota_mib: int, reserve_mib: int) -> QuotaManager:

@@ -18,10 +18,8 @@ Prints a summary and writes everything to the JSON file named on the command lin
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import os
-import platform
 import sys
 import time
 
@@ -29,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
 
 import pynvml  # noqa: E402
-from _manager import install_quota_manager  # noqa: E402
+from _manager import SMOKE, check_header, install_quota_manager  # noqa: E402
 from jupyter_client.manager import AsyncKernelManager  # noqa: E402
 
 from jupyter_gpushare.gpu import SimulatedBackend  # noqa: E402
@@ -39,7 +37,6 @@ from jupyter_gpushare.reports import report_dir  # noqa: E402
 QUOTA_MIB = 4096
 RESERVE_MIB = 1024
 GIB = 2**30
-SMOKE = os.environ.get("GPUSHARE_CHECK_SMOKE") == "1"  # plumbing only, on a machine without GPU
 
 FRAMEWORKS = {
     "torch": {
@@ -123,22 +120,12 @@ async def execute(kc, code: str, timeout: float = 180) -> dict:
 
 
 async def main(path: str) -> int:
-    if SMOKE:
-        handle, device, driver, total = None, "none (smoke run of the plumbing on a simulated card)", None, 81920
-    else:
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        device, driver = pynvml.nvmlDeviceGetName(handle), pynvml.nvmlSystemGetDriverVersion()
-        total = pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20
+    handle, _, head = check_header(
+        "bench/gpu/check_caps.py: framework caps in kernels started by the gpushare provisioner", QUOTA_MIB, RESERVE_MIB
+    )
+    total = head["card_total_mib"]
     result: dict = {
-        "what": "bench/gpu/check_caps.py: framework caps in kernels started by the gpushare provisioner",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": device,
-        "driver": driver,
-        "card_total_mib": total,
-        "python": platform.python_version(),
-        "quota_mib": QUOTA_MIB,
-        "context_reserve_mib": RESERVE_MIB,
+        **head,
         "kernels": {},
         "checks": {},
     }

@@ -27,10 +27,8 @@ simulated card with tensorflow-cpu (checks that need a GPU are then expected to 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import threading
@@ -40,8 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [ROOT, HERE]
 
-import pynvml  # noqa: E402
-from _manager import install_quota_manager  # noqa: E402
+from _manager import SMOKE, check_header, install_quota_manager  # noqa: E402
 from check_caps import execute, nvml_used_by_pid, tree_pids  # noqa: E402
 from jupyter_client.manager import AsyncKernelManager  # noqa: E402
 
@@ -51,7 +48,6 @@ from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
 QUOTA_MIB = 4096
 RESERVE_MIB = 1024
 LIMIT_MIB = QUOTA_MIB + RESERVE_MIB
-SMOKE = os.environ.get("GPUSHARE_CHECK_SMOKE") == "1"
 # Sizes in MiB of float32 (2**18 elements each) and of the computations; a smoke run (CPU) uses 1/64 of them.
 _DIV = 64 if SMOKE else 1
 SIZES = {"under": 3072 // _DIV, "over": 2048 // _DIV, "clamp": 5120 // _DIV, "n": 4096 // _DIV, "n2": 8192 // _DIV, "images": 20000 // _DIV}
@@ -188,25 +184,15 @@ def oom(r: dict) -> bool:
 
 
 async def main(path: str) -> int:
-    if SMOKE:
-        handle, device, driver, total = None, "none (smoke run of the plumbing on a simulated card)", None, 81920
-    else:
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        device, driver = pynvml.nvmlDeviceGetName(handle), pynvml.nvmlSystemGetDriverVersion()
-        total = pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20
+    handle, _, head = check_header(
+        "bench/gpu/check_tf.py: TensorFlow in kernels started by the gpushare provisioner", QUOTA_MIB, RESERVE_MIB
+    )
+    total = head["card_total_mib"]
     import tensorflow as tf_here  # only its version: the checks run in kernels and child processes
 
     result: dict = {
-        "what": "bench/gpu/check_tf.py: TensorFlow in kernels started by the gpushare provisioner",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": device,
-        "driver": driver,
-        "card_total_mib": total,
-        "python": platform.python_version(),
+        **head,
         "tensorflow": tf_here.__version__,
-        "quota_mib": QUOTA_MIB,
-        "context_reserve_mib": RESERVE_MIB,
         "baseline": {},
         "kernels": {},
         "checks": {},

@@ -32,10 +32,8 @@ got through).
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -45,8 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [ROOT, HERE]
 
-import pynvml  # noqa: E402
-from _manager import install_quota_manager  # noqa: E402
+from _manager import SMOKE, check_header, install_quota_manager  # noqa: E402
 from check_caps import execute, nvml_used_by_pid, tree_pids  # noqa: E402
 from jupyter_client.manager import AsyncKernelManager  # noqa: E402
 
@@ -57,7 +54,6 @@ from jupyter_gpushare.reports import read_reports, report_dir  # noqa: E402
 QUOTA_MIB = 4096
 RESERVE_MIB = 1024
 MiB, GiB = 2**20, 2**30
-SMOKE = os.environ.get("GPUSHARE_CHECK_SMOKE") == "1"
 
 # Llama-shaped configs (no download): (b) ~5.9 B parameters, 11.9 GB in fp16; (c, d) ~2.7 B, 5.4 GB.
 BIG = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=28, num_attention_heads=32, vocab_size=32000)
@@ -309,19 +305,6 @@ async def run_kernels(result: dict, usage, path: str) -> None:
             await km.shutdown_kernel(now=True)
 
 
-def describe_device(total_if_smoke: int = 81920) -> tuple:
-    if SMOKE:
-        return None, None, "none (smoke run of the plumbing on a simulated card)", None, total_if_smoke
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    uuid = pynvml.nvmlDeviceGetUUID(handle)
-    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-    name = pynvml.nvmlDeviceGetName(handle)
-    name = name.decode() if isinstance(name, bytes) else name
-    driver = pynvml.nvmlSystemGetDriverVersion()
-    return handle, uuid, name, driver, pynvml.nvmlDeviceGetMemoryInfo(handle).total // MiB
-
-
 def versions() -> dict:
     out = {}
     for name in ("torch", "jax", "cupy", "accelerate", "transformers", "pynvml"):
@@ -333,17 +316,15 @@ def versions() -> dict:
 
 
 async def main(out_path: str) -> int:
-    handle, uuid, device, driver, total = describe_device()
+    handle, uuid, head = check_header(
+        "bench/gpu/check_views.py: the GPU's size seen inside kernels started by the gpushare provisioner",
+        QUOTA_MIB,
+        RESERVE_MIB,
+    )
+    total = head["card_total_mib"]
     result: dict = {
-        "what": "bench/gpu/check_views.py: the GPU's size seen inside kernels started by the gpushare provisioner",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": device,
-        "driver": driver,
-        "card_total_mib": total,
-        "python": platform.python_version(),
+        **head,
         "versions": versions(),
-        "quota_mib": QUOTA_MIB,
-        "context_reserve_mib": RESERVE_MIB,
         "configs": {"plan": BIG, "load": SMALL},
         "kernels": {},
         "checks": {},
