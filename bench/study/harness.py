@@ -307,6 +307,11 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         quotas = asyncio.ensure_future(kernel_quotas(server, scenario))
         await asyncio.gather(*(run_job(server, j, code, t0, args.job_timeout) for j in jobs))
         batch_s = round(time.time() - t0, 2)
+        # said now, not only in the summary: a run cut during its reruns still tells why the batch failed
+        if quotas.done():
+            print(f"[{label}] quotas: {quotas.result()}", flush=True)
+        for err in sorted({(j.error or "")[:160] for j in jobs if j.status != "ok"})[:3]:
+            print(f"[{label}]   batch error: {err}", flush=True)
         attempts = list(jobs)
         for attempt in range(1, args.reruns + 1):  # failed jobs again, together, after the others
             again = [Job(j.index, attempt) for j in attempts if j.attempt == attempt - 1 and j.status != "ok"]
