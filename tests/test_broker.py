@@ -435,7 +435,7 @@ def test_tcp_listener_plain_and_tls_end_to_end(tmp_path):
                 said = f"TLS 127.0.0.1:{port}"
             else:
                 said = "is plain TCP: servers' JupyterHub tokens cross it unencrypted"
-            # the broker's log reaches the file when its process writes it: under load, after its answers
+            # waited for, not read once: in one loaded full run the log file read back empty here (cause not found)
             wait_until(
                 lambda said=said, broker=broker: said in broker.output(), timeout=10, what=f"the broker to log {said!r}"
             )
