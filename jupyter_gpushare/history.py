@@ -40,7 +40,9 @@ ROWS_PER_USER = 2000  # runs kept per user: one user's writes never push out ano
 MAX_ROWS = 200_000  # runs kept in all
 MAX_PATH = 1024  # characters of a notebook path; a longer one is not remembered
 MAX_PEAK_MIB = 1 << 21  # 2 TiB: no card holds more (the broker also checks the lease's card)
-PATH = re.compile(rf"[^\x00-\x1f\x7f]{{0,{MAX_PATH}}}")  # printable, bounded; "" = no notebook
+# printable and bounded ("" = no notebook): no C0/C1 controls, line separators, bidi overrides (which would
+# disguise a path in an admin's listing) or lone surrogates (not text: SQLite cannot store them)
+PATH = re.compile(rf"[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]{{0,{MAX_PATH}}}")
 SOURCES = ("default", "kernelspec", "requested", "learned")  # where a kernel's quota came from (the API's quota_source)
 
 

@@ -218,6 +218,9 @@ def test_an_old_ledger_gains_the_table_and_loses_nothing(tmp_path, version):
         ({"kernel_id": "k", "path": NB}, "'peak_mib' must be a whole number of MiB from 1"),
         ({"kernel_id": "k", "path": "x" * (MAX_PATH + 1), "peak_mib": 9}, "'path' must be text matching"),
         ({"kernel_id": "k", "path": "a\x00b", "peak_mib": 9}, "'path' must be text matching"),
+        ({"kernel_id": "k", "path": "\ud800.ipynb", "peak_mib": 9}, "'path' must be text matching"),
+        ({"kernel_id": "k", "path": "a\x85b.ipynb", "peak_mib": 9}, "'path' must be text matching"),
+        ({"kernel_id": "k", "path": "bnypi.\u202eexe", "peak_mib": 9}, "'path' must be text matching"),
         ({"kernel_id": "k", "path": ["a"], "peak_mib": 9}, "'path' must be text matching"),
         ({"kernel_id": "../../k", "path": NB, "peak_mib": 9}, "'kernel_id' must be text matching"),
     ],
@@ -225,6 +228,12 @@ def test_an_old_ledger_gains_the_table_and_loses_nothing(tmp_path, version):
 def test_the_broker_refuses_bad_history_values(args, wrong):
     with pytest.raises(BrokerRefused, match=f"Bad 'record_peak' request: {wrong}"):
         decode_request({"op": "record_peak", "args": args})
+
+
+@pytest.mark.parametrize("path", ["\ud800", "a\x85b", "a\u2028b", "bnypi.\u202eexe", "x" * (MAX_PATH + 1)])
+def test_the_broker_refuses_a_bad_path_to_learn_from(path):
+    with pytest.raises(BrokerRefused, match="Bad 'learned_peak' request: 'path' must be text matching"):
+        decode_request({"op": "learned_peak", "args": {"kernel_name": "python3", "path": path}})
 
 
 def test_through_the_broker_a_user_writes_only_their_own_kernels_history(inproc):
