@@ -129,9 +129,9 @@ class Reservations(Protocol):
         outside: Mapping[str, int] | None = None,
     ) -> Lease | Waiting: ...
 
-    def outside(self, samples: Sequence[DeviceSample]) -> dict[str, int] | None:
+    def outside(self, samples: Sequence[DeviceSample], leases: Sequence[Lease] | None = None) -> dict[str, int] | None:
         """Per card, what processes that hold no reservation use; None where this process cannot tell (the
-        broker measures it itself)."""
+        broker measures it itself). ``leases``: the ledger's, when the caller has just read them."""
         ...
 
     def caller(self) -> tuple[str | None, bool, UserLimits | None]:
@@ -203,9 +203,9 @@ class Ledger:
         """What happened the last time the file was removed or replaced under this process, or None."""
         return self._file.replaced
 
-    def outside(self, samples: Sequence[DeviceSample]) -> dict[str, int]:
+    def outside(self, samples: Sequence[DeviceSample], leases: Sequence[Lease] | None = None) -> dict[str, int]:
         """Per card, what processes in no lease's kernel tree use (procs.unreserved_use)."""
-        return unreserved_use(samples, self.leases())
+        return unreserved_use(samples, self.leases() if leases is None else leases)
 
     def caller(self) -> tuple[None, bool, None]:
         """This user's own file: everything in it is theirs, and no per-user limits apply."""

@@ -443,7 +443,8 @@ class QuotaManager:
             reports = {kid: read_reports(directory, kid) for kid in kernel_ids}
             if self._ledger is None:
                 return [], [], reports, None
-            return self._ledger.leases(), self._ledger.waiters(), reports, self._ledger.outside(self.latest_samples())
+            leases = self._ledger.leases()
+            return leases, self._ledger.waiters(), reports, self._ledger.outside(self.latest_samples(), leases)
 
         leases, waiters, reports, outside = await self._run(read)
         cards = []

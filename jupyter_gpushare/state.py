@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,9 +61,10 @@ def with_advice(event: Mapping[str, Any]) -> dict[str, Any]:
     return {**event, "advice": ADVICE.get(str(event.get("kind")), "")}
 
 
-def kernel_status(k: Mapping[str, Any], now: float | None = None) -> dict[str, str]:
+def kernel_status(k: Mapping[str, Any]) -> dict[str, str]:
     """What a kernel's state means for a student: a short label, a sentence with the figures, a severity
-    (ok, info, warn, error, muted). The same words for the panel, the status bar and the notifications."""
+    (ok, info, warn, error, muted). The same words for the panel, the status bar and the toolbar
+    (notifications say the events' own messages; the queued banner its own sentence)."""
     state, used, limit = k.get("state"), k.get("used_mib"), k.get("reserved_mib")
     quota, reserve = k.get("quota_mib"), k.get("reserve_mib")
     held = f"its {_gib(limit)} reservation (quota {_gib(quota)} + {_gib(reserve)} for the CUDA context)"
@@ -139,11 +139,10 @@ def build_state(
     server's kernel views (records with their measured use and judged state), ``usage_cards`` the measured
     figures per card uuid, ``paths`` the notebook of each kernel (from the sessions), ``events`` the recent
     events."""
-    now = time.time()
     views = []
     for k in kernels:
         view = {**k, "path": paths.get(k["kernel_id"], k.get("path"))}
-        view["status"] = kernel_status(view, now)
+        view["status"] = kernel_status(view)
         views.append(view)
     cards = []
     for card in quota.get("cards", []):

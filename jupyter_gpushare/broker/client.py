@@ -206,7 +206,7 @@ class BrokerLedger:
         limits = UserLimits(**parse_limits(hello.get("limits") or {}, "The broker's limits"))  # type: ignore[arg-type]
         return hello.get("user"), bool(hello.get("admin")), limits
 
-    def outside(self, samples: Sequence[Any]) -> None:
+    def outside(self, samples: Sequence[Any], leases: Sequence[Any] | None = None) -> None:
         """The broker measures what processes without a reservation use itself, from every user's leases."""
         return None
 

@@ -19,7 +19,6 @@ import psutil
 from ..gpu import DeviceSample
 from ..ledger import Lease, Ledger, ProcessRef, Request, Waiter
 from ..policy import CardView, format_mib
-from ..procs import unreserved_use
 from ..views import ANONYMOUS, anonymous_leases, view_for
 from .identity import Caller
 from .protocol import (
@@ -119,7 +118,7 @@ class Operations:
                 )
         self.policy.check_quota(args.quota, [CardView(c.uuid, c.index, c.total_mib) for c in cards])
         request = Request(args.kernel_id, args.quota, caller.user, args.kernel_name)
-        outside = unreserved_use(self._latest_samples(), ledger.leases())
+        outside = ledger.outside(self._latest_samples())
         with self._as_owner(caller) as led:
             got = led.reserve(request, self.policy, cards, args.wait, self.limits_for(caller), outside=outside)
         if isinstance(got, Lease):
