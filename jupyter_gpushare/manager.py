@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, ClassVar, TypeVar
 
 from .broker import BrokerLedger
-from .gpu import Card, DeviceSample, GpuBackend, open_backend
+from .gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
 from .history import HistoryRules, history_key, learned_quota, lookup
 from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Reservations, Waiting
 from .policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
@@ -45,10 +45,11 @@ class QuotaManager:
         broker_socket: str | None = None,
         broker_ca_file: str = "",
         history: HistoryRules | None = None,
+        cards: list[Card] | None = None,
     ):
         """``broker_socket``: reserve through the host's broker (broker.py) instead of the ledger file;
         ``broker_ca_file``: the CA of its TLS certificate ('tls://' sockets); ``history``: quotas learned from
-        earlier runs (history.py)."""
+        earlier runs (history.py); ``cards``: the backend's, when the caller has just listed them."""
         self.policy = policy
         self.history = history or HistoryRules()
         self.backend = backend
@@ -70,10 +71,7 @@ class QuotaManager:
         self.latest_samples: Callable[[], Sequence[DeviceSample]] = tuple
         # A kernel's last reading (sampler.KernelUsage, app.py wires it): its peak is recorded when it stops.
         self.kernel_usage: Callable[[str], Any] = lambda kernel_id: None
-        try:
-            self.cards: list[Card] = backend.cards()
-        except Exception as e:  # a card lost between detection and now: run without GPU, say why
-            self.cards, backend.reason = [], f"The GPU list could not be read: {e}"
+        self.cards: list[Card] = list_cards(backend) if cards is None else cards
         self._executor.submit(self._open_ledger).result()
 
     # -- process-wide instance -------------------------------------------------------------
@@ -502,10 +500,7 @@ def build_manager(settings: GpuShareApp, log: logging.Logger | None = None) -> Q
     backend = open_backend(settings.gpu_backend, settings.simulated_cards)
     if backend.simulated:  # kernels may say what they "use" of it (gpushare_simulate): the quota flow without a GPU
         backend.claims_dir = report_dir()
-    try:
-        cards = backend.cards()
-    except Exception:  # a card lost now: the manager says so, and kernels start without a GPU
-        cards = []
+    cards = list_cards(backend)
     settings.check(policy, [CardView(c.uuid, c.index, c.total_mib) for c in cards])
     return QuotaManager(
         policy,
@@ -515,4 +510,5 @@ def build_manager(settings: GpuShareApp, log: logging.Logger | None = None) -> Q
         broker_socket=settings.broker_socket or None,
         broker_ca_file=settings.broker_ca_file,
         history=settings.build_history(),
+        cards=cards,
     )

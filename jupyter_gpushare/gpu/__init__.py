@@ -18,6 +18,7 @@ __all__ = [
     "GpuUnavailable",
     "NoGpuBackend",
     "SimulatedBackend",
+    "list_cards",
     "open_backend",
     "parse_simulated_cards",
 ]
@@ -66,3 +67,13 @@ def open_backend(mode: str = "auto", simulated_cards: str = "") -> GpuBackend:
         log.warning("No GPU (%s) Using simulated cards %s: no real GPU memory is reserved.", reason, simulated_cards)
         return SimulatedBackend(sizes, reason=reason)
     return NoGpuBackend(reason)
+
+
+def list_cards(backend: GpuBackend) -> list[Card]:
+    """The backend's cards; none, with the reason on the backend, when a card was lost between its detection
+    and now (kernels then start without a GPU and say why)."""
+    try:
+        return backend.cards()
+    except Exception as e:
+        backend.reason = f"The GPU list could not be read: {e}"
+        return []
