@@ -45,7 +45,7 @@ export class QueuedBanner extends Widget {
 
   dispose(): void {
     NotebookActions.executionScheduled.disconnect(this._onScheduled, this);
-    this.model.setWatching(this.id || this.panel.id, false);
+    this.model.setWatching(this.panel.id, false);
     super.dispose();
   }
 

@@ -43,8 +43,6 @@ export interface ISnapshot {
   /** GET /api/gpushare/state: the server's judgment of every kernel and card (null before the first reply). */
   state: IState | null;
   error: IModelError | null;
-  /** Client time of the last good refresh (ms). */
-  updated: number | null;
   /** GET /host, read only while the "This host" section is open and the panel shown. */
   host: IHostView | null;
   /** Why /host could not be read (e.g. 503: the broker is down); the rest is unaffected. */
@@ -259,8 +257,7 @@ export class GpuShareModel {
       this._update({
         ...this._snapshot,
         state,
-        error: null,
-        updated: Date.now()
+        error: null
       });
       const fresh = this._cursor.take(state.events ?? []);
       if (fresh.length) {
@@ -292,7 +289,6 @@ export class GpuShareModel {
   private _snapshot: ISnapshot = {
     state: null,
     error: null,
-    updated: null,
     host: null,
     hostError: null
   };

@@ -11,11 +11,6 @@ export class GpuShareError extends Error {
   ) {
     super(message);
   }
-
-  /** The server extension is not installed or not enabled. */
-  get missing(): boolean {
-    return this.status === 404;
-  }
 }
 
 /**

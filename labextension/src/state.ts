@@ -13,8 +13,6 @@ import {
 } from './format';
 import type { IEvent, IKernel, IStatus } from './types';
 
-export type Severity = IStatus['severity'];
-
 /** The server's words for a kernel (a record from an older reply may lack them). */
 export function statusOf(k: IKernel): IStatus {
   return (
@@ -90,16 +88,13 @@ export function statusText(
 }
 
 /** The status bar's tooltip: the notebook, the server's label and sentence. */
-export function statusTitle(
-  kernel: IKernel | undefined,
-  name?: string | null
-): string {
+export function statusTitle(kernel: IKernel | undefined): string {
   if (!kernel) {
     return 'GPU memory quota of this notebook’s kernel';
   }
   const s = statusOf(kernel);
   const where = kernel.card ? ` on ${cardLabel(kernel.card)}` : '';
-  const who = name || basename(kernel.path) || kernel.kernel_name;
+  const who = basename(kernel.path) || kernel.kernel_name;
   return `${who}: ${s.label}${where}. ${s.detail}`;
 }
 

@@ -46,14 +46,6 @@ export interface ICard extends ICardRef {
   utilization?: number | null;
 }
 
-export interface ICardsReply {
-  backend: 'nvml' | 'simulated' | 'none' | string;
-  simulated: boolean;
-  reason?: string | null;
-  ledger?: { path?: string; error?: string | null };
-  cards: ICard[];
-}
-
 export interface IFramework {
   capped: boolean;
   limit_mib?: number | null;
