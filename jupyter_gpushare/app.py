@@ -50,6 +50,7 @@ class GpuShareExtension(ExtensionApp):
         self.settings["gpushare_manager"] = manager
         self._published = publish(settings)  # for this user's `jupyter gpushare status` and `doctor`
         self._make_sampler(manager)
+        self._hold_waiting_kernels(manager)
         self._make_default_provisioner()
         self._start_reconciling()
         self._announce_changes(manager)
@@ -84,6 +85,51 @@ class GpuShareExtension(ExtensionApp):
         metrics.install(sampler, enforcer)
         # Started here, not in the start hook: embedders and test fixtures do not always run that hook.
         sampler.start()
+
+    def _hold_waiting_kernels(self, manager: QuotaManager) -> None:
+        """A kernel that waits for a GPU is listed at once, its process launched when it is granted (held.py); its
+        websockets open at once (connection.py). It is granted only while a notebook or client wants it, and
+        leaves the line when none has been connected for queue_unwatched_timeout."""
+        from .connection import waiting_connection_class
+
+        serverapp = self.serverapp
+        kernels, sessions = serverapp.kernel_manager, serverapp.session_manager
+        configured = self.settings.get("kernel_websocket_connection_class")  # (a copy of the server's settings)
+        ours = waiting_connection_class(configured) if configured is not None else None
+        if ours is None:
+            self.log.warning(
+                "jupyter-gpushare: kernel websockets use %s, so a websocket to a kernel that waits for a GPU waits "
+                "up to kernel_info_timeout before it opens.",
+                configured,
+            )
+        else:
+            self.settings["kernel_websocket_connection_class"] = ours  # copied back into the server's
+
+        def watchers(kernel_id: str) -> int:
+            return kernels.kernel_model(kernel_id).get("connections", 0) if kernel_id in kernels else 0
+
+        def has_session(kernel_id: str) -> bool:
+            row = sessions.cursor.execute("SELECT 1 FROM session WHERE kernel_id=?", (kernel_id,)).fetchone()
+            return row is not None
+
+        async def end(kernel_id: str) -> None:
+            try:
+                found = [
+                    s["id"] for s in await sessions.list_sessions() if (s.get("kernel") or {}).get("id") == kernel_id
+                ]
+                for session_id in found:
+                    await sessions.delete_session(session_id)
+                if kernel_id in kernels:
+                    await kernels.shutdown_kernel(kernel_id, now=True)
+            except Exception:
+                self.log.exception("jupyter-gpushare: kernel %s, whose wait ended, could not be shut down", kernel_id)
+
+        manager.holds_starts = True
+        manager.watchers = watchers
+        manager.may_grant = lambda kernel_id: (
+            kernel_id in kernels and (watchers(kernel_id) > 0 or has_session(kernel_id))
+        )
+        manager.end_kernel = lambda kernel_id: asyncio.ensure_future(end(kernel_id)) and None
 
     def _announce_changes(self, manager: QuotaManager) -> None:
         """Say on the server's event bus (STATE_SCHEMA) when the state changes in a way a person would notice,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
+from jupyter_client.jsonutil import json_default
+from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
+from jupyter_server.services.kernels.handlers import KernelActionHandler, _kernel_id_regex
 from tornado import web
 
 from .ledger import LedgerError
@@ -194,6 +198,48 @@ class StateHandler(GpuShareHandler):
         self.finish(state)
 
 
+class KernelRestartHandler(KernelActionHandler):
+    """jupyter_server's ``POST /api/kernels/<id>/restart``, but a restart that would hold the request open answers
+    as soon as the kernel is back in Jupyter's hands: the restart of a kernel that waits for a GPU (it keeps its place
+    in line), or of one whose new quota may have to wait (it joins the line). jupyter_server's restart waits for the
+    kernel to answer, up to kernel_info_timeout, and a kernel in line cannot. A second restart of a kernel that is
+    restarting is refused with 409, not left to fail inside jupyter_client."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str, action: str) -> None:
+        restarting: set[str] = self.settings.setdefault("gpushare_restarting", set())
+        if kernel_id in restarting:
+            raise web.HTTPError(409, f"Kernel {kernel_id} is restarting already; wait until it has restarted.")
+        manager: QuotaManager = self.settings["gpushare_manager"]
+        rec = manager.records.get(kernel_id)
+        km = self.kernel_manager
+        restarting.add(kernel_id)
+        try:
+            if rec is None or (rec.state != "queued" and rec.pending_quota is None):
+                return await super().post(kernel_id, action)
+            kernel = km.get_kernel(kernel_id)
+            before = getattr(kernel.provisioner, "held", None)
+            restart = asyncio.ensure_future(km.restart_kernel(kernel_id))
+            restart.add_done_callback(lambda task: task.cancelled() or task.exception())  # logged by jupyter_server
+            while not restart.done() and not _held_anew(kernel, before):
+                await asyncio.sleep(0.05)
+            failed = restart.exception() if restart.done() else None
+            if isinstance(failed, web.HTTPError):  # refused (QuotaUnavailable): its status and its reason
+                raise failed
+            if failed is not None:
+                raise web.HTTPError(500, "Exception restarting kernel") from failed
+            self.finish(json.dumps(await ensure_async(km.kernel_model(kernel_id)), default=json_default))
+        finally:
+            restarting.discard(kernel_id)
+
+
+def _held_anew(kernel, before: object) -> bool:
+    """Whether a restarting kernel is back in line: a new stand-in launched (held.py)."""
+    held = getattr(getattr(kernel, "provisioner", None), "held", None)
+    return held is not None and held is not before and held.launched_at is not None
+
+
 handlers = [
     (rf"{API}/cards", CardsHandler),
     (rf"{API}/kernels", KernelsHandler),
@@ -203,4 +249,5 @@ handlers = [
     (rf"{API}/events", EventsHandler),
     (rf"{API}/config", ConfigHandler),
     (rf"{API}/state", StateHandler),
+    (rf"/api/kernels/{_kernel_id_regex}/(?P<action>restart)", KernelRestartHandler),
 ]

@@ -32,8 +32,9 @@ from typing import Protocol
 from .gpu import Card, DeviceSample
 from .history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Learned, choose_peak
 from .ledger_file import LedgerError, LedgerFile, check_ledger, open_readonly
-from .policy import CardView, Policy, Size, UserLimits
+from .policy import CardView, Policy, PolicyError, Size, UserLimits, parse_size
 from .procs import Owner, ProcessRef, SessionRef, unreserved_use
+from .queue import Entry, Request, check_waiting, choose_card
 
 __all__ = [
     "Lease", "Ledger", "LedgerError", "Owner", "ProcessRef", "Request", "SessionRef", "Waiter", "Waiting",
@@ -92,6 +93,7 @@ class Waiting:
     ahead: int  # waiters before this one
     outside_mib: int = 0  # what processes without a reservation use on the allowed cards, together
     reason: str = ""  # why nothing is granted now although room may be free (the ledger is settling)
+    expired: bool = False  # it waited as long as the policy lets kernels wait, and left the queue
 
 
 @dataclass(frozen=True)
@@ -103,14 +105,6 @@ class Waiter:
     kernel_name: str
     owner: Owner
     created: float
-
-
-@dataclass(frozen=True)
-class Request:
-    kernel_id: str
-    quota: Size
-    user: str = ""
-    kernel_name: str = ""
 
 
 class Reservations(Protocol):
@@ -161,7 +155,23 @@ class Reservations(Protocol):
 
 
 def _waiter(r: sqlite3.Row) -> Waiter:
-    return Waiter(r["ticket"], r["kernel_id"], r["quota"], r["user"], r["kernel_name"], _owner(r), r["created"])
+    try:
+        quota = str(parse_size(r["quota"]))
+    except PolicyError:
+        quota = str(r["quota"])[:40]
+    return Waiter(r["ticket"], r["kernel_id"], quota, r["user"], r["kernel_name"], _owner(r), r["created"])
+
+
+def _exact(quota: Size) -> str:
+    """A quota as the ledger keeps it for kernels in line: exact, and read back by parse_size."""
+    if quota.percent is not None:
+        return f"{quota.percent:.9f}".rstrip("0").rstrip(".") + "%"
+    return f"{quota.mib}MiB"
+
+
+def _before(line: Sequence[Entry], mine: Entry | None) -> list[Entry]:
+    """The kernels ahead of ``mine`` in line (all of them for a request not in line)."""
+    return [e for e in line if mine is None or e.ticket < mine.ticket]
 
 
 def _lease(row: sqlite3.Row) -> Lease:
@@ -269,18 +279,22 @@ class Ledger:
         limits: UserLimits | None = None,
         outside: Mapping[str, int] | None = None,
     ) -> Lease | Waiting:
-        """Reserve room for a kernel on the best-fitting card, in FIFO order.
+        """Reserve room for a kernel on the best-fitting card, in the queue's order (queue.py).
 
-        With ``wait`` the request keeps its place in the queue until admitted or cancelled
-        (call again to retry; each call is a heartbeat). Without it, a request that cannot be
-        admitted now is not queued. Requests never jump ahead of older waiters.
+        With ``wait`` the request keeps its place in the queue until admitted or cancelled (call again to retry;
+        each call is a heartbeat), for at most ``policy.queue_timeout_s``: past it, the place is given up and the
+        answer says ``expired``. Without ``wait``, a request that cannot be admitted now is not queued.
+        Kernels ahead in line are served first where they fit; one that fits now passes those that do not
+        (backfill), except kernels that have waited ``policy.overtake_limit_s``, whose cards are kept for them.
         Idempotent: a kernel that already holds a lease gets it back.
-        With ``limits``, the user's other leases (same ``req.user``) are checked in the same
-        transaction, so no two concurrent starts of one user pass a per-user limit together;
-        PolicyError says which limit. ``outside`` (card uuid -> MiB, ``sampler.unreserved_use``) is what
+        ``cards``: the cards this request may use (all of the caller's). ``limits``: the user's other leases and
+        kernels in line (same ``req.user``) are checked in the same transaction, so no two concurrent starts of
+        one user pass a per-user limit together; PolicyError says which limit, and also refuses a user's kernel
+        past ``policy.max_waiting`` in line. ``outside`` (card uuid -> MiB, ``sampler.unreserved_use``) is what
         processes that hold no reservation use: it is taken as well.
         """
         now = time.time()
+        uuids = sorted(c.uuid for c in cards)
         with self._tx() as db:
             reaped = now - self._last_reap >= REAP_EVERY_S
             if reaped:
@@ -289,45 +303,43 @@ class Ledger:
             if row:
                 return _lease(row)
             settling = self._file.settle_until(db) - now
+            line = self._line(db)
+            mine = next((e for e in line if e.kernel_id == req.kernel_id), None)
+            views = self._views(db, cards, outside)
+            if mine is not None and wait and now - mine.created >= policy.queue_timeout_s:
+                db.execute("DELETE FROM waiters WHERE kernel_id=?", (req.kernel_id,))
+                return self._waiting(req, policy, views, len(_before(line, mine)), expired=True)
             if limits is not None:  # before queueing: a request over a limit never waits
-                held = [r[0] for r in db.execute("SELECT quota_mib FROM leases WHERE user=?", (req.user,))]
+                held = self._held_by(db, req.user, req.kernel_id, line, cards)
                 biggest = max((c.total_mib for c in cards if policy.card_allowed(c.uuid, c.index)), default=0)
                 limits.check(req.user, req.quota.resolve(biggest), biggest, held)
-            if wait:
-                db.execute(
-                    "INSERT INTO waiters (kernel_id, quota, user, kernel_name, owner_pid, owner_start, owner_session,"
-                    " created, heartbeat) VALUES (?,?,?,?,?,?,?,?,?)"
-                    " ON CONFLICT(kernel_id) DO UPDATE SET heartbeat=excluded.heartbeat",
-                    (req.kernel_id, str(req.quota), req.user, req.kernel_name, *_owner_columns(self.owner), now, now),
-                )
-            ahead, views = self._ahead(db, req.kernel_id, wait), self._views(db, cards, outside)
-            card = policy.place(req.quota, views) if ahead == 0 and settling <= 0 else None
+            entry = mine or Entry(0, req.kernel_id, req.quota, req.user, now, frozenset(uuids))
+            card = choose_card(entry, _before(line, mine), views, policy, now) if settling <= 0 else None
             if card is None and not reaped and settling <= 0:  # room held by kernels that are gone is room
                 self._reap(db, now)
-                ahead, views = self._ahead(db, req.kernel_id, wait), self._views(db, cards, outside)
-                card = policy.place(req.quota, views) if ahead == 0 else None
+                line = self._line(db)
+                mine = next((e for e in line if e.kernel_id == req.kernel_id), None)
+                views = self._views(db, cards, outside)
+                card = choose_card(entry, _before(line, mine), views, policy, now)
             if card is None:
-                allowed = [v for v in views if policy.card_allowed(v.uuid, v.index)]
-                fitting = [
-                    policy.need_mib(req.quota, v.total_mib)
-                    for v in allowed
-                    if policy.need_mib(req.quota, v.total_mib) <= policy.usable_mib(v.total_mib)
-                ]
-                return Waiting(
-                    kernel_id=req.kernel_id,
-                    position=ahead + 1,
-                    need_mib=min(fitting, default=0),
-                    free_mib=max(0, max((v.room_mib(policy) for v in allowed), default=0)),
-                    ahead=ahead,
-                    outside_mib=sum(v.outside_mib for v in allowed),
-                    reason=(
-                        f"The GPU ledger {self.path} was removed or replaced while Jupyter servers used it; every "
-                        f"server enters its kernels' reservations again, and new reservations resume in "
-                        f"{settling:.0f} s."
-                    )
+                if wait and mine is None:
+                    check_waiting(req.user, sum(e.user == req.user for e in line), policy)
+                    db.execute(
+                        "INSERT INTO waiters (kernel_id, quota, user, kernel_name, owner_pid, owner_start, owner_session,"
+                        " created, heartbeat, cards) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                        (req.kernel_id, _exact(req.quota), req.user, req.kernel_name, *_owner_columns(self.owner), now,
+                         now, ",".join(uuids)),
+                    )  # fmt: skip
+                elif wait:
+                    db.execute("UPDATE waiters SET heartbeat=? WHERE kernel_id=?", (now, req.kernel_id))
+                reason = (
+                    f"The GPU ledger {self.path} was removed or replaced while Jupyter servers used it; every "
+                    f"server enters its kernels' reservations again, and new reservations resume in "
+                    f"{settling:.0f} s."
                     if settling > 0
-                    else "",
+                    else ""
                 )
+                return self._waiting(req, policy, views, len(_before(line, mine)), reason=reason)
             quota_mib = req.quota.resolve(card.total_mib)
             if limits is not None:  # exact now that the card (and so a percentage's size) is known
                 limits.check(req.user, quota_mib, card.total_mib, held)
@@ -350,6 +362,50 @@ class Ledger:
             lease = _lease(db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone())
         self._known[lease.kernel_id] = lease
         return lease
+
+    @staticmethod
+    def _waiting(
+        req: Request, policy: Policy, views: Sequence[CardView], ahead: int, reason: str = "", expired: bool = False
+    ) -> Waiting:
+        allowed = [v for v in views if policy.card_allowed(v.uuid, v.index)]
+        fitting = [
+            policy.need_mib(req.quota, v.total_mib)
+            for v in allowed
+            if policy.need_mib(req.quota, v.total_mib) <= policy.usable_mib(v.total_mib)
+        ]
+        return Waiting(
+            kernel_id=req.kernel_id,
+            position=ahead + 1,
+            need_mib=min(fitting, default=0),
+            free_mib=max(0, max((v.room_mib(policy) for v in allowed), default=0)),
+            ahead=ahead,
+            outside_mib=sum(v.outside_mib for v in allowed),
+            reason=reason,
+            expired=expired,
+        )
+
+    @staticmethod
+    def _line(db: sqlite3.Connection) -> list[Entry]:
+        """The queue, in order; a row whose quota cannot be read (never written by this code) holds no one back."""
+        line = []
+        for r in db.execute("SELECT * FROM waiters ORDER BY ticket"):
+            try:
+                quota = parse_size(r["quota"], "a waiter's quota")
+            except PolicyError:
+                continue
+            cards = frozenset(filter(None, (r["cards"] or "").split(",")))
+            line.append(Entry(r["ticket"], r["kernel_id"], quota, r["user"], r["created"], cards))
+        return line
+
+    @staticmethod
+    def _held_by(
+        db: sqlite3.Connection, user: str, kernel_id: str, line: Sequence[Entry], cards: Sequence[Card]
+    ) -> list[int]:
+        """The quotas a user holds (leases) and asks for (kernels in line, on the largest card), but for
+        ``kernel_id``'s own: what per-user limits count."""
+        held = [r[0] for r in db.execute("SELECT quota_mib FROM leases WHERE user=?", (user,))]
+        biggest = max((c.total_mib for c in cards), default=0)
+        return held + [e.quota.resolve(biggest) for e in line if e.user == user and e.kernel_id != kernel_id]
 
     def cancel_wait(self, kernel_id: str) -> None:
         with self._tx() as db:
@@ -459,14 +515,6 @@ class Ledger:
         self._alive_until.pop(proc, None)
         self._dead.add(proc)
         return False
-
-    @staticmethod
-    def _ahead(db: sqlite3.Connection, kernel_id: str, waiting: bool) -> int:
-        """Waiters before this request (all of them, for a request that does not queue)."""
-        if not waiting:
-            return db.execute("SELECT count(*) FROM waiters").fetchone()[0]
-        ticket = db.execute("SELECT ticket FROM waiters WHERE kernel_id=?", (kernel_id,)).fetchone()[0]
-        return db.execute("SELECT count(*) FROM waiters WHERE ticket < ?", (ticket,)).fetchone()[0]
 
     def _views(
         self, db: sqlite3.Connection, cards: Sequence[Card], outside: Mapping[str, int] | None = None

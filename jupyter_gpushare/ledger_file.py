@@ -27,8 +27,9 @@ from typing import Callable
 
 log = logging.getLogger("jupyter_gpushare.ledger")
 
-# 2: sessions, and an owner_session column in leases and waiters. The peaks table (history.py) came later without a
-# new version: older releases never read it, so servers of both can share a file while a host is upgraded.
+# 2: sessions, and an owner_session column in leases and waiters. The peaks table (history.py) and the waiters'
+# cards column (queue.py) came later without a new version: older releases never read them (an older server's
+# waiter gets the column's default, any card), so servers of both can share a file while a host is upgraded.
 SCHEMA_VERSION = 2
 SETTLE_S = 30.0  # after a re-creation, no new reservations for this long (servers re-enter theirs first)
 _FILES = ("", "-wal", "-shm")  # the database and SQLite's WAL files next to it
@@ -59,7 +60,8 @@ CREATE TABLE IF NOT EXISTS waiters (
     owner_start  REAL NOT NULL,
     owner_session TEXT,
     created      REAL NOT NULL,
-    heartbeat    REAL NOT NULL
+    heartbeat    REAL NOT NULL,
+    cards        TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS sessions (
     id           TEXT PRIMARY KEY,
@@ -174,6 +176,8 @@ class LedgerFile:
             db.execute(statement)
         for statement in filter(str.strip, _SCHEMA.split(";")):
             db.execute(statement)
+        if "cards" not in {r[1] for r in db.execute("PRAGMA table_info(waiters)")}:  # a file of an older release
+            db.execute("ALTER TABLE waiters ADD COLUMN cards TEXT NOT NULL DEFAULT ''")
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def _lock_held(self) -> None:

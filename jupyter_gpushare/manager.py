@@ -21,6 +21,7 @@ from .gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
 from .history import HistoryRules, history_key, learned_quota, lookup
 from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Reservations, Waiting
 from .policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
+from .queue import ServerQueue, Wait
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message
 from .reports import read_reports, remove_reports, report_dir
 from .settings import GpuShareApp
@@ -46,10 +47,12 @@ class QuotaManager:
         broker_ca_file: str = "",
         history: HistoryRules | None = None,
         cards: list[Card] | None = None,
+        unwatched_s: float = 0.0,
     ):
         """``broker_socket``: reserve through the host's broker (broker.py) instead of the ledger file;
         ``broker_ca_file``: the CA of its TLS certificate ('tls://' sockets); ``history``: quotas learned from
-        earlier runs (history.py); ``cards``: the backend's, when the caller has just listed them."""
+        earlier runs (history.py); ``cards``: the backend's, when the caller has just listed them; ``unwatched_s``: a
+        kernel in line with no client connected for this long leaves it (0: never; see ``watchers``)."""
         self.policy = policy
         self.history = history or HistoryRules()
         self.backend = backend
@@ -66,6 +69,20 @@ class QuotaManager:
         self._retry_at, self._retry_after = 0.0, LEDGER_RETRY_S[0]
         self._pending_release: set[str] = set()  # released while the ledger could not be written: sent again
         self.closing = False  # the server is shutting down: no new kernel is admitted
+        self.waiting = ServerQueue(policy.queue_timeout_s, unwatched_s)  # this server's kernels in the host's line
+        self._serving: asyncio.Future | None = None  # the task that serves the line while anyone waits
+        # A Jupyter server lists a kernel in line at once and launches its process when it is granted (app.py sets
+        # this and wires the three below); nbclient and papermill wait for the grant before the kernel starts.
+        self.holds_starts = False
+        # How many clients are connected to a kernel (None: not known here); a kernel in line with none for
+        # ``unwatched_s`` leaves it.
+        self.watchers: Callable[[str], int | None] = lambda kernel_id: None
+        # Whether a kernel in line may be granted now: only a kernel some notebook or client still wants.
+        self.may_grant: Callable[[str], bool] = lambda kernel_id: True
+        # Shut down a kernel whose wait ended without a grant (its session too), as its server does.
+        self.end_kernel: Callable[[str], None] = lambda kernel_id: None
+        # Told when a kernel's place in line changes (the kernel model's reason, nbclient's progress on stderr).
+        self.on_wait: Callable[[KernelRecord, Waiting], None] | None = None
         # The driver's last per-process reading (the sampler's; app.py wires it), for what processes that hold
         # no reservation use.
         self.latest_samples: Callable[[], Sequence[DeviceSample]] = tuple
@@ -161,20 +178,25 @@ class QuotaManager:
             rec = self.records[kernel_id] = KernelRecord(kernel_id, kernel_name, language, self.user)
         return rec
 
-    async def admit(self, kernel_id: str, kernel_name: str, language: str, requested: Size | None = None) -> Grant:
+    async def admit(
+        self, kernel_id: str, kernel_name: str, language: str, requested: Size | None = None, hold: bool = False
+    ) -> Grant:
         """Reserve GPU room for a kernel about to start, or decide it starts without.
 
-        Waits in the host-wide FIFO queue when the policy says ``queue``. Raises QuotaUnavailable
-        (with how much was needed, how much was free and what to do) when the kernel must not start; a
-        kernel that was restarting then stays listed as 'failed', with that reason.
+        When no card has room and the policy says ``queue``, the kernel joins the host's line: with ``hold`` (a
+        Jupyter server, which lists the kernel at once) this returns a ``queued`` Grant and the start's caller
+        awaits ``granted(kernel_id)``; without it (nbclient, papermill) this waits here until granted. Raises
+        QuotaUnavailable (with how much was needed, how much was free and what to do) when the kernel must not
+        start; a kernel that was restarting then stays listed as 'failed', with that reason.
         """
         rec = self.record(kernel_id, kernel_name, language)
-        restarting = rec.state != "starting"  # a new record starts so; a restart's record ran before
+        restarting = rec.state not in ("starting", "queued")  # a new record starts so; a restart's record ran before
         rec.quota_source = "kernelspec" if requested is not None else "default"
         if rec.pending_quota is not None:
             requested, rec.pending_quota, rec.quota_source = parse_size(rec.pending_quota, "quota"), None, "requested"
         quota = self.policy.quota_for(kernel_name, language, requested)
         if quota is None:
+            self._leave_line(kernel_id, "it reserves no GPU memory now")
             return self._settle(
                 rec,
                 Grant(
@@ -196,29 +218,164 @@ class QuotaManager:
             self.policy.check_quota(quota, self._views({}))
         except PolicyError as e:
             raise self._refuse(kernel_id, str(e), status=400, keep=restarting) from e
-        wait = self.policy.on_full == "queue"
+        request = Request(kernel_id, quota, self.user, kernel_name)
+        wait = self.waiting.waits.get(kernel_id)
+        if wait is not None and wait.request == request and wait.ending is None:
+            return Grant("queued") if hold else await self.granted(kernel_id)  # still in line: keep its place
+        queue = self.policy.on_full == "queue"
         try:
-            got = await self._wait_for_room(rec, Request(kernel_id, quota, self.user, kernel_name), wait)
-        except BaseException as e:
-            if wait:
-                await self._quietly("cancel_wait", kernel_id)
-            if isinstance(e, LedgerError):  # the broker is down, the disk is full: start without a GPU, say why
-                return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {e}"))
-            if isinstance(e, PolicyError):  # a per-user limit the broker enforces
-                raise self._refuse(kernel_id, str(e), status=400, keep=restarting) from e
-            self.records.pop(kernel_id, None)  # a start that did not happen is not listed as 'starting'
-            raise
-        if wait and not isinstance(got, Lease):
-            await self._quietly("cancel_wait", kernel_id)
+            got = await self._run(self._reserve, request, queue)
+        except LedgerError as e:  # the broker is down, the disk is full: start without a GPU, say why
+            return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {e}"))
+        except PolicyError as e:  # a per-user limit the broker enforces, or too many kernels in line
+            raise self._refuse(kernel_id, str(e), status=400, keep=restarting) from e
         if isinstance(got, Lease):
-            if rec.queued_since:
-                self.event("admitted", kernel_id, f"Admitted after waiting {time.time() - rec.queued_since:.0f} s.")
+            self._leave_line(kernel_id, "it was admitted")
             return self._settle(rec, Grant("gpu", lease=got, card=self._card(got.card_uuid)))
-        message = full_message(quota, got, self.policy.context_reserve_mib, waited=rec.queued_since)
-        rec.position = rec.queued_since = None
+        if queue:
+            self._join_line(rec, request, got)
+            return Grant("queued") if hold else await self.granted(kernel_id)
+        message = full_message(quota, got, self.policy.context_reserve_mib, waited=None)
         if self.policy.on_full == "cpu":
             return self._settle(rec, Grant("cpu", reason=message + " This kernel was started without a GPU."))
         raise self._refuse(kernel_id, message, keep=restarting, need_mib=got.need_mib, free_mib=got.free_mib)
+
+    # -- the line (queue.py decides who ends when; the ledger decides who is granted) ---------------------------
+
+    def _join_line(self, rec: KernelRecord, request: Request, got: Waiting) -> None:
+        self._leave_line(request.kernel_id, "it asked for another quota")
+        self.waiting.join(request).last = got
+        rec.state, rec.queued_since = "queued", time.time()
+        rec.wait_until = (
+            time.time() + self.policy.queue_timeout_s if self.policy.queue_timeout_s < float("inf") else None
+        )
+        self._update_wait(rec, got)
+        self.event(
+            "queued",
+            request.kernel_id,
+            got.reason or f"Waiting for {format_mib(got.need_mib)} of GPU memory; position {got.position}.",
+        )
+        if self._serving is None or self._serving.done():
+            self._serving = asyncio.ensure_future(self._serve_line())
+
+    def _leave_line(self, kernel_id: str, why: str) -> None:
+        """Take a kernel out of line without granting it (it no longer asks, or asks for something else)."""
+        wait = self.waiting.leave(kernel_id)
+        if wait is not None and not wait.result.done():
+            wait.result.cancel()
+            self._executor.submit(self._cancel_wait_quietly, kernel_id)
+
+    def _cancel_wait_quietly(self, kernel_id: str) -> None:
+        try:
+            self._ledger_call("cancel_wait", kernel_id)
+        except LedgerError as e:  # it goes stale without heartbeats and is dropped
+            self.log.info("jupyter-gpushare: cancel_wait(%s) failed: %s", kernel_id, e)
+
+    async def granted(self, kernel_id: str) -> Grant:
+        """Wait until a kernel in line is granted its reservation (or starts without a GPU); QuotaUnavailable when
+        its wait ends without one, asyncio.CancelledError when it is taken out of line (shut down, another quota)."""
+        wait = self.waiting.waits.get(kernel_id)
+        if wait is None:
+            raise asyncio.CancelledError(f"kernel {kernel_id} is not in line")
+        return await asyncio.shield(wait.result)
+
+    def _update_wait(self, rec: KernelRecord, got: Waiting) -> None:
+        changed = rec.position != got.position
+        rec.position, rec.need_mib, rec.free_mib = got.position, got.need_mib, got.free_mib
+        if self.on_wait is not None and (changed or got.reason):
+            self.on_wait(rec, got)
+
+    async def _serve_line(self) -> None:
+        """While kernels of this server wait: ask the ledger for each (a heartbeat too) every QUEUE_POLL_S, grant,
+        and end the waits that end (queue.ServerQueue.due)."""
+        while self.waiting.waits:
+            ask, ending = self.waiting.due(self.watchers)
+            ask = [w for w in ask if self.may_grant(w.kernel_id)]
+            for wait in ending:
+                self._end_wait(wait)
+            if ask:
+                try:
+                    answers = await self._run(self._reserve_each, [w.request for w in ask])
+                except Exception as e:  # noqa: BLE001 (a bug must not leave every kernel waiting forever)
+                    self.log.exception("jupyter-gpushare: serving the queue failed")
+                    answers = [e] * len(ask)
+                for wait, got in zip(ask, answers):
+                    self._answer(wait, got)
+            await asyncio.sleep(QUEUE_POLL_S)
+
+    def _reserve_each(self, requests: list[Request]) -> list[Lease | Waiting | Exception]:
+        """On the ledger thread: one reserve per kernel in line, each answer or error on its own."""
+        answers: list[Lease | Waiting | Exception] = []
+        for request in requests:
+            try:
+                if not self._ensure_ledger():
+                    raise LedgerError(self.ledger_error or "the GPU ledger cannot be opened")
+                answers.append(self._reserve(request, True))
+            except (LedgerError, PolicyError) as e:
+                answers.append(e)
+        return answers
+
+    def _answer(self, wait: Wait, got: Lease | Waiting | Exception) -> None:
+        """What the ledger said of a kernel in line."""
+        rec = self.records.get(wait.kernel_id)
+        if wait.result.done() or rec is None:
+            self.waiting.leave(wait.kernel_id)
+            return
+        if isinstance(got, Lease):
+            self.waiting.leave(wait.kernel_id)
+            self.event(
+                "admitted",
+                wait.kernel_id,
+                f"Admitted after waiting {time.time() - (rec.queued_since or time.time()):.0f} s.",
+            )
+            wait.result.set_result(self._settle(rec, Grant("gpu", lease=got, card=self._card(got.card_uuid))))
+        elif isinstance(got, LedgerError):  # the broker is down, the disk is full: start without a GPU, say why
+            self.waiting.leave(wait.kernel_id)
+            wait.result.set_result(self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {got}")))
+        elif isinstance(got, Exception):
+            self.waiting.leave(wait.kernel_id)
+            status = 400 if isinstance(got, PolicyError) else 503
+            wait.result.set_exception(self._refuse(wait.kernel_id, str(got), status=status, keep=self._keeps(rec)))
+        elif got.expired:
+            self.waiting.end(wait.kernel_id, "timeout")
+            rec.need_mib, rec.free_mib = got.need_mib, got.free_mib
+            self._end_wait(wait, got)
+        else:
+            wait.last = got
+            self._update_wait(rec, got)
+
+    def _end_wait(self, wait: Wait, got: Waiting | None = None) -> None:
+        """A wait that ends without a grant: the start is refused (and the kernel shut down by its owner) with why."""
+        self.waiting.leave(wait.kernel_id)
+        if wait.result.done():
+            return
+        self._executor.submit(self._cancel_wait_quietly, wait.kernel_id)
+        rec = self.records.get(wait.kernel_id)
+        if wait.ending == "timeout":
+            shown = got or wait.last or Waiting(wait.kernel_id, 1, 0, 0, 0)
+            waited = rec.queued_since if rec else None
+            message = full_message(wait.request.quota, shown, self.policy.context_reserve_mib, waited=waited)
+            figures = {"need_mib": shown.need_mib, "free_mib": shown.free_mib}
+            error = self._refuse(wait.kernel_id, message, keep=self._keeps(rec), **figures)
+        elif wait.ending == "unwatched":
+            error = self._refuse(
+                wait.kernel_id,
+                f"Stopped waiting for a GPU: no notebook or program was connected to this kernel for "
+                f"{self.waiting.unwatched_s:.0f} s, so it was shut down before it could hold memory for no one. "
+                "Open the notebook and run a cell to start it again.",
+                status=409, keep=False, kind="cancelled",
+            )  # fmt: skip
+        elif wait.ending == "closing":
+            error = self._refuse(wait.kernel_id, "Stopped waiting for a GPU: the Jupyter server is shutting down.", status=409, kind="refused")  # fmt: skip
+        else:
+            why = wait.why or "the start was cancelled"
+            error = self._refuse(wait.kernel_id, f"Stopped waiting for a GPU: {why}.", status=409, kind="cancelled")
+        wait.result.set_exception(error)
+
+    def _keeps(self, rec: KernelRecord | None) -> bool:
+        """Whether a refused kernel stays listed as 'failed' (a restart of a kernel nbclient holds); a kernel a
+        Jupyter server lists is shut down instead."""
+        return rec is not None and not self.holds_starts and rec.pid is not None
 
     async def _learn(self, rec: KernelRecord, quota: Size) -> Size:
         """What earlier runs of the kernel's notebook teach (shown, and told to the kernel), and the quota: the
@@ -255,30 +412,6 @@ class QuotaManager:
         rec.recorded_pid = rec.pid
         await self._quietly("record_peak", kernel_id, key, int(usage.peak_mib), self.history)
 
-    async def _wait_for_room(self, rec: KernelRecord, request: Request, wait: bool) -> Lease | Waiting:
-        """Ask for room until granted, or (queueing) until the queue timeout; the last answer."""
-        deadline = time.monotonic() + self.policy.queue_timeout_s
-        while True:
-            got = await self._run(self._reserve, request, wait)
-            if isinstance(got, Lease) or not wait or time.monotonic() >= deadline:
-                return got
-            if rec.state != "queued":
-                rec.state, rec.queued_since = "queued", time.time()
-                rec.wait_until = (
-                    time.time() + self.policy.queue_timeout_s if self.policy.queue_timeout_s < float("inf") else None
-                )
-                self.event(
-                    "queued",
-                    request.kernel_id,
-                    got.reason or f"Waiting for {format_mib(got.need_mib)} of GPU memory; position {got.position}.",
-                )
-            rec.position, rec.need_mib, rec.free_mib = got.position, got.need_mib, got.free_mib
-            await asyncio.sleep(QUEUE_POLL_S)
-            if rec.cancelled or self.closing:
-                why = "the start was cancelled" if rec.cancelled else "the Jupyter server is shutting down"
-                kind = "cancelled" if rec.cancelled else "refused"
-                raise self._refuse(request.kernel_id, f"Stopped waiting for a GPU: {why}.", status=409, kind=kind)
-
     def _reserve(self, request: Request, wait: bool) -> Lease | Waiting:
         """On the ledger thread. Memory that processes without a reservation use is taken too: measured
         here against the ledger's leases, or by the broker itself, which sees every user's."""
@@ -299,25 +432,23 @@ class QuotaManager:
         self.event(kind, kernel_id, message, path=rec.path if rec else None, **figures)
         return QuotaUnavailable(message, status=status)
 
-    async def stop_admitting(self, timeout: float = 5.0) -> None:
-        """The server is shutting down: refuse new starts, end every wait in the queue (each start then fails with
-        409 and gives its place back), and return once none is left, so that the server's shutdown of its kernels
-        finds no start still pending."""
-        self.closing = True
-        deadline = time.monotonic() + timeout
-        while any(r.state == "queued" for r in self.records.values()) and time.monotonic() < deadline:
-            await asyncio.sleep(QUEUE_POLL_S / 5)
-        for _ in range(3):  # the failed starts leave jupyter_client's pending list on the next loop turns
-            await asyncio.sleep(0)
+    async def stop_admitting(self) -> None:
+        """The server is shutting down: refuse new starts and end every wait in line (their kernels are shut down
+        with the server's)."""
+        self.closing = self.waiting.closing = True
+        for wait in list(self.waiting.waits.values()):
+            self.waiting.end(wait.kernel_id, "closing")
+            self._end_wait(wait)
 
-    def cancel_start(self, kernel_id: str) -> KernelRecord:
-        """Stop a queued kernel's wait: its start request then fails with a 409 that says so."""
+    def cancel_start(self, kernel_id: str, why: str = "its owner stopped it") -> KernelRecord:
+        """Stop a queued kernel's wait: its start is refused with a 'cancelled' event (and the server shuts it down)."""
         rec = self.records[kernel_id]
-        if rec.state != "queued":
+        wait = self.waiting.end(kernel_id, "cancelled", why)
+        if wait is None:
             raise PolicyError(
                 f"Kernel {kernel_id} is not waiting for a GPU (it is {rec.state}); shut it down with DELETE /api/kernels/{kernel_id}."
             )
-        rec.cancelled = True
+        self._end_wait(wait)
         return rec
 
     def _settle(self, rec: KernelRecord, grant: Grant) -> Grant:
@@ -355,7 +486,9 @@ class QuotaManager:
             await self._quietly("attach", kernel_id, ProcessRef.of(pid) if pid else None)
 
     async def release(self, kernel_id: str, why: str = "shut down", forget: bool = True) -> None:
-        """Give a kernel's reservation back (idempotent) and, unless it restarts, forget its record."""
+        """Give a kernel's reservation back, or its place in line (idempotent), and, unless it restarts, forget its
+        record."""
+        self._leave_line(kernel_id, why)
         await self.remember_peak(kernel_id)
         rec = self.records.pop(kernel_id, None) if forget else self.records.get(kernel_id)
         if rec is not None and not forget:
@@ -374,7 +507,7 @@ class QuotaManager:
                 reserved_mib=lease.reserved_mib,
             )
         elif rec is not None and rec.state == "queued":
-            self.event("cancelled", kernel_id, f"Stopped waiting ({why}).")
+            self.event("cancelled", kernel_id, f"Stopped waiting for a GPU ({why}).", path=rec.path)
 
     async def reconcile(self, known: set[str] | None = None) -> None:
         """Release this process's leases for kernels it no longer has, and reclaim the dead. Raises LedgerError
@@ -511,4 +644,5 @@ def build_manager(settings: GpuShareApp, log: logging.Logger | None = None) -> Q
         broker_ca_file=settings.broker_ca_file,
         history=settings.build_history(),
         cards=cards,
+        unwatched_s=settings.queue_unwatched_timeout,
     )

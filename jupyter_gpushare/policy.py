@@ -165,6 +165,8 @@ class Policy:
     headroom: Size = Size(mib=0)
     on_full: str = "queue"
     queue_timeout_s: float = 600.0
+    overtake_limit_s: float = 300.0  # a kernel in line is passed by later ones that fit for at most this long
+    max_waiting: int = 10  # kernels one user may have in line; 0 = no cap
     kernel_quotas: dict[str, Size] = field(default_factory=dict)
     cards: tuple[str, ...] = ()
 

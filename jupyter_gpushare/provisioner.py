@@ -14,18 +14,23 @@ import asyncio
 import os
 import socket
 import sys
+import time
 from typing import Any
 
 from jupyter_client.connect import LocalPortCache, port_names
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Unicode
 
+from .held import HeldStart
 from .kernel_env import PEAK_BEFORE, kernel_env
+from .ledger import Waiting
 from .manager import QuotaManager, build_manager
-from .policy import PolicyError, parse_size
-from .records import Grant, QuotaUnavailable
+from .policy import PolicyError, format_mib, parse_size
+from .records import Grant, KernelRecord, QuotaUnavailable
 from .reports import report_dir
 from .settings import load_config, settings_from
+
+WAITING = "Waiting for a GPU"  # how the server's kernel model's reason begins while a kernel is in line
 
 
 class GpuShareProvisioner(LocalProvisioner):
@@ -50,13 +55,16 @@ class GpuShareProvisioner(LocalProvisioner):
     _grant: Grant | None = None
     _watching_death = False
     _ports_renewed = False
-    _held: tuple[socket.socket, ...] = ()
+    _ports: tuple[socket.socket, ...] = ()  # the kernel's ports, held bound from their pick to its shutdown
+    _held: HeldStart | None = None
+    _admitting: asyncio.Future | None = None
 
     def _manager(self) -> QuotaManager:
         manager = QuotaManager.current()
         if manager is None:  # outside a Jupyter server (nbclient, papermill, `jupyter execute`): the same settings
             config, sources = load_config(over=self.config)  # the server's files, then this program's own config
             manager = build_manager(settings_from(config), self.log)
+            manager.on_wait = _progress_on_stderr
             self.log.info("jupyter-gpushare: settings from %s", ", ".join(sources) or "no config file (the defaults)")
             QuotaManager.install(manager)
         return manager
@@ -81,7 +89,9 @@ class GpuShareProvisioner(LocalProvisioner):
                 await manager.release(self.kernel_id, "quota changed", forget=False)
             try:
                 requested = parse_size(self.quota, f"{self._kernel_name} kernelspec quota") if self.quota else None
-                self._grant = await manager.admit(self.kernel_id, self._kernel_name, language, requested)
+                self._grant = await manager.admit(
+                    self.kernel_id, self._kernel_name, language, requested, hold=manager.holds_starts
+                )
             except PolicyError as e:
                 self._forget_failed_start()
                 raise QuotaUnavailable(str(e), status=400) from e
@@ -89,26 +99,27 @@ class GpuShareProvisioner(LocalProvisioner):
                 self._forget_failed_start()
                 raise
         try:
-            # Ports are picked only now, once admitted: a start that waited in the queue would
-            # otherwise hold free-looking ports that nothing binds for as long as it waited.
+            # Ports are picked only now, once admitted or in line (a kernel in line holds them: its clients may
+            # connect to them at once, and it binds them once granted).
             kwargs = await self._pick_ports(**kwargs)  # after this, kwargs["env"] always exists
-            env = kwargs["env"]
-            env.pop(PEAK_BEFORE, None)  # only this notebook's own history, never a value the server inherited
-            env.update(
-                kernel_env(
-                    self._grant,
-                    self.kernel_id,
-                    language == "python",
-                    env,
-                    report_dir(),
-                    manager.max_quota_mib(self._grant),
-                    peak_before_mib=rec.learned_peak_mib,
-                )
-            )
+            kwargs["env"].pop(PEAK_BEFORE, None)  # only this notebook's own history, never the server's
+            if self._grant.mode == "queued":
+                self._held = HeldStart()
+            else:
+                kwargs["env"].update(self._kernel_env(kwargs["env"]))
         except BaseException:
             await self._release("failed to start")
             raise
         return kwargs
+
+    def _kernel_env(self, base: dict[str, str]) -> dict[str, str]:
+        """What the grant adds to the kernel's environment ``base``: its card, quota and framework caps."""
+        manager, grant = self._manager(), self._grant
+        assert grant is not None
+        rec = manager.records.get(self.kernel_id)
+        python = (self.kernel_spec.language or "").lower() == "python"
+        peak = rec.learned_peak_mib if rec else None
+        return kernel_env(grant, self.kernel_id, python, base, report_dir(), manager.max_quota_mib(grant), peak)
 
     async def _pick_ports(self, **kwargs: Any) -> dict[str, Any]:
         """LocalProvisioner's pre_launch, with ports held (``hold_ports``) and renewed when asked.
@@ -126,12 +137,12 @@ class GpuShareProvisioner(LocalProvisioner):
         try:
             if km is not None and km.cache_ports and self.ports_cached and not all(km.ports):
                 stale_ports = [self.connection_info[name] for name in port_names]
-                stale_held, self.ports_cached = self._held, False
+                stale_held, self.ports_cached = self._ports, False
             if km is not None and km.cache_ports and not self.ports_cached:
                 km._record_random_port_names()  # a no-op after the first start
                 if self.hold_ports and km.transport == "tcp" and sys.platform.startswith("linux"):
-                    self._held = _hold_ports(km.ip)
-                    for name, sock in zip(port_names, self._held):
+                    self._ports = _hold_ports(km.ip)
+                    for name, sock in zip(port_names, self._ports):
                         setattr(km, name, sock.getsockname()[1])
                     self.ports_cached = True  # LocalProvisioner then writes km's ports as they are
             kwargs = await super().pre_launch(**kwargs)
@@ -143,16 +154,66 @@ class GpuShareProvisioner(LocalProvisioner):
                 LocalPortCache.instance().return_port(port)
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any):
+        held = self._held
         try:
-            return await super().launch_kernel(cmd, **kwargs)
+            if held is not None:  # in line: a stand-in now, the kernel once granted (held.py)
+                cmd, kwargs = held.command(cmd, kwargs)
+            info = await super().launch_kernel(cmd, **kwargs)
         except BaseException:
+            if held is not None:
+                held.end()
             await self._release("failed to launch")  # a failed Popen never reaches cleanup()
             self._forget_failed_start()
             raise
+        if held is not None:
+            held.launched()
+            self._admitting = asyncio.ensure_future(self._admit_held(held))
+        return info
+
+    async def _admit_held(self, held: HeldStart) -> None:
+        """Wait for the held kernel's grant, then turn its stand-in into the kernel; or, if its wait ends without
+        one, have the server shut it down (the manager said why, in an event)."""
+        manager = self._manager()
+        granted = asyncio.ensure_future(manager.granted(self.kernel_id))
+        try:
+            while not granted.done():  # the kernel model's reason follows its place in line
+                self._describe_wait()
+                await asyncio.wait([granted], timeout=1.0)
+            self._grant = granted.result()
+        except asyncio.CancelledError:  # shut down, restarted, or taken out of line for another quota
+            granted.cancel()
+            return
+        except QuotaUnavailable:  # the server shuts it down (its shut-down ends the stand-in), unless it closes
+            if not manager.closing:  # and shuts every kernel down itself
+                manager.end_kernel(self.kernel_id)
+            return
+        try:
+            await held.release(self._kernel_env(held.env))
+        except Exception:
+            self.log.exception("jupyter-gpushare: kernel %s could not be started after its wait", self.kernel_id)
+            held.end()
+            return
+        finally:
+            self._describe_wait(done=True)
+        if held is self._held:
+            self._held = None
+        await manager.attach(self.kernel_id, self.pid)
+
+    def _describe_wait(self, done: bool = False) -> None:
+        """What the server's kernel model says of a kernel in line (its ``reason``), for every Jupyter client."""
+        km, rec = self.parent, self._manager().records.get(self.kernel_id)
+        if km is None or not hasattr(km, "execution_state"):
+            return
+        if done or rec is None or rec.state != "queued":
+            if str(getattr(km, "reason", "")).startswith(WAITING):
+                km.reason = ""
+            return
+        km.reason = f"{WAITING}: #{rec.position} in line, needs {format_mib(rec.need_mib or 0)}"
 
     async def post_launch(self, **kwargs: Any) -> None:
         await super().post_launch(**kwargs)
-        await self._manager().attach(self.kernel_id, self.pid)
+        if self._held is None:
+            await self._manager().attach(self.kernel_id, self.pid)
         if self._ports_renewed:
             self._ports_renewed = False
             self._watch_activity_on_new_ports()
@@ -160,6 +221,29 @@ class GpuShareProvisioner(LocalProvisioner):
             # Past the restart limit the server drops the kernel without cleanup(): release then.
             self.parent.add_restart_callback(self._kernel_died, "dead")
             self._watching_death = True
+
+    @property
+    def held(self) -> HeldStart | None:
+        """The kernel's start while it waits for its grant (None once it runs, or when it never waited)."""
+        return self._held
+
+    async def shutdown_requested(self, restart: bool = False) -> None:
+        await super().shutdown_requested(restart=restart)
+        self._stop_holding()
+
+    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
+        # A stand-in has nothing to save: it exits as soon as its pipe closes (shutdown_requested).
+        return min(recommended, 1.0) if self._held is not None else recommended
+
+    def _stop_holding(self) -> None:
+        """The kernel shuts down (or restarts) while in line: end its stand-in. A restart launches a new one,
+        which keeps the kernel's place in line (QuotaManager.admit)."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.end()
+        if self._admitting is not None:
+            self._admitting.cancel()
+            self._admitting = None
 
     def _watch_activity_on_new_ports(self) -> None:
         """Point jupyter_server's activity watch (execution state, culling) at the kernel's new iopub port.
@@ -196,6 +280,7 @@ class GpuShareProvisioner(LocalProvisioner):
         asyncio.ensure_future(self._release("died past its restart limit"))
 
     async def cleanup(self, restart: bool = False) -> None:
+        self._stop_holding()
         await super().cleanup(restart=restart)
         if restart:  # the process that ran is gone: its peak is history (a shutdown records it in release)
             await self._manager().remember_peak(self.kernel_id)
@@ -204,9 +289,23 @@ class GpuShareProvisioner(LocalProvisioner):
 
     async def _release(self, why: str) -> None:
         self._grant = None
-        _close(self._held)
-        self._held = ()
+        self._stop_holding()
+        _close(self._ports)
+        self._ports = ()
         await self._manager().release(self.kernel_id, why)
+
+
+def _progress_on_stderr(rec: KernelRecord, got: Waiting) -> None:
+    """A kernel started outside a Jupyter server (nbclient, papermill) waits for its GPU inside its start: say where
+    it stands, each time that changes, on the program's stderr (it has no other place to say it)."""
+    left = f", at most {max(0, round(rec.wait_until - time.time()))} s more" if rec.wait_until else ""
+    reason = f" ({got.reason})" if got.reason else ""
+    sys.stderr.write(
+        f"jupyter-gpushare: kernel {rec.kernel_id[:8]} ({rec.path or rec.kernel_name}) waits for a GPU: "
+        f"#{got.position} in line, needs {format_mib(got.need_mib)}, {format_mib(got.free_mib)} unreserved now"
+        f"{left}{reason}.\n"
+    )
+    sys.stderr.flush()
 
 
 def _hold_ports(ip: str) -> tuple[socket.socket, ...]:

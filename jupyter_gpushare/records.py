@@ -58,7 +58,8 @@ def full_message(quota: Size, got: Waiting, reserve_mib: int, waited: float | No
 
 @dataclass
 class Grant:
-    """What a kernel got: a GPU reservation, a start without GPU (``cpu``), or no quota at all (``none``)."""
+    """What a kernel got: a GPU reservation, a start without GPU (``cpu``), no quota at all (``none``), or a place
+    in line (``queued``: the reservation comes later, from ``QuotaManager.granted``)."""
 
     mode: str
     lease: Lease | None = None

@@ -99,15 +99,40 @@ class GpuShareApp(LoggingConfigurable):
         list(ON_FULL_CHOICES),
         default_value="queue",
         config=True,
-        help="What happens to a kernel when no card has room: 'queue' = wait in FIFO order up to "
-        "queue_timeout seconds, then refuse; 'cpu' = start it without a GPU and say so; 'reject' = refuse "
-        "at once with how much was free and needed. Default: 'queue'.",
+        help="What happens to a kernel when no card has room: 'queue' = it is listed at once as waiting, in line "
+        "(queue_overtake_limit) up to queue_timeout seconds, and its process starts when its reservation is granted; "
+        "'cpu' = start it without a GPU and say so; 'reject' = refuse at once with how much was free and needed. "
+        "Default: 'queue'.",
     )
     queue_timeout = Float(
         600.0,
         config=True,
-        help="Seconds a queued kernel waits for room before its start is refused (on_full='queue'). "
-        "Default: 600. 0 = wait without limit.",
+        help="Seconds a queued kernel waits for room before it leaves the line and is shut down, with an event "
+        "that says why (on_full='queue'). The broker applies its own to every user's kernels. Default: 600. "
+        "0 = wait without limit.",
+    )
+    queue_overtake_limit = Float(
+        300.0,
+        config=True,
+        help="Seconds a kernel in line may be passed by later kernels that fit where it does not (a 2 GiB kernel "
+        "is not kept behind a 20 GiB one while 5 GiB are free). Past it, the cards it could use are kept for it "
+        "until it fits, so a large kernel is never starved. Default: 300. 0 = never passed (first come, first "
+        "served on each card).",
+    )
+    queue_max_per_user = Int(
+        10,
+        config=True,
+        help="Kernels one user may have waiting in line at once; one more is refused at once with this limit "
+        "in the message (waiting kernels also count against a broker's per-user limits). Default: 10. "
+        "0 = no cap.",
+    )
+    queue_unwatched_timeout = Float(
+        120.0,
+        config=True,
+        help="Seconds a waiting kernel stays in line with no client connected to it (no open notebook, no "
+        "program on its websocket): then it leaves the line and is shut down, with an event, so that no "
+        "reservation is granted to a kernel nobody uses. A page reload reconnects within seconds. Default: 120. "
+        "0 = never.",
     )
     kernel_quotas = Dict(
         key_trait=Unicode(),
@@ -279,11 +304,19 @@ class GpuShareApp(LoggingConfigurable):
             _checked(lambda: parse_simulated_cards(proposal["value"]))
         return proposal["value"]
 
-    @validate("queue_timeout", "reconcile_interval", "over_quota_grace", "idle_timeout", "idle_shutdown_delay")
+    @validate(
+        "queue_timeout",
+        "queue_overtake_limit",
+        "queue_unwatched_timeout",
+        "reconcile_interval",
+        "over_quota_grace",
+        "idle_timeout",
+        "idle_shutdown_delay",
+    )
     def _valid_seconds(self, proposal: Any) -> float:
         name, value = proposal["trait"].name, proposal["value"]
-        if value < 0 or (name == "reconcile_interval" and value == 0):
-            zero = ", or 0 for no limit" if name == "queue_timeout" else ""
+        if not value >= 0 or value == float("inf") or (name == "reconcile_interval" and value == 0):  # NaN too
+            zero = ", or 0 for no limit" if name in ("queue_timeout", "queue_unwatched_timeout") else ""
             raise TraitError(f"GpuShareApp.{name}: {value!r} is not a time; use seconds, e.g. 600{zero}.")
         return value
 
@@ -306,6 +339,15 @@ class GpuShareApp(LoggingConfigurable):
         if not 0 <= value <= highest:  # also False for NaN
             raise TraitError(f"GpuShareApp.{name}: {value!r} is out of range; use 0 to {highest}, e.g. {example}.")
         return value
+
+    @validate("queue_max_per_user")
+    def _valid_count(self, proposal: Any) -> int:
+        if not 0 <= proposal["value"] <= 100_000:
+            raise TraitError(
+                f"GpuShareApp.queue_max_per_user: {proposal['value']!r} is not a number of kernels; use 0 to 100000, "
+                "e.g. 10, or 0 for no cap."
+            )
+        return proposal["value"]
 
     @validate("near_quota_threshold")
     def _valid_fraction(self, proposal: Any) -> float:
@@ -361,6 +403,8 @@ class GpuShareApp(LoggingConfigurable):
             headroom=sizes["card_headroom"],
             on_full=self.on_full,
             queue_timeout_s=self.queue_timeout or float("inf"),
+            overtake_limit_s=self.queue_overtake_limit,
+            max_waiting=self.queue_max_per_user,
             kernel_quotas=kernel_quotas,
             cards=tuple(self.cards),
         )

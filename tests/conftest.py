@@ -63,8 +63,23 @@ def gpushare(jp_fetch, jp_serverapp):
             return json.loads(r.body)
 
         async def start_kernel(self, name: str = "python3"):
+            """A kernel without a notebook (POST /api/kernels); it answers at once, admitted or in line."""
             r = await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": name}))
             return json.loads(r.body)["id"]
+
+        async def open_notebook(self, path: str, name: str = "python3") -> tuple[str, str]:
+            """A notebook's kernel, started as JupyterLab does (POST /api/sessions): (session id, kernel id)."""
+            body = {"path": path, "type": "notebook", "name": path.rsplit("/", 1)[-1], "kernel": {"name": name}}
+            r = await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))
+            session = json.loads(r.body)
+            return session["id"], session["kernel"]["id"]
+
+        async def close_notebook(self, session_id: str):
+            await jp_fetch("api", "sessions", session_id, method="DELETE")
+
+        async def state_of(self, kernel_id: str):
+            rec = await self.kernel(kernel_id)
+            return rec["state"] if rec else None
 
         async def stop_kernel(self, kernel_id: str):
             await jp_fetch("api", "kernels", kernel_id, method="DELETE")
@@ -83,6 +98,22 @@ def gpushare(jp_fetch, jp_serverapp):
             raise AssertionError(f"timed out waiting for {what}")
 
     return Client()
+
+
+@pytest.fixture
+def kernel_ws(jp_http_port, jp_base_url, jp_auth_header):
+    """Open a kernel's websocket as JupyterLab does (jp_ws_fetch's fixed 20 s request timeout is too short while
+    tens of kernels start on 2 cores)."""
+    from kernels import TIMEOUT
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    async def connect(kernel_id: str, session_id: str):
+        url = f"ws://localhost:{jp_http_port}{jp_base_url}api/kernels/{kernel_id}/channels?session_id={session_id}"
+        request = HTTPRequest(url, headers=jp_auth_header, connect_timeout=TIMEOUT, request_timeout=TIMEOUT)
+        return await websocket_connect(request)
+
+    return connect
 
 
 @pytest.fixture

@@ -1,6 +1,17 @@
-"""Running code in a real kernel of the in-process test server (pytest-jupyter's ``jp_serverapp``)."""
+"""Running code in real kernels of the in-process test server (pytest-jupyter's ``jp_serverapp``), directly or
+through the kernel websocket as JupyterLab does."""
 
 from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+from jupyter_client.jsonutil import json_default
+from jupyter_client.session import Session
+from tornado.websocket import WebSocketClientConnection
+
+TIMEOUT = 180  # generous: tens of kernels starting on the 2 cores of CI
 
 
 async def run_in_kernel(jp_serverapp, kernel_id: str, code: str) -> str:
@@ -15,3 +26,53 @@ async def run_in_kernel(jp_serverapp, kernel_id: str, code: str) -> str:
     finally:
         client.stop_channels()
     return "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream")
+
+
+async def open_notebook(jp_fetch, path: str, kernel: str = "python3") -> tuple[str, str]:
+    """Start a kernel for ``path`` as JupyterLab does (POST /api/sessions); return (session id, kernel id)."""
+    body = {"path": path, "type": "notebook", "name": os.path.basename(path), "kernel": {"name": kernel}}
+    r = await jp_fetch(
+        "api", "sessions", method="POST", body=json.dumps(body), request_timeout=TIMEOUT, connect_timeout=TIMEOUT
+    )
+    session = json.loads(r.body)
+    return session["id"], session["kernel"]["id"]
+
+
+def send_cell(ws: WebSocketClientConnection, session: Session, code: str) -> str:
+    """Send an execute_request for ``code`` on an open kernel websocket, as JupyterLab does; its msg_id."""
+    request = session.msg(
+        "execute_request",
+        {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False},
+    )
+    ws.write_message(json.dumps({**request, "channel": "shell"}, default=json_default))
+    return request["header"]["msg_id"]
+
+
+async def cell_result(ws: WebSocketClientConnection, kernel_id: str, msg_id: str, timeout: float = TIMEOUT) -> str:
+    """The ``text/plain`` result of the cell ``msg_id`` (its reply must be ok)."""
+    replies = await asyncio.wait_for(_replies(ws, kernel_id, msg_id), timeout)
+    assert replies["execute_reply"]["status"] == "ok", f"kernel {kernel_id}: the cell failed: {replies}"
+    return replies["execute_result"]["data"]["text/plain"]
+
+
+async def run_cell(kernel_ws, kernel_id: str, code: str) -> str:
+    """Connect to a kernel's websocket, run ``code`` and return its ``text/plain`` result."""
+    session = Session()
+    ws = await kernel_ws(kernel_id, session.session)
+    try:
+        return await cell_result(ws, kernel_id, send_cell(ws, session, code))
+    finally:
+        ws.close()
+
+
+async def _replies(ws: WebSocketClientConnection, kernel_id: str, msg_id: str) -> dict[str, dict]:
+    """The content of the execute_result and execute_reply to ``msg_id``."""
+    replies: dict[str, dict] = {}
+    while len(replies) < 2:
+        raw = await ws.read_message()
+        if raw is None:
+            raise AssertionError(f"the server closed kernel {kernel_id}'s websocket")
+        msg = json.loads(raw)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] in ("execute_result", "execute_reply"):
+            replies[msg["msg_type"]] = msg["content"]
+    return replies

@@ -25,32 +25,35 @@ async def reserved(gpushare) -> int:
     return (await gpushare.get("cards"))["cards"][0]["reserved_mib"]
 
 
-async def test_third_kernel_queues_in_fifo_order_and_is_admitted_on_release(gpushare):
-    k1, k2 = await gpushare.start_kernel(), await gpushare.start_kernel()
-    t3 = asyncio.ensure_future(gpushare.start_kernel())
-    queue = await gpushare.wait_for(lambda: _queue_len(gpushare, 1), what="third kernel queued")
-    assert queue[0]["position"] == 1 and queue[0]["mine"] and queue[0]["quota"] == "4 GiB"
-    t4 = asyncio.ensure_future(gpushare.start_kernel())
-    await gpushare.wait_for(lambda: _queue_len(gpushare, 2), what="fourth kernel queued")
-    kernels = (await gpushare.get("kernels"))["kernels"]
-    waiting = sorted((k for k in kernels if k["state"] == "queued"), key=lambda k: k["position"])
-    assert [k["position"] for k in waiting] == [1, 2]
+async def test_third_kernel_waits_in_line_and_is_admitted_on_release(gpushare):
+    """Two 4.5 GiB kernels fill the 10 GiB card; the third and fourth notebooks' kernels are listed at once, in
+    line, and admitted in order as room is freed."""
+    _, k1 = await gpushare.open_notebook("n1.ipynb")
+    _, k2 = await gpushare.open_notebook("n2.ipynb")
+    _, k3 = await gpushare.open_notebook("n3.ipynb")
+    _, k4 = await gpushare.open_notebook("n4.ipynb")
+    queue = (await gpushare.get("queue"))["queue"]
+    assert [(q["position"], q["kernel_id"], q["quota"]) for q in queue] == [(1, k3, "4 GiB"), (2, k4, "4 GiB")]
+    waiting = [await gpushare.kernel(k) for k in (k3, k4)]
+    assert [(k["state"], k["position"]) for k in waiting] == [("queued", 1), ("queued", 2)]
     assert waiting[0]["need_mib"] == 4608 and waiting[0]["free_mib"] == 10240 - 2 * 4608
-    assert not t3.done() and not t4.done()
 
     await gpushare.stop_kernel(k1)
-    k3 = await asyncio.wait_for(t3, 20)
-    assert not t4.done()  # the second waiter stays in line
-    assert (await gpushare.kernel(k3))["state"] == "running"
+    await gpushare.wait_for(lambda: _is(gpushare, k3, "running"), what="the third kernel admitted")
+    assert await gpushare.state_of(k4) == "queued"  # the second in line stays in line
     events = [e["kind"] for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == k3]
     assert events[:1] == ["queued"] and "admitted" in events
 
     await gpushare.stop_kernel(k2)
-    k4 = await asyncio.wait_for(t4, 20)
+    await gpushare.wait_for(lambda: _is(gpushare, k4, "running"), what="the fourth kernel admitted")
     assert (await gpushare.get("queue"))["queue"] == []
     assert await reserved(gpushare) == 2 * 4608
     for k in (k3, k4):
         await gpushare.stop_kernel(k)
+
+
+async def _is(gpushare, kernel_id: str, state: str) -> bool:
+    return await gpushare.state_of(kernel_id) == state
 
 
 async def test_memory_used_outside_any_kernel_holds_the_next_kernel_until_it_is_freed(gpushare, jp_serverapp):
@@ -68,22 +71,16 @@ async def test_memory_used_outside_any_kernel_holds_the_next_kernel_until_it_is_
     card = await gpushare.wait_for(measured, what="the script's memory measured")
     assert card["reserved_mib"] == 4608 and card["used_by_kernels_mib"] == 0
     assert card["outside_mib"] == 4096  # in no reserved kernel's tree: what the sidebar shows as "no reservation"
-    k2 = asyncio.ensure_future(gpushare.start_kernel())
-    await gpushare.wait_for(lambda: _queue_len(gpushare, 1), what="the second kernel waiting")
-    waiting = next(k for k in (await gpushare.get("kernels"))["kernels"] if k["state"] == "queued")
-    assert waiting["free_mib"] == 10240 - 4608 - 4096 and not k2.done()
+    _, k2 = await gpushare.open_notebook("second.ipynb")
+    waiting = await gpushare.kernel(k2)
+    assert waiting["state"] == "queued" and waiting["free_mib"] == 10240 - 4608 - 4096
     script.kill()
     await script.wait()
     fake.remove_process(script.pid)
-    k2 = await asyncio.wait_for(k2, 20)
-    assert (await gpushare.kernel(k2))["state"] == "running" and await reserved(gpushare) == 2 * 4608
+    await gpushare.wait_for(lambda: _is(gpushare, k2, "running"), what="the second kernel admitted")
+    assert await reserved(gpushare) == 2 * 4608
     for k in (k1, k2):
         await gpushare.stop_kernel(k)
-
-
-async def _queue_len(gpushare, n):
-    queue = (await gpushare.get("queue"))["queue"]
-    return queue if len(queue) == n else None
 
 
 async def _fill_and_try_third(gpushare):
@@ -93,18 +90,29 @@ async def _fill_and_try_third(gpushare):
     return ks, e.value.code, json.loads(e.value.response.body)["message"]
 
 
+async def _event(gpushare, kernel_id: str, kind: str):
+    found = [e for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == kernel_id and e["kind"] == kind]
+    return found[-1] if found else None
+
+
 class TestWhenFull:
     @pytest.fixture
     def gpushare_config(self, gpushare_config, request):
         return {**gpushare_config, **request.param}
 
     @pytest.mark.parametrize("gpushare_config", [{"queue_timeout": 1.0}], indirect=True)
-    async def test_queue_timeout_message(self, gpushare):
-        ks, code, message = await _fill_and_try_third(gpushare)
-        assert code == 503
+    async def test_a_wait_past_the_queue_timeout_ends_with_the_reason(self, gpushare, jp_serverapp):
+        await gpushare.start_kernel(), await gpushare.start_kernel()
+        session, kid = await gpushare.open_notebook("late.ipynb")
+        assert await gpushare.state_of(kid) == "queued"
+        refused = await gpushare.wait_for(lambda: _event(gpushare, kid, "refused"), what="the wait to time out")
+        message = refused["message"]
         assert "needs 4.5 GiB (quota 4 GiB + 512 MiB CUDA context reserve)" in message
         assert "most unreserved on any card is 1 GiB" in message and "waited 1 s in the queue" in message
-        assert "Shut down a kernel you no longer use" in message
+        assert "Shut down a kernel you no longer use" in message and refused["path"] == "late.ipynb"
+        # The server shut the kernel down with its session: nothing waits, nothing holds memory for it.
+        await gpushare.wait_for(lambda: _gone(jp_serverapp, kid), what="the kernel shut down")
+        assert session not in [s["id"] for s in await jp_serverapp.session_manager.list_sessions()]
         assert (await gpushare.get("queue"))["queue"] == []
         assert len((await gpushare.get("kernels"))["kernels"]) == 2
 
@@ -291,21 +299,24 @@ class TestKernelspecs:
         assert await reserved(gpushare) == 0
 
 
-async def test_a_queued_start_can_be_cancelled_and_a_running_kernel_cannot(gpushare, jp_fetch):
+async def test_a_queued_start_can_be_cancelled_and_a_running_kernel_cannot(gpushare, jp_fetch, jp_serverapp):
     k1 = await gpushare.start_kernel()
     await gpushare.start_kernel()
-    t3 = asyncio.ensure_future(gpushare.start_kernel())
-    (entry,) = await gpushare.wait_for(lambda: _queue_len(gpushare, 1), what="third kernel queued")
-    r = await jp_fetch("api", "gpushare", "kernels", entry["kernel_id"], method="DELETE")
-    assert r.code == 202 and json.loads(r.body)["state"] == "queued"
-    with pytest.raises(HTTPClientError) as e:
-        await asyncio.wait_for(t3, 20)
-    assert e.value.code == 409 and "Stopped waiting for a GPU" in json.loads(e.value.response.body)["message"]
+    _, k3 = await gpushare.open_notebook("third.ipynb")
+    r = await jp_fetch("api", "gpushare", "kernels", k3, method="DELETE")
+    assert r.code == 202
+    cancelled = await gpushare.wait_for(lambda: _event(gpushare, k3, "cancelled"), what="the cancel event")
+    assert "Stopped waiting for a GPU" in cancelled["message"]
+    await gpushare.wait_for(lambda: _gone(jp_serverapp, k3), what="the cancelled kernel shut down")
     assert (await gpushare.get("queue"))["queue"] == []
     with pytest.raises(HTTPClientError) as e:
         await jp_fetch("api", "gpushare", "kernels", k1, method="DELETE")
     assert e.value.code == 409 and f"DELETE /api/kernels/{k1}" in json.loads(e.value.response.body)["message"]
     assert (await gpushare.kernel(k1))["state"] == "running"
+
+
+async def _gone(jp_serverapp, kernel_id: str) -> bool:
+    return kernel_id not in jp_serverapp.kernel_manager.list_kernel_ids()
 
 
 async def test_host_view_lists_this_users_kernels_on_each_card(gpushare):

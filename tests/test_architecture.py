@@ -1,4 +1,7 @@
-"""The shape of the package: no import cycles, modules of one job, functions a person can follow.
+"""The shape of the package: no import cycles, and functions a person can follow (ruff's complexity rule).
+
+Whether a module holds one job is for reviews to judge, not a line count (a file trimmed to pass a count is
+worse than a long one).
 
 Every import counts, also one inside a function (that is how cycles hide); a package's ``__init__`` counts
 as importing only what it imports itself. docs/architecture.md draws the result.
@@ -15,7 +18,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "jupyter_gpushare"
-MAX_LINES = 520  # "about 500": a module past it probably holds two jobs
 
 
 def modules() -> dict[str, Path]:
@@ -95,11 +97,6 @@ def test_no_module_imports_one_that_imports_it_back():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-
-
-def test_no_module_holds_two_jobs():
-    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    assert long == {}
 
 
 @pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is in the test extras")

@@ -43,21 +43,62 @@ def test_reserve_places_best_fit_and_release_frees(tmp_path):
     assert ledger.reserved_by_card() == {b.card_uuid: 2560, c.card_uuid: 6656}
 
 
-def test_fifo_queue_order_and_no_jumping(tmp_path):
+def test_queue_order_backfill_and_aging(tmp_path):
+    """Through the SQLite ledger: kernels in line are served in order where they fit; a small one passes a large
+    one that does not fit, until the large one has waited the overtake limit."""
     ledger = Ledger(tmp_path / "l.sqlite")
     cards = CARDS[:1]
-    assert isinstance(ledger.reserve(req("big1", 8), POLICY, cards, wait=False), Lease)
+    assert isinstance(ledger.reserve(req("big1", 8), POLICY, cards, wait=False), Lease)  # 1.5 GiB left
     w1 = ledger.reserve(req("w1", 4), POLICY, cards, wait=True)
-    w2 = ledger.reserve(req("w2", 1), POLICY, cards, wait=True)
     assert isinstance(w1, Waiting) and w1.position == 1
-    # w2 would fit in the 1.5 GiB left, but it must not jump ahead of w1
-    assert isinstance(w2, Waiting) and w2.position == 2 and w2.ahead == 1
-    assert isinstance(ledger.reserve(req("now", 1), POLICY, cards, wait=False), Waiting)
-    ledger.release("big1")
-    assert isinstance(ledger.reserve(req("w2", 1), POLICY, cards, wait=True), Waiting)
+    w2 = ledger.reserve(req("w2", 0.5), POLICY, cards, wait=True)  # fits in the 1.5 GiB: passes w1
+    assert isinstance(w2, Lease)
+    assert [w.kernel_id for w in ledger.waiters()] == ["w1"]
+    w3 = ledger.reserve(req("w3", 1), POLICY, cards, wait=True)  # 0.5 GiB left: waits behind w1
+    assert isinstance(w3, Waiting) and w3.position == 2 and w3.ahead == 1
+    ledger.release("big1")  # 9 GiB free: w1 (4.5) and w3 (1.5) both fit, in order
+    assert isinstance(ledger.reserve(req("w3", 1), POLICY, cards, wait=True), Lease)
     assert isinstance(ledger.reserve(req("w1", 4), POLICY, cards, wait=True), Lease)
-    assert isinstance(ledger.reserve(req("w2", 1), POLICY, cards, wait=True), Lease)
     assert ledger.waiters() == []
+
+    strict = Policy(context_reserve_mib=512, overtake_limit_s=0.0)  # w1 has "waited its turn out" at once
+    ledger.release("w1")
+    ledger.release("w3")
+    ledger.reserve(req("big2", 8), strict, cards, wait=False)
+    assert isinstance(ledger.reserve(req("w4", 4), strict, cards, wait=True), Waiting)
+    assert isinstance(ledger.reserve(req("w5", 0.5), strict, cards, wait=True), Waiting)  # the card is kept for w4
+    assert [w.kernel_id for w in ledger.waiters()] == ["w4", "w5"]
+
+
+def test_waiting_kernels_count_against_limits_and_the_cap(tmp_path):
+    from jupyter_gpushare.policy import PolicyError, UserLimits
+
+    ledger = Ledger(tmp_path / "l.sqlite")
+    policy = Policy(context_reserve_mib=512, max_waiting=2)
+    limits = UserLimits(max_kernels=3, max_total=Size(mib=12 * 1024))
+    alice = [Request(f"a{i}", Size(mib=4096), "alice") for i in range(4)]
+    assert isinstance(ledger.reserve(alice[0], policy, CARDS[:1], True, limits), Lease)
+    assert isinstance(ledger.reserve(alice[1], policy, CARDS[:1], True, limits), Lease)
+    assert isinstance(ledger.reserve(alice[2], policy, CARDS[:1], True, limits), Waiting)  # in line: counts
+    with pytest.raises(PolicyError, match="max_kernels"):
+        ledger.reserve(alice[3], policy, CARDS[:1], True, limits)  # 2 held + 1 in line = 3: no fourth
+    bob = [Request(f"b{i}", Size(mib=1024), "bob") for i in range(3)]
+    ledger.reserve(Request("fill", Size(mib=1024), "carol"), policy, CARDS[:1], False)  # the card is full now
+    assert isinstance(ledger.reserve(bob[0], policy, CARDS[:1], True), Waiting)
+    assert isinstance(ledger.reserve(bob[1], policy, CARDS[:1], True), Waiting)
+    with pytest.raises(PolicyError, match="2 kernels waiting for a GPU already"):
+        ledger.reserve(bob[2], policy, CARDS[:1], True)
+    assert isinstance(ledger.reserve(bob[1], policy, CARDS[:1], True), Waiting)  # one already in line keeps its place
+
+
+def test_a_wait_past_the_queue_timeout_is_given_up_by_the_ledger(tmp_path):
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.reserve(req("full", 9), POLICY, CARDS[:1], wait=False)
+    got = ledger.reserve(req("w", 4), POLICY, CARDS[:1], wait=True)
+    assert isinstance(got, Waiting) and not got.expired
+    hurried = Policy(context_reserve_mib=512, queue_timeout_s=0.0)  # the broker's own timeout, say
+    got = ledger.reserve(req("w", 4), hurried, CARDS[:1], wait=True)
+    assert isinstance(got, Waiting) and got.expired and ledger.waiters() == []
 
 
 def test_waiting_says_what_is_needed_and_free(tmp_path):

@@ -9,79 +9,21 @@ kernel of 26 on the H100 study run.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
 
 import pytest
-from jupyter_client.jsonutil import json_default
-from jupyter_client.session import Session
-from tornado.httpclient import HTTPRequest
-from tornado.websocket import WebSocketClientConnection, websocket_connect
+from kernels import TIMEOUT, open_notebook, run_cell
 
 KERNELS = 40
 ROUNDS = 2
-TIMEOUT = 180  # generous: 40 kernels starting on the 2 cores of CI
 
 
 @pytest.fixture
 def gpushare_config(gpushare_config):
     # 40 reservations of 256 MiB + 512 MiB context reserve = 30 GiB: everyone is admitted at once.
     return {**gpushare_config, "simulated_cards": "40GiB", "default_quota": "256MiB"}
-
-
-async def open_notebook(jp_fetch, path: str) -> tuple[str, str]:
-    """Start a kernel for ``path`` as JupyterLab does (POST /api/sessions); return (session id, kernel id)."""
-    body = {"path": path, "type": "notebook", "name": os.path.basename(path), "kernel": {"name": "python3"}}
-    r = await jp_fetch(
-        "api", "sessions", method="POST", body=json.dumps(body), request_timeout=TIMEOUT, connect_timeout=TIMEOUT
-    )
-    session = json.loads(r.body)
-    return session["id"], session["kernel"]["id"]
-
-
-@pytest.fixture
-def kernel_ws(jp_http_port, jp_base_url, jp_auth_header):
-    """Open a kernel's websocket as JupyterLab does (jp_ws_fetch's fixed 20 s request timeout is too
-    short while 40 kernels start on 2 cores: the server answers once the kernel replies)."""
-
-    async def connect(kernel_id: str, session_id: str) -> WebSocketClientConnection:
-        url = f"ws://localhost:{jp_http_port}{jp_base_url}api/kernels/{kernel_id}/channels?session_id={session_id}"
-        request = HTTPRequest(url, headers=jp_auth_header, connect_timeout=TIMEOUT, request_timeout=TIMEOUT)
-        return await websocket_connect(request)
-
-    return connect
-
-
-async def run_cell(kernel_ws, kernel_id: str, code: str) -> str:
-    """Connect to a kernel's websocket, run ``code`` and return its ``text/plain`` result."""
-    session = Session()
-    ws = await kernel_ws(kernel_id, session.session)
-    try:
-        request = session.msg(
-            "execute_request",
-            {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False},
-        )
-        ws.write_message(json.dumps({**request, "channel": "shell"}, default=json_default))
-        replies = await asyncio.wait_for(_replies(ws, kernel_id, request["header"]["msg_id"]), TIMEOUT)
-        assert replies["execute_reply"]["status"] == "ok", f"kernel {kernel_id}: {code!r} failed: {replies}"
-        return replies["execute_result"]["data"]["text/plain"]
-    finally:
-        ws.close()
-
-
-async def _replies(ws: WebSocketClientConnection, kernel_id: str, msg_id: str) -> dict[str, dict]:
-    """The content of the execute_result and execute_reply to ``msg_id``."""
-    replies: dict[str, dict] = {}
-    while len(replies) < 2:
-        raw = await ws.read_message()
-        if raw is None:
-            raise AssertionError(f"the server closed kernel {kernel_id}'s websocket")
-        msg = json.loads(raw)
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] in ("execute_result", "execute_reply"):
-            replies[msg["msg_type"]] = msg["content"]
-    return replies
 
 
 async def test_forty_notebooks_opened_at_once_all_start_and_run_a_cell(gpushare, jp_fetch, kernel_ws):

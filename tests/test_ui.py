@@ -78,9 +78,10 @@ def test_labextension_is_installed():
     assert meta["jupyterlab"]["_build"]["load"].startswith("static/remoteEntry.")
 
 
+@pytest.mark.timeout(900)  # the whole spec: about 3 minutes on 2 cores
 def test_browser():
     """Real JupyterLab + system Chromium, a student's day (labextension/ui-tests/tests/gpushare.spec.ts,
-    described in docs/ui.md): queued banner and held cells, admission, quota limits, over quota said
+    described in docs/ui.md): queued banner and a cell run while waiting, admission, quota limits, over quota said
     the same by the panel, the status bar and a notification, a rename, stop waiting, dark theme and
     contrast, an idle tab's requests, error states, the host section's reads."""
     jlpm = _need_node()

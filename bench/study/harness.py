@@ -98,7 +98,9 @@ class Monitor(threading.Thread):
                 used, procs, util = self.nvml.sample()
                 for pid, mib in procs.items():
                     self.peak_by_pid[pid] = max(self.peak_by_pid.get(pid, 0), mib)
-                self.timeline.append({"t": round(time.time() - self.t0, 2), "used_mib": used, "processes": len(procs), "util": util})
+                self.timeline.append(
+                    {"t": round(time.time() - self.t0, 2), "used_mib": used, "processes": len(procs), "util": util}
+                )
             self._halt.wait(self.interval)
 
     def stop(self) -> None:
@@ -118,7 +120,7 @@ def free_port() -> int:
 class Server:
     """A jupyter-server subprocess, with or without the extension, in its own temp dirs."""
 
-    def __init__(self, with_extension: bool, gpushare: dict, env: dict[str, str], workdir: Path):
+    def __init__(self, with_extension: bool, gpushare: dict, env: dict[str, str], workdir: Path, connections: int = 6):
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="study-", dir=workdir))
         for sub in ("config", "data", "runtime", "root"):
@@ -142,7 +144,8 @@ class Server:
             env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.url = f"http://127.0.0.1:{self.port}"
-        self.http = AsyncHTTPClient()
+        # As a browser talks to one server: at most `connections` HTTP requests at a time (websockets apart).
+        self.http = AsyncHTTPClient(force_instance=True, max_clients=connections)
 
     async def call(self, method: str, path: str, body: dict | None = None, timeout: float = 60):
         r = await self.http.fetch(
@@ -201,9 +204,7 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
     except HTTPClientError as e:
         job.status, job.error = "refused", _message(e)
         return
-    job.kernel_id = model["id"]
-    job.admitted = time.time() - t0
-    job.wait_s = round(job.admitted - job.requested, 2)
+    job.kernel_id = model["id"]  # at once: a kernel that waits for a GPU is listed in line, its process comes later
     session = uuid.uuid4().hex
     try:
         ws = await websocket_connect(
@@ -214,22 +215,55 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
         job.status, job.error = "failed", f"could not connect to the kernel: {e}"
         return
     msg_id = uuid.uuid4().hex
-    header = {"msg_id": msg_id, "username": "study", "session": session, "msg_type": "execute_request", "version": "5.3", "date": datetime.now(timezone.utc).isoformat()}
-    content = {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
-    await ws.write_message(json.dumps({"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": "shell", "buffers": []}))
+    header = {
+        "msg_id": msg_id,
+        "username": "study",
+        "session": session,
+        "msg_type": "execute_request",
+        "version": "5.3",
+        "date": datetime.now(timezone.utc).isoformat(),
+    }
+    content = {
+        "code": code,
+        "silent": False,
+        "store_history": False,
+        "user_expressions": {},
+        "allow_stdin": False,
+        "stop_on_error": True,
+    }
+    await ws.write_message(
+        json.dumps(
+            {
+                "header": header,
+                "parent_header": {},
+                "metadata": {},
+                "content": content,
+                "channel": "shell",
+                "buffers": [],
+            }
+        )
+    )
     start = time.time() - t0
     reply, idle, pending = None, False, ""
     deadline = time.monotonic() + timeout
     try:
         while not (reply and idle):
             raw = await asyncio.wait_for(ws.read_message(), max(1.0, deadline - time.monotonic()))
-            if raw is None:
-                job.status, job.error = "failed", "the kernel's connection closed (kernel died)"
+            if raw is None:  # the server shut the kernel down: its wait ended (refused), or it died
+                refused = await refusal(server, job.kernel_id)
+                job.status = "refused" if refused else "failed"
+                job.error = refused or "the kernel's connection closed (kernel died)"
                 break
             msg = json.loads(raw)
             kind, body = msg["header"]["msg_type"], msg["content"]
+            if job.admitted is None and msg.get("parent_header", {}).get("msg_id") == msg_id:
+                job.admitted = time.time() - t0  # the kernel runs the job: it was admitted (and started)
+                job.wait_s = round(job.admitted - job.requested, 2)
             if kind == "status" and body.get("execution_state") in ("restarting", "dead"):
-                job.status, job.error = "failed", f"the kernel died ({body['execution_state']}): {job.error or 'no Python error'}"
+                job.status, job.error = (
+                    "failed",
+                    f"the kernel died ({body['execution_state']}): {job.error or 'no Python error'}",
+                )
                 break
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
@@ -261,6 +295,16 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
         job.status = "ok" if reply and reply.get("status") == "ok" and job.job_s is not None else "failed"
 
 
+async def refusal(server: Server, kernel_id: str) -> str | None:
+    """Why the extension refused a kernel that waited (its event), or None."""
+    try:
+        events = (await server.call("GET", "api/gpushare/events"))["events"]
+    except (HTTPClientError, OSError, ValueError, KeyError):
+        return None
+    said = [e["message"] for e in events if e.get("kernel_id") == kernel_id and e["kind"] in ("refused", "cancelled")]
+    return said[-1] if said else None
+
+
 def _message(e: HTTPClientError) -> str:
     try:
         return json.loads(e.response.body)["message"]
@@ -281,19 +325,24 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         "card_headroom": f"{HEADROOM_MIB}MiB",
         "on_full": args.on_full,
         "queue_timeout": args.job_timeout,
+        "queue_max_per_user": 0,  # one user runs the whole class here
     }
     if scenario == "learned":  # the warm-up runs at a quarter of the card, so its peak is not cut by the quota
-        gpushare.update(quota_from_history=True, history_margin=args.learn_margin, default_quota=f"{sizing['card_mib'] // 4}MiB")
+        gpushare.update(
+            quota_from_history=True, history_margin=args.learn_margin, default_quota=f"{sizing['card_mib'] // 4}MiB"
+        )
     if args.simulate:
         gpushare.update(gpu_backend="simulated", simulated_cards=f"{sizing['card_mib']}MiB", sample_interval=0.25)
-    server = Server(scenario in ("gpushare", "learned"), gpushare, env, Path(args.workdir))
+    server = Server(scenario in ("gpushare", "learned"), gpushare, env, Path(args.workdir), args.connections)
     label = f"{framework}/{scenario}/{n_jobs}"
     print(f"[{label}] starting server", flush=True)
     jobs: list[Job] = []
     attempts: list[Job] = []
     try:
         await server.wait_ready()
-        code = job_code(framework, sizing["ws_mib"][framework], epochs=args.epochs, n=args.images, growth=scenario != "defaults")
+        code = job_code(
+            framework, sizing["ws_mib"][framework], epochs=args.epochs, n=args.images, growth=scenario != "defaults"
+        )
         warmup = None
         if scenario == "learned":  # one job alone teaches the peak (recorded when its kernel is shut down)
             warmup = Job(-1)
@@ -358,10 +407,16 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         "peak_card_used_mib": max((s["used_mib"] for s in monitor.timeline), default=None),
         "errors": sorted({(j.error or "")[:160] for j in attempts if j.status != "ok"}),
         "events": [e["kind"] for e in events],
-        "event_messages": [f"{e['kind']}: {e['message']}" for e in events if e["kind"] in ("learned", "queued", "refused")],
+        "event_messages": [
+            f"{e['kind']}: {e['message']}" for e in events if e["kind"] in ("learned", "queued", "refused")
+        ],
         "quotas": quotas.result() if quotas.done() else None,
-        "warmup": {k: v for k, v in asdict(warmup).items() if k != "output"} | {"output_tail": warmup.output[-3:]} if warmup else None,
-        "per_job": [{k: v for k, v in asdict(j).items() if k != "output"} | {"output_tail": j.output[-3:]} for j in attempts],
+        "warmup": {k: v for k, v in asdict(warmup).items() if k != "output"} | {"output_tail": warmup.output[-3:]}
+        if warmup
+        else None,
+        "per_job": [
+            {k: v for k, v in asdict(j).items() if k != "output"} | {"output_tail": j.output[-3:]} for j in attempts
+        ],
         "timeline": monitor.timeline,
     }
     print(f"[{label}] ok {result['ok']}, failed {result['failed']}, refused {result['refused']}, queued {result['queued']}, "
@@ -431,18 +486,34 @@ def parse_runs(text: str) -> list[tuple[str, str, float]]:
 async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for results.json, jobs.csv and the log")
-    ap.add_argument("--runs", default="jax:defaults:1,torch:growth:1.1,torch:growth:1.2,torch:gpushare:1.1,torch:gpushare:1.2,jax:growth:1.2,jax:gpushare:1.2")
-    ap.add_argument("--fit", type=int, default=22, help="jobs that fit the card's memory (the study: 23 of 1,205 MiB on 24 GiB)")
+    ap.add_argument(
+        "--runs",
+        default="jax:defaults:1,torch:growth:1.1,torch:growth:1.2,torch:gpushare:1.1,torch:gpushare:1.2,jax:growth:1.2,jax:gpushare:1.2",
+    )
+    ap.add_argument(
+        "--fit", type=int, default=22, help="jobs that fit the card's memory (the study: 23 of 1,205 MiB on 24 GiB)"
+    )
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--images", type=int, default=60000)
     ap.add_argument("--job-timeout", type=float, default=300)
-    ap.add_argument("--budget", type=float, default=0, help="stop starting new scenarios after this many seconds (0 = none)")
+    ap.add_argument(
+        "--budget", type=float, default=0, help="stop starting new scenarios after this many seconds (0 = none)"
+    )
     ap.add_argument("--learn-margin", type=float, default=0.1, help="learned scenario: the margin on the learned peak")
-    ap.add_argument("--on-full", default="queue", choices=["queue", "reject"], help="the extension's on_full: wait or refuse")
+    ap.add_argument(
+        "--on-full", default="queue", choices=["queue", "reject"], help="the extension's on_full: wait or refuse"
+    )
     ap.add_argument("--reruns", type=int, default=3, help="rounds of running failed jobs again after the others")
-    ap.add_argument("--simulate", action="store_true", help="CPU smoke test: simulated card, NumPy and TensorFlow (CPU) jobs, small counts")
-    ap.add_argument("--runs-simulated", default="numpy,tensorflow", help="with --simulate: FRAMEWORK[:SCENARIO],... (gpushare)")
+    ap.add_argument(
+        "--simulate",
+        action="store_true",
+        help="CPU smoke test: simulated card, NumPy and TensorFlow (CPU) jobs, small counts",
+    )
+    ap.add_argument(
+        "--runs-simulated", default="numpy,tensorflow", help="with --simulate: FRAMEWORK[:SCENARIO],... (gpushare)"
+    )
     ap.add_argument("--workdir", default=tempfile.gettempdir())
+    ap.add_argument("--connections", type=int, default=6, help="HTTP requests at a time to the server (a browser: 6)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -482,10 +553,38 @@ def write(out: Path, device: str, sizing: dict, args, results: list[dict]) -> No
     (out / "results.json").write_text(json.dumps(doc, indent=1))
     with open(out / "jobs.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["framework", "scenario", "jobs", "job", "attempt", "status", "wait_s", "run_s", "job_s", "peak_mib", "error"])
+        w.writerow(
+            [
+                "framework",
+                "scenario",
+                "jobs",
+                "job",
+                "attempt",
+                "status",
+                "wait_s",
+                "run_s",
+                "job_s",
+                "peak_mib",
+                "error",
+            ]
+        )
         for r in results:
             for j in r.get("per_job", []):
-                w.writerow([r["framework"], r["scenario"], r["jobs"], j["index"], j["attempt"], j["status"], j["wait_s"], j["run_s"], j["job_s"], j["peak_mib"], j["error"] or ""])
+                w.writerow(
+                    [
+                        r["framework"],
+                        r["scenario"],
+                        r["jobs"],
+                        j["index"],
+                        j["attempt"],
+                        j["status"],
+                        j["wait_s"],
+                        j["run_s"],
+                        j["job_s"],
+                        j["peak_mib"],
+                        j["error"] or "",
+                    ]
+                )
 
 
 if __name__ == "__main__":

@@ -108,7 +108,10 @@ class Operations:
         ):
             raise BrokerRefused(f"Kernel id {args.kernel_id} is in use by another user's kernel; use a new id.")
         cards = self.cards
-        if args.cards:  # the server sees only these (a container given some of the host's cards)
+        # A server in a container sees only the cards it was given, and says which. A server on this host sees
+        # them all (NVML ignores CUDA_VISIBLE_DEVICES): a list from it is ignored, so that no one pins a kernel
+        # to one card to hold a place there.
+        if args.cards and caller.session is not None:
             cards = [c for c in self.cards if c.uuid in set(args.cards)]
             if not cards:
                 raise BrokerRefused(

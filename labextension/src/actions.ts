@@ -20,7 +20,7 @@ export interface IKernelActions {
   open(kernel: IKernel): void;
   changeQuota(kernel: IKernel): Promise<void>;
   shutdown(kernel: IKernel): Promise<void>;
-  /** Stop waiting for a GPU (a queued kernel), after asking. */
+  /** Stop waiting for a GPU (a queued kernel: it is shut down), after asking. */
   stopWaiting(kernel: IKernel): Promise<void>;
   refresh(): void;
   /** Open or close the "This host" section. */
@@ -70,6 +70,18 @@ export function kernelActions(
   const { commands, serviceManager } = app;
   const nameOf = (k: IKernel) =>
     basename(k.path) || `${k.kernel_name} kernel ${k.kernel_id.slice(0, 8)}`;
+
+  /** Shut a kernel down with its session, if it has one (a notebook's kernel). */
+  const shutdownKernel = async (kernelId: string) => {
+    const session = [...serviceManager.sessions.running()].find(
+      s => s.kernel?.id === kernelId
+    );
+    if (session) {
+      await serviceManager.sessions.shutdown(session.id);
+    } else {
+      await serviceManager.kernels.shutdown(kernelId);
+    }
+  };
 
   const restart = async (k: IKernel) => {
     const kernel = tracker.widgetOf(k)?.sessionContext.session?.kernel;
@@ -169,14 +181,7 @@ export function kernelActions(
         return;
       }
       try {
-        const session = [...serviceManager.sessions.running()].find(
-          s => s.kernel?.id === k.kernel_id
-        );
-        if (session) {
-          await serviceManager.sessions.shutdown(session.id);
-        } else {
-          await serviceManager.kernels.shutdown(k.kernel_id);
-        }
+        await shutdownKernel(k.kernel_id);
       } catch (e) {
         void showErrorMessage(
           `${nameOf(k)} was not shut down`,
@@ -188,26 +193,28 @@ export function kernelActions(
     stopWaiting: async k => {
       const result = await showDialog({
         title: 'Stop waiting for a GPU?',
-        body: `${nameOf(k)}'s kernel is not started then; run a cell later to ask for a GPU again.`,
+        body: `${nameOf(k)}'s kernel is shut down and leaves the line; cells waiting to run do not run. Start a kernel later to ask for a GPU again.`,
         buttons: [
           Dialog.cancelButton({ label: 'Keep waiting' }),
-          Dialog.okButton({ label: 'Stop waiting' })
+          Dialog.warnButton({ label: 'Stop waiting' })
         ]
       });
       if (!result.button.accept) {
         return;
       }
+      // The kernel (and its session) is shut down as any kernel is: the notebook is left with no kernel,
+      // and nothing reopens the line by itself.
       try {
-        await model.stopWaiting(k.kernel_id);
-        Notification.info(
-          `${nameOf(k)}: stopped waiting for a GPU; its kernel was not started.`,
-          {
-            autoClose: 6000
-          }
-        );
+        const widget = tracker.widgetOf(k);
+        if (widget) {
+          await widget.sessionContext.shutdown();
+        } else {
+          await shutdownKernel(k.kernel_id);
+        }
       } catch (e) {
         void showErrorMessage('Could not stop waiting', (e as Error).message);
       }
+      void model.refresh();
     },
     refresh: () => void model.refresh(),
     toggleHost: () => {

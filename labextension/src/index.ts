@@ -13,7 +13,7 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { Dialog, ICommandPalette } from '@jupyterlab/apputils';
+import { ICommandPalette } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -184,9 +184,6 @@ const statusBar: JupyterFrontEndPlugin<void> = {
   }
 };
 
-/** The dialog JupyterLab shows when a kernel's start fails; after "Stop waiting" it is the person's own choice. */
-const START_ERROR = 'Error Starting Kernel';
-
 const notebooks: JupyterFrontEndPlugin<void> = {
   id: 'jupyter-gpushare:notebooks',
   description:
@@ -216,27 +213,6 @@ const notebooks: JupyterFrontEndPlugin<void> = {
           )
         );
       }
-    });
-    // A start stopped on purpose ("Stop waiting") is not an error: close JupyterLab's error dialog for it
-    // (the banner's notification said what happened).
-    Dialog.tracker.widgetAdded.connect((_, dialog) => {
-      // its title and body are React elements, rendered after the dialog is added: watch for their text
-      const seen = new MutationObserver(() => {
-        const text = dialog.node.textContent ?? '';
-        if (
-          text.includes(START_ERROR) &&
-          text.includes('Stopped waiting for a GPU')
-        ) {
-          seen.disconnect();
-          dialog.reject();
-        }
-      });
-      seen.observe(dialog.node, {
-        childList: true,
-        subtree: true,
-        characterData: true
-      });
-      setTimeout(() => seen.disconnect(), 5000);
     });
   }
 };

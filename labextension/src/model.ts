@@ -152,16 +152,6 @@ export class GpuShareModel {
     return k;
   }
 
-  /** Stop a queued kernel's wait; its start request then fails with the server's message. */
-  async stopWaiting(kernelId: string): Promise<void> {
-    await requestAPI<IKernel>(
-      `kernels/${encodeURIComponent(kernelId)}`,
-      this.serverSettings,
-      { method: 'DELETE' }
-    );
-    void this.refresh();
-  }
-
   /** The "This host" section is open: /host is read with each refresh. */
   get hostOpen(): boolean {
     return this._hostOpen;

@@ -25,7 +25,8 @@ export class Notifier {
       const id = Notification.emit(eventText(e, name), type, {
         autoClose: type === 'error' ? false : 8000
       });
-      if (e.kernel_id && e.kind !== 'refused') {
+      if (e.kernel_id && e.kind !== 'refused' && e.kind !== 'cancelled') {
+        // (what ended a kernel stays until read: the kernel is gone by then)
         const ids = this._byKernel.get(e.kernel_id) ?? [];
         ids.push(id);
         this._byKernel.set(e.kernel_id, ids);

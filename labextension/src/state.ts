@@ -99,30 +99,15 @@ export function statusTitle(kernel: IKernel | undefined): string {
 }
 
 /**
- * The record of the notebook in front: by its kernel id; before the kernel
- * exists (its start waits in the queue, so the notebook has no kernel id yet),
- * the waiting or starting record of this notebook's path. Never another
- * running kernel by name: a new notebook may reuse a renamed one's name.
+ * The server's record of a notebook's kernel: by its kernel id, never by the
+ * notebook's name (two notebooks may share one; a kernel in line has its id at
+ * once, like any other).
  */
 export function matchKernel(
   kernels: IKernel[],
-  kernelId: string | null | undefined,
-  path: string | null | undefined
+  kernelId: string | null | undefined
 ): IKernel | undefined {
-  if (kernelId) {
-    return kernels.find(k => k.kernel_id === kernelId);
-  }
-  if (!path) {
-    return undefined;
-  }
-  const norm = (p: string) => p.replace(/\\/g, '/');
-  const rel = norm(path);
-  return kernels.find(
-    k =>
-      (k.state === 'queued' || k.state === 'starting') &&
-      !!k.path &&
-      (norm(k.path) === rel || norm(k.path).endsWith(`/${rel}`))
-  );
+  return kernelId ? kernels.find(k => k.kernel_id === kernelId) : undefined;
 }
 
 export type NotifyType = 'info' | 'success' | 'warning' | 'error';
@@ -135,6 +120,9 @@ export function classifyEvent(kind: string): NotifyType | null {
   const k = kind.toLowerCase();
   if (k === 'admitted') {
     return 'success';
+  }
+  if (k === 'cancelled') {
+    return 'info'; // a wait that ended on purpose (stopped, closed, left unwatched): said, not an error
   }
   if (k === 'refused' || k.includes('over') || k.includes('failed')) {
     return 'error';

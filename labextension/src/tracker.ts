@@ -26,8 +26,8 @@ export interface ICurrent {
 /**
  * Which notebook is in front, and which of the server's kernel records is its
  * own: matched by kernel id (its session's), never by file name; the path shown
- * is the server's, which follows renames. Before the notebook's kernel exists
- * (its start waits in the queue) the waiting record of its path is its own.
+ * is the server's, which follows renames. A kernel waiting for a GPU has its id
+ * from the start, like any other.
  */
 export class KernelTracker {
   constructor(
@@ -59,24 +59,18 @@ export class KernelTracker {
 
   /** The record of the notebook in front, if the server has one. */
   get currentKernel(): IKernel | undefined {
-    return matchKernel(
-      this.model.kernels,
-      this._current.kernelId,
-      this._current.path
-    );
+    return matchKernel(this.model.kernels, this._current.kernelId);
   }
 
-  /** The record of any open notebook's kernel (or its waiting start). */
+  /** The record of any open notebook's kernel. */
   kernelOf(w: SessionWidget): IKernel | undefined {
-    const ctx = w.sessionContext;
     return matchKernel(
       this.model.kernels,
-      ctx.session?.kernel?.id ?? null,
-      ctx.path
+      w.sessionContext.session?.kernel?.id ?? null
     );
   }
 
-  /** The open notebook of a kernel (by its session's kernel id, or its waiting start's path). */
+  /** The open notebook of a kernel (by its session's kernel id). */
   widgetOf(k: IKernel): SessionWidget | null {
     let found: SessionWidget | null = null;
     this.notebooks?.forEach(w => {

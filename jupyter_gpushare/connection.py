@@ -1,0 +1,115 @@
+"""Websockets to kernels that wait for a GPU: opened at once, the client's messages kept until the kernel runs.
+
+jupyter_server's kernel websocket (``ZMQChannelsWebsocketConnection.prepare``) waits up to
+``kernel_info_timeout`` (60 s) for the kernel to answer before it completes the websocket's handshake. A kernel
+in line (held.py) cannot answer, and a browser lets only one websocket to a server be in its handshake at a time:
+one waiting notebook would hold up the websockets of every other notebook of the page, and a proxy's read
+timeout would cut the handshake. So for a kernel whose start is held, the handshake completes at once; what the
+client sends meanwhile (JupyterLab's kernel_info request, the cells run while it waits) is kept here, in order,
+and once the kernel runs the connection is made as jupyter_server makes it (kernel_info, then the nudge that
+makes sure the kernel's output reaches this client) and the kept messages are sent on. If the kernel will never
+run (its wait ended), the websocket is closed. A kernel that does not wait is connected as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
+
+KEPT_MAX = 1000  # messages kept for one waiting websocket; past it the client is told to reconnect later
+KEPT_MAX_BYTES = 64 << 20
+
+
+def held_start(kernel_manager: Any) -> Any:
+    """The kernel's held start (held.HeldStart) while it waits for a GPU, else None."""
+    held = getattr(getattr(kernel_manager, "provisioner", None), "held", None)
+    return held if held is not None and held.waiting else None
+
+
+class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
+    """jupyter_server's kernel websocket connection, for kernels that may wait for a GPU."""
+
+    _held: Any = None  # the kernel's held start, while this connection waits for it
+    _kept: list | None = None  # the client's messages, kept until the kernel runs
+    _kept_bytes = 0
+    _handed = False  # connected to the kernel as jupyter_server connects
+    _closed = False
+    _joining: asyncio.Future | None = None
+
+    async def prepare(self) -> None:
+        held = held_start(self.kernel_manager)
+        if held is None:
+            return await super().prepare()
+        await self._register_session()
+        self.session.key = self.kernel_manager.session.key
+        self._held, self._kept, self._kept_bytes = held, [], 0
+
+    def connect(self) -> asyncio.Future[None] | None:  # type: ignore[override]
+        if self._held is None:
+            return super().connect()
+        # Counted as a client at once: a kernel in line that someone watches stays in line (QuotaManager.watchers).
+        self.multi_kernel_manager.notify_connect(self.kernel_id)
+        ZMQChannelsWebsocketConnection._open_sockets.add(self)
+        self._joining = asyncio.ensure_future(self._join_when_started(self._held))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    async def _join_when_started(self, held: Any) -> None:
+        if not await asyncio.shield(held.started):
+            self.websocket_handler.close()  # the kernel will not run (its wait ended): the client learns it is gone
+            return
+        info = self.request_kernel_info()
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(info), self.kernel_info_timeout)
+        except asyncio.TimeoutError:
+            self.log.warning("Timeout waiting for kernel_info reply from %s", self.kernel_id)
+        if self._kept is None:  # the client left meanwhile
+            return
+        self.multi_kernel_manager.notify_disconnect(self.kernel_id)  # super().connect() counts it again
+        self._handed = True
+        connected = super().connect()
+        if connected is not None:
+            await connected
+        kept, self._kept = self._kept, None
+        for message in kept or ():
+            super().handle_incoming_message(message)
+
+    def handle_incoming_message(self, incoming_msg: Any) -> None:
+        if self._kept is None:
+            return super().handle_incoming_message(incoming_msg)
+        self._kept_bytes += len(incoming_msg)
+        if len(self._kept) >= KEPT_MAX or self._kept_bytes > KEPT_MAX_BYTES:
+            self.log.warning("Kernel %s waits for a GPU: too many messages kept for one client", self.kernel_id)
+            self.websocket_handler.close(1013, "The kernel waits for a GPU; reconnect once it runs.")
+            return
+        self._kept.append(incoming_msg)
+
+    def disconnect(self) -> None:
+        kept, self._kept = self._kept, None
+        if kept is None or self._handed:
+            if not self._closed:
+                super().disconnect()
+            return
+        # Not connected to the kernel yet: nothing but the count, the session and the wait to undo.
+        self._closed = True
+        if self._joining is not None:
+            self._joining.cancel()
+        self.multi_kernel_manager.notify_disconnect(self.kernel_id)
+        if self._open_sessions.get(self.session_key) is self.websocket_handler:
+            self._open_sessions.pop(self.session_key)
+        ZMQChannelsWebsocketConnection._open_sockets.discard(self)
+        if not self._close_future.done():
+            self._close_future.set_result(None)
+
+
+def waiting_connection_class(configured: type) -> type | None:
+    """The connection class to use for kernel websockets, given the server's: ours, or a subclass of both when the
+    server's is a subclass of jupyter_server's; None when it is another kind (a gateway's), which is left as is."""
+    if configured is ZMQChannelsWebsocketConnection or issubclass(configured, WaitingKernelConnection):
+        return WaitingKernelConnection
+    if issubclass(configured, ZMQChannelsWebsocketConnection):
+        return type(f"Waiting{configured.__name__}", (WaitingKernelConnection, configured), {})
+    return None
