@@ -263,7 +263,10 @@ class QuotaManager:
         wait = self.waiting.leave(kernel_id)
         if wait is not None and not wait.result.done():
             wait.result.cancel()
-            self._executor.submit(self._cancel_wait_quietly, kernel_id)
+            try:
+                self._executor.submit(self._cancel_wait_quietly, kernel_id)
+            except RuntimeError:  # closed: the server is going away and its waits with it
+                pass
 
     def _cancel_wait_quietly(self, kernel_id: str) -> None:
         try:
@@ -621,6 +624,8 @@ class QuotaManager:
         }
 
     def close(self) -> None:
+        if self._serving is not None:
+            self._serving.cancel()
         if self._ledger is not None:
             self._executor.submit(self._ledger.close).result()
         self._executor.shutdown(wait=False)

@@ -291,8 +291,13 @@ class Sampler:
                 return None  # tick() called on the loop itself (tests, benchmarks): it cannot wait for the loop
         except RuntimeError:
             pass
+        coro = self.manager.snapshot()
         try:
-            self._pending = asyncio.run_coroutine_threadsafe(self.manager.snapshot(), self.loop)
+            self._pending = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError:  # the loop closed between the check and now
+            coro.close()
+            return None
+        try:
             return self._pending.result(timeout=max(2.0, 2 * self.interval_s))
         except Exception as e:  # cancelled at stop, loop closed, ledger error: keep the last one
             if not self._stop.is_set():

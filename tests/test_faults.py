@@ -148,8 +148,17 @@ def test_sigterm_with_a_queued_kernel_ends_its_wait_releases_all_and_exits(tmp_p
         assert [q["kernel_id"] for q in queue] == [kernels[2]]
         standin = server.call("GET", f"api/gpushare/kernels/{kernels[2]}")
         assert standin["state"] == "queued"
-        processes = psutil.Process(server.proc.pid).children()
+        # Only kernels: JupyterLab may have its own children (CI saw an npm).
+        processes = [p for p in psutil.Process(server.proc.pid).children() if "ipykernel" in " ".join(p.cmdline())]
         assert len(processes) == 3  # two kernels and the waiting one's stand-in
+        # The two running kernels finish starting first: one still importing prints its interrupted
+        # imports, interleaved with the other's, and the server's own output could not be told apart.
+        # A kernel listens on its five ports once its imports are done.
+        running = [p for p in processes if "standin.py" not in " ".join(p.cmdline())]
+        deadline = time.monotonic() + 30
+        while any(len([c for c in p.net_connections() if c.status == psutil.CONN_LISTEN]) < 5 for p in running):
+            assert time.monotonic() < deadline, "the two admitted kernels never opened their ports"
+            time.sleep(0.2)
         server.proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         server.proc.wait(30)
@@ -158,9 +167,9 @@ def test_sigterm_with_a_queued_kernel_ends_its_wait_releases_all_and_exits(tmp_p
         assert took < 15, output[-3000:]
         gone, alive = psutil.wait_procs(processes, timeout=10)
         assert alive == [], output[-3000:]  # no kernel, and no stand-in, outlives the server
-        # Kernels still importing when they are shut down print theirs (KeyboardInterrupt); the server none.
+        # The server prints no traceback.
         tracebacks = output.split("Traceback")[1:]
-        assert [t for t in tracebacks if "ipykernel" not in t and "KeyboardInterrupt" not in t] == [], output[-3000:]
+        assert tracebacks == [], output[-3000:]
         assert " 404 " not in output, output[-3000:]
         leases, waiters = read_ledger(tmp_path / "ledger.sqlite")
         assert leases == [] and waiters == []
