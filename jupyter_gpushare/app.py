@@ -38,14 +38,26 @@ class GpuShareExtension(ExtensionApp):
 
     def _fail(self, why: str) -> None:
         self.log.critical("jupyter-gpushare cannot start: %s", why)
-        raise SystemExit(f"jupyter-gpushare: bad configuration: {why}")
+        raise SystemExit(f"jupyter-gpushare: cannot start: {why}")
 
     def initialize_settings(self) -> None:
+        """Everything the extension runs on. Any failure here stops the server with the reason: jupyter-server
+        would log a warning and run on without the extension, every kernel with every GPU and no quota."""
         try:
-            self.gpushare = settings = GpuShareApp(parent=self)
-            manager = build_manager(settings, self.log)
+            self._initialize()
         except (PolicyError, TraitError) as e:
             self._fail(str(e))
+        except Exception as e:  # noqa: BLE001 (fail closed, whatever it was)
+            self.log.exception("jupyter-gpushare: the extension could not be set up")
+            self._fail(
+                f"the extension could not be set up ({type(e).__name__}: {e}). Without it every kernel would start "
+                "with every GPU and no quota, so the server stops. Check the GpuShareApp options (each given once) "
+                "and `jupyter gpushare doctor`."
+            )
+
+    def _initialize(self) -> None:
+        self.gpushare = settings = GpuShareApp(parent=self)
+        manager = build_manager(settings, self.log)
         QuotaManager.install(manager)
         self.settings["gpushare_manager"] = manager
         self._published = publish(settings)  # for this user's `jupyter gpushare status` and `doctor`
@@ -76,6 +88,7 @@ class GpuShareExtension(ExtensionApp):
 
         settings = self.gpushare
         enforcer = Enforcer(manager, self.serverapp.kernel_manager, settings.build_enforce_policy(), log=self.log)
+        manager.watchdog = enforcer.policy.over_action
         loop = self._server_loop()
         sampler = Sampler(manager, settings.sample_interval, loop=loop, on_sample=enforcer.on_sample, log=self.log)
         manager.latest_samples = sampler.latest_samples  # what processes without a reservation use is taken too

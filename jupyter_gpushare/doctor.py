@@ -13,6 +13,7 @@ from traitlets.config import Config
 
 from .broker.client import BrokerLedger
 from .broker.protocol import DEFAULT_SOCKET
+from .cgroups import KernelCgroups
 from .ledger import LedgerError, check_ledger
 from .ledger_file import SETTLE_S
 from .policy import CardView, PolicyError, format_mib
@@ -72,7 +73,24 @@ def diagnose(
         findings.append(_no_broker_finding())
         if app is not None:
             findings.append(_ledger_finding(app.ledger_path))
-    return findings + _tier_findings(driver, nvml_error, shared=bool(socket_path))
+    findings += _tier_findings(driver, nvml_error, shared=bool(socket_path))
+    return findings + _cgroup_findings(getattr(app, "kernel_cgroups", "auto"))
+
+
+def _cgroup_findings(setting: str) -> list[Finding]:
+    """How this user's kernels are tracked and isolated (cgroups.py), as this process finds the host."""
+    level = KernelCgroups(enabled=setting == "auto").level
+    if level.tracking != "cgroup":
+        return [Finding("tier: kernel cgroups", "warn", f"Kernels are tracked by their process tree: {level.reason}.",
+                        "Run the server as root or give its user a delegated cgroup subtree (systemd: Delegate=yes), "
+                        "and keep GpuShareApp.kernel_cgroups = 'auto' (docs/admin-guide.md, Enforcement levels).")]  # fmt: skip
+    found = [Finding("tier: kernel cgroups", "ok", "Each kernel runs in a cgroup of its own: whatever it starts stays the kernel's.")]  # fmt: skip
+    if level.isolation:
+        found.append(Finding("tier: card isolation", "ok", "The cgroup v1 devices controller keeps each kernel to its own card."))  # fmt: skip
+    else:
+        found.append(Finding("tier: card isolation", "warn", f"Kernels are not kept from other cards: {level.reason}.",
+                             "Use on other cards is counted as over-use; mount the cgroup v1 devices controller for isolation."))  # fmt: skip
+    return found
 
 
 def _config_findings(config: Config, sources: Sequence[str]) -> tuple[GpuShareApp | None, list[Finding]]:
@@ -179,7 +197,8 @@ def _tier_findings(driver: str | None, nvml_error: str | None, shared: bool) -> 
         findings.append(Finding("tier: driver cgroup limits", "info", "Hard per-cgroup GPU memory limits are not available here: needs " + ", ".join(missing) + ".",
                                 "Upgrade the driver and use cgroup v2 to get hard limits (docs/admin-guide.md)."))  # fmt: skip
     else:
-        findings.append(Finding("tier: driver cgroup limits", "ok", f"Driver {driver}, cgroup v2 and root: hard per-cgroup GPU memory limits can be set."))  # fmt: skip
+        findings.append(Finding("tier: driver cgroup limits", "info", f"Driver {driver}, cgroup v2 and root: the driver could hold hard per-cgroup GPU "
+                                "memory limits; jupyter-gpushare does not set them yet (docs/security.md).", ""))  # fmt: skip
     return findings
 
 

@@ -39,6 +39,7 @@ class _Watch:
     gpu_active_at: float = 0.0
     idle_warned_at: float | None = None
     acting: bool = False
+    actions: int = 0  # taken in this over-quota episode ('protect': the first interrupts, the next restart)
 
 
 def _duration(seconds: float) -> str:
@@ -77,7 +78,7 @@ class Enforcer:
             w = self._watch.get(kid)
             if w is None or w.pid != usage.pid:  # new kernel, or a restarted one: a fresh start
                 w = self._watch[kid] = _Watch(pid=usage.pid, started=now, gpu_active_at=now)
-            over = self._quota(kid, rec, usage, w, now, snap.interval_s)
+            over = self._quota(kid, rec, usage, w, now, snap)
             idle = self._idle(kid, rec, usage, w, now)
             state = over or idle  # over/near quota shows before idle
             if state:
@@ -89,10 +90,11 @@ class Enforcer:
 
     # -- over quota ----------------------------------------------------------------------------
 
-    def _quota(self, kid: str, rec: Any, usage: Any, w: _Watch, now: float, interval_s: float) -> str | None:
+    def _quota(self, kid: str, rec: Any, usage: Any, w: _Watch, now: float, snap: UsageSnapshot) -> str | None:
         used, limit = usage.used_mib, rec.lease.reserved_mib
         if used is None or not limit:
             return None
+        action = self._action(rec, w, snap)
         figures = {
             "used_mib": used,
             "reserved_mib": limit,
@@ -106,28 +108,24 @@ class Enforcer:
                     "over-quota",
                     kid,
                     f"The kernel's processes use {format_mib(used)} of GPU memory, more than its reservation of "
-                    f"{format_mib(limit)}. {self._consequence()}",
+                    f"{format_mib(limit)}. {self._consequence(action)}",
                     **figures,
                 )
             over_s = now - w.over_since
             # Once per episode for 'notify'; otherwise again if still over after another grace period
             # (an interrupt often frees nothing: the framework keeps its cache).
             again = (
-                self.policy.over_action != "notify"
+                action != "notify"
                 and w.acted_at is not None
-                and now - w.acted_at >= max(self.policy.over_grace_s, REPEAT_MIN_S, 2 * interval_s)
+                and now - w.acted_at >= max(self.policy.over_grace_s, REPEAT_MIN_S, 2 * snap.interval_s)
             )
             due = over_s >= self.policy.over_grace_s and (w.acted_at is None or again)
             if due and not w.acting:
                 w.acted_at = now
-                self._act(
-                    kid,
-                    self.policy.over_action,
-                    f"over quota for {over_s:.0f} s",
-                    dict(figures, over_s=round(over_s, 1)),
-                )
+                w.actions += 1
+                self._act(kid, action, f"over quota for {over_s:.0f} s", dict(figures, over_s=round(over_s, 1)))
             return "over_quota"
-        w.over_since, w.acted_at = None, None
+        w.over_since, w.acted_at, w.actions = None, None, 0
         if self.policy.near_ratio and used >= self.policy.near_ratio * limit:
             if not w.near_warned:
                 w.near_warned = True
@@ -143,14 +141,37 @@ class Enforcer:
             w.near_warned = False
         return None
 
-    def _consequence(self) -> str:
+    def _action(self, rec: Any, w: _Watch, snap: UsageSnapshot) -> str:
+        """The over-quota action for this kernel now. 'protect': on a card it shares, interrupt first, then
+        restart; alone on its card, notify (what it uses beyond its lease is counted as taken all the same)."""
+        action = self.policy.over_action
+        if action != "protect":
+            return action
+        if not self._shared(rec.lease.card_uuid, snap):
+            return "notify"
+        return "interrupt" if w.actions == 0 else "restart"
+
+    @staticmethod
+    def _shared(card_uuid: str, snap: UsageSnapshot) -> bool:
+        """Whether other kernels hold reservations on the card, or other processes use it."""
+        card = next((c for c in snap.quota.get("cards", ()) if c.get("uuid") == card_uuid), None)
+        usage = snap.cards.get(card_uuid)
+        return (card is not None and card.get("kernels", 0) > 1) or (
+            usage is not None and (usage.used_by_others_mib or 0) > 0
+        )
+
+    def _consequence(self, action: str) -> str:
         grace = f"{self.policy.over_grace_s:.0f} s"
         return {
-            "notify": "Other kernels on the card may run out of memory.",
-            "interrupt": f"It will be interrupted if it stays over for {grace}.",
+            "notify": "Other kernels on the card may run out of memory; what it uses beyond its reservation is "
+            "counted as taken, so new kernels wait.",
+            "interrupt": f"It will be interrupted if it stays over for {grace}, and restarted if it still holds "
+            "the memory after that, to protect the other kernels on its card."
+            if self.policy.over_action == "protect"
+            else f"It will be interrupted if it stays over for {grace}.",
             "restart": f"It will be restarted if it stays over for {grace}.",
             "shutdown": f"It will be shut down if it stays over for {grace}.",
-        }[self.policy.over_action]
+        }[action]
 
     # -- idle ------------------------------------------------------------------------------------
 
@@ -210,7 +231,8 @@ class Enforcer:
             self.manager.event(
                 kind,
                 kid,
-                f"Over its reservation ({why}). Free memory or ask for a larger quota: a neighbour may run out of memory.",
+                f"Over its reservation ({why}). Free memory or ask for a larger quota: a neighbour may run out of memory, "
+                "and new kernels wait for what it holds beyond its reservation.",
                 action=action,
                 **figures,
             )

@@ -43,7 +43,9 @@ class GpuShareHandler(APIHandler):
     def kernel(self, rec) -> dict:
         """A kernel record with its measured use and policy state, from the cached snapshot."""
         enforcer = self.settings.get("gpushare_enforcer")
-        return kernel_view(rec.to_dict(), self.usage, enforcer.states.get(rec.kernel_id) if enforcer else None)
+        view = kernel_view(rec.to_dict(), self.usage, enforcer.states.get(rec.kernel_id) if enforcer else None)
+        view["held"] = self.settings["gpushare_manager"].held_by(view["frameworks"])
+        return view
 
     def json_body(self) -> dict:
         """The request body as a JSON object, or a 400 that says what is wrong with it."""

@@ -26,6 +26,13 @@ from typing import Any
 STANDIN = str(Path(__file__).with_name("standin.py"))
 
 
+def standin_command(groups: list[str], fd: str, cmd: list[str]) -> list[str]:
+    """standin.py's command line: enter ``groups`` (cgroup.procs files), then wait on the pipe ``fd`` for the
+    grant, or (``fd`` "-") become the kernel ``cmd`` at once."""
+    entering = [arg for procs in groups for arg in ("--cgroup", procs)]
+    return [sys.executable, "-I", "-S", STANDIN, *entering, fd, *cmd]
+
+
 class HeldStart:
     """One kernel's held start: the pipe to its stand-in and the environment it will run with."""
 
@@ -36,13 +43,13 @@ class HeldStart:
         self.launched_at: float | None = None  # (monotonic) when the stand-in was launched
         self.started: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
-    def command(self, cmd: list[str], kwargs: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    def command(self, cmd: list[str], kwargs: dict[str, Any], groups: list[str]) -> tuple[list[str], dict[str, Any]]:
         """The stand-in's command and launch arguments, for the kernel's ``cmd`` and ``kwargs`` (jupyter_client's
-        launch_kernel: the same working directory, session and environment)."""
+        launch_kernel: the same working directory, session and environment); it enters ``groups`` first."""
         self._read_fd, self._write_fd = os.pipe()
         self.env = kwargs.get("env") or dict(os.environ)
         kwargs = {**kwargs, "env": self.env, "pass_fds": (*kwargs.get("pass_fds", ()), self._read_fd)}
-        return [sys.executable, "-I", "-S", STANDIN, str(self._read_fd), *cmd], kwargs
+        return standin_command(groups, str(self._read_fd), cmd), kwargs
 
     def launched(self) -> None:
         """The stand-in runs: close our copy of its end of the pipe (its exit then closes it for good)."""

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, ClassVar, TypeVar
 
 from .broker import BrokerLedger
+from .cgroups import KernelCgroups
 from .gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
 from .history import HistoryRules, history_key, learned_quota, lookup
 from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Reservations, Waiting
@@ -48,11 +49,13 @@ class QuotaManager:
         history: HistoryRules | None = None,
         cards: list[Card] | None = None,
         unwatched_s: float = 0.0,
+        cgroups: KernelCgroups | None = None,
     ):
         """``broker_socket``: reserve through the host's broker (broker.py) instead of the ledger file;
         ``broker_ca_file``: the CA of its TLS certificate ('tls://' sockets); ``history``: quotas learned from
         earlier runs (history.py); ``cards``: the backend's, when the caller has just listed them; ``unwatched_s``: a
-        kernel in line with no client connected for this long leaves it (0: never; see ``watchers``)."""
+        kernel in line with no client connected for this long leaves it (0: never; see ``watchers``); ``cgroups``: the
+        kernels' cgroups (cgroups.py; None: none, kernels are tracked by their process tree)."""
         self.policy = policy
         self.history = history or HistoryRules()
         self.backend = backend
@@ -89,6 +92,10 @@ class QuotaManager:
         # A kernel's last reading (sampler.KernelUsage, app.py wires it): its peak is recorded when it stops.
         self.kernel_usage: Callable[[str], Any] = lambda kernel_id: None
         self.cards: list[Card] = list_cards(backend) if cards is None else cards
+        self.cgroups = cgroups or KernelCgroups(enabled=False)
+        self.watchdog: str | None = None  # the over-quota action, where this process applies one (app.py)
+        if self.cgroups.devices is not None and any(c.minor is None for c in self.cards):
+            self.cgroups.no_isolation("the driver does not give the cards' device numbers (nvmlDeviceGetMinorNumber)")
         self._executor.submit(self._open_ledger).result()
 
     # -- process-wide instance -------------------------------------------------------------
@@ -572,15 +579,19 @@ class QuotaManager:
 
         kernel_ids = list(self.records)
 
-        def read() -> tuple[list[Lease], list, dict[str, Any], dict[str, int] | None]:
-            directory = report_dir()  # the kernels' own reports of their framework caps
-            reports = {kid: read_reports(directory, kid) for kid in kernel_ids}
+        def read_ledger() -> tuple[list[Lease], list, dict[str, int] | None]:
             if self._ledger is None:
-                return [], [], reports, None
+                return [], [], None
             leases = self._ledger.leases()
-            return leases, self._ledger.waiters(), reports, self._ledger.outside(self.latest_samples(), leases)
+            return leases, self._ledger.waiters(), self._ledger.outside(self.latest_samples(), leases)
 
-        leases, waiters, reports, outside = await self._run(read)
+        def read_kernel_reports() -> dict[str, Any]:  # the kernels' own word on their caps: off the ledger's thread
+            directory = report_dir()
+            return {kid: read_reports(directory, kid) for kid in kernel_ids}
+
+        (leases, waiters, outside), reports = await asyncio.gather(
+            self._run(read_ledger), asyncio.get_running_loop().run_in_executor(None, read_kernel_reports)
+        )
         cards = []
         for card in self.cards:
             mine = [lease for lease in leases if lease.card_uuid == card.uuid]  # (through a broker: and the others')
@@ -615,6 +626,7 @@ class QuotaManager:
                 "error": self.ledger_error,
                 "replaced": getattr(self._ledger, "replaced", None),
             },
+            "enforcement": {**self.cgroups.level.to_dict(), "watchdog": self.watchdog},
             "cards": cards,
             "kernels": [
                 {**r.to_dict(), "frameworks": (reports.get(r.kernel_id) or {}).get("frameworks")}
@@ -622,6 +634,47 @@ class QuotaManager:
             ],
             "queue": queue,
         }
+
+    def held_by(self, frameworks: dict[str, Any] | None) -> dict[str, Any]:
+        """How a kernel is held, level by level: its frameworks' caps (None: it imported none), how its processes
+        are tracked (cgroup or process tree), whether it is kept from opening other cards, and the over-quota
+        policy (the watchdog)."""
+        return {
+            "caps": None if not frameworks else all(f.get("capped") for f in frameworks.values()),
+            **self.cgroups.level.to_dict(),
+            "watchdog": self.watchdog,
+        }
+
+    # -- the kernels' cgroups ---------------------------------------------------------------------
+
+    def kernel_groups(self, kernel_id: str, grant: Grant | None) -> list[str]:
+        """The kernel's cgroups, made and limited to its grant's card (to none while it waits, or without a GPU);
+        the ``cgroup.procs`` files its first process enters. A group that cannot be made stops the start."""
+        card = grant.card if grant is not None and grant.mode == "gpu" else None
+        try:
+            return self.cgroups.create(kernel_id, None if card is None else [card.minor])
+        except OSError as e:
+            raise QuotaUnavailable(f"The kernel's cgroup could not be made: {e}. Ask the admin.") from e
+
+    async def open_cards(self, kernel_id: str, grant: Grant) -> None:
+        """A kernel that waited is granted: its group may now open its card."""
+        if grant.mode == "gpu" and grant.card is not None:
+            minors = [grant.card.minor]
+            await asyncio.get_running_loop().run_in_executor(None, self.cgroups.allow, kernel_id, minors)
+
+    async def end_groups(self, kernel_id: str, restart: bool) -> None:
+        """The kernel's process is gone: end what is left in its groups (what it started and left behind) and,
+        unless it restarts, remove them."""
+        loop = asyncio.get_running_loop()
+        killed = await loop.run_in_executor(None, self.cgroups.remove, kernel_id, restart)
+        if killed:
+            self.event(
+                "group-ended",
+                kernel_id,
+                f"{killed} process(es) the kernel had started were still running after it "
+                f"{'restarted' if restart else 'shut down'}, and were ended.",
+                processes=killed,
+            )
 
     def close(self) -> None:
         if self._serving is not None:
@@ -650,4 +703,5 @@ def build_manager(settings: GpuShareApp, log: logging.Logger | None = None) -> Q
         history=settings.build_history(),
         cards=cards,
         unwatched_s=settings.queue_unwatched_timeout,
+        cgroups=KernelCgroups(enabled=settings.kernel_cgroups == "auto"),
     )

@@ -132,7 +132,7 @@ def format_mib(mib: float) -> str:
 
 
 ON_FULL_CHOICES = ("queue", "cpu", "reject")
-OVER_QUOTA_ACTIONS = ("notify", "interrupt", "restart", "shutdown")
+OVER_QUOTA_ACTIONS = ("protect", "notify", "interrupt", "restart", "shutdown")
 IDLE_ACTIONS = ("warn", "shutdown")
 DEFAULT_MIN_QUOTA_MIB = 256
 
@@ -256,7 +256,7 @@ class EnforcePolicy:
 
     near_ratio: float = 0.9  # of the reservation; 0 = no near-quota warning
     over_grace_s: float = 30.0
-    over_action: str = "notify"
+    over_action: str = "protect"
     idle_timeout_s: float = 3600.0  # 0 = no idle policy
     idle_action: str = "warn"
     idle_shutdown_delay_s: float = 600.0

@@ -1,7 +1,7 @@
 """Processes: who is who, and whose process a GPU process is.
 
-A process is its pid and its start time, never its pid alone (pids are reused). Here too: process trees
-(which kernel a GPU process belongs to), what processes in no reserved kernel's tree use, PID namespaces,
+A process is its pid and its start time, never its pid alone (pids are reused). Here too: process trees and
+kernel cgroups (which kernel a GPU process belongs to), what processes in no reserved kernel's tree use, PID namespaces,
 and the checks for callers in containers or behind a /proc that hides other users.
 """
 
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 import psutil
+
+from .cgroups import kernel_of
 
 if TYPE_CHECKING:
     from .gpu import DeviceSample
@@ -135,49 +137,68 @@ def _exists(pid: int) -> bool:
     return True
 
 
-def _under(pid: int, roots: set[int]) -> bool:
-    """Whether a process is one of ``roots`` or descends from one (its parents read from /proc; a process
-    that is gone or hidden from us is under none)."""
+def _root_of(pid: int, roots: set[int]) -> int | None:
+    """The one of ``roots`` a process is or descends from (its parents read from /proc), or None (a process that
+    is gone or hidden from us is under none)."""
     for _ in range(MAX_DEPTH):
         if pid in roots:
-            return True
+            return pid
         stat = _proc_stat(pid)
         if stat is None or stat[0] <= 1:
-            return False
+            return None
         pid = stat[0]
-    return False
+    return None
 
 
 def unreserved_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> dict[str, int]:
-    """Per card (uuid), the GPU memory of processes that hold no reservation: a script run in a terminal,
-    a program started outside Jupyter, a kernel started without a quota. That is every process the driver
-    lists in no lease's kernel tree, with two exceptions. Processes in a PID namespace below ours
-    (containers, whose kernels' pids the ledger does not know) are taken to be the kernels of the card's
-    leases held by sessions (servers known by a Hub token) up to what those reserve, and only the rest
-    counts. In a container ourselves, where the driver's pids are the host's, nothing can be told, so
-    the answer is {} (as it is with no reading). A figure the driver does not give counts as 0.
+    """Per card (uuid), the GPU memory that no reservation covers, which admission counts as taken:
+
+    - what processes that hold no reservation use: a script run in a terminal, a program started outside
+      Jupyter, a kernel started without a quota;
+    - what a kernel uses beyond its lease: on its lease's card, its use past what it reserved; on any other card,
+      all of it (an ``env -i`` child that sees every card, a library with its own CUDA calls).
+
+    A process is a lease's when it is in the kernel's cgroup (cgroups.kernel_of: a double-forked daemon too) or
+    in its process tree. Processes in a PID namespace below ours (containers, whose kernels' pids the ledger
+    does not know) are taken to be the kernels of the card's leases held by sessions (servers known by a Hub
+    token) up to what those reserve, and only the rest counts. In a container ourselves, where the driver's pids
+    are the host's, nothing can be told, so the answer is {} (as it is with no reading). A figure the driver
+    does not give counts as 0.
     """
     own_depth = pid_namespace_depth("self")
     if own_depth > 1:
         return {}
     if not any(s.processes for s in samples):
         return {s.card.uuid: 0 for s in samples}
-    roots = {lease.kernel.pid for lease in leases if lease.kernel is not None and lease.kernel.alive()}
+    by_id = {lease.kernel_id: lease for lease in leases}
+    by_root = {lease.kernel.pid: lease for lease in leases if lease.kernel is not None and lease.kernel.alive()}
+    roots = set(by_root)
     by_session: dict[str, int] = {}
     for lease in leases:
         if isinstance(lease.owner, SessionRef):  # a server in a container, known by its Hub token
             by_session[lease.card_uuid] = by_session.get(lease.card_uuid, 0) + lease.reserved_mib
+    kernels_use: dict[tuple[str, str], int] = {}  # (kernel id, card uuid) -> MiB
     out: dict[str, int] = {}
     for sample in samples:
         outside = in_containers = 0
         for p in sample.processes:
-            if _under(p.pid, roots):
-                continue
-            if pid_namespace_depth(p.pid) > own_depth:
+            lease = by_id.get(kernel_of(p.pid) or "")
+            if lease is None:
+                root = _root_of(p.pid, roots)
+                lease = by_root.get(root) if root is not None else None
+            if lease is not None:
+                key = (lease.kernel_id, sample.card.uuid)
+                kernels_use[key] = kernels_use.get(key, 0) + (p.used_mib or 0)
+            elif pid_namespace_depth(p.pid) > own_depth:
                 in_containers += p.used_mib or 0
             else:
                 outside += p.used_mib or 0
         out[sample.card.uuid] = outside + max(0, in_containers - by_session.get(sample.card.uuid, 0))
+    for (kernel_id, card), used in kernels_use.items():
+        lease = by_id[kernel_id]
+        over = used - (lease.reserved_mib if lease.card_uuid == card else 0)
+        if over > 0:
+            out[card] += over
     return out
 
 
@@ -232,10 +253,11 @@ class ProcessTrees:
                 key, checked = (pid, stat[1]), now
             seen[pid] = (key, stat, checked)
             root = self._lookup(pid, stat, key)
-            if root is not None:
-                entry = self._roots.get(root[0])
-                if entry is not None and entry[0] == root[1]:
-                    found[pid] = entry[1]
+            entry = self._roots.get(root[0]) if root is not None else None
+            if root is not None and entry is not None and entry[0] == root[1]:
+                found[pid] = entry[1]
+            elif (kid := kernel_of(pid)) is not None and kid in self._kernels():
+                found[pid] = kid  # out of the tree (a double-forked daemon), not out of the kernel's cgroup
         self._recent = seen
         if len(self._owner) > len(seen):  # forget processes no longer on a GPU
             keys = {v[0] for v in seen.values()}
@@ -243,6 +265,9 @@ class ProcessTrees:
                 self._owner.pop(key, None)
                 self._negative_version.pop(key, None)
         return found
+
+    def _kernels(self) -> set[str]:
+        return {kid for _, kid in self._roots.values()}
 
     def _lookup(self, pid: int, stat: tuple[int, int], key: tuple[int, int]) -> tuple[int, int] | None:
         if key in self._owner:

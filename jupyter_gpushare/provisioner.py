@@ -21,7 +21,7 @@ from jupyter_client.connect import LocalPortCache, port_names
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Unicode
 
-from .held import HeldStart
+from .held import HeldStart, standin_command
 from .kernel_env import PEAK_BEFORE, kernel_env
 from .ledger import Waiting
 from .manager import QuotaManager, build_manager
@@ -156,8 +156,13 @@ class GpuShareProvisioner(LocalProvisioner):
     async def launch_kernel(self, cmd: list[str], **kwargs: Any):
         held = self._held
         try:
+            # Its cgroups (cgroups.py), entered before it runs: none of its card while it waits (and none without
+            # a GPU). The stand-in enters them, then waits or becomes the kernel at once.
+            groups = self._manager().kernel_groups(self.kernel_id, None if held is not None else self._grant)
             if held is not None:  # in line: a stand-in now, the kernel once granted (held.py)
-                cmd, kwargs = held.command(cmd, kwargs)
+                cmd, kwargs = held.command(cmd, kwargs, groups)
+            elif groups:
+                cmd = standin_command(groups, "-", cmd)
             info = await super().launch_kernel(cmd, **kwargs)
         except BaseException:
             if held is not None:
@@ -188,6 +193,7 @@ class GpuShareProvisioner(LocalProvisioner):
                 manager.end_kernel(self.kernel_id)
             return
         try:
+            await manager.open_cards(self.kernel_id, self._grant)
             await held.release(self._kernel_env(held.env))
         except Exception:
             self.log.exception("jupyter-gpushare: kernel %s could not be started after its wait", self.kernel_id)
@@ -282,6 +288,7 @@ class GpuShareProvisioner(LocalProvisioner):
     async def cleanup(self, restart: bool = False) -> None:
         self._stop_holding()
         await super().cleanup(restart=restart)
+        await self._manager().end_groups(self.kernel_id, restart)
         if restart:  # the process that ran is gone: its peak is history (a shutdown records it in release)
             await self._manager().remember_peak(self.kernel_id)
         else:

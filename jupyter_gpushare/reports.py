@@ -3,7 +3,7 @@
 Every process of a kernel that imports a GPU framework (and the kernel process itself, at start)
 writes ``<report_dir>/<kernel_id>.<pid>.json`` from the in-kernel bootstrap
 (``bootstrap/_gpushare_boot.py``), atomically (temp file + ``os.replace``). Only the server reads
-them, on its ledger worker thread.
+them, on a worker thread (never the ledger's), and only regular files of bounded size (``read_regular``).
 
 A report is the kernel's word: code the student controls writes it, and may forge it. So each is
 checked for shape here (known frameworks, bounded sizes and texts; anything else is dropped), the API
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Any
 
 import psutil
@@ -119,6 +120,25 @@ def _files(report_dir: str, kernel_id: str) -> list[str]:
     ]
 
 
+def read_regular(path: str, limit: int) -> bytes | None:
+    """A small regular file's bytes, or None: opened without following a link and without blocking (a FIFO
+    named like a report must not hang its reader), and read only if it is a regular file of at most ``limit``
+    bytes. Student code can create anything in the report directory; nothing there may stall the server."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # gone, a link (ELOOP), or not ours to read
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        return os.read(fd, limit + 1)[:limit]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _alive(pid: int, started: float | None) -> bool:
     try:
         created = psutil.Process(pid).create_time()
@@ -160,11 +180,13 @@ def read_reports(report_dir: str, kernel_id: str) -> dict[str, Any] | None:
     """
     reports = []
     for path in _files(report_dir, kernel_id):
+        raw = read_regular(path, MAX_REPORT_BYTES)
+        if raw is None:
+            continue  # removed meanwhile, too large, a FIFO or a link
         try:
-            with open(path, encoding="utf-8") as f:
-                data = clean_report(json.loads(f.read(MAX_REPORT_BYTES + 1)), kernel_id)
-        except (OSError, ValueError, RecursionError):
-            continue  # removed meanwhile, too large, or not ours to parse
+            data = clean_report(json.loads(raw), kernel_id)
+        except (ValueError, RecursionError):
+            continue  # not ours to parse
         if data is None or not _alive(data["pid"], data["started"]):
             continue
         reports.append(data)

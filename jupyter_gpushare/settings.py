@@ -134,6 +134,16 @@ class GpuShareApp(LoggingConfigurable):
         "reservation is granted to a kernel nobody uses. A page reload reconnects within seconds. Default: 120. "
         "0 = never.",
     )
+    kernel_cgroups = Enum(
+        ["auto", "off"],
+        default_value="auto",
+        config=True,
+        help="'auto': where this server may create cgroups (root, or a subtree delegated to its user), each kernel "
+        "runs in a cgroup of its own, so every process it starts stays counted as the kernel's (a double-forked "
+        "daemon too), and, where the cgroup v1 devices controller is mounted, may open only its own card's device "
+        "(none without a GPU), whatever its environment says. Elsewhere kernels are tracked by their process tree, "
+        "and `jupyter gpushare doctor` and the API say so. 'off': process trees only. Default: 'auto'.",
+    )
     kernel_quotas = Dict(
         key_trait=Unicode(),
         value_trait=Unicode(),
@@ -188,14 +198,15 @@ class GpuShareApp(LoggingConfigurable):
     )
     over_quota_action = Enum(
         list(OVER_QUOTA_ACTIONS),
-        default_value="notify",
+        default_value="protect",
         config=True,
-        help="What happens to a kernel over its reservation for over_quota_grace seconds: 'notify' = an event (and a "
-        "notification in JupyterLab) only; 'interrupt' = interrupt the running cell (frameworks usually keep their "
-        "memory cached); 'restart' = restart the kernel, keeping its reservation; 'shutdown' = shut it down and "
-        "release it. Default: 'notify', because a student loses the kernel's state on a restart and most overshoots "
-        "are CUDA libraries (cuDNN, cuBLAS) outside the framework cap; choose 'restart' where a neighbour's OOM "
-        "costs more than that.",
+        help="What happens to a kernel over its reservation for over_quota_grace seconds: 'protect' = neighbours "
+        "first: on a card shared with other kernels or programs, interrupt the running cell, then restart the kernel "
+        "(keeping its reservation) if it still holds more than its reservation one grace period later; alone on its "
+        "card, notify only (what it uses beyond its reservation is counted as taken either way, so no next kernel "
+        "is placed on it); 'notify' = an event (and a notification in JupyterLab) only; 'interrupt' = interrupt "
+        "the running cell (frameworks usually keep their memory cached); 'restart' = restart the kernel, keeping "
+        "its reservation; 'shutdown' = shut it down and release it. Default: 'protect'.",
     )
     idle_timeout = Float(
         3600.0,

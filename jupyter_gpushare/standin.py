@@ -7,6 +7,11 @@ object from the pipe ``<fd>``: the kernel's whole environment, written once its 
 replaces itself with the kernel (``execve``: the same pid, process group and start time, so the lease's
 process identity holds). End of file without an environment (the wait ended, or the server is gone) ends it.
 
+Where the server keeps kernels in cgroups (cgroups.py), it is also how every kernel enters its group before it
+runs: ``standin.py --cgroup <cgroup.procs>... <fd | -> <kernel command...>`` writes its own pid to each file
+first (``-``: no wait, become the kernel at once). A group that cannot be entered ends the start with the
+reason: a kernel never runs outside the group that holds its cards.
+
 Standard library only, and nothing imported from jupyter_gpushare: it runs in isolated mode (``-I -S``).
 """
 
@@ -17,10 +22,24 @@ import sys
 
 
 def main(argv: list) -> int:
-    if len(argv) < 3:
-        sys.stderr.write("usage: standin.py <fd> <kernel command...>\n")
+    args = argv[1:]
+    groups = []
+    while len(args) > 1 and args[0] == "--cgroup":
+        groups.append(args[1])
+        args = args[2:]
+    if len(args) < 2:
+        sys.stderr.write("usage: standin.py [--cgroup <cgroup.procs>]... <fd | -> <kernel command...>\n")
         return 2
-    fd, cmd = int(argv[1]), argv[2:]
+    for procs in groups:
+        try:
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+        except OSError as e:
+            sys.stderr.write(f"jupyter-gpushare: the kernel could not enter its cgroup {procs}: {e}\n")
+            return 126
+    if args[0] == "-":
+        return run(args[1:], dict(os.environ))
+    fd, cmd = int(args[0]), args[1:]
     # An interrupt while waiting does nothing (there is no code running). A handler, not SIG_IGN: an ignored
     # signal stays ignored across exec, and the kernel must get its interrupts.
     signal.signal(signal.SIGINT, lambda signum, frame: None)
@@ -39,6 +58,10 @@ def main(argv: list) -> int:
         sys.stderr.write("jupyter-gpushare: the kernel's environment is not a JSON object of strings\n")
         return 2
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    return run(cmd, env)
+
+
+def run(cmd: list, env: dict) -> int:
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as e:

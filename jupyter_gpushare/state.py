@@ -150,7 +150,7 @@ def build_state(
         measured = usage_cards.get(card["uuid"], {})
         cards.append({**card, **measured, "mine_reserved_mib": mine, "segments": card_segments(card, mine)})
     state = {
-        **{k: quota.get(k) for k in ("backend", "simulated", "reason", "ledger")},
+        **{k: quota.get(k) for k in ("backend", "simulated", "reason", "ledger", "enforcement")},
         "cards": cards,
         "kernels": views,
         "queue": quota.get("queue", []),

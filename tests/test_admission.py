@@ -336,3 +336,34 @@ async def test_events_since_filters_and_a_bad_since_is_400(gpushare, jp_fetch):
     with pytest.raises(HTTPClientError) as e:
         await jp_fetch("api", "gpushare", "events", params={"since": "yesterday"}, method="GET")
     assert e.value.code == 400 and "'since' must be a Unix time" in json.loads(e.value.response.body)["message"]
+
+
+class TestOverUse:
+    """Admission counts the card as it is: what a kernel uses beyond its lease is taken on its card, and what it
+    uses on another card is taken there, so the next kernel waits instead of being placed on memory in use."""
+
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config):
+        return {**gpushare_config, "simulated_cards": "10GiB,10GiB", "over_quota_action": "notify"}
+
+    async def test_use_beyond_a_lease_and_on_another_card_holds_the_next_kernel(self, gpushare, jp_serverapp):
+        fake = jp_serverapp.web_app.settings["gpushare_manager"].backend.fake
+        k1 = await gpushare.start_kernel()
+        rec = await gpushare.kernel(k1)
+        mine, other = rec["card"]["index"], 1 - rec["card"]["index"]
+        fake.add_process(rec["pid"], rec["reserved_mib"] + 6000, card=mine)  # 6,000 MiB past its reservation
+        fake.add_process(rec["pid"], 8000, card=other)  # and 8,000 on a card it holds nothing on
+
+        async def measured():
+            cards = (await gpushare.get("cards"))["cards"]
+            return cards if [cards[mine]["outside_mib"], cards[other]["outside_mib"]] == [6000, 8000] else None
+
+        await gpushare.wait_for(measured, what="the over-use counted on both cards")
+        _, k2 = await gpushare.open_notebook("next.ipynb")
+        waiting = await gpushare.kernel(k2)  # 10,240 - 4,608 - 6,000 < 0 and 10,240 - 8,000 = 2,240: no room
+        assert waiting["state"] == "queued", waiting
+        fake.remove_process(rec["pid"])
+        fake.add_process(rec["pid"], 2000, card=mine)  # back within its lease, and gone from the other card
+        await gpushare.wait_for(lambda: _is(gpushare, k2, "running"), what="the next kernel admitted")
+        for k in (k1, k2):
+            await gpushare.stop_kernel(k)

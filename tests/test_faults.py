@@ -136,6 +136,32 @@ async def test_a_forged_report_is_shown_as_the_kernels_word_and_changes_nothing(
     await gpushare.stop_kernel(kid)
 
 
+async def test_a_fifo_or_a_link_named_like_a_report_stalls_nothing(gpushare, jp_serverapp, tmp_path):
+    """A notebook can os.mkfifo() a file named like a report (or a simulated claim) in the report directory: a
+    blocking open() of it never returns. Such names, and links to other files, are skipped at once."""
+    kid = await gpushare.start_kernel()
+    pid = jp_serverapp.kernel_manager.get_kernel(kid).provisioner.pid
+    directory = Path(report_dir())
+    os.mkfifo(directory / f"{kid}.{pid}.json")
+    os.mkfifo(directory / f"{kid}.{pid}.simulated")
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"pid": pid, "kernel_id": kid, "frameworks": {"torch": {"capped": True}}}))
+    os.symlink(secret, directory / f"{kid}.{pid + 1}.json")
+    try:
+        t0 = time.monotonic()
+        snap = await jp_serverapp.web_app.settings["gpushare_manager"].snapshot()
+        assert time.monotonic() - t0 < 5
+        (mine,) = [k for k in snap["kernels"] if k["kernel_id"] == kid]
+        assert "torch" not in (mine["frameworks"] or {})  # the link's target was not read
+        assert (await gpushare.kernel(kid))["state"] == "running"
+        kid2 = await gpushare.start_kernel()  # and starts go on
+        await gpushare.stop_kernel(kid2)
+    finally:
+        for name in (f"{kid}.{pid}.json", f"{kid}.{pid}.simulated", f"{kid}.{pid + 1}.json"):
+            (directory / name).unlink(missing_ok=True)
+    await gpushare.stop_kernel(kid)
+
+
 # -- shutdown with a kernel in the queue -----------------------------------------------------------------
 
 

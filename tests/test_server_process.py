@@ -11,8 +11,8 @@ import textwrap
 
 import psutil
 import pytest
+from servers import ServerProcess, wait_until
 from servers import SimulatedServer as Server
-from servers import wait_until
 
 
 @pytest.mark.parametrize(
@@ -38,6 +38,60 @@ def test_bad_config_stops_the_server_with_the_setting_and_value(tmp_path, arg, e
         assert expect in server.output()
     finally:
         server.stop()
+
+
+def test_the_same_option_twice_stops_the_server_instead_of_running_without_the_extension(tmp_path):
+    """traitlets refuses an option given twice with a ValueError inside the extension's set-up; jupyter-server
+    would log it and run on without the extension: every kernel with every GPU. The server stops instead."""
+    server = ServerProcess()
+    server.launch(tmp_path, ["--allow-root", "--GpuShareApp.default_quota=2GiB", "--GpuShareApp.default_quota=3GiB",
+                             "--GpuShareApp.gpu_backend=simulated", "--GpuShareApp.simulated_cards=10GiB"],
+                  {}, env={**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")})  # fmt: skip
+    try:
+        assert server.proc.wait(60) != 0
+        out = server.output()
+        assert "default_quota only accepts one value" in out and "so the server stops" in out
+    finally:
+        server.stop()
+
+
+def test_an_exception_at_load_stops_the_server(tmp_path):
+    """Any failure while the extension is set up (here one injected into building its manager) stops the server
+    with the reason, instead of leaving it running with no quota for anyone."""
+    script = tmp_path / "inject.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import jupyter_gpushare.app as app
+
+            def broken(*args, **kwargs):
+                raise RuntimeError("injected at load")
+
+            app.build_manager = broken
+            from jupyter_server.serverapp import main
+            sys.exit(main())
+            """
+        )
+    )
+    log = open(tmp_path / "inject.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "--allow-root", "--port=0", "--ServerApp.open_browser=False",
+         "--GpuShareApp.gpu_backend=simulated", "--GpuShareApp.simulated_cards=10GiB",
+         f"--GpuShareApp.ledger_path={tmp_path / 'ledger.sqlite'}"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")},
+    )  # fmt: skip
+    try:
+        assert proc.wait(60) != 0
+        log.seek(0)
+        out = log.read()
+        assert (
+            "jupyter-gpushare: cannot start: the extension could not be set up (RuntimeError: injected at load)" in out
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
 
 
 def write_survivor_kernelspec(data_dir) -> None:

@@ -20,6 +20,7 @@ class Card:
     total_mib: int
     simulated: bool = False
     mig_instance: int | None = None  # a MIG instance's GPU instance ID (nvidia-smi's "GI ID"); None: a whole GPU
+    minor: int | None = None  # the GPU's device node, /dev/nvidia<minor> (of the whole GPU for a MIG instance)
 
     @property
     def label(self) -> str:

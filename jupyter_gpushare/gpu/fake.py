@@ -144,6 +144,9 @@ class FakeNvml:
     def nvmlDeviceGetName(self, handle: FakeDevice) -> str:
         return self._dev(handle, "nvmlDeviceGetName").name
 
+    def nvmlDeviceGetMinorNumber(self, handle: FakeDevice) -> int:
+        return self._dev(handle, "nvmlDeviceGetMinorNumber").index  # /dev/nvidia<index>, as on most hosts
+
     def _used_mib(self, dev: FakeDevice) -> int:
         return dev.driver_used_mib + sum(p["used_mib"] or 0 for p in dev.processes.values())
 

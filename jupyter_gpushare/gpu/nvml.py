@@ -80,8 +80,16 @@ class NvmlBackend(GpuBackend):
             self._nvml = nv
             return nv
 
-    def _make_card(self, index: int, uuid: str, name: str, total_mib: int, mig_instance: int | None = None) -> Card:
-        return Card(index=index, uuid=uuid, name=name, total_mib=total_mib, mig_instance=mig_instance)
+    def _make_card(
+        self,
+        index: int,
+        uuid: str,
+        name: str,
+        total_mib: int,
+        mig_instance: int | None = None,
+        minor: int | None = None,
+    ) -> Card:
+        return Card(index=index, uuid=uuid, name=name, total_mib=total_mib, mig_instance=mig_instance, minor=minor)
 
     def cards(self) -> list[Card]:
         nv = self._init()
@@ -99,6 +107,10 @@ class NvmlBackend(GpuBackend):
             # may see) are the cards, each with its own memory and CUDA_VISIBLE_DEVICES=MIG-<uuid>,
             # and the GPU's index (GpuShareApp.cards = ['0'] means all of GPU 0).
             mig = self._mig_devices(nv, handle)
+            try:
+                minor: int | None = int(nv.nvmlDeviceGetMinorNumber(handle))
+            except (nv.NVMLError, AttributeError, TypeError, ValueError):
+                minor = None  # (a driver without it: no card isolation by device node)
             if mig == []:
                 unusable.append(
                     f"GPU {i} is in MIG mode, but no MIG instance of it is visible here, and a GPU in MIG mode runs "
@@ -114,7 +126,7 @@ class NvmlBackend(GpuBackend):
                     continue
                 self._handles[uuid] = device
                 instance = None if mig is None else _gpu_instance(nv, device)
-                cards.append(self._make_card(i, uuid, name, int(total), instance))
+                cards.append(self._make_card(i, uuid, name, int(total), instance, minor))
         if unusable and not cards:
             self.reason = " ".join(unusable)
         for text in unusable if cards else []:

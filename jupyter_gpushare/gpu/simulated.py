@@ -13,6 +13,7 @@ import os
 
 import psutil
 
+from ..reports import read_regular
 from .base import Card, DeviceSample
 from .fake import FakeNvml
 from .nvml import NvmlBackend
@@ -49,11 +50,11 @@ class SimulatedBackend(NvmlBackend):
             names = []
         for name in names:
             path = os.path.join(self.claims_dir, name)
+            raw = read_regular(path, 40)
             try:
                 pid = int(name.split(".")[-2])
-                with open(path, encoding="ascii") as f:
-                    mib, card = (int(x) for x in f.read(40).split())
-            except (OSError, ValueError):
+                mib, card = (int(x) for x in (raw or b"").split())
+            except ValueError:
                 continue
             if not psutil.pid_exists(pid):
                 os.unlink(path)
@@ -66,5 +67,13 @@ class SimulatedBackend(NvmlBackend):
             self.fake.add_process(pid, mib, card=card)
         self._claimed = set(claims)
 
-    def _make_card(self, index: int, uuid: str, name: str, total_mib: int, mig_instance: int | None = None) -> Card:
-        return Card(index=index, uuid=uuid, name=name, total_mib=total_mib, simulated=True, mig_instance=mig_instance)
+    def _make_card(
+        self,
+        index: int,
+        uuid: str,
+        name: str,
+        total_mib: int,
+        mig_instance: int | None = None,
+        minor: int | None = None,
+    ) -> Card:
+        return Card(index, uuid, name, total_mib, simulated=True, mig_instance=mig_instance, minor=minor)

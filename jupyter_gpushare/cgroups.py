@@ -1,0 +1,246 @@
+"""A kernel is a cgroup: its processes, and every process they start, stay in a group of their own.
+
+A process tree loses a double-forked daemon (it is re-parented to init), and an environment can be wiped
+(``env -i``) or rewritten (``CUDA_VISIBLE_DEVICES``). A cgroup holds both: membership is inherited by every
+child and only a process allowed to write another group's ``cgroup.procs`` can leave, which a kernel's user may
+not. Where the host lets this process create cgroups (root, or a subtree delegated to its user), each kernel gets
+``<this process's cgroup>/gpushare-kernels/<kernel id>`` in the unified (v2) hierarchy and, where the cgroup v1
+devices controller is mounted, in that one too. Its processes enter it before the kernel runs (standin.py
+writes its own pid, then becomes the kernel), and:
+
+- **tracking**: whose a GPU process is is read from ``/proc/<pid>/cgroup`` (``kernel_of``), so what a kernel's
+  escaped children use is still the kernel's, for the over-quota policy and for admission;
+- **card isolation** (the v1 devices controller): the group may open only its lease's cards
+  (``/dev/nvidia<minor>``, major 195), and a kernel started without a GPU none of the NVIDIA devices, whatever
+  its environment says. With cgroup v2 alone this needs an eBPF device program, which is not implemented:
+  there, use on a card outside the lease is counted as over-use on that card (procs.unreserved_use).
+
+Where none of this is possible (no cgroup filesystem, no permission), kernels are tracked by their process
+tree, and ``level`` says so (doctor, the API).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger("jupyter_gpushare")
+
+GROUP = "gpushare-kernels"  # the directory, under this process's own cgroup, that holds one group per kernel
+NVIDIA_MAJOR = 195  # /dev/nvidia<minor>; /dev/nvidiactl is 195:255, nvidia-modeset 195:254
+NVIDIA_CONTROL = (254, 255)
+MAX_MINOR = 253  # the highest card minor number denied to a kernel without that card
+_KERNEL_ID = re.compile(rf"/{GROUP}/([0-9A-Za-z._-]{{1,100}})$")
+
+
+def _mounts() -> list[tuple[str, str, str]]:
+    """(mount point, filesystem type, super options) of every cgroup filesystem this process sees."""
+    out = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                if "-" not in fields[6:]:
+                    continue
+                sep = fields.index("-", 6)
+                fstype, options = fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else ""
+                if fstype in ("cgroup", "cgroup2"):
+                    out.append((fields[4], fstype, options))
+    except OSError:
+        pass
+    return out
+
+
+def _own_paths(pid: int | str = "self") -> dict[str, str]:
+    """This process's cgroup per hierarchy: "" for the unified one, each v1 controller's name otherwise."""
+    paths: dict[str, str] = {}
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                for name in controllers.split(",") if controllers else [""]:
+                    paths[name] = path
+    except (OSError, ValueError):
+        pass
+    return paths
+
+
+def kernel_of(pid: int) -> str | None:
+    """The kernel whose group a process is in, or None: from /proc/<pid>/cgroup (any user may read it), for a
+    group named as ours and owned by root or by this process's user (a user with a delegated subtree of their
+    own could name a group like another kernel's; its owner gives it away)."""
+    for path in _own_paths(pid).values():
+        m = _KERNEL_ID.search(path)
+        if m is not None and _trusted_group(path):
+            return m.group(1)
+    return None
+
+
+_trusted: dict[str, bool] = {}
+
+
+def _trusted_group(path: str) -> bool:
+    if path not in _trusted:
+        owners = set()
+        for mount, _fstype, _options in _mounts():
+            try:
+                owners.add(os.stat(mount + path).st_uid)
+            except OSError:
+                continue
+        _trusted[path] = bool(owners) and owners <= {0, os.geteuid()}
+        if len(_trusted) > 4096:  # kernels come and go: a bounded memory of them
+            _trusted.clear()
+    return _trusted[path]
+
+
+@dataclass(frozen=True)
+class Level:
+    """How this process holds its kernels' processes: ``tracking`` "cgroup" or "tree"; ``isolation`` whether
+    a kernel can be kept from opening cards outside its lease; ``reason`` what is missing, in words."""
+
+    tracking: str
+    isolation: bool
+    reason: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"tracking": self.tracking, "card_isolation": self.isolation, "reason": self.reason}
+
+
+class KernelCgroups:
+    """Creates, fills, restricts and removes the kernels' groups of this process."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.bases: list[str] = []  # <mount><own cgroup>/gpushare-kernels, unified first
+        self.devices: str | None = None  # the v1 devices controller's base, when mounted and writable
+        self.level = self._detect() if enabled else Level("tree", False, "kernel cgroups are off (GpuShareApp.cgroups)")
+
+    def _detect(self) -> Level:
+        own = _own_paths()
+        problems: list[str] = []
+        for mount, fstype, options in _mounts():
+            if fstype == "cgroup2":
+                key = ""
+            elif "devices" in options.split(","):
+                key = "devices"
+            else:
+                continue
+            if key not in own:
+                continue
+            base = os.path.join(mount + own[key].rstrip("/"), GROUP)
+            try:
+                os.makedirs(base, exist_ok=True)
+                probe = os.path.join(base, f".probe-{os.getpid()}")
+                os.mkdir(probe)
+                os.rmdir(probe)
+            except OSError as e:
+                problems.append(f"{base}: {e.strerror or e}")
+                continue
+            if key == "devices":
+                self.devices = base
+            if base not in self.bases:
+                self.bases.insert(0 if fstype == "cgroup2" else len(self.bases), base)
+        if not self.bases:
+            why = "; ".join(problems) or "no cgroup filesystem is mounted"
+            return Level("tree", False, f"kernels are tracked by their process tree: cgroups cannot be created ({why})")
+        reason = None
+        if self.devices is None:
+            reason = (
+                "no card isolation: the cgroup v1 devices controller is not available (cgroup v2 alone would need an "
+                "eBPF device program, not implemented); use on a card outside a kernel's lease is counted as over-use"
+            )
+        return Level("cgroup", self.devices is not None, reason)
+
+    def no_isolation(self, why: str) -> None:
+        """Keep tracking, without card isolation (``why``: what is missing)."""
+        self.devices = None
+        self.level = Level(self.level.tracking, False, f"no card isolation: {why}")
+
+    def _dirs(self, kernel_id: str) -> list[str]:
+        if not re.fullmatch(r"[0-9A-Za-z._-]{1,100}", kernel_id) or kernel_id.startswith("."):
+            raise ValueError(f"not a kernel id for a cgroup: {kernel_id!r}")
+        return [os.path.join(base, kernel_id) for base in self.bases]
+
+    def create(self, kernel_id: str, minors: list[int] | None) -> list[str]:
+        """The kernel's groups, made (or kept) and restricted to the cards of ``minors`` (None: no GPU at all).
+        Returns the ``cgroup.procs`` files its first process must write its pid to; [] where there are none."""
+        if not self.bases:
+            return []
+        dirs = self._dirs(kernel_id)
+        for d in dirs:
+            os.makedirs(d, exist_ok=True)
+        self.allow(kernel_id, minors)
+        return [os.path.join(d, "cgroup.procs") for d in dirs]
+
+    def allow(self, kernel_id: str, minors: list[int] | None) -> None:
+        """Which NVIDIA cards the kernel's group may open: those of ``minors`` and the control devices, or (None)
+        none of the NVIDIA devices. Devices already open stay open: this is set before the kernel runs."""
+        if self.devices is None:
+            return
+        d = os.path.join(self.devices, kernel_id)
+        try:
+            _write(d, "devices.allow", "a *:* rwm")  # start from the parent's rules: every device it allows
+            parent_allows_all = True
+        except PermissionError:  # the parent is a list of allowed devices (a container's): add ours to what is left
+            parent_allows_all = False
+        if minors is None:
+            _write(d, "devices.deny", f"c {NVIDIA_MAJOR}:* rwm")
+            return
+        if not parent_allows_all:
+            for minor in (*minors, *NVIDIA_CONTROL):
+                try:
+                    _write(d, "devices.allow", f"c {NVIDIA_MAJOR}:{minor} rwm")
+                except PermissionError:
+                    pass  # the parent does not allow it either
+        for minor in range(MAX_MINOR + 1):
+            if minor not in minors:
+                _write(d, "devices.deny", f"c {NVIDIA_MAJOR}:{minor} rwm")
+
+    def pids(self, kernel_id: str) -> set[int]:
+        """Every process in the kernel's groups now."""
+        out: set[int] = set()
+        for d in self._dirs(kernel_id) if self.bases else []:
+            try:
+                with open(os.path.join(d, "cgroup.procs")) as f:
+                    out.update(int(x) for x in f.read().split())
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def remove(self, kernel_id: str, keep: bool = False, grace_s: float = 2.0) -> int:
+        """End whatever is left in the kernel's groups (a daemon its kernel started) and, unless ``keep`` (a
+        restart), remove them. Returns how many processes had to be killed."""
+        if not self.bases:
+            return 0
+        killed: set[int] = set()
+        deadline = time.monotonic() + grace_s
+        while True:
+            left = self.pids(kernel_id)
+            if not left:
+                break
+            if time.monotonic() > deadline:
+                log.warning("jupyter-gpushare: processes %s of kernel %s would not end", sorted(left), kernel_id)
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except OSError:
+                    pass
+            time.sleep(0.02)
+        for d in [] if keep else self._dirs(kernel_id):
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.warning("jupyter-gpushare: the cgroup %s could not be removed: %s", d, e)
+        return len(killed)
+
+
+def _write(directory: str, name: str, value: str) -> None:
+    with open(os.path.join(directory, name), "w") as f:
+        f.write(value)
