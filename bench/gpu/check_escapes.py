@@ -278,10 +278,14 @@ def main(out_dir: str) -> int:
             time.sleep(2)
         kid = server.kernel("nogpu")
         kc = server.client(kid)
-        status, said = run(
-            kc,
-            "import os\nos.environ.pop('CUDA_VISIBLE_DEVICES', None)\nimport torch\nprint(torch.cuda.is_available())",
+        probe = (
+            "import os\nos.environ.pop('CUDA_VISIBLE_DEVICES', None)\n"
+            "for p in ('/dev/nvidiactl', '/dev/nvidia0'):\n"
+            "    try:\n        os.close(os.open(p, os.O_RDWR)); print(p, 'opened')\n"
+            "    except OSError as e:\n        print(p, e.strerror)\n"
+            "import torch\nprint('cuda available:', torch.cuda.is_available())"
         )
+        status, said = run(kc, probe)
         kc.stop_channels()
         result["no_gpu"] = {
             "cell": status,
