@@ -10,10 +10,11 @@ writes its own pid, then becomes the kernel), and:
 
 - **tracking**: whose a GPU process is is read from ``/proc/<pid>/cgroup`` (``kernel_of``), so what a kernel's
   escaped children use is still the kernel's, for the over-quota policy and for admission;
-- **card isolation** (the v1 devices controller): the group may open only its lease's cards
-  (``/dev/nvidia<minor>``, major 195), and a kernel started without a GPU none of the NVIDIA devices, whatever
-  its environment says. With cgroup v2 alone this needs an eBPF device program, which is not implemented:
-  there, use on a card outside the lease is counted as over-use on that card (procs.unreserved_use).
+- **card isolation**: the group may open only its lease's cards (``/dev/nvidia<minor>``, major 195, and the
+  control devices), and a kernel started without a GPU none of the NVIDIA devices, whatever its environment
+  says: an eBPF device program attached to its unified (v2) group (``device_program``), or, where that cannot
+  be loaded, the v1 devices controller. Where neither works, use on a card outside the lease is counted as
+  over-use on that card (procs.unreserved_use).
 
 Where none of this is possible (no cgroup filesystem, no permission), kernels are tracked by their process
 tree, and ``level`` says so (doctor, the API).
@@ -21,10 +22,12 @@ tree, and ``level`` says so (doctor, the API).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import re
 import signal
+import struct
 import time
 from dataclasses import dataclass
 
@@ -113,14 +116,21 @@ class Level:
 class KernelCgroups:
     """Creates, fills, restricts and removes the kernels' groups of this process."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, isolation: str = "auto") -> None:
+        """``isolation``: how cards are kept closed where both ways work: "auto" (an eBPF device program on the
+        unified hierarchy, else the v1 devices controller), "bpf" or "v1" (tests use these to try each)."""
         self.bases: list[str] = []  # <mount><own cgroup>/gpushare-kernels, unified first
-        self.devices: str | None = None  # the v1 devices controller's base, when mounted and writable
-        self.level = self._detect() if enabled else Level("tree", False, "kernel cgroups are off (GpuShareApp.cgroups)")
+        self.devices: str | None = None  # the v1 devices controller's base, when it is the way cards are closed
+        self.bpf: str | None = None  # the unified hierarchy's base, when device programs are the way
+        self._programs: dict[str, int] = {}  # kernel id -> its attached device program's fd
+        self.level = (
+            self._detect(isolation) if enabled else Level("tree", False, "kernel cgroups are off (kernel_cgroups)")
+        )
 
-    def _detect(self) -> Level:
+    def _detect(self, isolation: str) -> Level:
         own = _own_paths()
         problems: list[str] = []
+        unified = None
         for mount, fstype, options in _mounts():
             if fstype == "cgroup2":
                 key = ""
@@ -141,22 +151,33 @@ class KernelCgroups:
                 continue
             if key == "devices":
                 self.devices = base
+            else:
+                unified = base
             if base not in self.bases:
                 self.bases.insert(0 if fstype == "cgroup2" else len(self.bases), base)
         if not self.bases:
             why = "; ".join(problems) or "no cgroup filesystem is mounted"
             return Level("tree", False, f"kernels are tracked by their process tree: cgroups cannot be created ({why})")
-        reason = None
-        if self.devices is None:
-            reason = (
-                "no card isolation: the cgroup v1 devices controller is not available (cgroup v2 alone would need an "
-                "eBPF device program, not implemented); use on a card outside a kernel's lease is counted as over-use"
+        if unified is not None and isolation in ("auto", "bpf") and (self.devices is None or isolation == "bpf"):
+            try:
+                os.close(_load(device_program(None)))  # may this process load device programs?
+                self.bpf, self.devices = unified, None
+            except (OSError, AttributeError, TypeError) as e:  # no bpf(2) here, or not allowed
+                problems.append(f"an eBPF device program cannot be loaded ({e})")
+        if isolation == "bpf" and self.bpf is None:
+            self.devices = None
+        if self.bpf is None and self.devices is None:
+            why = "; ".join(problems) or "neither an eBPF device program nor the cgroup v1 devices controller is usable"
+            return Level(
+                "cgroup",
+                False,
+                f"no card isolation: {why}; use on a card outside a kernel's lease is counted as over-use",
             )
-        return Level("cgroup", self.devices is not None, reason)
+        return Level("cgroup", True, None)
 
     def no_isolation(self, why: str) -> None:
         """Keep tracking, without card isolation (``why``: what is missing)."""
-        self.devices = None
+        self.devices = self.bpf = None
         self.level = Level(self.level.tracking, False, f"no card isolation: {why}")
 
     def _dirs(self, kernel_id: str) -> list[str]:
@@ -178,6 +199,8 @@ class KernelCgroups:
     def allow(self, kernel_id: str, minors: list[int] | None) -> None:
         """Which NVIDIA cards the kernel's group may open: those of ``minors`` and the control devices, or (None)
         none of the NVIDIA devices. Devices already open stay open: this is set before the kernel runs."""
+        if self.bpf is not None:
+            self._attach_program(kernel_id, minors)
         if self.devices is None:
             return
         d = os.path.join(self.devices, kernel_id)
@@ -198,6 +221,24 @@ class KernelCgroups:
         for minor in range(MAX_MINOR + 1):
             if minor not in minors:
                 _write(d, "devices.deny", f"c {NVIDIA_MAJOR}:{minor} rwm")
+
+    def _attach_program(self, kernel_id: str, minors: list[int] | None) -> None:
+        """The group's device program, replaced: the new one is attached before the old one goes (both deny
+        meanwhile, never neither)."""
+        assert self.bpf is not None
+        group = os.path.join(self.bpf, kernel_id)
+        prog = _load(device_program(minors))
+        try:
+            _attach(group, prog)
+        except OSError:
+            os.close(prog)
+            raise
+        old, self._programs[kernel_id] = self._programs.get(kernel_id), prog
+        if old is not None:
+            try:
+                _attach(group, old, _BPF_PROG_DETACH)
+            finally:
+                os.close(old)
 
     def pids(self, kernel_id: str) -> set[int]:
         """Every process in the kernel's groups now."""
@@ -231,6 +272,9 @@ class KernelCgroups:
                 except OSError:
                     pass
             time.sleep(0.02)
+        prog = None if keep else self._programs.pop(kernel_id, None)
+        if prog is not None:
+            os.close(prog)  # (removing the group detaches it)
         for d in [] if keep else self._dirs(kernel_id):
             try:
                 os.rmdir(d)
@@ -239,6 +283,64 @@ class KernelCgroups:
             except OSError as e:
                 log.warning("jupyter-gpushare: the cgroup %s could not be removed: %s", d, e)
         return len(killed)
+
+
+# -- cgroup v2: an eBPF device program per kernel group ------------------------------------------------
+
+_BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine)
+_BPF_PROG_LOAD, _BPF_PROG_ATTACH, _BPF_PROG_DETACH = 5, 8, 9
+_BPF_PROG_TYPE_CGROUP_DEVICE, _BPF_CGROUP_DEVICE, _BPF_F_ALLOW_MULTI = 15, 6, 2
+
+
+def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", code, dst | (src << 4), off, imm)
+
+
+def device_program(minors: list[int] | None) -> bytes:
+    """The eBPF program (BPF_PROG_TYPE_CGROUP_DEVICE) that denies NVIDIA character devices (major 195) but the
+    card minors of ``minors`` and, with any card, the control devices; None: every NVIDIA device. Other devices
+    are left to the other programs of the hierarchy (a program may only narrow)."""
+    allowed = [] if minors is None else [*minors, *NVIDIA_CONTROL]
+    body = [
+        _insn(0x61, dst=2, src=1, off=0),  # r2 = ctx->access_type
+        _insn(0x57, dst=2, imm=0xFFFF),  # r2 &= 0xffff: the device type
+        _insn(0x61, dst=3, src=1, off=4),  # r3 = ctx->major
+        _insn(0x61, dst=4, src=1, off=8),  # r4 = ctx->minor
+    ]
+    checks = [(0x55, 2, 2), (0x55, 3, NVIDIA_MAJOR)] + [(0x15, 4, m) for m in allowed]  # jne / jeq to "allow"
+    deny = [_insn(0xB7, dst=0, imm=0), _insn(0x95)]  # r0 = 0; exit
+    for i, (code, reg, imm) in enumerate(checks):
+        to_allow = len(checks) - i - 1 + len(deny)  # jump over the checks left and the deny
+        body.append(_insn(code, dst=reg, off=to_allow, imm=imm))
+    return b"".join(body + deny + [_insn(0xB7, dst=0, imm=1), _insn(0x95)])  # allow: r0 = 1; exit
+
+
+def _bpf(cmd: int, attr: bytes) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(attr, 128)
+    fd = libc.syscall(_BPF_SYSCALL, cmd, buf, 128)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"bpf({cmd}): {os.strerror(err)}")
+    return fd
+
+
+def _load(program: bytes) -> int:
+    insns = ctypes.create_string_buffer(program, len(program))
+    license = ctypes.create_string_buffer(b"GPL")
+    attr = struct.pack(
+        "<IIQQ", _BPF_PROG_TYPE_CGROUP_DEVICE, len(program) // 8, ctypes.addressof(insns), ctypes.addressof(license)
+    )
+    return _bpf(_BPF_PROG_LOAD, attr)
+
+
+def _attach(group: str, prog: int, cmd: int = _BPF_PROG_ATTACH) -> None:
+    fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        flags = _BPF_F_ALLOW_MULTI if cmd == _BPF_PROG_ATTACH else 0
+        _bpf(cmd, struct.pack("<IIII", fd, prog, _BPF_CGROUP_DEVICE, flags))
+    finally:
+        os.close(fd)
 
 
 def _write(directory: str, name: str, value: str) -> None:

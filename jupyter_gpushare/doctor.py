@@ -79,17 +79,20 @@ def diagnose(
 
 def _cgroup_findings(setting: str) -> list[Finding]:
     """How this user's kernels are tracked and isolated (cgroups.py), as this process finds the host."""
-    level = KernelCgroups(enabled=setting == "auto").level
+    cgroups = KernelCgroups(enabled=setting == "auto")
+    level = cgroups.level
     if level.tracking != "cgroup":
         return [Finding("tier: kernel cgroups", "warn", f"Kernels are tracked by their process tree: {level.reason}.",
                         "Run the server as root or give its user a delegated cgroup subtree (systemd: Delegate=yes), "
                         "and keep GpuShareApp.kernel_cgroups = 'auto' (docs/admin-guide.md, Enforcement levels).")]  # fmt: skip
     found = [Finding("tier: kernel cgroups", "ok", "Each kernel runs in a cgroup of its own: whatever it starts stays the kernel's.")]  # fmt: skip
     if level.isolation:
-        found.append(Finding("tier: card isolation", "ok", "The cgroup v1 devices controller keeps each kernel to its own card."))  # fmt: skip
+        way = "an eBPF device program on its cgroup" if cgroups.bpf else "the cgroup v1 devices controller"
+        found.append(Finding("tier: card isolation", "ok", f"Each kernel may open only its own card ({way}); one without a GPU none."))  # fmt: skip
     else:
         found.append(Finding("tier: card isolation", "warn", f"Kernels are not kept from other cards: {level.reason}.",
-                             "Use on other cards is counted as over-use; mount the cgroup v1 devices controller for isolation."))  # fmt: skip
+                             "Use on other cards is counted as over-use. Isolation needs root (or CAP_BPF) for an eBPF device "
+                             "program, or the cgroup v1 devices controller."))  # fmt: skip
     return found
 
 

@@ -140,8 +140,8 @@ class GpuShareApp(LoggingConfigurable):
         config=True,
         help="'auto': where this server may create cgroups (root, or a subtree delegated to its user), each kernel "
         "runs in a cgroup of its own, so every process it starts stays counted as the kernel's (a double-forked "
-        "daemon too), and, where the cgroup v1 devices controller is mounted, may open only its own card's device "
-        "(none without a GPU), whatever its environment says. Elsewhere kernels are tracked by their process tree, "
+        "daemon too), and may open only its own card's device (none without a GPU), whatever its environment says "
+        "(an eBPF device program on cgroup v2, or the v1 devices controller). Elsewhere kernels are tracked by their process tree, "
         "and `jupyter gpushare doctor` and the API say so. 'off': process trees only. Default: 'auto'.",
     )
     kernel_quotas = Dict(

@@ -112,8 +112,12 @@ def test_a_group_that_cannot_be_entered_stops_the_start(tmp_path):
 
 
 @needs_isolation
-def test_a_kernel_opens_only_its_own_card_and_one_without_a_gpu_none(nodes):
-    cgroups = KernelCgroups()
+@pytest.mark.parametrize("way", ["bpf", "v1"])
+def test_a_kernel_opens_only_its_own_card_and_one_without_a_gpu_none(nodes, way):
+    """Both ways of closing cards: an eBPF device program on the unified hierarchy, the v1 devices controller."""
+    cgroups = KernelCgroups(isolation=way)
+    if (cgroups.bpf if way == "bpf" else cgroups.devices) is None:
+        pytest.skip(f"{way} is not available here: {cgroups.level.reason}")
     probe = f"import os\nfor p in {[str(nodes[n]) for n in ('nvidia0', 'nvidia1', 'nvidiactl')]}:\n"
     probe += "    try:\n        os.close(os.open(p, os.O_RDONLY)); print(0)\n    except OSError as e:\n        print(e.errno)\n"
     try:

@@ -198,8 +198,8 @@ def attempt(server: Server, kid: str, name: str, code: str, gib: int, log: Path,
     kc.stop_channels()
     record: dict = {"attempt": name, "gib": gib, "cell": status, "cell_output": text.strip()[-400:]}
     try:
-        pid = int(text.split()[-1])
-    except (ValueError, IndexError):
+        pid = int(next(line for line in text.split("\n") if line.strip().isdigit()))  # (warnings may follow)
+    except StopIteration:
         record["error"] = "no pid printed"
         return record
     record["pid"] = pid
