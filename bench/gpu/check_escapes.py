@@ -15,7 +15,8 @@ Attempts, one after another, each trying to allocate 10 GiB from the 4 GiB kerne
   isolated   a PyTorch child started with `python -I` (no site, no PYTHONPATH: no bootstrap)
   daemon     a double-forked child (re-parented to init: out of the kernel's process tree)
   cupy-raw   `cupy.cuda.runtime.malloc` in the kernel itself (no allocator cap applies)
-then `env-i-5g`: the same child asking 5 GiB, which the card has room for, to time the watchdog, and
+then `env-i-5g` and `daemon-5g`: the same children asking 5 GiB, which the card has room for, to time the
+watchdog (the daemon, in a session of its own, gets no interrupt: it takes the restart), and
 `no-gpu`: a kernel started without a GPU (kernel_quotas 0MiB) unsets CUDA_VISIBLE_DEVICES and asks
 torch.cuda.is_available().
 
@@ -274,7 +275,7 @@ def main(out_dir: str) -> int:
             kc.execute(NEIGHBOUR)
         time.sleep(12)
         result["neighbours_start"] = [run(kc, "print(json.dumps(state))")[1].strip() for kc in clients]
-        for name, gib, watch in [(n, 10, 25) for n in ATTEMPTS] + [("env-i", 5, 40)]:
+        for name, gib, watch in [(n, 10, 25) for n in ATTEMPTS] + [("env-i", 5, 40), ("daemon", 5, 40)]:
             kid = server.kernel()
             log = work / f"{name}-{gib}.log"
             record = attempt(server, kid, name if gib == 10 else f"{name}-{gib}g", ATTEMPTS[name], gib, log, watch)
