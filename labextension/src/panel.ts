@@ -200,6 +200,30 @@ function frameworks(k: IKernel): VirtualElement | null {
   );
 }
 
+/** How the server holds the kernel: its processes (cgroup or tree), its cards, its watchdog. */
+function held(k: IKernel): VirtualElement | null {
+  const how = k.held;
+  if (!how) {
+    return null;
+  }
+  const parts = [
+    how.tracking === 'cgroup' ? 'own cgroup' : 'process tree',
+    how.card_isolation ? 'other cards closed' : 'other cards not closed',
+    how.watchdog ? `over quota: ${how.watchdog}` : ''
+  ].filter(Boolean);
+  const why = how.reason ? ` ${how.reason}.` : '';
+  return h.div(
+    {
+      className: `${C}-held`,
+      title:
+        'How the server holds this kernel: whatever it starts stays counted as its own (cgroup) or only its ' +
+        'process tree; whether it can open cards outside its reservation; what happens when it uses more ' +
+        `than its reservation.${why}`
+    },
+    `Held by the server: ${parts.join(' · ')}`
+  );
+}
+
 function button(
   cls: string,
   text: string,
@@ -317,6 +341,7 @@ function renderKernel(
         ]
       : []),
     ...(fw ? [fw] : []),
+    ...[held(k)].filter((e): e is VirtualElement => e !== null),
     ...(s.severity !== 'ok'
       ? [
           h.div(

@@ -104,11 +104,25 @@ export interface IKernel {
   history?: [number, number][];
   pid?: number | null;
   since?: number;
+  /** How the server holds the kernel, level by level (docs/admin-guide.md, Enforcement levels). */
+  held?: IHeld;
   // sampler
   frameworks?: { [name: string]: IFramework } | null;
   used_mib?: number | null;
   peak_mib?: number | null;
   utilization?: number | null;
+}
+
+export interface IHeld {
+  /** Every framework the kernel imported is capped (null: it imported none). */
+  caps?: boolean | null;
+  /** cgroup: whatever the kernel starts stays its own; tree: a daemon can leave its process tree. */
+  tracking: 'cgroup' | 'tree';
+  card_isolation: boolean;
+  /** What the next level needs, in words. */
+  reason: string | null;
+  /** The over-quota action (GpuShareApp.over_quota_action). */
+  watchdog: string | null;
 }
 
 export interface IQueueEntry {
