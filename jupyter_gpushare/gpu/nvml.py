@@ -89,7 +89,7 @@ class NvmlBackend(GpuBackend):
         mig_instance: int | None = None,
         minor: int | None = None,
     ) -> Card:
-        return Card(index=index, uuid=uuid, name=name, total_mib=total_mib, mig_instance=mig_instance, minor=minor)
+        return Card(index, uuid, name, total_mib, simulated=self.simulated, mig_instance=mig_instance, minor=minor)
 
     def cards(self) -> list[Card]:
         nv = self._init()

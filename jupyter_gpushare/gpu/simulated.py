@@ -14,7 +14,7 @@ import os
 import psutil
 
 from ..reports import read_regular
-from .base import Card, DeviceSample
+from .base import DeviceSample
 from .fake import FakeNvml
 from .nvml import NvmlBackend
 
@@ -66,14 +66,3 @@ class SimulatedBackend(NvmlBackend):
             self.fake.remove_process(pid)
             self.fake.add_process(pid, mib, card=card)
         self._claimed = set(claims)
-
-    def _make_card(
-        self,
-        index: int,
-        uuid: str,
-        name: str,
-        total_mib: int,
-        mig_instance: int | None = None,
-        minor: int | None = None,
-    ) -> Card:
-        return Card(index, uuid, name, total_mib, simulated=True, mig_instance=mig_instance, minor=minor)
