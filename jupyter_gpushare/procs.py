@@ -155,21 +155,52 @@ def unreserved_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> 
 
     - what processes that hold no reservation use: a script run in a terminal, a program started outside
       Jupyter, a kernel started without a quota;
-    - what a kernel uses beyond its lease: on its lease's card, its use past what it reserved; on any other card,
-      all of it (an ``env -i`` child that sees every card, a library with its own CUDA calls).
+    - what a kernel uses beyond its lease (``over_use``): on its lease's card, its use past what it reserved; on
+      any other card, all of it (an ``env -i`` child that sees every card, a library with its own CUDA calls).
 
-    A process is a lease's when it is in the kernel's cgroup (cgroups.kernel_of: a double-forked daemon too) or
-    in its process tree. Processes in a PID namespace below ours (containers, whose kernels' pids the ledger
-    does not know) are taken to be the kernels of the card's leases held by sessions (servers known by a Hub
-    token) up to what those reserve, and only the rest counts. In a container ourselves, where the driver's pids
-    are the host's, nothing can be told, so the answer is {} (as it is with no reading). A figure the driver
-    does not give counts as 0.
+    Processes in a PID namespace below ours (containers, whose kernels' pids the ledger does not know) are taken
+    to be the kernels of the card's leases held by sessions (servers known by a Hub token) up to what those
+    reserve, and only the rest counts. In a container ourselves, where the driver's pids are the host's,
+    nothing can be told, so the answer is {} (as it is with no reading). A figure the driver does not give
+    counts as 0.
     """
+    use = lease_use(samples, leases)
+    if use is None:
+        return {}
+    out = dict(use.outside)
+    by_id = {lease.kernel_id: lease for lease in leases}
+    for kernel_id, cards in use.kernels.items():
+        for card, over in over_use(by_id[kernel_id], cards).items():
+            out[card] = out.get(card, 0) + over
+    return out
+
+
+def over_use(lease: Lease, cards: dict[str, int]) -> dict[str, int]:
+    """Per card, what a lease's processes use (``cards``: card uuid -> MiB) beyond the lease: past its
+    reservation on its card, all of it on any other; only cards with some."""
+    over = {card: used - (lease.reserved_mib if card == lease.card_uuid else 0) for card, used in cards.items()}
+    return {card: mib for card, mib in over.items() if mib > 0}
+
+
+@dataclass
+class LeaseUse:
+    """One reading split by lease: ``kernels`` kernel id -> card uuid -> MiB its processes use, ``pids`` kernel
+    id -> those processes, ``outside`` card uuid -> MiB of processes that hold no lease."""
+
+    kernels: dict[str, dict[str, int]]
+    pids: dict[str, set[int]]
+    outside: dict[str, int]
+
+
+def lease_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> LeaseUse | None:
+    """The reading split by lease, or None where nothing can be told (in a container ourselves). A process is a
+    lease's when it is in the kernel's cgroup (cgroups.kernel_of: a double-forked daemon too) or in its process
+    tree."""
     own_depth = pid_namespace_depth("self")
     if own_depth > 1:
-        return {}
+        return None
     if not any(s.processes for s in samples):
-        return {s.card.uuid: 0 for s in samples}
+        return LeaseUse({}, {}, {s.card.uuid: 0 for s in samples})
     by_id = {lease.kernel_id: lease for lease in leases}
     by_root = {lease.kernel.pid: lease for lease in leases if lease.kernel is not None and lease.kernel.alive()}
     roots = set(by_root)
@@ -177,8 +208,7 @@ def unreserved_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> 
     for lease in leases:
         if isinstance(lease.owner, SessionRef):  # a server in a container, known by its Hub token
             by_session[lease.card_uuid] = by_session.get(lease.card_uuid, 0) + lease.reserved_mib
-    kernels_use: dict[tuple[str, str], int] = {}  # (kernel id, card uuid) -> MiB
-    out: dict[str, int] = {}
+    use = LeaseUse({}, {}, {})
     for sample in samples:
         outside = in_containers = 0
         for p in sample.processes:
@@ -187,19 +217,15 @@ def unreserved_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> 
                 root = _root_of(p.pid, roots)
                 lease = by_root.get(root) if root is not None else None
             if lease is not None:
-                key = (lease.kernel_id, sample.card.uuid)
-                kernels_use[key] = kernels_use.get(key, 0) + (p.used_mib or 0)
+                cards = use.kernels.setdefault(lease.kernel_id, {})
+                cards[sample.card.uuid] = cards.get(sample.card.uuid, 0) + (p.used_mib or 0)
+                use.pids.setdefault(lease.kernel_id, set()).add(p.pid)
             elif pid_namespace_depth(p.pid) > own_depth:
                 in_containers += p.used_mib or 0
             else:
                 outside += p.used_mib or 0
-        out[sample.card.uuid] = outside + max(0, in_containers - by_session.get(sample.card.uuid, 0))
-    for (kernel_id, card), used in kernels_use.items():
-        lease = by_id[kernel_id]
-        over = used - (lease.reserved_mib if lease.card_uuid == card else 0)
-        if over > 0:
-            out[card] += over
-    return out
+        use.outside[sample.card.uuid] = outside + max(0, in_containers - by_session.get(sample.card.uuid, 0))
+    return use
 
 
 class ProcessTrees:

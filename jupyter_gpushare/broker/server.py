@@ -50,6 +50,7 @@ from .protocol import (
     BrokerRefused,
     parse_tcp,
 )
+from .watchdog import Watchdog
 
 
 class GpuShareBroker(Operations, Connections, JupyterApp):
@@ -239,6 +240,10 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         shared = settings_from(self.config)  # the same placement rules (c.GpuShareApp.*) as a single server
         self.policy = shared.build_policy()
         self.history = shared.build_history()  # whose runs teach whom: the broker's rules, not the servers'
+        # The over-quota policy, run here as root whatever students do to their servers (a broker cannot shut a
+        # kernel down for its server: 'shutdown' ends it as 'restart' does, and its server restarts it).
+        action = {"shutdown": "restart"}.get(shared.over_quota_action, shared.over_quota_action)
+        self.watchdog = Watchdog(action, shared.over_quota_grace, self.log)
         self.backend = open_backend(shared.gpu_backend, shared.simulated_cards)
         self.cards: list[Card] = self.backend.cards()
         shared.check(self.policy, [CardView(c.uuid, c.index, c.total_mib) for c in self.cards])
@@ -427,26 +432,37 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         if ready:
             ready()
 
-        async def sweep() -> None:
-            while True:
-                await asyncio.sleep(self.reap_interval)
-                try:
-                    self._log_reclaimed(self._ledger.reap())
-                    stale = time.monotonic() - self.session_ttl
-                    self._touched = {k: t for k, t in self._touched.items() if t > stale}
-                except Exception:
-                    self.log.exception("jupyter-gpushare broker: reclaiming failed")
-
-        sweeper = asyncio.ensure_future(sweep())
+        sweeper, watcher = asyncio.ensure_future(self._sweep()), asyncio.ensure_future(self._watch())
         await stop.wait()
         for listener in listeners:
             listener.close()
         sweeper.cancel()
+        watcher.cancel()
         try:
             os.unlink(self.socket_path)
         except OSError:
             pass
         self._ledger.close()
+
+    async def _sweep(self) -> None:
+        """Reclaim the reservations of servers and kernels that are gone, every reap_interval."""
+        while True:
+            await asyncio.sleep(self.reap_interval)
+            try:
+                self._log_reclaimed(self._ledger.reap())
+                stale = time.monotonic() - self.session_ttl
+                self._touched = {k: t for k, t in self._touched.items() if t > stale}
+            except Exception:
+                self.log.exception("jupyter-gpushare broker: reclaiming failed")
+
+    async def _watch(self) -> None:
+        """The over-quota watchdog (watchdog.py), on each reading of the driver."""
+        while True:
+            await asyncio.sleep(SAMPLE_TTL_S)
+            try:
+                self.watchdog.sweep(self._latest_samples(), self._ledger.leases())
+            except Exception:
+                self.log.exception("jupyter-gpushare broker: the over-quota watchdog failed")
 
     def start(self) -> None:
         os.umask(0o077)  # the ledger, its WAL and lock files: broker's user only

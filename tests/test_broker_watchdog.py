@@ -1,0 +1,117 @@
+"""The broker's over-quota watchdog (broker/watchdog.py): real processes, a real ledger, the broker's own
+reading of a simulated card. The kernel here ignores SIGINT, as a kernel stuck in a CUDA call or a daemon in a
+session of its own would: the interrupt does not free anything, so 'protect' ends it one grace later."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from jupyter_gpushare.broker.watchdog import Watchdog
+
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"
+)
+
+
+@pytest.fixture
+def kernel():
+    proc = subprocess.Popen([sys.executable, "-c", STUBBORN], start_new_session=True, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _setup(inproc, kernel, others: bool):
+    broker, who = inproc
+    assert "lease" in broker.handle(who["alice"], "reserve", {"kernel_id": "k1", "mib": 2048})  # 2,560 reserved
+    broker.handle(who["admin"], "attach", {"kernel_id": "k1", "pid": kernel.pid})  # (the kernel is root's here)
+    if others:
+        assert "lease" in broker.handle(who["bob"], "reserve", {"kernel_id": "k2", "mib": 2048})
+    broker.backend.fake.add_process(kernel.pid, 6000)  # 3,440 MiB past its reservation
+    return broker
+
+
+def _sweep(broker, watchdog):
+    broker._sampled_at = -1e9  # a fresh reading each time
+    return watchdog.sweep(broker._latest_samples(), broker._ledger.leases())
+
+
+def test_protect_on_a_shared_card_interrupts_then_ends_the_kernel(inproc, kernel, caplog):
+    broker, clock = _setup(inproc, kernel, others=True), Clock()
+    watchdog = Watchdog("protect", 5.0, logging.getLogger("test"), clock=clock)
+    assert _sweep(broker, watchdog) == []  # over, but not for the grace yet
+    clock.now += 5
+    with caplog.at_level(logging.WARNING):
+        assert _sweep(broker, watchdog) == [("k1", "interrupt")]
+    assert "kernel k1 of alice uses 3.4 GiB on GPU-simulated-0 beyond its lease, for 5 s: interrupted" in caplog.text
+    time.sleep(0.3)
+    assert kernel.poll() is None  # it ignores SIGINT and keeps the memory
+    clock.now += 2
+    assert _sweep(broker, watchdog) == []  # one grace after the interrupt, not before
+    clock.now += 3
+    assert _sweep(broker, watchdog) == [("k1", "restart")]
+    assert kernel.wait(5) == -signal.SIGKILL
+    assert "ended (processes" in caplog.text and "its server restarts it" in caplog.text
+
+
+def test_protect_alone_on_its_card_and_notify_only_log(inproc, kernel, caplog):
+    broker, clock = _setup(inproc, kernel, others=False), Clock()
+    for action in ("protect", "notify"):
+        watchdog = Watchdog(action, 0.0, logging.getLogger("test"), clock=clock)
+        with caplog.at_level(logging.WARNING):
+            assert _sweep(broker, watchdog) == [("k1", "notify")]
+            clock.now += 1
+            _sweep(broker, watchdog)
+    assert kernel.poll() is None and psutil.Process(kernel.pid).status() != psutil.STATUS_ZOMBIE
+    assert "(over_quota_action protect: logged)" in caplog.text
+
+
+def test_use_on_another_card_is_over_use_there(tmp_path, kernel):
+    """A kernel reserved on card 0 that uses 1 GiB on card 1 is over by all of it, whatever its own card holds."""
+    from traitlets.config import Config
+
+    from jupyter_gpushare.broker import Caller, GpuShareBroker
+    from jupyter_gpushare.ledger import ProcessRef
+
+    c = Config()
+    c.GpuShareApp.gpu_backend, c.GpuShareApp.simulated_cards = "simulated", "2x10GiB"
+    c.GpuShareApp.card_headroom, c.GpuShareApp.context_reserve = "0MiB", "512MiB"
+    c.GpuShareBroker.ledger_path = str(tmp_path / "lib" / "ledger.sqlite")
+    broker = GpuShareBroker(config=c)
+    broker.setup()
+    broker._ledger = broker._open_ledger()
+    try:
+        alice = Caller("alice", 5001, process=ProcessRef.me())
+        lease = broker.handle(alice, "reserve", {"kernel_id": "k1", "mib": 2048})["lease"]
+        broker.handle(
+            Caller("root", 0, admin=True, process=ProcessRef.me()), "attach", {"kernel_id": "k1", "pid": kernel.pid}
+        )
+        other = 1 - lease["card_index"]
+        broker.backend.fake.add_process(kernel.pid, 1024, card=other)
+        watchdog = Watchdog("interrupt", 0.0, logging.getLogger("test"), clock=Clock())
+        assert _sweep(broker, watchdog) == [("k1", "interrupt")]
+        broker.backend.fake.remove_process(kernel.pid)
+        assert _sweep(broker, watchdog) == []
+    finally:
+        broker._ledger.close()
+
+
+def test_an_unknown_action_is_refused():
+    with pytest.raises(ValueError, match="one of protect, notify, interrupt, restart"):
+        Watchdog("explode", 1.0, logging.getLogger("test"))
