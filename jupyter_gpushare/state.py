@@ -49,6 +49,11 @@ ADVICE = {  # what to do, for the events whose own message does not end with it
     "admitted": "Run your cells: the kernel has its GPU now.",
     "queued": "It starts by itself when a kernel frees room; cells you run meanwhile run then.",
     "no-gpu": "It runs on the CPU; restart it later to get a GPU.",
+    "over-quota-interrupt": "Free GPU memory (del large tensors, empty the framework's cache) or ask for a larger "
+    "quota (Change quota… in the GPU panel): on a shared card it is restarted if it keeps more than its reservation.",
+    "over-quota-restart": "Ask for a larger quota (Change quota… in the GPU panel) before you run it again: it "
+    "used more than its reservation on a card other kernels share.",
+    "group-ended": "What a kernel starts ends with it; run long jobs from the kernel and keep it running.",
 }
 
 

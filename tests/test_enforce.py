@@ -75,6 +75,44 @@ class TestOverQuotaNotifyOnly:
         assert [e["kind"] for e in await events_of(gpushare, kid)].count("over-quota-notify") == 1
 
 
+class TestProtect:
+    """The default over-quota action: neighbours first. On a card another kernel shares: interrupt at the grace,
+    then restart one grace later if the memory is still held; alone on its card: notify only."""
+
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config):
+        return {**gpushare_config, "sample_interval": 0.2, "over_quota_grace": 1.0, "idle_timeout": 0}
+
+    async def test_on_a_shared_card_interrupt_then_restart(self, gpushare, jp_serverapp):
+        kid, neighbour = await gpushare.start_kernel(), await gpushare.start_kernel()
+        assert (await gpushare.kernel(kid))["held"]["watchdog"] == "protect"  # the default
+        before = await gpushare.kernel(kid)
+        fake_of(jp_serverapp).add_process(before["pid"], 3000)  # held whatever an interrupt does
+        interrupted = await gpushare.wait_for(lambda: _event(gpushare, kid, "over-quota-interrupt"), what="interrupt")
+        restarted = await gpushare.wait_for(
+            lambda: _event(gpushare, kid, "over-quota-restart"), timeout=30, what="restart"
+        )
+        assert restarted["time"] - interrupted["time"] >= 1.0
+        warning = next(e for e in await events_of(gpushare, kid) if e["kind"] == "over-quota")
+        assert "interrupted if it stays over for 1 s, and restarted if it still holds the memory" in warning["message"]
+        state = await gpushare.get("state")
+        (event,) = [e for e in state["events"] if e["kind"] == "over-quota-restart" and e["kernel_id"] == kid]
+        assert event["advice"].startswith("Ask for a larger quota")
+        assert (await gpushare.kernel(kid))["pid"] != before["pid"]
+        assert [e["kind"] for e in await events_of(gpushare, neighbour) if e["kind"].startswith("over")] == []
+
+    async def test_alone_on_its_card_it_is_only_told(self, gpushare, jp_serverapp):
+        kid = await gpushare.start_kernel()
+        pid = (await gpushare.kernel(kid))["pid"]
+        fake_of(jp_serverapp).add_process(pid, 3000)
+        await gpushare.wait_for(lambda: _event(gpushare, kid, "over-quota-notify"), what="notify")
+        await asyncio.sleep(1.5)
+        assert (await gpushare.kernel(kid))["pid"] == pid
+        assert not [
+            e for e in await events_of(gpushare, kid) if e["kind"] in ("over-quota-interrupt", "over-quota-restart")
+        ]
+
+
 class TestIdle:
     @pytest.fixture
     def gpushare_config(self, gpushare_config):
