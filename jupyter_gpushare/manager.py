@@ -11,6 +11,7 @@ import asyncio
 import collections
 import getpass
 import logging
+import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -67,6 +68,9 @@ class QuotaManager:
         self.records: dict[str, KernelRecord] = {}
         self.events: collections.deque[dict] = collections.deque(maxlen=500)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpushare-ledger")
+        # Blocking work that is not the ledger's (kernels' reports, their cgroups). Not the loop's default
+        # executor: a forked child inherits that one without its threads, and would wait on it forever.
+        self._work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpushare-work")
         self._ledger: Reservations | None = None
         self.ledger_error: str | None = None
         self._retry_at, self._retry_after = 0.0, LEDGER_RETRY_S[0]
@@ -590,7 +594,7 @@ class QuotaManager:
             return {kid: read_reports(directory, kid) for kid in kernel_ids}
 
         (leases, waiters, outside), reports = await asyncio.gather(
-            self._run(read_ledger), asyncio.get_running_loop().run_in_executor(None, read_kernel_reports)
+            self._run(read_ledger), asyncio.get_running_loop().run_in_executor(self._work, read_kernel_reports)
         )
         cards = []
         for card in self.cards:
@@ -660,13 +664,13 @@ class QuotaManager:
         """A kernel that waited is granted: its group may now open its card."""
         if grant.mode == "gpu" and grant.card is not None:
             minors = [grant.card.minor]
-            await asyncio.get_running_loop().run_in_executor(None, self.cgroups.allow, kernel_id, minors)
+            await asyncio.get_running_loop().run_in_executor(self._work, self.cgroups.allow, kernel_id, minors)
 
     async def end_groups(self, kernel_id: str, restart: bool) -> None:
         """The kernel's process is gone: end what is left in its groups (what it started and left behind) and,
         unless it restarts, remove them."""
         loop = asyncio.get_running_loop()
-        killed = await loop.run_in_executor(None, self.cgroups.remove, kernel_id, restart)
+        killed = await loop.run_in_executor(self._work, self.cgroups.remove, kernel_id, restart)
         if killed:
             self.event(
                 "group-ended",
@@ -682,6 +686,24 @@ class QuotaManager:
         if self._ledger is not None:
             self._executor.submit(self._ledger.close).result()
         self._executor.shutdown(wait=False)
+        self._work.shutdown(wait=False)
+
+
+_inherited: list[QuotaManager] = []  # a forked child's copies of its parent's managers: kept, never used
+
+
+def _forget_the_parents_manager() -> None:
+    """In a forked child (a multiprocessing or ProcessPoolExecutor worker, a prefork server's worker): its
+    parent's manager came along without its ledger thread, and with the parent's SQLite connection, which must
+    never be used across a fork. The child builds its own on first use (GpuShareProvisioner._manager). The copy
+    is kept referenced, so that no finalizer closes the parent's connection (and checkpoints its WAL) from here."""
+    if QuotaManager._current is not None:
+        _inherited.append(QuotaManager._current)
+        QuotaManager._current = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_the_parents_manager)
 
 
 def build_manager(settings: GpuShareApp, log: logging.Logger | None = None) -> QuotaManager:
