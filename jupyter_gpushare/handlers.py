@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 from jupyter_client.jsonutil import json_default
 from jupyter_core.utils import ensure_async
@@ -34,6 +35,16 @@ class GpuShareHandler(APIHandler):
     def manager(self) -> QuotaManager:
         return self.settings["gpushare_manager"]
 
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Jupyter's JSON error, with the message as written: tornado doubles every '%' of a message given
+        without arguments ("0%%"), and jupyter-server sends it on as is."""
+        error = (kwargs.get("exc_info") or (None, None))[1]
+        if isinstance(error, web.HTTPError) and error.log_message:
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"message": error.log_message % error.args, "reason": error.reason}))
+            return
+        super().write_error(status_code, **kwargs)
+
     @property
     def usage(self) -> UsageSnapshot:
         """The sampler's latest snapshot (an empty one before the first tick)."""
@@ -53,6 +64,8 @@ class GpuShareHandler(APIHandler):
             body = json.loads(self.request.body or b"null")
         except ValueError as e:
             raise web.HTTPError(400, f'The request body is not JSON ({e}). Send e.g. {{"quota": "6GiB"}}.') from e
+        except RecursionError as e:  # nested deeper than Python's parser goes: no real body is
+            raise web.HTTPError(400, 'The request body is nested too deeply. Send e.g. {"quota": "6GiB"}.') from e
         if not isinstance(body, dict):
             raise web.HTTPError(400, 'The request body must be a JSON object, e.g. {"quota": "6GiB"}.')
         return body

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,8 +88,17 @@ def gather_status(app: GpuShareApp, socket_path: str | None = None, ledger_path:
     return add_use({"source": f"ledger {path}", **view_for(caller, leases, waiters, cards, policy)}, backend)
 
 
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _printable(value: Any) -> str:
+    """A cell as text a terminal shows as it is: control characters (ANSI escapes, NUL), line separators and
+    bidirectional overrides are written as escapes (\\x1b), whoever put them in a name, path or command line."""
+    return _UNPRINTABLE.sub(lambda m: repr(m.group(0))[1:-1], "-" if value is None else str(value))
+
+
 def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
-    cells = [[str(h) for h in header]] + [["-" if v is None else str(v) for v in r] for r in rows]
+    cells = [[str(h) for h in header]] + [[_printable(v) for v in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
 

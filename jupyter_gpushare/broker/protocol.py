@@ -147,6 +147,9 @@ class _Fields:
         return tuple(value)
 
 
+# A kernelspec's name as the broker keeps and prints it: no control, line-separator, bidirectional-override or
+# lone-surrogate characters (a name is shown in root's `jupyter gpushare status`), like a notebook's path.
+NAME = re.compile(r"[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]{0,200}")
 CARD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}", re.ASCII)  # a GPU or MIG UUID, or an index
 
 
@@ -156,10 +159,8 @@ def _reserve(f: _Fields) -> ReserveArgs:
         quota = Size(mib=mib, percent=percent)
     except PolicyError as e:
         raise BrokerRefused(f"Bad 'reserve' request: {e}") from e
-    name = f.args.get("kernel_name", "")
-    if not isinstance(name, str):
-        raise f.refuse("kernel_name", "text")
-    return ReserveArgs(f.kernel_id(), quota, name[:200], f.flag("wait"), f.texts("cards", CARD_ID, MAX_CARDS))
+    name = f.text("kernel_name", NAME, 200, default="")
+    return ReserveArgs(f.kernel_id(), quota, name, f.flag("wait"), f.texts("cards", CARD_ID, MAX_CARDS))
 
 
 def _attach(f: _Fields) -> AttachArgs:
@@ -177,7 +178,7 @@ def _record_peak(f: _Fields) -> RecordPeakArgs:
 
 
 def _learned(f: _Fields) -> LearnedArgs:
-    return LearnedArgs(f.text("kernel_name", default=""), f.text("path", PATH, MAX_PATH, default=""))
+    return LearnedArgs(f.text("kernel_name", NAME, 200, default=""), f.text("path", PATH, MAX_PATH, default=""))
 
 
 def _keep(f: _Fields) -> KeepArgs:
