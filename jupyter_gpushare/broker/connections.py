@@ -18,6 +18,7 @@ from typing import Any
 from ..ledger import LedgerError
 from ..policy import PolicyError
 from .identity import Caller, peer_credentials
+from .paths import untrusted_dir
 from .protocol import MAX_LINE, AuthArgs, BrokerRefused, decode_request, encode, refusal
 
 AUTH_TIMEOUT_S = 10.0  # a TCP caller that has not authenticated by then is disconnected
@@ -145,6 +146,13 @@ class Connections:
         if not path.parent.exists():
             path.parent.mkdir(parents=True)
             os.chmod(path.parent, 0o755)  # the umask is 077: let users reach the socket
+        why = untrusted_dir(path.parent)
+        if why:
+            raise SystemExit(
+                f"jupyter-gpushare broker: the socket's directory {path.parent} is not safe: {why}, so a student "
+                "could bind the socket first and answer other students' requests. Use a directory only root can "
+                "write, e.g. GpuShareBroker.socket_path = '/run/jupyter-gpushare/broker.sock'."
+            )
         if path.exists() or path.is_symlink():
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:

@@ -22,7 +22,6 @@ import logging
 import os
 import signal
 import ssl
-import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +42,7 @@ from .guard import Guard, LogLimiter, raise_fd_limit
 from .identity import Caller, user_and_groups
 from .listener import Listener, tcp_listener_socket, unix_listener_socket
 from .ops import SAMPLE_TTL_S, Operations
+from .paths import untrusted_dir
 from .protocol import (
     DEFAULT_LEDGER,
     DEFAULT_SOCKET,
@@ -366,16 +366,19 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
     def _open_ledger(self) -> Ledger:
         path = Path(self.ledger_path)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        mode = path.parent.stat().st_mode
-        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = untrusted_dir(path.parent)
+        if why:
             raise LedgerError(
-                f"The ledger's directory {path.parent} is writable by other users (mode {stat.S_IMODE(mode):o}), "
-                f"so a student could replace the ledger. Use a directory only the broker's user can write: "
-                f"chmod 0755 {path.parent} (owned by root or the broker's user)."
+                f"The ledger's directory {path.parent} is not safe: {why}, so a student could read, replace or "
+                "remove the ledger's files. Use a directory only root (or the broker's user) can write, with no "
+                "such parent, e.g. GpuShareBroker.ledger_path = '/var/lib/jupyter-gpushare/ledger.sqlite'."
             )
+        extras = [Path(str(path) + suffix) for suffix in ("", "-wal", "-shm", ".lock")]
+        for extra in extras:
+            if extra.is_symlink() or (extra.exists() and not extra.is_file()):
+                raise LedgerError(f"{extra} is a link or not a regular file; the broker will not open it. Remove it.")
         ledger = Ledger(path, owner=self._me)
-        for suffix in ("", "-wal", "-shm", ".lock"):
-            extra = Path(str(path) + suffix)
+        for extra in extras:
             if extra.exists():
                 os.chmod(extra, 0o600)
         return ledger

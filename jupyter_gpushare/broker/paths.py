@@ -1,0 +1,27 @@
+"""Paths the broker (root) writes to, checked so that no student can have prepared them."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+
+def untrusted_dir(directory: Path) -> str | None:
+    """Why a directory is not safe for the broker's files, or None: it, or one of its parents, belongs to another
+    user than root and the broker's, or may be written by others (a parent with the sticky bit, as /tmp, may: no
+    one else can move what is in it). A student could otherwise prepare the path: own the directory, link a
+    file in it to another, or bind the socket first."""
+    me = {0, os.geteuid()}
+    path = directory.resolve()
+    for level, d in enumerate([path, *path.parents]):
+        try:
+            info = d.stat()
+        except OSError as e:
+            return f"{d} cannot be read ({e.strerror})"
+        if info.st_uid not in me:
+            return f"{d} belongs to uid {info.st_uid}"
+        writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable and (level == 0 or not info.st_mode & stat.S_ISVTX):
+            return f"{d} is writable by other users (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
