@@ -7,7 +7,9 @@ opens connections as fast as it can, far past the per-user cap (held ones stay o
 opened again at once), and on every connection it holds sends requests back to back without waiting
 (malformed ones too, which the broker must answer and may log).
 
-Two phases, measured one after the other in one run: the victim alone, then the victim under the flood.
+Three phases, measured one after the other in one run: the victim alone, under the flood of connections,
+and under eight connections sending the largest requests the broker takes (a ~60 KB release_owned_except,
+then one of ~990 KB), which cost it work to read, parse and answer.
 Printed side by side with their ratio; also how many connections and requests the flooder got through,
 and how much the broker's log grew. Target: under the flood, the victim's reserve p99 stays under 50 ms.
 Needs root (useradd; the broker runs as root).
@@ -75,13 +77,51 @@ def victim(sock: str, cycles: int, out) -> None:
     out.put({"latencies": latencies, "granted": granted})
 
 
-def flooder(sock: str, seconds: float, out) -> None:
+SMALL = (b'{"op": "hello"}\n' * 20 + b'{"op": "reserve", "args": {"kernel_id": "x", "mib": -1}}\n' + b"not json\n") * 5
+
+
+# Requests as large as the broker takes, which cost it work to parse and answer: the keep list of a
+# release_owned_except just under the line limit, and one of ~990 KB (the old limit was 1 MiB).
+def _keep(count: int) -> bytes:
+    ids = [f"{i:08x}-0000-4000-8000-{i:012x}" for i in range(count)]  # kernel ids as Jupyter makes them
+    return (json.dumps({"op": "release_owned_except", "args": {"keep": ids}}) + "\n").encode()
+
+
+LARGE = _keep(1_400) + _keep(25_000)  # ~56 KB, and ~1 MB (under the old 1 MiB line limit)
+
+
+def large_flooder(sock: str, seconds: float, out) -> None:
+    """One connection that sends whole large requests back to back, reading each answer (a dropped connection is
+    opened again), as a program of the flooder's would."""
+    as_user(FLOODER)
+    opened = sent = answered = 0
+    lines = LARGE.splitlines(keepends=True)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(sock)
+                opened += 1
+                f = s.makefile("rb")
+                while time.monotonic() < deadline:
+                    for line in lines:
+                        s.sendall(line)
+                        sent += len(line)
+                        if not f.readline():
+                            raise ConnectionError
+                        answered += 1
+        except OSError:
+            time.sleep(0.01)
+    out.put({"opened": opened, "refused_or_closed": opened, "bytes_sent": sent, "answered": answered, "held_at_end": 0})
+
+
+def flooder(sock: str, seconds: float, out, kind: str = "small") -> None:
+    if kind == "large":
+        return large_flooder(sock, seconds, out)
     as_user(FLOODER)
     held: list[socket.socket] = []
     opened = refused = sent = 0
-    burst = (
-        b'{"op": "hello"}\n' * 20 + b'{"op": "reserve", "args": {"kernel_id": "x", "mib": -1}}\n' + b"not json\n"
-    ) * 5
+    burst = SMALL
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
@@ -110,10 +150,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
-def phase(sock: str, cycles: int, flooders: int, seconds: float) -> dict:
+def phase(sock: str, cycles: int, flooders: int, seconds: float, kind: str = "small") -> dict:
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
-    floods = [ctx.Process(target=flooder, args=(sock, seconds, out)) for _ in range(flooders)]
+    floods = [ctx.Process(target=flooder, args=(sock, seconds, out, kind)) for _ in range(flooders)]
     for p in floods:
         p.start()
     if floods:
@@ -179,6 +219,7 @@ def main() -> None:
         log_before = os.path.getsize(base / "broker.log")
         flood = phase(sock, args.cycles, args.flooders, args.seconds)
         log_growth = os.path.getsize(base / "broker.log") - log_before
+        large = phase(sock, args.cycles, 8, args.seconds, "large")  # eight connections of large requests
     finally:
         os.killpg(broker.pid, signal.SIGTERM)
         broker.wait(30)
@@ -186,10 +227,15 @@ def main() -> None:
             subprocess.run(["userdel", name], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
         os.chmod("/root", root_mode)
-    q, f = quiet["reserve_ms"], flood["reserve_ms"]
-    print(f"{'victim reserve':<22}{'alone':>10}{'under flood':>14}{'ratio':>8}")
+    q, f, g = quiet["reserve_ms"], flood["reserve_ms"], large["reserve_ms"]
+    print(f"{'victim reserve':<22}{'alone':>10}{'under flood':>14}{'ratio':>8}{'large requests':>16}{'ratio':>8}")
     for key in ("p50", "p99", "max"):
-        print(f"{key + ' (ms)':<22}{q[key]:>10.2f}{f[key]:>14.2f}{f[key] / q[key]:>8.2f}")
+        print(
+            f"{key + ' (ms)':<22}{q[key]:>10.2f}{f[key]:>14.2f}{f[key] / q[key]:>8.2f}{g[key]:>16.2f}{g[key] / q[key]:>8.2f}"
+        )
+    print(f"large requests: {sum(r['bytes_sent'] for r in large['flooders']) / 1e6:.1f} MB sent on 8 connections, "
+          f"{sum(r['answered'] for r in large['flooders'])} answered")  # fmt: skip
+    print(f"target p99 < 50 ms under large requests: {'MET' if g['p99'] < 50 else 'NOT MET'}")
     opened = sum(r["opened"] for r in flood["flooders"])
     sent = sum(r["bytes_sent"] for r in flood["flooders"])
     print(f"broker priority: nice {args.broker_nice}")
@@ -199,6 +245,7 @@ def main() -> None:
     result = {
         "machine": platform.node(), "cpus": os.cpu_count(), "date": datetime.now(timezone.utc).isoformat(),
         "broker_nice": args.broker_nice, "flooders": args.flooders, "quiet": quiet, "flood": flood, "log_growth_bytes": log_growth, "p99_ratio": f["p99"] / q["p99"],
+        "large_requests": large, "large_p99_ratio": g["p99"] / q["p99"],
     }  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

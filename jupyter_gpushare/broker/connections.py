@@ -71,7 +71,7 @@ class Connections:
                     break
                 if not line:
                     break
-                pause = self.guard.delay(key, trusted)
+                pause = self.guard.delay(key, trusted, size=len(line))
                 if pause:
                     await asyncio.sleep(pause)
                 if refused is not None:

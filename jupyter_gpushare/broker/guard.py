@@ -70,15 +70,17 @@ class Guard:
             self.open[old] += 1  # still counted as it was until it closes
         return reason
 
-    def delay(self, key: str, trusted: bool = False, now: float | None = None) -> float:
-        """Seconds this request must wait before it is answered (0 within the user's rate)."""
+    def delay(self, key: str, trusted: bool = False, now: float | None = None, size: int = 0) -> float:
+        """Seconds this request must wait before it is answered (0 within the user's rate). A request costs one
+        token and one more per KiB of its ``size``: reading, parsing and answering a large one is work, and a
+        user's share of the broker is counted in work, not in lines."""
         if trusted or self.rate <= 0:
             return 0.0
         now = time.monotonic() if now is None else now
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket(self.burst, now)
-        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.last) * self.rate) - 1
+        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.last) * self.rate) - 1 - size // 1024
         bucket.last = now
         if len(self._buckets) > 10_000:  # forget users who have been quiet long enough to be full again
             full = [k for k, b in self._buckets.items() if b.tokens + (now - b.last) * self.rate >= self.burst]
