@@ -208,7 +208,9 @@ class LedgerFile:
                     self._files[suffix] = ident
 
     def _recreate(self, why: str) -> None:
-        """Under the lock: open the file at the path anew and enter again what this process knew."""
+        """Under the lock: open the file at the path anew and enter again what this process knew, and the learned
+        peaks its connection can still read in the file that was removed (history.py: what notebooks taught)."""
+        peaks = self._old_peaks()
         self._open_db()
         db = self._db
         assert db is not None
@@ -216,6 +218,11 @@ class LedgerFile:
         try:
             self._create_schema()
             entered = self.on_replaced(db) if self.on_replaced else 0
+            db.executemany(
+                "INSERT OR IGNORE INTO peaks (kernel_id, run, user, kernel_name, path, peak_mib, reserved_mib, recorded) "
+                "VALUES (?,?,?,?,?,?,?,?)",
+                peaks,
+            )
             until = time.time() + SETTLE_S
             db.execute(
                 "INSERT INTO meta (key, value) VALUES ('settle_until', ?) ON CONFLICT(key) DO UPDATE SET "
@@ -228,10 +235,25 @@ class LedgerFile:
             raise
         self.replaced = (
             f"{why} while this process used it (at {time.strftime('%H:%M:%S')}); it entered again the "
-            f"{entered} reservation(s) it knew, and new reservations waited {SETTLE_S:.0f} s for the other servers "
-            "to do the same"
+            f"{entered} reservation(s) it knew and {len(peaks)} recorded peak(s), and new reservations waited "
+            f"{SETTLE_S:.0f} s for the other servers to do the same"
         )
         log.warning("jupyter-gpushare: the GPU ledger %s.", self.replaced)
+
+    def _old_peaks(self) -> list[tuple]:
+        """The peaks table of the file this process had open (removed from the path, still readable through its
+        open connection), or [] when it cannot be read."""
+        if self._db is None:
+            return []
+        try:
+            return [
+                tuple(r)
+                for r in self._db.execute(
+                    "SELECT kernel_id, run, user, kernel_name, path, peak_mib, reserved_mib, recorded FROM peaks"
+                )
+            ]
+        except sqlite3.Error:
+            return []
 
     # -- transactions --------------------------------------------------------------------------------------
 

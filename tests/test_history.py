@@ -147,6 +147,23 @@ def test_runs_are_kept_per_kernel_process_and_learned_per_user(tmp_path):
     ledger.close()
 
 
+def test_what_notebooks_taught_survives_a_ledger_removed_under_the_server(tmp_path):
+    """rm ledger.sqlite* under a running server: the file is re-created with its reservations, and with the peaks
+    the server's connection could still read in the removed file (they were lost before)."""
+    ledger = Ledger(tmp_path / "l.sqlite")
+    _reserve(ledger, "k1", "ann")
+    assert ledger.record_peak("k1", NB, 1500, RULES)
+    for suffix in ("", "-wal", "-shm"):
+        (tmp_path / f"l.sqlite{suffix}").unlink(missing_ok=True)
+    _reserve(ledger, "k2", "ann")  # the next write re-creates the file
+    assert "1 recorded peak(s)" in ledger.replaced
+    assert ledger.learned_peak("ann", "python3", NB, RULES) == Learned(1500, "own", 1)
+    ledger.close()
+    again = Ledger(tmp_path / "l.sqlite")  # and it is in the new file, for every process
+    assert again.learned_peak("ann", "python3", NB, RULES) == Learned(1500, "own", 1)
+    again.close()
+
+
 def test_runs_are_pruned_by_age_and_bounded(tmp_path, monkeypatch):
     import jupyter_gpushare.ledger as ledger_mod
 
