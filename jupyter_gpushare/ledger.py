@@ -42,6 +42,14 @@ __all__ = [
 ]  # fmt: skip
 
 WAITER_STALE_S = 30.0  # a waiter not heard from for this long has been abandoned
+LEGACY_S, LEGACY_SESSION_S = 1e8, 60.0  # a host-clock value this far ahead was written on the wall clock
+
+
+def host_clock() -> float:
+    """Seconds on a clock that every process of this host shares and no one steps (CLOCK_BOOTTIME: monotonic,
+    counting suspend). Session expiries and waiters' heartbeats are kept on it, so a step of the wall clock
+    neither reclaims a live server's leases nor keeps a dead one's."""
+    return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
 ALIVE_CACHE_S = 1.0  # how long a "still running" answer is trusted (a gone process stays gone)
 REAP_EVERY_S = 1.0  # reserve() reaps at most this often, and always before it answers "no room"
 
@@ -328,10 +336,10 @@ class Ledger:
                         "INSERT INTO waiters (kernel_id, quota, user, kernel_name, owner_pid, owner_start, owner_session,"
                         " created, heartbeat, cards) VALUES (?,?,?,?,?,?,?,?,?,?)",
                         (req.kernel_id, _exact(req.quota), req.user, req.kernel_name, *_owner_columns(self.owner), now,
-                         now, ",".join(uuids)),
+                         host_clock(), ",".join(uuids)),
                     )  # fmt: skip
                 elif wait:
-                    db.execute("UPDATE waiters SET heartbeat=? WHERE kernel_id=?", (now, req.kernel_id))
+                    db.execute("UPDATE waiters SET heartbeat=? WHERE kernel_id=?", (host_clock(), req.kernel_id))
                 reason = (
                     f"The GPU ledger {self.path} was removed or replaced while Jupyter servers used it; every "
                     f"server enters its kernels' reservations again, and new reservations resume in "
@@ -524,7 +532,11 @@ class Ledger:
 
     def _reap(self, db: sqlite3.Connection, now: float) -> list[Lease]:
         self._last_reap = now
-        db.execute("DELETE FROM sessions WHERE expires < ?", (now,))
+        tick = host_clock()
+        # Rows an older version wrote on the wall clock (far ahead of the host clock): from now on, host clock.
+        db.execute("UPDATE sessions SET expires=? WHERE expires > ?", (tick + LEGACY_SESSION_S, tick + LEGACY_S))
+        db.execute("UPDATE waiters SET heartbeat=? WHERE heartbeat > ?", (tick, tick + LEGACY_S))
+        db.execute("DELETE FROM sessions WHERE expires < ?", (tick,))
         sessions = {r[0] for r in db.execute("SELECT id FROM sessions")}
         dead = [
             lease
@@ -536,7 +548,7 @@ class Ledger:
         for lease in dead:
             self._known.pop(lease.kernel_id, None)
         for row in db.execute("SELECT * FROM waiters").fetchall():
-            if now - row["heartbeat"] > WAITER_STALE_S or not self._alive(_owner(row), sessions):
+            if tick - row["heartbeat"] > WAITER_STALE_S or not self._alive(_owner(row), sessions):
                 db.execute("DELETE FROM waiters WHERE ticket=?", (row["ticket"],))
         return dead
 

@@ -266,14 +266,12 @@ def test_a_schema_1_ledger_is_migrated_with_its_leases(tmp_path):
 
 def test_session_owned_leases_live_while_the_session_is_touched(tmp_path):
     """A server seen only through a session (a container): its leases go when the session expires."""
-    import time
-
-    from jupyter_gpushare.ledger import SessionRef
+    from jupyter_gpushare.ledger import SessionRef, host_clock
 
     path = tmp_path / "l.sqlite"
     session = SessionRef("hub:alice:1234")
     broker = Ledger(path, owner=session)
-    broker.touch_session(session, "alice", time.time() + 60)
+    broker.touch_session(session, "alice", host_clock() + 60)
     got = broker.reserve(req("s1", 2), POLICY, CARDS, wait=False)
     assert isinstance(got, Lease) and got.owner == session and got.kernel is None
     waiting = broker.reserve(req("s2", 30), POLICY, CARDS[:1], wait=True)
@@ -281,15 +279,52 @@ def test_session_owned_leases_live_while_the_session_is_touched(tmp_path):
     other = Ledger(path, owner=dead_process())
     assert other.reap() == [] and {x.kernel_id for x in other.leases()} == {"s1"}
     assert broker.release_owned_except({"s1"}) == []  # the session's own bookkeeping
-    broker.touch_session(session, "alice", time.time() - 1)  # touching never shortens a session
+    broker.touch_session(session, "alice", host_clock() - 1)  # touching never shortens a session
     assert other.reap() == []
-    other._file._db.execute("UPDATE sessions SET expires=?", (time.time() - 1,))  # it stopped calling
+    other._file._db.execute("UPDATE sessions SET expires=?", (host_clock() - 1,))  # it stopped calling
     assert [x.kernel_id for x in other.reap()] == ["s1"] and other.waiters() == []
     assert other._file._db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 0
     # a broker back from an outage gives every session time to call again
-    broker.touch_session(session, "alice", time.time() - 100)
-    broker.extend_sessions(time.time() + 60)
+    broker.touch_session(session, "alice", host_clock() - 100)
+    broker.extend_sessions(host_clock() + 60)
     assert other._file._db.execute("SELECT count(*) FROM sessions").fetchone()[0] == 1
+
+
+def test_sessions_and_waiters_do_not_follow_the_wall_clock(tmp_path, monkeypatch):
+    """Expiries and heartbeats are on the host clock: the wall clock stepped 2 minutes ahead reclaims no live
+    session's lease and ends no fresh wait; stepped an hour back, it keeps no session past its expiry."""
+    import time
+
+    from jupyter_gpushare.ledger import SessionRef, host_clock
+
+    path = tmp_path / "l.sqlite"
+    session = SessionRef("hub:alice:1")
+    broker = Ledger(path, owner=session)
+    broker.touch_session(session, "alice", host_clock() + 60)
+    assert isinstance(broker.reserve(req("s1", 2), POLICY, CARDS, wait=False), Lease)
+    assert isinstance(broker.reserve(req("s2", 30), POLICY, CARDS[:1], wait=True), Waiting)
+    other = Ledger(path, owner=dead_process())
+    wall = time.time()
+    monkeypatch.setattr(time, "time", lambda: wall + 120)
+    assert other.reap() == [] and [w.kernel_id for w in other.waiters()] == ["s2"]
+    monkeypatch.setattr(time, "time", lambda: wall - 3600)
+    other._file._db.execute("UPDATE sessions SET expires=?", (host_clock() - 1,))  # it stopped calling
+    assert [x.kernel_id for x in other.reap()] == ["s1"]
+
+
+def test_rows_an_older_version_wrote_on_the_wall_clock_are_taken_over(tmp_path):
+    from jupyter_gpushare.ledger import SessionRef, host_clock
+
+    path = tmp_path / "l.sqlite"
+    session = SessionRef("hub:alice:1")
+    broker = Ledger(path, owner=session)
+    broker.touch_session(session, "alice", host_clock() + 60)
+    broker.reserve(req("s1", 2), POLICY, CARDS, wait=False)
+    broker._file._db.execute("UPDATE sessions SET expires=?", (1.8e9,))  # an old broker's wall-clock expiry
+    other = Ledger(path, owner=dead_process())
+    assert other.reap() == []
+    expires = other._file._db.execute("SELECT expires FROM sessions").fetchone()[0]
+    assert host_clock() < expires <= host_clock() + 60  # a minute to call again, on the host clock
 
 
 def test_memory_used_outside_reservations_is_taken(tmp_path):

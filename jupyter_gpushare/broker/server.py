@@ -33,7 +33,7 @@ from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 
 from ..gpu import Card, DeviceSample
 from ..hub import HubClient, HubError
-from ..ledger import Ledger, LedgerError, ProcessRef, SessionRef
+from ..ledger import Ledger, LedgerError, ProcessRef, SessionRef, host_clock
 from ..policy import CardView, LimitRules, PolicyError, UserLimits, format_mib, parse_limits
 from ..procs import container_reason, proc_hidden_from_me
 from ..settings import settings_from
@@ -360,7 +360,7 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
             return
         now = time.monotonic()
         if now - self._touched.get(caller.session.id, float("-inf")) >= self.session_ttl / 6:
-            self._ledger.touch_session(caller.session, caller.user, time.time() + self.session_ttl)
+            self._ledger.touch_session(caller.session, caller.user, host_clock() + self.session_ttl)
             self._touched[caller.session.id] = now
 
     def _open_ledger(self) -> Ledger:
@@ -400,7 +400,7 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(lambda _loop, context: self.log_limited("event-loop", logging.ERROR, "jupyter-gpushare broker: %s", context.get("message"), exc_info=bool(context.get("exception"))))  # fmt: skip
         self._ledger = self._open_ledger()
-        self._ledger.extend_sessions(time.time() + self.session_ttl)  # servers could not call while it was down
+        self._ledger.extend_sessions(host_clock() + self.session_ttl)  # servers could not call while it was down
         gone = self._ledger.reap()
         self._log_reclaimed(gone)
         self._prepare_socket()
