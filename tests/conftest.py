@@ -116,21 +116,29 @@ def kernel_ws(jp_http_port, jp_base_url, jp_auth_header):
     return connect
 
 
-@pytest.fixture
-def inproc(tmp_path):
-    """A broker's request handling without its socket: callers are given, not read from a socket."""
+def broker_in_process(tmp_path, cards: str = "10GiB"):
+    """A broker set up with its ledger open, on simulated ``cards``, without its socket."""
     from traitlets.config import Config
 
-    from jupyter_gpushare.broker import Caller, GpuShareBroker
-    from jupyter_gpushare.ledger import ProcessRef
+    from jupyter_gpushare.broker import GpuShareBroker
 
     c = Config()
-    c.GpuShareApp.gpu_backend, c.GpuShareApp.simulated_cards = "simulated", "10GiB"
+    c.GpuShareApp.gpu_backend, c.GpuShareApp.simulated_cards = "simulated", cards
     c.GpuShareApp.card_headroom, c.GpuShareApp.context_reserve = "0MiB", "512MiB"
     c.GpuShareBroker.ledger_path = str(tmp_path / "lib" / "ledger.sqlite")
     broker = GpuShareBroker(config=c)
     broker.setup()
     broker._ledger = broker._open_ledger()
+    return broker
+
+
+@pytest.fixture
+def inproc(tmp_path):
+    """A broker's request handling without its socket: callers are given, not read from a socket."""
+    from jupyter_gpushare.broker import Caller
+    from jupyter_gpushare.ledger import ProcessRef
+
+    broker = broker_in_process(tmp_path)
     me = ProcessRef.me()
     callers = {
         "alice": Caller("alice", 5001, process=me),

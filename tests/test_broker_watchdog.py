@@ -84,18 +84,12 @@ def test_protect_alone_on_its_card_and_notify_only_log(inproc, kernel, caplog):
 
 def test_use_on_another_card_is_over_use_there(tmp_path, kernel):
     """A kernel reserved on card 0 that uses 1 GiB on card 1 is over by all of it, whatever its own card holds."""
-    from traitlets.config import Config
+    from conftest import broker_in_process
 
-    from jupyter_gpushare.broker import Caller, GpuShareBroker
+    from jupyter_gpushare.broker import Caller
     from jupyter_gpushare.ledger import ProcessRef
 
-    c = Config()
-    c.GpuShareApp.gpu_backend, c.GpuShareApp.simulated_cards = "simulated", "2x10GiB"
-    c.GpuShareApp.card_headroom, c.GpuShareApp.context_reserve = "0MiB", "512MiB"
-    c.GpuShareBroker.ledger_path = str(tmp_path / "lib" / "ledger.sqlite")
-    broker = GpuShareBroker(config=c)
-    broker.setup()
-    broker._ledger = broker._open_ledger()
+    broker = broker_in_process(tmp_path, "2x10GiB")
     try:
         alice = Caller("alice", 5001, process=ProcessRef.me())
         lease = broker.handle(alice, "reserve", {"kernel_id": "k1", "mib": 2048})["lease"]
