@@ -12,6 +12,7 @@ from pathlib import Path
 from traitlets.config import Config
 
 from .broker.client import BrokerLedger
+from .broker.paths import fillable_by_students
 from .broker.protocol import DEFAULT_SOCKET
 from .cgroups import KernelCgroups
 from .ledger import LedgerError, check_ledger
@@ -73,6 +74,7 @@ def diagnose(
         findings.append(_no_broker_finding())
         if app is not None:
             findings.append(_ledger_finding(app.ledger_path))
+            findings.append(_ledger_disk_finding(app.ledger_path))
     findings += _tier_findings(driver, nvml_error, shared=bool(socket_path))
     return findings + _cgroup_findings(getattr(app, "kernel_cgroups", "auto"))
 
@@ -221,6 +223,20 @@ def _ptrace_finding(shared: bool, path: str = "/proc/sys/kernel/yama/ptrace_scop
             "On hosts shared by several users: sysctl -w kernel.yama.ptrace_scope=1 (and in /etc/sysctl.d/).",
         )
     return Finding("ptrace", "ok", f"kernel.yama.ptrace_scope is {scope}: a kernel cannot attach to its server.")
+
+
+def _ledger_disk_finding(path: str) -> Finding:
+    """Whether a filesystem others can fill holds the ledger (then reservations are refused until there is space)."""
+    shared = fillable_by_students(Path(path))
+    if shared:
+        return Finding(
+            "ledger disk",
+            "info",  # (this user's own ledger: filling its disk stops this user's reservations first)
+            f"The ledger {path} is on the same filesystem as {shared}: when it is full, every reservation is refused "
+            "(with the reason; nothing is overbooked) and kernels start without a GPU until there is space.",
+            "On a shared host, use a broker with its ledger on a filesystem of its own (docs/multi-user.md).",
+        )
+    return Finding("ledger disk", "ok", f"The ledger {path} is not on a filesystem that /tmp, /home or /dev/shm share.")
 
 
 def _ledger_finding(path: str) -> Finding:

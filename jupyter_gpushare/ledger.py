@@ -50,6 +50,8 @@ def host_clock() -> float:
     counting suspend). Session expiries and waiters' heartbeats are kept on it, so a step of the wall clock
     neither reclaims a live server's leases nor keeps a dead one's."""
     return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
+
+
 ALIVE_CACHE_S = 1.0  # how long a "still running" answer is trusted (a gone process stays gone)
 REAP_EVERY_S = 1.0  # reserve() reaps at most this often, and always before it answers "no room"
 

@@ -70,3 +70,22 @@ def test_a_socket_directory_a_student_could_bind_in_is_refused(tmp_path):
     broker = broker_at(tmp_path / "lib" / "ledger.sqlite", run / "broker.sock")
     with pytest.raises(SystemExit, match=f"socket's directory .* belongs to uid {STUDENT}.*/run/jupyter-gpushare"):
         broker._prepare_socket()
+
+
+def test_a_ledger_on_a_filesystem_students_can_fill_is_said(tmp_path, caplog):
+    """A student who fills /tmp's filesystem makes every reserve fail (refused with the reason, never
+    overbooked): the broker says so at start when its ledger shares that filesystem, and doctor too."""
+    from jupyter_gpushare.broker.paths import fillable_by_students
+    from jupyter_gpushare.doctor import _ledger_disk_finding
+
+    shared = fillable_by_students(tmp_path / "lib" / "ledger.sqlite", (str(tmp_path),))
+    assert shared == str(tmp_path)
+    assert fillable_by_students(tmp_path / "lib" / "ledger.sqlite", ("/proc",)) is None
+    broker = broker_at(tmp_path / "lib" / "ledger.sqlite")
+    broker.log.addHandler(caplog.handler)  # (the broker's log does not propagate)
+    with caplog.at_level("WARNING"):
+        broker._open_ledger().close()
+    if fillable_by_students(tmp_path):  # (tmp_path is under /tmp on every machine this runs on)
+        assert "which students can fill" in caplog.text
+        finding = _ledger_disk_finding(str(tmp_path / "lib" / "ledger.sqlite"))
+        assert finding.status == "info" and "every reservation is refused" in finding.detail

@@ -25,3 +25,26 @@ def untrusted_dir(directory: Path) -> str | None:
         if writable and (level == 0 or not info.st_mode & stat.S_ISVTX):
             return f"{d} is writable by other users (mode {stat.S_IMODE(info.st_mode):o})"
     return None
+
+
+WRITABLE_BY_STUDENTS = ("/tmp", "/var/tmp", "/dev/shm", "/home")
+
+
+def fillable_by_students(path: Path, shared: tuple[str, ...] = WRITABLE_BY_STUDENTS) -> str | None:
+    """Which directory students may write to lies on the same filesystem as ``path`` (a file or directory), or
+    None: a student who fills that filesystem makes every reserve fail for everyone (each is refused with the
+    reason, never overbooked, but no kernel gets a GPU until there is space again)."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        device = p.stat().st_dev
+    except OSError:
+        return None
+    for d in shared:
+        try:
+            if os.stat(d).st_dev == device:
+                return d
+        except OSError:
+            continue
+    return None

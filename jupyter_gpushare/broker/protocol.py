@@ -22,7 +22,9 @@ from ..policy import PolicyError, Size
 
 DEFAULT_SOCKET = "/run/jupyter-gpushare/broker.sock"
 DEFAULT_LEDGER = "/var/lib/jupyter-gpushare/ledger.sqlite"
-MAX_LINE = 64 << 10  # bytes of one request line (a real one is under 1 KB; a server's keep list of 1,000 kernels ~40 KB)
+MAX_LINE = (
+    64 << 10
+)  # bytes of one request line (a real one is under 1 KB; a server's keep list of 1,000 kernels ~40 KB)
 HUB_TOKEN_ENV = "JUPYTERHUB_API_TOKEN"  # what a server started by a JupyterHub authenticates with
 MAX_PID = 1 << 22  # Linux's pid_max ceiling
 KERNEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", re.ASCII)  # a jupyter uuid4, or a test's "k1"

@@ -42,7 +42,7 @@ from .guard import Guard, LogLimiter, raise_fd_limit
 from .identity import Caller, user_and_groups
 from .listener import Listener, tcp_listener_socket, unix_listener_socket
 from .ops import SAMPLE_TTL_S, Operations
-from .paths import untrusted_dir
+from .paths import fillable_by_students, untrusted_dir
 from .protocol import (
     DEFAULT_LEDGER,
     DEFAULT_SOCKET,
@@ -372,6 +372,15 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
                 f"The ledger's directory {path.parent} is not safe: {why}, so a student could read, replace or "
                 "remove the ledger's files. Use a directory only root (or the broker's user) can write, with no "
                 "such parent, e.g. GpuShareBroker.ledger_path = '/var/lib/jupyter-gpushare/ledger.sqlite'."
+            )
+        shared = fillable_by_students(path.parent)
+        if shared:
+            self.log.warning(
+                "jupyter-gpushare broker: the ledger %s is on the same filesystem as %s, which students can fill: "
+                "then every reservation is refused until there is space. Put it on a filesystem of its own (or "
+                "one with space kept for root), e.g. /var/lib/jupyter-gpushare on a separate mount.",
+                path,
+                shared,
             )
         extras = [Path(str(path) + suffix) for suffix in ("", "-wal", "-shm", ".lock")]
         for extra in extras:
