@@ -504,6 +504,12 @@ class Ledger:
         with self._tx() as db:
             db.execute("UPDATE sessions SET expires=? WHERE expires < ?", (until, until))
 
+    def hear_waiters_within(self, seconds: float) -> None:
+        """Every kernel in line must call again within ``seconds`` or leave it (a broker back from a crash: the
+        waiters of servers that died meanwhile would otherwise head the line until WAITER_STALE_S)."""
+        with self._tx() as db:
+            db.execute("UPDATE waiters SET heartbeat=min(heartbeat, ?)", (host_clock() - WAITER_STALE_S + seconds,))
+
     def reap(self) -> list[Lease]:
         """Reclaim leases whose owner and kernel are both gone, and abandoned waiters."""
         with self._tx() as db:

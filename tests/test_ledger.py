@@ -338,3 +338,25 @@ def test_memory_used_outside_reservations_is_taken(tmp_path):
     # another card's figure does not touch this one
     assert isinstance(ledger.reserve(req("k2", 4), POLICY, cards, wait=False, outside={"GPU-x": 99999}), Lease)
     ledger.close()
+
+
+def test_a_broker_back_from_a_crash_hears_from_waiters_within_seconds(tmp_path):
+    """Waiters of servers that died while the broker was down (a container's session is extended at the broker's
+    start) leave the line once they do not call within the grace; a live server's waiter calls and stays."""
+    import time
+
+    from jupyter_gpushare.ledger import SessionRef, host_clock
+
+    path = tmp_path / "l.sqlite"
+    gone, live = SessionRef("hub:gone:1"), SessionRef("hub:live:1")
+    for session, kid in ((gone, "w-gone"), (live, "w-live")):
+        ledger = Ledger(path, owner=session)
+        ledger.touch_session(session, session.id, host_clock() + 60)
+        assert isinstance(ledger.reserve(req(kid, 30), POLICY, CARDS[:1], wait=True), Waiting)
+    broker = Ledger(path, owner=dead_process())
+    broker.hear_waiters_within(0.3)
+    time.sleep(0.1)
+    Ledger(path, owner=live).reserve(req("w-live", 30), POLICY, CARDS[:1], wait=True)  # the live server calls
+    time.sleep(0.4)
+    broker.reap()
+    assert [w.kernel_id for w in broker.waiters()] == ["w-live"]

@@ -52,6 +52,8 @@ from .protocol import (
 )
 from .watchdog import Watchdog
 
+RESTART_HEAR_S = 5.0  # at start, kernels in line must call again within this (servers in line call every 0.5 s)
+
 
 class GpuShareBroker(Operations, Connections, JupyterApp):
     """The host-wide GPU reservation broker (``jupyter gpushare broker``)."""
@@ -410,6 +412,7 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         loop.set_exception_handler(lambda _loop, context: self.log_limited("event-loop", logging.ERROR, "jupyter-gpushare broker: %s", context.get("message"), exc_info=bool(context.get("exception"))))  # fmt: skip
         self._ledger = self._open_ledger()
         self._ledger.extend_sessions(host_clock() + self.session_ttl)  # servers could not call while it was down
+        self._ledger.hear_waiters_within(RESTART_HEAR_S)  # while waiters of live servers call twice a second
         gone = self._ledger.reap()
         self._log_reclaimed(gone)
         self._prepare_socket()
