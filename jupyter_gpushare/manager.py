@@ -31,6 +31,7 @@ from .views import host_view
 
 T = TypeVar("T")
 QUEUE_POLL_S = 0.5
+UNWANTED_S = 3.0  # a kernel in line that nothing wants (no session, no client) this long gives its place up
 LEDGER_RETRY_S = (1.0, 60.0)  # a ledger that cannot be opened is tried again after 1 s, doubling up to 60 s
 
 
@@ -304,7 +305,7 @@ class QuotaManager:
         and end the waits that end (queue.ServerQueue.due)."""
         while self.waiting.waits:
             ask, ending = self.waiting.due(self.watchers)
-            ask = [w for w in ask if self.may_grant(w.kernel_id)]
+            ask = [w for w in ask if self._wanted(w)]
             for wait in ending:
                 self._end_wait(wait)
             if ask:
@@ -316,6 +317,26 @@ class QuotaManager:
                 for wait, got in zip(ask, answers):
                     self._answer(wait, got)
             await asyncio.sleep(QUEUE_POLL_S)
+
+    def _wanted(self, wait: Wait) -> bool:
+        """Whether to ask the ledger for this kernel now. One that no notebook or client wants for UNWANTED_S
+        steps out of the host's line, so that it holds no one up; it joins again, at the back, once wanted."""
+        if self.may_grant(wait.kernel_id):
+            wait.unwanted_since = None
+            if wait.stepped_out:
+                wait.stepped_out = False
+                self.log.info("jupyter-gpushare: kernel %s is wanted again and joins the line", wait.kernel_id)
+            return True
+        now = time.monotonic()
+        if wait.unwanted_since is None:
+            wait.unwanted_since = now
+        elif now - wait.unwanted_since >= UNWANTED_S and not wait.stepped_out:
+            wait.stepped_out = True
+            try:
+                self._executor.submit(self._cancel_wait_quietly, wait.kernel_id)
+            except RuntimeError:  # closed: the server is going away
+                pass
+        return False
 
     def _reserve_each(self, requests: list[Request]) -> list[Lease | Waiting | Exception]:
         """On the ledger thread: one reserve per kernel in line, each answer or error on its own."""

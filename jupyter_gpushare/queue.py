@@ -119,6 +119,8 @@ class Wait:
     ending: str | None = None  # one of ENDINGS, once decided
     why: str = ""  # for 'cancelled': what stopped it
     last: object = None  # the ledger's last answer (a ledger.Waiting)
+    unwanted_since: float | None = None  # no notebook and no client wants it since then (QuotaManager.may_grant)
+    stepped_out: bool = False  # its place in the host's line was given up while nothing wanted it
 
     @property
     def kernel_id(self) -> str:
