@@ -362,8 +362,8 @@ class TestOverUse:
         _, k2 = await gpushare.open_notebook("next.ipynb")
         waiting = await gpushare.kernel(k2)  # 10,240 - 4,608 - 6,000 < 0 and 10,240 - 8,000 = 2,240: no room
         assert waiting["state"] == "queued", waiting
-        fake.remove_process(rec["pid"])
-        fake.add_process(rec["pid"], 2000, card=mine)  # back within its lease, and gone from the other card
+        fake.remove_process(rec["pid"], card=other)  # gone from the other card, still over on its own
         await gpushare.wait_for(lambda: _is(gpushare, k2, "running"), what="the next kernel admitted")
+        assert (await gpushare.kernel(k2))["card"]["index"] == other  # placed where the memory really is free
         for k in (k1, k2):
             await gpushare.stop_kernel(k)
