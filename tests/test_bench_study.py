@@ -67,17 +67,18 @@ def test_compare_puts_the_recorded_class_runs_side_by_side():
     """bench/study/compare.py on the H100 runs at 2x and 4x the card kept in the repository."""
     root = HARNESS.parent.parent
     files = sorted(str(p) for p in (root / "results" / "study").glob("study-queue-h100-2026-11-24-run*.json"))
-    assert len(files) == 2
+    assert len(files) == 3
     out = subprocess.run([sys.executable, str(HARNESS.with_name("compare.py")), *files], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert sum(line.startswith("torch      gpushare ") for line in lines) == 3
-    assert sum(line.startswith("torch      growth ") for line in lines) == 2
+    assert sum(line.startswith("torch      gpushare ") for line in lines) == 4
+    assert sum(line.startswith("torch      growth ") for line in lines) == 3
     assert any(line.startswith("torch      growth      88     64") and "never" in line for line in lines)
     (two,) = [line for line in lines if line.startswith("torch 44 jobs (2.0x the 22 that fit)")]
     assert "gpushare lost 0 of 88 over 2 run(s), 89%-92% of ideal (2 waves)" in two
-    assert "growth lost 23 of 44" in two and "all ok gpushare/growth = 0.71-0.73" in two
+    assert "growth lost 46 of 88 in the batch" in two and "all ok gpushare/growth = 0.71-0.83" in two
     (four,) = [line for line in lines if line.startswith("torch 88 jobs")]
+    assert "gpushare lost 0 of 176 over 2 run(s), 86%-89% of ideal (4 waves)" in four
     assert "1 run(s) never all ok" in four and "gpushare/growth" not in four
 
 
