@@ -40,6 +40,9 @@ ROWS_PER_USER = 2000  # runs kept per user: one user's writes never push out ano
 MAX_ROWS = 200_000  # runs kept in all
 MAX_PATH = 1024  # characters of a notebook path; a longer one is not remembered
 MAX_PEAK_MIB = 1 << 21  # 2 TiB: no card holds more (the broker also checks the lease's card)
+# Notebooks a user may learn about from other users' runs in an hour (OthersBudget): a path is a key the student
+# chooses, so each answer from others' runs says that someone ran a notebook there; a class opens a few a day
+OTHERS_PER_HOUR = 30
 # printable and bounded ("" = no notebook): no C0/C1 controls, line separators, bidi overrides (which would
 # disguise a path in an admin's listing) or lone surrogates (not text: SQLite cannot store them)
 PATH = re.compile(rf"[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]{{0,{MAX_PATH}}}")
@@ -73,12 +76,41 @@ class Learned:
     def to_json(self) -> dict:
         return {"peak_mib": self.peak_mib, "source": self.source, "users": self.users}
 
+    def for_caller(self) -> Learned:
+        """What a user is told: of other users' runs, only the figure (not how many users ran the notebook)."""
+        return self if self.source == "own" else Learned(self.peak_mib, self.source, 1)
+
     @classmethod
     def from_json(cls, d: dict | None) -> Learned | None:
         if not isinstance(d, dict) or not isinstance(d.get("peak_mib"), int) or isinstance(d["peak_mib"], bool):
             return None
         source = d.get("source") if d.get("source") in ("own", "others") else "others"
         return cls(d["peak_mib"], source, int(d.get("users") or 1))
+
+
+class OthersBudget:
+    """How many notebooks each user learned about from other users' runs in the last hour (the broker's).
+
+    Another user's runs answer for a path the student chooses, so every answer from them says that someone ran a
+    notebook there, and about how large it got ("exam/final-solutions.ipynb"). That cannot be closed while a
+    teacher's run is to teach the class before any student ran the notebook; it is bounded instead: at most
+    ``per_hour`` distinct notebooks a user, each counted once (asking again about one is free), and beyond that
+    a user learns from their own runs only, until the hour has passed. The answer names no other user and not
+    how many ran it (``Learned.for_caller``)."""
+
+    def __init__(self, per_hour: int = OTHERS_PER_HOUR, window_s: float = 3600.0) -> None:
+        self.per_hour, self.window_s = per_hour, window_s
+        self._asked: dict[str, dict[tuple[str, str], float]] = {}
+
+    def allow(self, user: str, key: tuple[str, str], now: float) -> bool:
+        """Whether ``user`` may learn about notebook ``key`` (kernelspec, path) from others' runs now; counts it."""
+        asked = {k: t for k, t in self._asked.get(user, {}).items() if now - t < self.window_s}
+        if key not in asked and len(asked) >= self.per_hour:
+            self._asked[user] = asked
+            return False
+        asked.setdefault(key, now)
+        self._asked[user] = asked
+        return True
 
 
 def history_key(path: str | None) -> str | None:

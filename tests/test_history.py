@@ -304,3 +304,29 @@ def test_the_broker_applies_its_own_rules_not_the_servers(inproc):
     broker.history = HistoryRules(teachers=frozenset({"alice"}))  # the admin's teachers, in the broker's config
     got = broker.handle(who["bob"], "learned_peak", {"kernel_name": "python3", "path": NB})
     assert got == {"peak_mib": 3000, "source": "others", "users": 1}
+
+
+def test_other_users_notebooks_cannot_be_probed_by_guessing_paths(inproc):
+    """The attack (issue 23, item 3): a student asks about 2,000 guessed paths to learn which notebooks a teacher
+    ran and how large they got. Other users' runs answer for at most OTHERS_PER_HOUR notebooks an hour, without
+    saying how many users ran one; the student's own notebooks and repeated asks are not limited."""
+    from jupyter_gpushare.history import OTHERS_PER_HOUR
+
+    broker, who = inproc
+    broker.history = HistoryRules(teachers=frozenset({"alice"}))
+    secret = "exam/final-solutions.ipynb"
+    guesses = [f"week{i}/lab.ipynb" for i in range(1999)] + [secret]
+    for i, path in enumerate([*guesses[:40], secret]):
+        kid = f"a{i}"
+        broker.handle(who["alice"], "reserve", {"kernel_id": kid, "mib": 1024, "kernel_name": "python3"})
+        broker.handle(who["alice"], "record_peak", {"kernel_id": kid, "path": path, "peak_mib": 3072})
+        broker.handle(who["alice"], "release", {"kernel_id": kid})
+    broker.handle(who["bob"], "reserve", {"kernel_id": "b1", "mib": 1024, "kernel_name": "python3"})
+    broker.handle(who["bob"], "record_peak", {"kernel_id": "b1", "path": "mine.ipynb", "peak_mib": 900})
+
+    ask = lambda path: broker.handle(who["bob"], "learned_peak", {"kernel_name": "python3", "path": path})  # noqa: E731
+    answered = [path for path in guesses if ask(path) is not None]
+    assert len(answered) == OTHERS_PER_HOUR and secret not in answered  # the 2,000 guesses learn 30 paths
+    assert ask(answered[0]) == {"peak_mib": 3072, "source": "others", "users": 1}  # asked before: still answered
+    assert ask("mine.ipynb") == {"peak_mib": 900, "source": "own", "users": 1}  # his own: never limited
+    assert broker.handle(who["admin"], "learned_peak", {"kernel_name": "python3", "path": secret}) is not None

@@ -186,10 +186,20 @@ class Operations:
         return ledger.record_peak(args.kernel_id, args.path, args.peak_mib, self.history)
 
     def _op_learned_peak(self, caller: Caller, args: LearnedArgs) -> dict | None:
-        """What the caller's next kernel of a notebook learns, by the broker's rules (never the server's)."""
+        """What the caller's next kernel of a notebook learns, by the broker's rules (never the server's); from
+        other users' runs only within the caller's hourly budget of notebooks (history.OthersBudget)."""
         assert self._ledger is not None
         got = self._ledger.learned_peak(caller.user, args.kernel_name, args.path, self.history)
-        return got.to_json() if got else None
+        if got is None:
+            return None
+        if got.source != "own" and not self._taught.allow(caller.user, (args.kernel_name, args.path), time.monotonic()):
+            self.log.warning(
+                "jupyter-gpushare broker: %s asked about more than %d notebooks learned from other users' runs "
+                "in an hour; %r is answered from their own runs only",
+                caller.user, self._taught.per_hour, args.path,
+            )  # fmt: skip
+            return None
+        return got.for_caller().to_json()
 
     def _op_release_owned_except(self, caller: Caller, args: KeepArgs) -> list[dict]:
         with self._as_owner(caller) as led:

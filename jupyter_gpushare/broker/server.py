@@ -33,6 +33,7 @@ from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 
 from ..gpu import Card, DeviceSample
 from ..hub import HubClient, HubError
+from ..history import OthersBudget
 from ..ledger import Ledger, LedgerError, ProcessRef, SessionRef, host_clock
 from ..policy import CardView, LimitRules, PolicyError, UserLimits, format_mib, parse_limits
 from ..procs import container_reason, proc_hidden_from_me
@@ -257,6 +258,7 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         self._biggest = max((c.total_mib for c in self.cards), default=0)
         self.hub = HubClient(self.hub_api_url, self.hub_api_token) if self.hub_api_url else None
         self._touched: dict[str, float] = {}
+        self._taught = OthersBudget()
         self._samples: tuple[DeviceSample, ...] = ()
         self._sampled_at = -SAMPLE_TTL_S
         if not -20 <= self.nice <= 19:
