@@ -16,10 +16,19 @@ What a user's next kernel of that notebook learns (``choose_peak``), first that 
 Another user's runs are read only through these rules: one student cannot set another's quota by
 running a notebook of the same name (docs/admin-guide.md, "Quotas learned from history").
 
-The arithmetic (``learned_quota``): the reservation is the peak plus the margin, since the peak is what
-NVML measured for the whole process, CUDA context included, and the reservation is what the kernel holds
-on the card: ``quota = ceil(peak * (1 + margin)) - context_reserve``, clamped to ``[min_quota, max_quota]``
-and to what the largest allowed card can hold.
+The quota a run teaches (``Run.need_mib``, computed when it is recorded, ``need_of``): what the kernel's own
+frameworks needed, not what NVML saw. An allocator grabs more than it uses (TensorFlow's and JAX's BFC grow in
+regions of doubling size, PyTorch caches freed blocks), so NVML's peak under a generous quota says what was
+grabbed, and under a tight limit the same job can fail below it (a tensor cannot span two regions). So the
+bootstrap reports each framework's own peak in use (``_gpushare_alloc``), and a run teaches
+``sum(ceil(peak_in_use * (1 + ALLOCATOR_MARGIN[framework])))``, the margins measured on a real card
+(docs/frameworks.md, *Learned quotas*); a run whose frameworks reported nothing teaches NVML's figure:
+``ceil(peak * (1 + margin)) - context_reserve`` (the peak includes the CUDA context, the quota does not).
+
+Learning from failure: a run that ran out of memory (its report says so) teaches at least ``FAIL_STEP`` times
+the quota it had, and a user's learned quota never drops below what a failed run taught while that run is
+kept (``max_age_s``), however many runs came after it. The learned quota is clamped to ``[min_quota,
+max_quota]``, to what the largest allowed card can hold and to the user's limits (``learned_quota``).
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import math
 import re
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .policy import CardView, Policy, Size, UserLimits
@@ -46,6 +55,10 @@ OTHERS_PER_HOUR = 30
 # printable and bounded ("" = no notebook): no C0/C1 controls, line separators, bidi overrides (which would
 # disguise a path in an admin's listing) or lone surrogates (not text: SQLite cannot store them)
 PATH = re.compile(rf"[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]{{0,{MAX_PATH}}}")
+# What a framework's allocator needs beyond its peak in use under a limit (fragmentation, the largest region it
+# must add at once): measured on an H100 by bench/gpu/check_learned.py (docs/frameworks.md, *Learned quotas*)
+ALLOCATOR_MARGIN = {"tensorflow": 0.25, "torch": 0.10, "jax": 0.25, "cupy": 0.10}
+FAIL_STEP = 1.5  # a run that ran out of memory teaches at least this times the quota it had
 SOURCES = ("default", "kernelspec", "requested", "learned")  # where a kernel's quota came from (the API's quota_source)
 
 
@@ -66,26 +79,67 @@ class HistoryRules:
 
 
 @dataclass(frozen=True)
+class Run:
+    """One recorded run of a notebook: NVML's peak (CUDA context included), the quota it teaches (None: a run
+    recorded by an older release, which teaches from the peak) and whether it ran out of memory."""
+
+    peak_mib: int
+    need_mib: int | None = None
+    failed: bool = False
+
+
+def need_of(
+    peak_mib: int, allocators: dict[str, int], quota_mib: int | None, failed: bool, margin: float, context_mib: int
+) -> int:
+    """The quota one run teaches (module docstring): from its frameworks' own peaks in use (``allocators``,
+    MiB by framework) when they reported any, else from NVML's ``peak_mib``; after an out-of-memory error, at
+    least ``FAIL_STEP`` times the ``quota_mib`` it had."""
+    if allocators:
+        need = sum(math.ceil(mib * (1 + ALLOCATOR_MARGIN.get(name, margin))) for name, mib in allocators.items())
+    else:
+        need = math.ceil(peak_mib * (1 + margin)) - context_mib
+    if failed and quota_mib:
+        need = max(need, retry_quota_mib(quota_mib))
+    return max(1, need)
+
+
+def retry_quota_mib(quota_mib: int) -> int:
+    """What a kernel that ran out of memory at ``quota_mib`` is offered to restart with (and its notebook
+    learns): ``FAIL_STEP`` times as much, rounded up to 256 MiB."""
+    return -(-math.ceil(quota_mib * FAIL_STEP) // 256) * 256
+
+
+@dataclass(frozen=True)
 class Learned:
-    """What earlier runs of a notebook teach one user: a peak in MiB, from whose runs, how many users'."""
+    """What earlier runs of a notebook teach one user: NVML's peak and the quota (``need_mib``: None when only
+    runs of an older release are kept) in MiB, from whose runs, how many users'; ``failed``: a kept run ran
+    out of memory (its figure is a floor)."""
 
     peak_mib: int
     source: str  # "own": the user's own runs; "others": the teachers' or the median of other users'
     users: int = 1
+    need_mib: int | None = None
+    failed: bool = False
 
     def to_json(self) -> dict:
-        return {"peak_mib": self.peak_mib, "source": self.source, "users": self.users}
+        out = {"peak_mib": self.peak_mib, "source": self.source, "users": self.users}
+        return {**out, "need_mib": self.need_mib, "failed": self.failed} if self.need_mib is not None else out
 
     def for_caller(self) -> Learned:
-        """What a user is told: of other users' runs, only the figure (not how many users ran the notebook)."""
-        return self if self.source == "own" else Learned(self.peak_mib, self.source, 1)
+        """What a user is told: of other users' runs, only the figures (not how many users ran the notebook)."""
+        return self if self.source == "own" else replace(self, users=1, failed=False)
 
     @classmethod
     def from_json(cls, d: dict | None) -> Learned | None:
-        if not isinstance(d, dict) or not isinstance(d.get("peak_mib"), int) or isinstance(d["peak_mib"], bool):
+        if not isinstance(d, dict) or not _mib(d.get("peak_mib")):
             return None
         source = d.get("source") if d.get("source") in ("own", "others") else "others"
-        return cls(d["peak_mib"], source, int(d.get("users") or 1))
+        need = d.get("need_mib") if _mib(d.get("need_mib")) else None
+        return cls(d["peak_mib"], source, int(d.get("users") or 1), need, d.get("failed") is True)
+
+
+def _mib(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_PEAK_MIB
 
 
 class OthersBudget:
@@ -120,48 +174,77 @@ def history_key(path: str | None) -> str | None:
     return path if PATH.fullmatch(path) else None
 
 
-def choose_peak(runs: Iterable[tuple[str, int, float]], user: str, rules: HistoryRules) -> Learned | None:
-    """What ``user`` learns from the runs of one notebook, ``(user, peak MiB, recorded)`` each, already within
-    the age limit (the rules in the module's docstring); None when nothing applies."""
-    by_user: dict[str, list[tuple[float, int]]] = {}
-    for who, peak, recorded in runs:
-        by_user.setdefault(who, []).append((recorded, peak))
+def choose_peak(runs: Iterable[tuple[str, Run, float]], user: str, rules: HistoryRules) -> Learned | None:
+    """What ``user`` learns from the runs of one notebook, ``(user, Run, recorded)`` each, already within the age
+    limit (the rules in the module's docstring); None when nothing applies."""
+    by_user: dict[str, list[tuple[float, Run]]] = {}
+    for who, run, recorded in runs:
+        by_user.setdefault(who, []).append((recorded, run))
     for points in by_user.values():
-        points.sort(reverse=True)  # newest first
-    own = by_user.pop(user, None)
-    if own:
-        return Learned(max(p for _, p in own[:RUNS_KEPT]), "own", 1)
-    peaks = {who: max(p for _, p in points[:RUNS_KEPT]) for who, points in by_user.items()}
-    taught = [peak for who, peak in peaks.items() if who in rules.teachers]
-    if taught:
-        return Learned(max(taught), "others", len(taught))
+        points.sort(key=lambda point: point[0], reverse=True)  # newest first
+    taught = {who: _highest(points) for who, points in by_user.items()}
+    own = taught.pop(user, None)
+    if own is not None:
+        return replace(own, source="own")
+    teachers = [got for who, got in taught.items() if who in rules.teachers]
+    if teachers:
+        return replace(max(teachers, key=_figure), users=len(teachers))
     if rules.quorum <= 0:
         return None
-    latest = sorted(by_user, key=lambda who: by_user[who][0][0], reverse=True)[: max(QUORUM_WINDOW, rules.quorum)]
+    latest = sorted(taught, key=lambda who: by_user[who][0][0], reverse=True)[: max(QUORUM_WINDOW, rules.quorum)]
     if len(latest) < rules.quorum:
         return None
-    return Learned(int(statistics.median_high(peaks[who] for who in latest)), "others", len(latest))
+    middle = statistics.median_high(_figure(taught[who]) for who in latest)
+    return replace(next(taught[who] for who in latest if _figure(taught[who]) == middle), users=len(latest))
 
 
-def lookup(ledger: Any, user: str, kernel_name: str, path: str, rules: HistoryRules) -> tuple[Learned | None, Any]:
-    """On the ledger thread: what earlier runs of a notebook teach ``user`` (``ledger.Reservations.learned_peak``),
-    and, when the quota is to follow it, the user's per-user limits that bound it (through a broker; else None)."""
+def _figure(got: Learned) -> int:
+    """What orders what users learned: the quota, or NVML's peak for runs of an older release."""
+    return got.need_mib if got.need_mib is not None else got.peak_mib
+
+
+def _highest(points: Sequence[tuple[float, Run]]) -> Learned:
+    """What one user's runs of a notebook (newest first) teach: the highest of the last RUNS_KEPT, and never
+    less than a kept run that ran out of memory."""
+    recent = [run for _, run in points[:RUNS_KEPT]]
+    failed = [run for _, run in points if run.failed and run.need_mib is not None]
+    needs = [run.need_mib for run in [*recent, *failed] if run.need_mib is not None]
+    return Learned(max(run.peak_mib for run in recent), "others", 1, max(needs) if needs else None, bool(failed))
+
+
+def lookup(
+    ledger: Any, user: str, kernel_name: str, path: str, rules: HistoryRules, kernel_id: str = ""
+) -> tuple[Learned | None, Any, int]:
+    """On the ledger thread: what earlier runs of a notebook teach ``user`` (``ledger.Reservations.learned_peak``)
+    and, when the quota is to follow it, the user's per-user limits that bound it (through a broker; else None)
+    with the quotas the user's other kernels hold now (which ``max_total`` counts)."""
     got = ledger.learned_peak(user, kernel_name, path, rules) if ledger is not None else None
-    return got, ledger.caller()[2] if got is not None and rules.enabled else None
+    limits = ledger.caller()[2] if got is not None and rules.enabled else None
+    held = sum(x.quota_mib for x in ledger.leases() if x.user == user and x.kernel_id != kernel_id) if limits else 0
+    return got, limits, held
 
 
 def learned_quota(
-    policy: Policy, peak_mib: int, margin: float, cards: Sequence[CardView], limits: UserLimits | None = None
+    policy: Policy,
+    learned: Learned,
+    margin: float,
+    cards: Sequence[CardView],
+    limits: UserLimits | None = None,
+    held_mib: int = 0,
 ) -> Size:
-    """The quota that gives a kernel a reservation of its learned peak plus ``margin``, within the admin's
-    bounds: ``ceil(peak * (1 + margin)) - context_reserve``, at least ``min_quota``, at most ``max_quota``, what
-    the largest allowed card can hold (percentages are of that card) and the user's ``limits`` on one kernel
-    and in all (a notebook's history never makes its kernel one that the user's limits refuse alone)."""
+    """The quota ``learned`` teaches (its ``need_mib``; for runs of an older release, ``ceil(peak * (1 + margin))
+    - context_reserve``), within the admin's bounds: at least ``min_quota``, at most ``max_quota``, what the
+    largest allowed card can hold (percentages are of that card) and the user's ``limits`` on one kernel and in
+    all, less ``held_mib`` that the user's other kernels hold (a notebook's history never makes its kernel one
+    that the user's limits refuse)."""
     totals = [c.total_mib for c in cards if policy.card_allowed(c.uuid, c.index)]
     total = max(totals, default=0)
     highest = policy.largest_quota_mib(total)
-    for limit in (limits.max_kernel, limits.max_total) if limits is not None else ():
-        if limit is not None:
-            highest = min(highest, limit.resolve(total))
-    mib = math.ceil(peak_mib * (1 + margin)) - policy.context_reserve_mib
+    if limits is not None and limits.max_kernel is not None:
+        highest = min(highest, limits.max_kernel.resolve(total))
+    if limits is not None and limits.max_total is not None:
+        highest = min(highest, limits.max_total.resolve(total) - held_mib)
+    mib = learned.need_mib
+    if mib is None:
+        mib = math.ceil(learned.peak_mib * (1 + margin)) - policy.context_reserve_mib
     return Size(mib=max(policy.min_quota.resolve(total), min(mib, highest)))

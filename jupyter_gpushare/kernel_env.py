@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .history import retry_quota_mib
 from .records import Grant
 
 BOOTSTRAP_DIR = Path(__file__).parent / "bootstrap"
@@ -19,12 +20,15 @@ def kernel_env(
     report_dir: str,
     max_quota_mib: int | None = None,
     peak_before_mib: int | None = None,
+    learns: bool = False,
 ) -> dict[str, str]:
     """Variables to add to (or override in) a kernel's environment ``base``.
 
     GPUSHARE_* tell the in-kernel bootstrap (and any tool) what the kernel got; GPUSHARE_PEAK_BEFORE_MIB (a whole
     number of MiB, set only when its notebook has history) what earlier runs of its notebook peaked at, NVML's
-    figure with the CUDA context, for the out-of-memory note. Framework knobs that
+    figure with the CUDA context, for the out-of-memory note, which also offers GPUSHARE_RETRY_QUOTA_MIB (what to
+    restart with after running out of memory, at most the largest quota) and, with GPUSHARE_LEARNS=1 (quotas
+    learned from history), says that the notebook learns from the failure. Framework knobs that
     are safe in every framework version are set here; version-dependent ones (PyTorch's allocator
     config) are set by the bootstrap, which can see the installed version.
     """
@@ -47,7 +51,10 @@ def kernel_env(
     lease, card = grant.lease, grant.card
     cap_bytes = lease.quota_mib * 2**20
     fraction = f"{lease.quota_mib / card.total_mib:.6f}"
+    most = max_quota_mib if max_quota_mib is not None else card.total_mib
     env.update(
+        GPUSHARE_RETRY_QUOTA_MIB=str(min(retry_quota_mib(lease.quota_mib), most)),
+        GPUSHARE_LEARNS="1" if learns else "0",
         GPUSHARE_QUOTA_MIB=str(lease.quota_mib),
         GPUSHARE_RESERVE_MIB=str(lease.reserve_mib),
         GPUSHARE_CARD_UUID=card.uuid,
@@ -56,7 +63,7 @@ def kernel_env(
         GPUSHARE_CARD_TOTAL_MIB=str(card.total_mib),
         GPUSHARE_SIMULATED="1" if card.simulated else "0",
         GPUSHARE_TORCH_FRACTION=fraction,
-        GPUSHARE_MAX_QUOTA_MIB=str(max_quota_mib if max_quota_mib is not None else card.total_mib),
+        GPUSHARE_MAX_QUOTA_MIB=str(most),
         # A simulated card has no real memory: the kernel sees no GPU at all.
         CUDA_VISIBLE_DEVICES="" if card.simulated else card.uuid,
         # JAX: no 75% preallocation; its pool is capped at the quota (fractions are of total memory).

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Protocol
 
 from .gpu import Card, DeviceSample
-from .history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Learned, choose_peak
-from .ledger_file import LedgerError, LedgerFile, check_ledger, open_readonly
+from .history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Learned, Run, choose_peak
+from .ledger_file import PEAK_COLUMNS, LedgerError, LedgerFile, check_ledger, open_readonly
 from .policy import CardView, Policy, PolicyError, Size, UserLimits, parse_size
 from .procs import Owner, ProcessRef, SessionRef, unreserved_use
 from .queue import Entry, Request, check_waiting, choose_card
@@ -143,8 +143,8 @@ class Reservations(Protocol):
         kernels; its per-user limits, None where there are none)."""
         ...
 
-    def record_peak(self, kernel_id: str, path: str, peak_mib: int, rules: HistoryRules) -> bool:
-        """Remember the peak of the kernel process that holds ``kernel_id``'s lease, for the lease's user and
+    def record_peak(self, kernel_id: str, path: str, run: Run, rules: HistoryRules) -> bool:
+        """Remember the run (peak, quota it teaches, failed) of the kernel process that holds ``kernel_id``'s lease, for the lease's user and
         kernelspec and the notebook ``path``; False when there is no such lease (or no history is kept)."""
         ...
 
@@ -453,8 +453,8 @@ class Ledger:
             self._known.pop(lease.kernel_id, None)
         return gone
 
-    def record_peak(self, kernel_id: str, path: str, peak_mib: int, rules: HistoryRules) -> bool:
-        """Remember a run's peak (one row per kernel process: a second call for the same process replaces it),
+    def record_peak(self, kernel_id: str, path: str, run: Run, rules: HistoryRules) -> bool:
+        """Remember a run's figures (one row per kernel process: a second call for the same process replaces it),
         then forget runs past the rules' age and the row bounds (history.RUNS_KEPT, ROWS_PER_USER, MAX_ROWS)."""
         if not rules.kept:
             return False
@@ -464,11 +464,11 @@ class Ledger:
             if row is None:
                 return False
             lease = _lease(row)
-            run = f"{lease.kernel.pid}:{lease.kernel.start}" if lease.kernel else ""
+            key = f"{lease.kernel.pid}:{lease.kernel.start}" if lease.kernel else ""
             db.execute(
-                "INSERT OR REPLACE INTO peaks (kernel_id, run, user, kernel_name, path, peak_mib, reserved_mib,"
-                " recorded) VALUES (?,?,?,?,?,?,?,?)",
-                (kernel_id, run, lease.user, lease.kernel_name, path, peak_mib, lease.reserved_mib, now),
+                f"INSERT OR REPLACE INTO peaks ({PEAK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (kernel_id, key, lease.user, lease.kernel_name, path, run.peak_mib, lease.reserved_mib, now)
+                + (run.need_mib, int(run.failed)),
             )
             db.execute("DELETE FROM peaks WHERE recorded < ?", (now - rules.max_age_s,))
             newest = "SELECT rowid FROM peaks WHERE {} ORDER BY recorded DESC LIMIT -1 OFFSET ?"
@@ -484,11 +484,12 @@ class Ledger:
         if not rules.kept:
             return None
         with self._file.read() as db:
-            runs = db.execute(
-                "SELECT user, peak_mib, recorded FROM peaks WHERE kernel_name=? AND path=? AND recorded >= ?",
+            rows = db.execute(
+                "SELECT user, peak_mib, need_mib, failed, recorded FROM peaks"
+                " WHERE kernel_name=? AND path=? AND recorded >= ?",
                 (kernel_name, path, time.time() - rules.max_age_s),
             ).fetchall()
-        return choose_peak([tuple(r) for r in runs], user, rules)
+        return choose_peak([(r[0], Run(r[1], r[2], bool(r[3])), r[4]) for r in rows], user, rules)
 
     def touch_session(self, session: SessionRef, user: str, expires: float) -> None:
         """Open or extend a session: its leases live until ``expires`` unless touched again."""

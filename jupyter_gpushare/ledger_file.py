@@ -31,6 +31,7 @@ log = logging.getLogger("jupyter_gpushare.ledger")
 # cards column (queue.py) came later without a new version: older releases never read them (an older server's
 # waiter gets the column's default, any card), so servers of both can share a file while a host is upgraded.
 SCHEMA_VERSION = 2
+PEAK_COLUMNS = "kernel_id, run, user, kernel_name, path, peak_mib, reserved_mib, recorded, need_mib, failed"
 SETTLE_S = 30.0  # after a re-creation, no new reservations for this long (servers re-enter theirs first)
 _FILES = ("", "-wal", "-shm")  # the database and SQLite's WAL files next to it
 
@@ -81,13 +82,16 @@ CREATE TABLE IF NOT EXISTS peaks (
     peak_mib     INTEGER NOT NULL,
     reserved_mib INTEGER NOT NULL,
     recorded     REAL NOT NULL,
+    need_mib     INTEGER,
+    failed       INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (kernel_id, run)
 );
 CREATE INDEX IF NOT EXISTS peaks_notebook ON peaks (kernel_name, path, recorded);
 CREATE INDEX IF NOT EXISTS peaks_user ON peaks (user, recorded);
 CREATE INDEX IF NOT EXISTS peaks_recorded ON peaks (recorded)
 """  # meta: settle_until, while a re-created file settles (ledger_file.LedgerFile._recreate); peaks: one row per
-# kernel process (run: its pid and start time) with the peak GPU memory it reached (history.py); peaks_recorded
+# kernel process (run: its pid and start time) with the peak GPU memory it reached, the quota it teaches and whether
+# it ran out of memory (history.Run; need_mib and failed came later, like waiters.cards); peaks_recorded
 # keeps the age and MAX_ROWS pruning of every record_peak an index walk (2 ms at 200,000 rows, 290 ms without)
 _MIGRATE_FROM_1 = """
 ALTER TABLE leases ADD COLUMN owner_session TEXT;
@@ -178,6 +182,9 @@ class LedgerFile:
             db.execute(statement)
         if "cards" not in {r[1] for r in db.execute("PRAGMA table_info(waiters)")}:  # a file of an older release
             db.execute("ALTER TABLE waiters ADD COLUMN cards TEXT NOT NULL DEFAULT ''")
+        if "need_mib" not in {r[1] for r in db.execute("PRAGMA table_info(peaks)")}:
+            db.execute("ALTER TABLE peaks ADD COLUMN need_mib INTEGER")
+            db.execute("ALTER TABLE peaks ADD COLUMN failed INTEGER NOT NULL DEFAULT 0")
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def _lock_held(self) -> None:
@@ -219,8 +226,7 @@ class LedgerFile:
             self._create_schema()
             entered = self.on_replaced(db) if self.on_replaced else 0
             db.executemany(
-                "INSERT OR IGNORE INTO peaks (kernel_id, run, user, kernel_name, path, peak_mib, reserved_mib, recorded) "
-                "VALUES (?,?,?,?,?,?,?,?)",
+                f"INSERT OR IGNORE INTO peaks ({PEAK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 peaks,
             )
             until = time.time() + SETTLE_S
@@ -246,12 +252,7 @@ class LedgerFile:
         if self._db is None:
             return []
         try:
-            return [
-                tuple(r)
-                for r in self._db.execute(
-                    "SELECT kernel_id, run, user, kernel_name, path, peak_mib, reserved_mib, recorded FROM peaks"
-                )
-            ]
+            return [tuple(r) for r in self._db.execute(f"SELECT {PEAK_COLUMNS} FROM peaks")]
         except sqlite3.Error:
             return []
 

@@ -20,12 +20,12 @@ from typing import Any, Callable, ClassVar, TypeVar
 from .broker import BrokerLedger
 from .cgroups import KernelCgroups
 from .gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
-from .history import HistoryRules, history_key, learned_quota, lookup
+from .history import HistoryRules, Run, history_key, learned_quota, lookup, need_of, retry_quota_mib
 from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Reservations, Waiting
 from .policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
 from .queue import ServerQueue, Wait
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message
-from .reports import read_reports, remove_reports, report_dir
+from .reports import read_reports, remove_reports, report_dir, run_figures
 from .settings import GpuShareApp
 from .views import host_view
 
@@ -419,7 +419,9 @@ class QuotaManager:
         if key is None or not self.history.kept:
             return quota
         try:
-            got, limits = await self._run(lookup, self._ledger, self.user, rec.kernel_name, key, self.history)
+            got, limits, held = await self._run(
+                lookup, self._ledger, self.user, rec.kernel_name, key, self.history, rec.kernel_id
+            )
         except LedgerError as e:  # history is advice: a kernel starts without it
             self.log.info("jupyter-gpushare: no history for %r: %s", key, e)
             return quota
@@ -428,11 +430,10 @@ class QuotaManager:
         rec.learned_peak_mib, rec.learned_from = got.peak_mib, got.source
         if not self.history.enabled or rec.quota_source != "default":
             return quota
-        learned = learned_quota(self.policy, got.peak_mib, self.history.margin, self._views({}), limits)
+        learned = learned_quota(self.policy, got, self.history.margin, self._views({}), limits, held)
         rec.quota, rec.quota_source = str(learned), "learned"
-        self.event(
-            "learned", rec.kernel_id, f"Quota {learned} learned from earlier runs (peak {format_mib(got.peak_mib)})."
-        )
+        why = "a run that ran out of memory" if got.failed else f"peak {format_mib(got.peak_mib)}"
+        self.event("learned", rec.kernel_id, f"Quota {learned} learned from earlier runs ({why}).")
         return learned
 
     async def remember_peak(self, kernel_id: str) -> None:
@@ -445,7 +446,12 @@ class QuotaManager:
         if usage.pid != rec.pid or not usage.peak_mib or rec.recorded_pid == rec.pid:
             return  # another process's reading, nothing measured (or nothing used), or recorded already
         rec.recorded_pid = rec.pid
-        await self._quietly("record_peak", kernel_id, key, int(usage.peak_mib), self.history)
+        alloc, oom = await self._run(run_figures, report_dir(), kernel_id, rec.run_started)
+        peak, quota = int(usage.peak_mib), rec.lease.quota_mib
+        need = need_of(peak, alloc, quota, oom is not None, self.history.margin, self.policy.context_reserve_mib)
+        card = self._card(rec.lease.card_uuid)
+        run = Run(peak, min(need, card.total_mib) if card else need, oom is not None)
+        await self._quietly("record_peak", kernel_id, key, run, self.history)
 
     def _reserve(self, request: Request, wait: bool) -> Lease | Waiting:
         """On the ledger thread. Memory that processes without a reservation use is taken too: measured
@@ -516,7 +522,9 @@ class QuotaManager:
         rec = self.records.get(kernel_id)
         if rec is None:
             return
-        rec.pid = pid
+        rec.pid, rec.oom, rec.retry_quota_mib = pid, None, None
+        ref = ProcessRef.of(pid) if pid else None
+        rec.run_started = ref.start if ref else None
         if rec.lease is not None:
             await self._quietly("attach", kernel_id, ProcessRef.of(pid) if pid else None)
 
@@ -617,6 +625,8 @@ class QuotaManager:
         (leases, waiters, outside), reports = await asyncio.gather(
             self._run(read_ledger), asyncio.get_running_loop().run_in_executor(self._work, read_kernel_reports)
         )
+        for kid, report in reports.items():
+            self._note_oom(kid, (report or {}).get("oom"))
         cards = []
         for card in self.cards:
             mine = [lease for lease in leases if lease.card_uuid == card.uuid]  # (through a broker: and the others')
@@ -659,6 +669,20 @@ class QuotaManager:
             ],
             "queue": queue,
         }
+
+    def _note_oom(self, kernel_id: str, framework: str | None) -> None:
+        """A kernel's report says a framework ran out of memory: offer the quota to restart with (the sidebar's
+        "Restart with ..."; the notebook learns it too, remember_peak)."""
+        rec = self.records.get(kernel_id)
+        if rec is None or framework is None or rec.oom == framework or rec.lease is None or rec.card is None:
+            return
+        most = self.policy.largest_quota_mib(rec.card.total_mib)
+        rec.oom, rec.retry_quota_mib = framework, min(retry_quota_mib(rec.lease.quota_mib), most)
+        self.event(
+            "out-of-memory", kernel_id,
+            f"{framework} ran out of memory at a quota of {format_mib(rec.lease.quota_mib)}; restart with "
+            f"{format_mib(rec.retry_quota_mib)} to run it with more.",
+        )  # fmt: skip
 
     def held_by(self, frameworks: dict[str, Any] | None) -> dict[str, Any]:
         """How a kernel is held, level by level: its frameworks' caps (None: it imported none), how its processes

@@ -119,7 +119,8 @@ class GpuShareProvisioner(LocalProvisioner):
         rec = manager.records.get(self.kernel_id)
         python = (self.kernel_spec.language or "").lower() == "python"
         peak = rec.learned_peak_mib if rec else None
-        return kernel_env(grant, self.kernel_id, python, base, report_dir(), manager.max_quota_mib(grant), peak)
+        most, learns = manager.max_quota_mib(grant), manager.history.enabled
+        return kernel_env(grant, self.kernel_id, python, base, report_dir(), most, peak, learns)
 
     async def _pick_ports(self, **kwargs: Any) -> dict[str, Any]:
         """LocalProvisioner's pre_launch, with ports held (``hold_ports``) and renewed when asked.

@@ -100,6 +100,9 @@ class KernelRecord:
     learned_peak_mib: int | None = None  # what earlier runs of its notebook peaked at (history.Learned)
     learned_from: str | None = None  # whose runs: "own" | "others"
     recorded_pid: int | None = None  # the kernel process whose peak was recorded (once per process)
+    run_started: float | None = None  # when the kernel process was created (its run's reports start after)
+    oom: str | None = None  # the framework that ran out of memory in this process (its report says so)
+    retry_quota_mib: int | None = None  # then: the quota to restart with (history.retry_quota_mib)
 
     def to_dict(self) -> dict[str, Any]:
         lease = self.lease
@@ -129,4 +132,5 @@ class KernelRecord:
             "reason": self.reason,
             "pid": self.pid,
             "since": self.since,
+            "oom": {"framework": self.oom, "retry_quota_mib": self.retry_quota_mib} if self.oom else None,
         }

@@ -38,6 +38,7 @@ VIEWS = (
 MAX_REPORT_BYTES = 64 * 1024
 MAX_TEXT, MAX_WARNINGS = 500, 20
 MAX_LIMIT_MIB = 1 << 30
+MAX_ALLOC_MIB = 1 << 21  # 2 TiB: a framework's peak in use (no card holds more)
 
 
 def _number(value: Any) -> bool:
@@ -97,7 +98,41 @@ def clean_report(data: Any, kernel_id: str) -> dict[str, Any] | None:
         },
         "views": _views(data.get("views")),
         "warnings": [w[:MAX_TEXT] for w in warnings if isinstance(w, str)][:MAX_WARNINGS],
+        "alloc": _alloc(data.get("alloc")),
+        "oom": data["oom"] if data.get("oom") in FRAMEWORKS else None,
     }
+
+
+def _alloc(value: Any) -> dict[str, int]:
+    """The allocators' peaks in use (MiB by framework, ``bootstrap/_gpushare_alloc``); anything else dropped."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        name: mib
+        for name in FRAMEWORKS
+        if isinstance(mib := value.get(name), int) and not isinstance(mib, bool) and 0 < mib <= MAX_ALLOC_MIB
+    }
+
+
+def run_figures(report_dir: str, kernel_id: str, since: float | None) -> tuple[dict[str, int], str | None]:
+    """What one run of a kernel reported for learning, read when it has ended: its processes' allocator peaks in
+    use, summed by framework (each process has its own allocator), and the framework that ran out of memory
+    (None: none did). A run's processes are those whose report says they started at or after ``since`` (the
+    kernel process's creation time), alive or not; earlier runs' files are skipped."""
+    alloc: dict[str, int] = {}
+    oom = None
+    for path in _files(report_dir, kernel_id):
+        raw = read_regular(path, MAX_REPORT_BYTES)
+        try:
+            data = clean_report(json.loads(raw), kernel_id) if raw is not None else None
+        except (ValueError, RecursionError):
+            continue
+        if data is None or (since is not None and (data["started"] or 0) < since - 1.0):
+            continue
+        for name, mib in data["alloc"].items():
+            alloc[name] = alloc.get(name, 0) + mib
+        oom = oom or data["oom"]
+    return alloc, oom
 
 
 def report_dir() -> str:
@@ -205,6 +240,7 @@ def read_reports(report_dir: str, kernel_id: str) -> dict[str, Any] | None:
             if w not in warnings and len(warnings) < MAX_WARNINGS:
                 warnings.append(w)
     return {
+        "oom": next((r["oom"] for r in reports if r["oom"]), None),
         "frameworks": {name: _merge(entries) for name, entries in sorted(by_framework.items())},
         "pulled_in": {name: by for name, by in sorted(pulled_in.items()) if name not in by_framework},
         "views": sorted({v for r in reports for v in r["views"]}),

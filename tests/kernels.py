@@ -14,15 +14,15 @@ from tornado.websocket import WebSocketClientConnection
 TIMEOUT = 180  # generous: tens of kernels starting on the 2 cores of CI
 
 
-async def run_in_kernel(jp_serverapp, kernel_id: str, code: str) -> str:
-    """Run code in a real kernel; its printed output."""
+async def run_in_kernel(jp_serverapp, kernel_id: str, code: str, status: str = "ok") -> str:
+    """Run code in a real kernel, which must end with ``status`` ("error": it raises); its printed output."""
     client = jp_serverapp.kernel_manager.get_kernel(kernel_id).client()
     client.start_channels()
     out: list = []
     try:
         await client.wait_for_ready(timeout=60)
         reply = await client.execute_interactive(code, output_hook=out.append, timeout=60)
-        assert reply["content"]["status"] == "ok", reply["content"]
+        assert reply["content"]["status"] == status, reply["content"]
     finally:
         client.stop_channels()
     return "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream")

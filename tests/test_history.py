@@ -10,6 +10,7 @@ to the broker is checked (path, MiB, whose kernel).
 
 from __future__ import annotations
 
+import math
 import sqlite3
 
 import pytest
@@ -18,14 +19,18 @@ from jupyter_gpushare.broker import BrokerRefused
 from jupyter_gpushare.broker.protocol import decode_request
 from jupyter_gpushare.gpu import Card
 from jupyter_gpushare.history import (
+    ALLOCATOR_MARGIN,
     DAY_S,
     MAX_PATH,
     RUNS_KEPT,
     HistoryRules,
     Learned,
+    Run,
     choose_peak,
     history_key,
     learned_quota,
+    need_of,
+    retry_quota_mib,
 )
 from jupyter_gpushare.ledger import Ledger, ProcessRef, Request
 from jupyter_gpushare.policy import CardView, Policy, PolicyError, Size, UserLimits
@@ -38,9 +43,9 @@ RULES = HistoryRules()  # 90 days, no teachers, quorum 3
 NB = "course/lab3.ipynb"
 
 
-def runs(*items: tuple[str, int]) -> list[tuple[str, int, float]]:
-    """(user, peak) runs, the later ones newer."""
-    return [(user, peak, 1000.0 + i) for i, (user, peak) in enumerate(items)]
+def runs(*items: tuple[str, int]) -> list[tuple[str, Run, float]]:
+    """(user, peak) runs of an older release (no quota taught), the later ones newer."""
+    return [(user, Run(peak), 1000.0 + i) for i, (user, peak) in enumerate(items)]
 
 
 # -- the rules -----------------------------------------------------------------------------------------
@@ -78,15 +83,43 @@ def test_the_learned_quota_is_the_peak_plus_margin_less_the_context_within_bound
     cards = [CardView("GPU-a", 0, 80 * GIB)]
     policy = Policy(context_reserve_mib=640, min_quota=Size(mib=256), max_quota=Size(mib=16 * GIB))
     # NVML's peak includes the CUDA context; the reservation (quota + 640) is peak * 1.2
-    q = learned_quota(policy, 9 * GIB, 0.2, cards)
+    q = learned_quota(policy, Learned(9 * GIB, "own"), 0.2, cards)
     assert q == Size(mib=11060 - 640) and q.mib + 640 >= 9 * GIB * 1.2
-    assert learned_quota(policy, 4974, 0.2, cards) == Size(mib=5969 - 640)  # the study's 4,974 MiB job
-    assert learned_quota(policy, 100, 0.2, cards) == Size(mib=256)  # min_quota
-    assert learned_quota(policy, 60 * GIB, 0.2, cards) == Size(mib=16 * GIB)  # max_quota
-    assert learned_quota(Policy(context_reserve_mib=640), 200 * GIB, 0.2, cards) == Size(mib=80 * GIB - 640)
-    assert learned_quota(Policy(max_quota=Size(percent=10)), 60 * GIB, 0.2, cards) == Size(mib=8192)
+    assert learned_quota(policy, Learned(4974, "own"), 0.2, cards) == Size(mib=5969 - 640)  # the study's 4,974 MiB job
+    assert learned_quota(policy, Learned(100, "own"), 0.2, cards) == Size(mib=256)  # min_quota
+    assert learned_quota(policy, Learned(60 * GIB, "own"), 0.2, cards) == Size(mib=16 * GIB)  # max_quota
+    assert learned_quota(Policy(context_reserve_mib=640), Learned(200 * GIB, "own"), 0.2, cards) == Size(
+        mib=80 * GIB - 640
+    )
+    assert learned_quota(Policy(max_quota=Size(percent=10)), Learned(60 * GIB, "own"), 0.2, cards) == Size(mib=8192)
     limits = UserLimits(max_total=Size(mib=4 * GIB))  # a learned quota the user's limits would refuse alone
-    assert learned_quota(policy, 9 * GIB, 0.2, cards, limits) == Size(mib=4 * GIB)
+    assert learned_quota(policy, Learned(9 * GIB, "own"), 0.2, cards, limits) == Size(mib=4 * GIB)
+    # ... and what the user's other kernels hold counts against max_total (issue 24, item 4)
+    assert learned_quota(policy, Learned(9 * GIB, "own"), 0.2, cards, limits, held_mib=3 * GIB) == Size(mib=GIB)
+
+
+def test_a_run_teaches_what_its_frameworks_needed_not_what_nvml_saw():
+    """TensorFlow's BFC allocator grew to 9 GiB (NVML) for a job with 3 GiB in use at its peak: the run teaches
+    the allocator's figure plus TensorFlow's measured margin; a run without allocator figures teaches NVML's."""
+    tf = ALLOCATOR_MARGIN["tensorflow"]
+    assert need_of(9 * GIB, {"tensorflow": 3 * GIB}, 4 * GIB, False, 0.2, 640) == math.ceil(3 * GIB * (1 + tf))
+    both = need_of(9 * GIB, {"tensorflow": 1000, "torch": 2000}, 4 * GIB, False, 0.2, 640)
+    assert both == math.ceil(1000 * (1 + tf)) + math.ceil(2000 * (1 + ALLOCATOR_MARGIN["torch"]))
+    assert need_of(9 * GIB, {}, 4 * GIB, False, 0.2, 640) == math.ceil(9 * GIB * 1.2) - 640
+    policy, cards = Policy(context_reserve_mib=640), [CardView("GPU-a", 0, 80 * GIB)]
+    assert learned_quota(policy, Learned(9 * GIB, "own", 1, 3900), 0.2, cards) == Size(mib=3900)
+
+
+def test_a_run_that_ran_out_of_memory_raises_what_the_notebook_learns_and_stays_a_floor():
+    failed = need_of(3000, {"tensorflow": 2900}, 3072, True, 0.2, 640)
+    assert failed == retry_quota_mib(3072) == 4608  # 1.5 x the quota it had, rounded up to 256 MiB
+    own = [("ann", Run(3500, failed, True), 1000.0)] + [("ann", Run(2000, 2500), 1001.0 + i) for i in range(9)]
+    got = choose_peak(own, "ann", RULES)  # nine good runs later, the failed one is still the floor
+    assert (got.need_mib, got.failed, got.source) == (4608, True, "own")
+    assert choose_peak(own[1:], "ann", RULES).need_mib == 2500
+    others = [(f"s{i}", Run(2000, 2500 + i), 1000.0 + i) for i in range(3)]
+    got = choose_peak(others, "ann", RULES)  # the quorum's median of the quotas taught
+    assert (got.need_mib, got.source, got.failed) == (2501, "others", False)
 
 
 def test_paths_that_are_not_remembered():
@@ -133,17 +166,17 @@ def _reserve(ledger: Ledger, kid: str, user: str, kernel: ProcessRef | None = No
 def test_runs_are_kept_per_kernel_process_and_learned_per_user(tmp_path):
     ledger = Ledger(tmp_path / "l.sqlite")
     _reserve(ledger, "k1", "ann")
-    assert ledger.record_peak("k1", NB, 1500, RULES)
-    assert ledger.record_peak("k1", NB, 1700, RULES)  # the same process again: replaces
+    assert ledger.record_peak("k1", NB, Run(1500), RULES)
+    assert ledger.record_peak("k1", NB, Run(1700), RULES)  # the same process again: replaces
     assert ledger.learned_peak("ann", "python3", NB, RULES) == Learned(1700, "own", 1)
     assert ledger.learned_peak("ann", "python3", "other.ipynb", RULES) is None
     assert ledger.learned_peak("ann", "ir", NB, RULES) is None  # another kernelspec
     assert ledger.learned_peak("bob", "python3", NB, RULES) is None  # one user teaches no one else
     ledger.attach("k1", ProcessRef(ProcessRef.me().pid, 1.0))  # restarted: a new process, a new run
-    ledger.record_peak("k1", NB, 900, RULES)
+    ledger.record_peak("k1", NB, Run(900), RULES)
     assert ledger._file._db.execute("SELECT count(*) FROM peaks").fetchone()[0] == 2
-    assert not ledger.record_peak("gone", NB, 900, RULES)  # no lease, no run
-    assert not ledger.record_peak("k1", NB, 900, HistoryRules(max_age_s=0))  # no history kept
+    assert not ledger.record_peak("gone", NB, Run(900), RULES)  # no lease, no run
+    assert not ledger.record_peak("k1", NB, Run(900), HistoryRules(max_age_s=0))  # no history kept
     ledger.close()
 
 
@@ -152,7 +185,7 @@ def test_what_notebooks_taught_survives_a_ledger_removed_under_the_server(tmp_pa
     the server's connection could still read in the removed file (they were lost before)."""
     ledger = Ledger(tmp_path / "l.sqlite")
     _reserve(ledger, "k1", "ann")
-    assert ledger.record_peak("k1", NB, 1500, RULES)
+    assert ledger.record_peak("k1", NB, Run(1500), RULES)
     for suffix in ("", "-wal", "-shm"):
         (tmp_path / f"l.sqlite{suffix}").unlink(missing_ok=True)
     _reserve(ledger, "k2", "ann")  # the next write re-creates the file
@@ -170,20 +203,20 @@ def test_runs_are_pruned_by_age_and_bounded(tmp_path, monkeypatch):
     ledger = Ledger(tmp_path / "l.sqlite")
     for i in range(RUNS_KEPT + 3):
         _reserve(ledger, f"k{i}", "ann")
-        assert ledger.record_peak(f"k{i}", NB, 1000 + i, RULES)
+        assert ledger.record_peak(f"k{i}", NB, Run(1000 + i), RULES)
         ledger.release(f"k{i}")
     count = "SELECT count(*) FROM peaks"
     assert ledger._file._db.execute(count).fetchone()[0] == RUNS_KEPT
     ledger._file._db.execute("UPDATE peaks SET recorded = recorded - ?", (91 * DAY_S,))  # three months later
     assert ledger.learned_peak("ann", "python3", NB, RULES) is None  # too old to learn from
     _reserve(ledger, "new", "ann")
-    ledger.record_peak("new", NB, 800, RULES)
+    ledger.record_peak("new", NB, Run(800), RULES)
     assert ledger._file._db.execute(count).fetchone()[0] == 1  # and forgotten at the next record
     monkeypatch.setattr(ledger_mod, "ROWS_PER_USER", 3)
     for i in range(5):
-        ledger.record_peak("new", f"nb{i}.ipynb", 800, RULES)  # the same process: one row, renamed
+        ledger.record_peak("new", f"nb{i}.ipynb", Run(800), RULES)  # the same process: one row, renamed
         _reserve(ledger, f"m{i}", "mallory")
-        assert ledger.record_peak(f"m{i}", f"nb{i}.ipynb", 800, RULES)
+        assert ledger.record_peak(f"m{i}", f"nb{i}.ipynb", Run(800), RULES)
         ledger.release(f"m{i}")
     users = dict(ledger._file._db.execute("SELECT user, count(*) FROM peaks GROUP BY user").fetchall())
     assert users == {"ann": 1, "mallory": 3}  # one user's writes do not push out another's
@@ -215,7 +248,7 @@ def test_an_old_ledger_gains_the_table_and_loses_nothing(tmp_path, version):
     db.close()
     ledger = Ledger(path)
     assert [(x.kernel_id, x.user, x.kernel) for x in ledger.leases()] == [("old", "ann", me)]
-    assert ledger.record_peak("old", NB, 3000, RULES)
+    assert ledger.record_peak("old", NB, Run(3000), RULES)
     assert ledger.learned_peak("ann", "python3", NB, RULES).peak_mib == 3000
     assert ledger._file._db.execute("PRAGMA user_version").fetchone()[0] == 2  # older servers still open it
     ledger.close()
@@ -287,6 +320,14 @@ def test_through_the_broker_a_user_writes_only_their_own_kernels_history(inproc)
     assert learned["admin"] is None  # two users are not a quorum
     rows = broker._ledger._file._db.execute("SELECT user, kernel_name, peak_mib FROM peaks ORDER BY user").fetchall()
     assert [tuple(r) for r in rows] == [("alice", "python3", 3000), ("bob", "python3", 9000)]
+    with pytest.raises(BrokerRefused, match="more than kernel b1's card holds"):  # the quota it teaches, too
+        broker.handle(bob, "record_peak", {"kernel_id": "b1", "path": NB, "peak_mib": 1, "need_mib": 40 * GIB})
+    with pytest.raises(BrokerRefused, match="'failed' must be true or false"):
+        broker.handle(bob, "record_peak", {"kernel_id": "b1", "path": NB, "peak_mib": 1, "failed": 1})
+    failed = {"kernel_id": "a1", "path": NB, "peak_mib": 3100, "need_mib": 4608, "failed": True}
+    assert broker.handle(alice, "record_peak", failed)  # the same process again: its run, now failed
+    got = broker.handle(alice, "learned_peak", {"kernel_name": "python3", "path": NB})
+    assert got == {"peak_mib": 3100, "source": "own", "users": 1, "need_mib": 4608, "failed": True}
 
 
 def test_the_broker_applies_its_own_rules_not_the_servers(inproc):

@@ -166,3 +166,49 @@ def test_history_survives_a_server_restart_and_keys_a_kernel_without_a_notebook_
         ) == sorted((kid, "learned", quota, 3072) for kid in batch)
     finally:
         server.stop()
+
+
+class TestLearnFromFailure:
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config):
+        return {**gpushare_config, "quota_from_history": True, "history_margin": 0.2, "max_quota": "6GiB"}
+
+    async def test_an_out_of_memory_error_raises_what_the_notebook_learns_and_offers_a_restart_with_more(
+        self, gpushare, jp_fetch, jp_serverapp, ledger_file
+    ):
+        """A real JAX RESOURCE_EXHAUSTED in the notebook (JAX on the CPU, the kernel on the simulated card): the
+        note says the notebook learns from it and what to restart with; the API offers that quota; the next
+        kernel of the notebook learns it, and good runs after it never bring it below."""
+        session, kid = await start_session(jp_fetch, NB)
+        assert (await gpushare.kernel(kid))["quota_mib"] == 2048
+        await use(gpushare, jp_serverapp, kid, "1GiB", 1024)
+        out = await run_in_kernel(
+            jp_serverapp,
+            kid,
+            "import jax.numpy as jnp\njnp.zeros((2**44,), dtype=jnp.uint8).block_until_ready()",
+            status="error",
+        )
+        assert "This notebook learns from it: its next kernel gets at least 3 GiB." in out
+        assert "restart it with 3 GiB (GPU panel: Restart with 3 GiB; it waits if the GPU is full" in out
+
+        async def offered():
+            state = json.loads((await jp_fetch("api", "gpushare", "state")).body)
+            return next((k["oom"] for k in state["kernels"] if k["kernel_id"] == kid and k["oom"]), None)
+
+        assert await gpushare.wait_for(offered, what="the offer") == {"framework": "jax", "retry_quota_mib": 3072}
+        conforms(await gpushare.kernel(kid), "Kernel")
+        events = [e for e in (await gpushare.get("events"))["events"] if e["kind"] == "out-of-memory"]
+        assert events and "restart with 3 GiB" in events[-1]["message"]
+        await jp_fetch("api", "sessions", session, method="DELETE")
+        got = learned(ledger_file)
+        assert (got.need_mib, got.failed) == (3072, True)  # 1.5 x 2 GiB, not NVML's 1 GiB
+
+        session, kid = await start_session(jp_fetch, NB)
+        k = await gpushare.kernel(kid)
+        assert (k["quota_source"], k["quota_mib"], k["oom"]) == ("learned", 3072, None)
+        events = [e for e in (await gpushare.get("events"))["events"] if e["kind"] == "learned"]
+        assert "a run that ran out of memory" in events[-1]["message"]
+        await use(gpushare, jp_serverapp, kid, "512MiB", 512)  # a good run that needed little
+        await jp_fetch("api", "sessions", session, method="DELETE")
+        _, kid = await start_session(jp_fetch, NB)
+        assert (await gpushare.kernel(kid))["quota_mib"] == 3072  # the failed run stays the floor

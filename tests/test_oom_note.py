@@ -25,7 +25,7 @@ def oom(monkeypatch):
     return boot_module("_gpushare_oom")
 
 
-@pytest.mark.parametrize(("value", "said"), [("2150", "2.1 GiB"), ("700", "700 MiB"), ("1024", "1.0 GiB")])
+@pytest.mark.parametrize(("value", "said"), [("2150", "2.1 GiB"), ("700", "700 MiB"), ("1024", "1 GiB")])
 def test_the_note_says_what_earlier_runs_needed(oom, monkeypatch, value, said):
     monkeypatch.setenv("GPUSHARE_PEAK_BEFORE_MIB", value)
     note = oom.oom_note("torch").splitlines()

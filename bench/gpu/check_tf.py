@@ -50,7 +50,14 @@ RESERVE_MIB = 1024
 LIMIT_MIB = QUOTA_MIB + RESERVE_MIB
 # Sizes in MiB of float32 (2**18 elements each) and of the computations; a smoke run (CPU) uses 1/64 of them.
 _DIV = 64 if SMOKE else 1
-SIZES = {"under": 3072 // _DIV, "over": 2048 // _DIV, "clamp": 5120 // _DIV, "n": 4096 // _DIV, "n2": 8192 // _DIV, "images": 20000 // _DIV}
+SIZES = {
+    "under": 3072 // _DIV,
+    "over": 2048 // _DIV,
+    "clamp": 5120 // _DIV,
+    "n": 4096 // _DIV,
+    "n2": 8192 // _DIV,
+    "images": 20000 // _DIV,
+}
 
 IMPORT = "import os, tensorflow as tf; print(tf.__version__, len(tf.config.list_physical_devices('GPU')))"
 GROWTH_CELL = (  # what TensorFlow notebooks (and the study) do first
@@ -60,7 +67,9 @@ GROWTH_CELL = (  # what TensorFlow notebooks (and the study) do first
     "print('growth set on', len(gpus))"
 )
 UNDER = "x = tf.ones(({under} * 2**18,), tf.float32)  # 3 GiB\nprint(float(tf.reduce_sum(x[:1000])))"
-OVER = "y = tf.ones(({over} * 2**18,), tf.float32)  # +2 GiB: past the 4 GiB quota\nprint(float(tf.reduce_sum(y[:1000])))"
+OVER = (
+    "y = tf.ones(({over} * 2**18,), tf.float32)  # +2 GiB: past the 4 GiB quota\nprint(float(tf.reduce_sum(y[:1000])))"
+)
 STILL = "print(float(tf.reduce_sum(x[:1000] + 1.0)))"
 NEIGHBOUR = (
     "a = tf.random.normal(({n}, {n}))\n"
@@ -156,7 +165,9 @@ def baseline(handle, growth: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TF_FORCE_GPU_ALLOW_GROWTH"}
     if growth:
         env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
-    p = subprocess.Popen([sys.executable, "-c", BASELINE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(
+        [sys.executable, "-c", BASELINE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     out = {"growth": growth, "used_mib": None}
     for line in p.stdout:
         if line.startswith("READY"):
@@ -223,28 +234,36 @@ async def main(path: str) -> int:
         for name in ("a", "b"):
             kernels[name] = await start(name, watch)
             r = await run(name, IMPORT)
-            checks[f"{name}: import tensorflow makes no CUDA context"] = r["error"] is None and k[name]["steps"][-1]["mib_now"] == 0
+            checks[f"{name}: import tensorflow makes no CUDA context"] = (
+                r["error"] is None and k[name]["steps"][-1]["mib_now"] == 0
+            )
             r = await run(name, GROWTH_CELL)
-            checks[f"{name}: the student's set_memory_growth cell runs"] = r["error"] is None and "growth set on" in r["stdout"]
+            checks[f"{name}: the student's set_memory_growth cell runs"] = (
+                r["error"] is None and "growth set on" in r["stdout"]
+            )
         r = await run("a", UNDER)
         checks["a: 3 GiB under a 4 GiB quota succeeds"] = r["error"] is None
         checks["a: NVML use <= quota + reserve after 3 GiB"] = 0 < k["a"]["steps"][-1]["mib_now"] <= LIMIT_MIB
         r = await run("b", NEIGHBOUR)
         r = await run("a", OVER)
         checks["a: +2 GiB past the quota fails with ResourceExhaustedError"] = oom(r)
-        checks["a: the OOM is followed by the gpushare note"] = "[jupyter-gpushare]" in r["stderr"] and f"{QUOTA_MIB} MiB" in r["stderr"]
+        checks["a: the OOM is followed by the gpushare note"] = (
+            "[jupyter-gpushare]" in r["stderr"] and f"{QUOTA_MIB} MiB" in r["stderr"]
+        )
         r = await run("a", STILL)
         checks["a: still computes after its OOM"] = r["error"] is None
         r = await run("b", NEIGHBOUR)
-        checks["b: the neighbour keeps computing after a's OOM"] = r["error"] is None and "neighbour True" in r["stdout"]
+        checks["b: the neighbour keeps computing after a's OOM"] = (
+            r["error"] is None and "neighbour True" in r["stdout"]
+        )
         for name in ("a", "b"):
             checks[f"{name}: NVML peak <= quota + reserve"] = 0 < watch.peak[name] <= LIMIT_MIB
 
         kernels["clamp"] = await start("clamp", watch)
         r = await run("clamp", CLAMP_FIRST)
-        checks["clamp: a notebook's 20,000 MiB logical device is clamped to the quota"] = (
-            r["error"] is None and f"memory_limit={QUOTA_MIB}" in r["stdout"].replace(" ", "")
-        )
+        checks["clamp: a notebook's 20,000 MiB logical device is clamped to the quota"] = r[
+            "error"
+        ] is None and f"memory_limit={QUOTA_MIB}" in r["stdout"].replace(" ", "")
         r = await run("clamp", CLAMP_ALLOC)
         checks["clamp: 5 GiB then fails with ResourceExhaustedError"] = oom(r)
         checks["clamp: NVML peak <= quota + reserve"] = watch.peak["clamp"] <= LIMIT_MIB

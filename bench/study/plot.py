@@ -1,6 +1,6 @@
 """Plots of study runs: jobs over time, per-job run times, card memory over time (PNG).
 
-    python bench/study/plot.py docs/img/ bench/results/study/study-*.json [--prefix study-tf]
+python bench/study/plot.py docs/img/ bench/results/study/study-*.json [--prefix study-tf]
 """
 
 from __future__ import annotations
@@ -64,8 +64,16 @@ def main(outdir: str, files: list[str], prefix: str = "study") -> None:
         for j in r["per_job"]:
             ax.barh(j["index"], j["wait_s"] or 0, left=j["requested"], color="#bdbdbd", height=0.8)
             if j["admitted"] is not None and j["finished"] is not None:
-                ax.barh(j["index"], j["finished"] - j["admitted"], left=j["admitted"], color=COLORS.get(j["status"], "k"), height=0.8)
-        ax.set_title(f"{r['label']}\nok {r['ok']}, failed {r['failed']}, queued {r['queued']}; {done_text(r)}", fontsize=8)
+                ax.barh(
+                    j["index"],
+                    j["finished"] - j["admitted"],
+                    left=j["admitted"],
+                    color=COLORS.get(j["status"], "k"),
+                    height=0.8,
+                )
+        ax.set_title(
+            f"{r['label']}\nok {r['ok']}, failed {r['failed']}, queued {r['queued']}; {done_text(r)}", fontsize=8
+        )
         ax.set_yticks([])
         ax.tick_params(labelsize=7)
     fig.suptitle(f"Jobs over time (grey: waiting for a GPU; green: ran; red: failed) — {title}", fontsize=10)
@@ -77,12 +85,23 @@ def main(outdir: str, files: list[str], prefix: str = "study") -> None:
     for i, r in enumerate(runs):
         ok = [j["job_s"] for j in r["per_job"] if j["status"] == "ok" and j["job_s"] is not None]
         ax.scatter([i] * len(ok), ok, s=10, color="#1565c0")
-        ax.text(i, 0, f"{r['failed']} failed", ha="center", va="bottom", fontsize=7, color="#c62828" if r["failed"] else "#2e7d32")
+        ax.text(
+            i,
+            0,
+            f"{r['failed']} failed",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            color="#c62828" if r["failed"] else "#2e7d32",
+        )
     ax.set_xticks(range(len(runs)), [r["label"] for r in runs], fontsize=6, rotation=30, ha="right")
     ax.set_ylabel("run time of each finished job (s)", fontsize=8)
     ax.set_ylim(bottom=0)
     job = doc.get("job", {"epochs": 5, "images": 60000})
-    ax.set_title(f"Per-job run times (training {job['epochs']} epochs + inference, {job['images']:,} images, batch 32) — {title}", fontsize=9)
+    ax.set_title(
+        f"Per-job run times (training {job['epochs']} epochs + inference, {job['images']:,} images, batch 32) — {title}",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(out / f"{prefix}-runtimes.png", dpi=100)
 

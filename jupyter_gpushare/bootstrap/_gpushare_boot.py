@@ -175,6 +175,8 @@ def report() -> dict:
             "pulled_in": pulled_in,
             "views": list(_state["views"]),
             "warnings": list(_state["warnings"]),
+            "alloc": dict(_state.get("alloc", {})),
+            "oom": _state.get("oom"),
             "hook_ms": {k: round(v * 1000, 3) for k, v in _hook_seconds.items()},
         }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
+import _gpushare_alloc as alloc
 import _gpushare_boot as boot
 
 __all__ = ["oom_framework", "oom_note", "register_oom_type"]
@@ -62,19 +63,21 @@ def _in_use_mib(framework: str) -> int | None:
     return None
 
 
-def _peak_before_mib() -> int | None:
-    """What earlier runs of this kernel's notebook peaked at (GPUSHARE_PEAK_BEFORE_MIB, set by the provisioner
-    from the notebook's history): a plain positive whole number of MiB below 2**40, else None."""
+def _env_mib(name: str) -> int | None:
+    """A size the provisioner set (GPUSHARE_PEAK_BEFORE_MIB: what earlier runs of this kernel's notebook peaked
+    at; GPUSHARE_RETRY_QUOTA_MIB: the quota to restart with after running out of memory, history.retry_quota_mib):
+    a plain positive whole number of MiB below 2**40, else None."""
     import re
 
-    value = os.environ.get("GPUSHARE_PEAK_BEFORE_MIB", "")
+    value = os.environ.get(name, "")
     if not re.fullmatch(r"[1-9][0-9]{0,12}", value) or int(value) >= 2**40:
         return None
     return int(value)
 
 
 def _size(mib: int) -> str:
-    return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib} MiB"
+    """As the server words sizes (policy.format_mib): 512 MiB, 3.5 GiB, 3 GiB."""
+    return f"{mib / 1024:.1f} GiB".replace(".0 GiB", " GiB") if mib >= 1024 else f"{mib} MiB"
 
 
 def oom_note(framework: str) -> str:
@@ -92,7 +95,9 @@ def oom_note(framework: str) -> str:
             lines.append(f"(No GPU cap applies in this process: {reason}.)")
     else:
         lines.append(f"This kernel has no GPU memory quota: {reason or 'no GPU reservation'}.")
-    peak = _peak_before_mib()
+    peak, retry = _env_mib("GPUSHARE_PEAK_BEFORE_MIB"), _env_mib("GPUSHARE_RETRY_QUOTA_MIB")
+    if retry and os.environ.get("GPUSHARE_LEARNS") == "1":
+        lines.append(f"This notebook learns from it: its next kernel gets at least {_size(retry)}.")
     if peak:
         lines.append(f"On earlier runs this notebook needed up to {_size(peak)} of GPU memory (CUDA context included).")
     free = {
@@ -101,9 +106,14 @@ def oom_note(framework: str) -> str:
         "jax": "del arrays you no longer need (and jax.clear_caches())",
         "tensorflow": "del tensors and models you no longer need (tf.keras.backend.clear_session())",
     }.get(framework, "free what you no longer need")
-    larger = "restart the kernel with a larger quota"
+    larger, how = "restart the kernel with a larger quota", []
+    if retry and quota and retry > quota:
+        larger = f"restart it with {_size(retry)}"
+        how = [f"GPU panel: Restart with {_size(retry)}", "it waits if the GPU is full"]
     if most:
-        larger += f" (at most {most} MiB on this server)"
+        how.append(f"at most {most} MiB on this server")
+    if how:
+        larger += f" ({'; '.join(how)})"
     lines.append(f"What to do: use a smaller batch or model; {free}; or {larger}.")
     return "\n".join(lines)
 
@@ -111,6 +121,10 @@ def oom_note(framework: str) -> str:
 def _print_note(exc: BaseException) -> None:
     framework = oom_framework(exc)
     if framework:
+        try:
+            alloc.update(oom=framework)  # the report says it failed: the notebook learns from it
+        except Exception:
+            pass
         sys.stderr.write("\n" + oom_note(framework) + "\n")
         sys.stderr.flush()
 
@@ -162,6 +176,7 @@ def register_oom_type(cls) -> None:
     if cls is None or cls in _oom_types:
         return
     _oom_types.append(cls)
+    alloc.watch()
     try:
         _install_ipython_handler()
     except Exception as e:

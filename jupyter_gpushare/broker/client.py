@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..gpu import Card
-from ..history import HistoryRules, Learned
+from ..history import HistoryRules, Learned, Run
 from ..ledger import Lease, LedgerError, ProcessRef, Request, Waiter, Waiting
 from ..policy import Policy, PolicyError, UserLimits, parse_limits
 from .protocol import HUB_TOKEN_ENV, MAX_LINE, is_tcp, lease_from_json, parse_tcp, waiter_from_json
@@ -232,10 +232,13 @@ class BrokerLedger:
             return lease_from_json(got["lease"])
         return Waiting(**got["waiting"])
 
-    def record_peak(self, kernel_id: str, path: str, peak_mib: int, rules: HistoryRules | None = None) -> bool:
-        """Send a run's peak; the broker keys it by this server's user and the lease's kernelspec, and keeps it by
-        its own rules. Lost (False) while the broker is down: history is advice, not a reservation."""
-        return bool(self._query("record_peak", False, kernel_id=kernel_id, path=path, peak_mib=peak_mib))
+    def record_peak(self, kernel_id: str, path: str, run: Run, rules: HistoryRules | None = None) -> bool:
+        """Send a run; the broker keys it by this server's user and the lease's kernelspec, and keeps it by its own
+        rules. Lost (False) while the broker is down: history is advice, not a reservation."""
+        figures = {"peak_mib": run.peak_mib, "failed": run.failed}
+        if run.need_mib is not None:
+            figures["need_mib"] = run.need_mib
+        return bool(self._query("record_peak", False, kernel_id=kernel_id, path=path, **figures))
 
     def learned_peak(self, user: str, kernel_name: str, path: str, rules: HistoryRules | None = None) -> Learned | None:
         """What the broker says this server's user learns for a notebook (its rules; ``user`` is not sent: the

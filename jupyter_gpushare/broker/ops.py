@@ -179,11 +179,12 @@ class Operations:
             return False
         self._may_change(replace(caller, admin=False), args.kernel_id, lease.user, lease.owner, "record the peak of")
         card = next((c for c in self.cards if c.uuid == lease.card_uuid), None)
-        if card is None or args.peak_mib > card.total_mib:
+        most = max(args.run.peak_mib, args.run.need_mib or 0)
+        if card is None or most > card.total_mib:
             raise BrokerRefused(
-                f"A peak of {format_mib(args.peak_mib)} is more than kernel {args.kernel_id}'s card holds; not recorded."
+                f"A peak or quota of {format_mib(most)} is more than kernel {args.kernel_id}'s card holds; not recorded."
             )
-        return ledger.record_peak(args.kernel_id, args.path, args.peak_mib, self.history)
+        return ledger.record_peak(args.kernel_id, args.path, args.run, self.history)
 
     def _op_learned_peak(self, caller: Caller, args: LearnedArgs) -> dict | None:
         """What the caller's next kernel of a notebook learns, by the broker's rules (never the server's); from

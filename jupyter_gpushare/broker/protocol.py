@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..history import MAX_PATH, MAX_PEAK_MIB, PATH
+from ..history import MAX_PATH, MAX_PEAK_MIB, PATH, Run
 from ..ledger import Lease, Owner, ProcessRef, SessionRef, Waiter
 from ..policy import PolicyError, Size
 
@@ -89,7 +89,7 @@ class KeepArgs:
 class RecordPeakArgs:
     kernel_id: str
     path: str  # the notebook, relative to the server's root ("" for a kernel without one)
-    peak_mib: int
+    run: Run  # NVML's peak, the quota the run teaches (absent from an older server) and whether it failed
 
 
 @dataclass(frozen=True)
@@ -173,10 +173,13 @@ def _attach(f: _Fields) -> AttachArgs:
 
 
 def _record_peak(f: _Fields) -> RecordPeakArgs:
-    peak = f.number("peak_mib", (int,))
+    peak, need = f.number("peak_mib", (int,)), f.number("need_mib", (int,))
     if peak is None or not 0 < peak <= MAX_PEAK_MIB:
         raise f.refuse("peak_mib", f"a whole number of MiB from 1 to {MAX_PEAK_MIB}")
-    return RecordPeakArgs(f.kernel_id(), f.text("path", PATH, MAX_PATH, default=""), peak)
+    if need is not None and not 0 < need <= MAX_PEAK_MIB:
+        raise f.refuse("need_mib", f"a whole number of MiB from 1 to {MAX_PEAK_MIB}")
+    run = Run(peak, need, f.flag("failed"))
+    return RecordPeakArgs(f.kernel_id(), f.text("path", PATH, MAX_PATH, default=""), run)
 
 
 def _learned(f: _Fields) -> LearnedArgs:

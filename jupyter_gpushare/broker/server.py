@@ -32,8 +32,8 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 
 from ..gpu import Card, DeviceSample
-from ..hub import HubClient, HubError
 from ..history import OthersBudget
+from ..hub import HubClient, HubError
 from ..ledger import Ledger, LedgerError, ProcessRef, SessionRef, host_clock
 from ..policy import CardView, LimitRules, PolicyError, UserLimits, format_mib, parse_limits
 from ..procs import container_reason, proc_hidden_from_me
