@@ -15,7 +15,7 @@ from .broker.client import BrokerLedger
 from .broker.paths import fillable_by_students
 from .broker.protocol import DEFAULT_SOCKET
 from .cgroups import KernelCgroups
-from .ledger import LedgerError, check_ledger
+from .ledger import LedgerError, check_ledger, read_notebooks
 from .ledger_file import SETTLE_S
 from .policy import CardView, PolicyError, format_mib
 from .settings import GpuShareApp, load_config, settings_from
@@ -75,6 +75,7 @@ def diagnose(
         if app is not None:
             findings.append(_ledger_finding(app.ledger_path))
             findings.append(_ledger_disk_finding(app.ledger_path))
+            findings.append(_history_finding(app))
     findings += _tier_findings(driver, nvml_error, shared=bool(socket_path))
     return findings + _cgroup_findings(getattr(app, "kernel_cgroups", "auto"))
 
@@ -272,6 +273,23 @@ def _ledger_finding(path: str) -> Finding:
         "ok",
         f"{path}: integrity ok, schema {health['schema']}, {health['leases']} reservation(s), {health['waiters']} waiting.",
     )
+
+
+def _history_finding(app: GpuShareApp) -> Finding:
+    """What notebooks have taught (quotas learned from history), in figures; the list is in `status`."""
+    rules = app.build_history()
+    if not rules.kept:
+        return Finding("history", "info", "No peaks are recorded (history_max_age_days = 0).")
+    try:
+        books = read_notebooks(app.ledger_path, rules) if Path(app.ledger_path).exists() else []
+    except LedgerError as e:
+        return Finding("history", "warn", f"The recorded peaks cannot be read: {e}")
+    failed = [n for n in books if n["failed"]]
+    use = "set the quota" if rules.enabled else "are shown only (quota_from_history is off)"
+    text = f"{len(books)} notebook(s) have recorded runs; what they teach {use}."
+    if failed:
+        text += f" {len(failed)} ran out of memory on a run: their next kernels get at least 1.5x that run's quota."
+    return Finding("history", "ok", text + " Per notebook: jupyter gpushare status.")
 
 
 SYMBOL = {"ok": "ok   ", "info": "info ", "warn": "WARN ", "error": "ERROR"}

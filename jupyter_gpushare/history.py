@@ -212,6 +212,25 @@ def _highest(points: Sequence[tuple[float, Run]]) -> Learned:
     return Learned(max(run.peak_mib for run in recent), "others", 1, max(needs) if needs else None, bool(failed))
 
 
+def notebooks(rows: Iterable[tuple[str, str, str, Run, float]]) -> list[dict[str, Any]]:
+    """What each user's runs of each notebook teach that user, for admins (``jupyter gpushare status``): rows
+    ``(user, kernel_name, path, Run, recorded)``, newest last or in any order."""
+    grouped: dict[tuple[str, str, str], list[tuple[float, Run]]] = {}
+    for user, kernel_name, path, run, recorded in rows:
+        grouped.setdefault((user, kernel_name, path), []).append((recorded, run))
+    out = []
+    for (user, kernel_name, path), points in sorted(grouped.items()):
+        points.sort(key=lambda point: point[0], reverse=True)
+        got = _highest(points)
+        out.append(
+            {
+                "user": user, "kernel_name": kernel_name, "path": path, "runs": len(points),
+                "peak_mib": got.peak_mib, "quota_mib": got.need_mib, "failed": got.failed, "last": points[0][0],
+            }
+        )  # fmt: skip
+    return out
+
+
 def lookup(
     ledger: Any, user: str, kernel_name: str, path: str, rules: HistoryRules, kernel_id: str = ""
 ) -> tuple[Learned | None, Any, int]:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .gpu import Card, DeviceSample
-from .history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Learned, Run, choose_peak
+from .history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Learned, Run, choose_peak, notebooks
 from .ledger_file import PEAK_COLUMNS, LedgerError, LedgerFile, check_ledger, open_readonly
 from .policy import CardView, Policy, PolicyError, Size, UserLimits, parse_size
 from .procs import Owner, ProcessRef, SessionRef, unreserved_use
@@ -491,6 +491,11 @@ class Ledger:
             ).fetchall()
         return choose_peak([(r[0], Run(r[1], r[2], bool(r[3])), r[4]) for r in rows], user, rules)
 
+    def notebooks(self, rules: HistoryRules) -> list[dict]:
+        """Every user's notebooks with recorded runs, and what they teach (history.notebooks), within the age."""
+        with self._file.read() as db:
+            return _notebooks(db, time.time() - rules.max_age_s)
+
     def touch_session(self, session: SessionRef, user: str, expires: float) -> None:
         """Open or extend a session: its leases live until ``expires`` unless touched again."""
         with self._tx() as db:
@@ -568,6 +573,24 @@ class Ledger:
 
 
 # -- read-only access (status and doctor) ------------------------------------------------------------
+
+
+def _notebooks(db: sqlite3.Connection, since: float) -> list[dict]:
+    rows = db.execute(
+        "SELECT user, kernel_name, path, peak_mib, need_mib, failed, recorded FROM peaks WHERE recorded >= ?", (since,)
+    ).fetchall()
+    return notebooks((r[0], r[1], r[2], Run(r[3], r[4], bool(r[5])), r[6]) for r in rows)
+
+
+def read_notebooks(path: str | os.PathLike, rules: HistoryRules) -> list[dict]:
+    """The notebooks with recorded runs in a ledger file, read without writing to it ([] before any was)."""
+    db = open_readonly(path)
+    try:
+        return _notebooks(db, time.time() - rules.max_age_s)
+    except sqlite3.OperationalError:  # a file without the peaks table (or its newer columns)
+        return []
+    finally:
+        db.close()
 
 
 def read_ledger(path: str | os.PathLike) -> tuple[list[Lease], list[Waiter]]:

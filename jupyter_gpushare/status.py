@@ -5,13 +5,14 @@ from __future__ import annotations
 import getpass
 import os
 import re
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from .broker.client import BrokerLedger
 from .broker.identity import Caller
 from .broker.protocol import DEFAULT_SOCKET
-from .ledger import read_ledger
+from .ledger import read_ledger, read_notebooks
 from .policy import format_mib
 from .procs import describe, tree_pids
 from .settings import GpuShareApp
@@ -85,7 +86,9 @@ def gather_status(app: GpuShareApp, socket_path: str | None = None, ledger_path:
             known.add(lease.card_uuid)
             cards.append(Card(lease.card_index, lease.card_uuid, "(not visible here)", 0))
     caller = Caller(getpass.getuser(), os.getuid(), admin=True)  # a ledger file you can read is yours
-    return add_use({"source": f"ledger {path}", **view_for(caller, leases, waiters, cards, policy)}, backend)
+    view = {"source": f"ledger {path}", **view_for(caller, leases, waiters, cards, policy)}
+    view["notebooks"] = read_notebooks(path, app.build_history()) if os.path.exists(path) else []
+    return add_use(view, backend)
 
 
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
@@ -150,6 +153,18 @@ def format_status(view: dict[str, Any]) -> str:
                 ("CARD", "PID", "USER", "IN USE", "COMMAND"),
             )
         )
+    out += ["", "NOTEBOOKS WITH RECORDED RUNS (what each teaches its user's next kernel)"]
+    if view.get("notebooks"):
+        out.append(
+            _table(
+                [(n["user"], n["kernel_name"], n["path"] or "(no notebook)", n["runs"], mib(n["peak_mib"]),
+                  mib(n["quota_mib"]), "yes" if n["failed"] else "", time.strftime("%Y-%m-%d %H:%M", time.localtime(n["last"])))
+                 for n in view["notebooks"]],
+                ("USER", "KERNELSPEC", "NOTEBOOK", "RUNS", "PEAK (NVML)", "LEARNED QUOTA", "RAN OUT", "LAST RUN"),
+            )
+        )  # fmt: skip
+    else:
+        out.append("(none)")
     out += ["", "QUEUE"]
     if view["queue"]:
         out.append(

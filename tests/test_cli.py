@@ -178,3 +178,22 @@ def test_status_lists_gpu_processes_without_a_reservation_to_admins_only():
     finally:
         kernel.kill()
         script.kill()
+
+
+def test_status_and_doctor_list_what_each_notebook_taught(env):
+    """Issue 24, item 3: admins read the recorded peaks and learned quotas per notebook, not the SQLite file."""
+    from jupyter_gpushare.history import HistoryRules, Run
+
+    ids = fill(env["LEDGER"])
+    ledger = Ledger(env["LEDGER"])
+    ledger.record_peak(ids[0], "week1/cnn.ipynb", Run(2900, 2600), HistoryRules())
+    ledger.record_peak(ids[1], "week2/big.ipynb", Run(3500, 4608, failed=True), HistoryRules())
+    ledger.close()
+    view = json.loads(gpushare(env, "status", "--json").stdout)
+    books = {n["path"]: n for n in view["notebooks"]}
+    assert (books["week1/cnn.ipynb"]["peak_mib"], books["week1/cnn.ipynb"]["quota_mib"]) == (2900, 2600)
+    assert (books["week2/big.ipynb"]["quota_mib"], books["week2/big.ipynb"]["failed"]) == (4608, True)
+    table = gpushare(env, "status").stdout
+    assert "NOTEBOOKS WITH RECORDED RUNS" in table and "week2/big.ipynb" in table and "4.5 GiB" in table
+    doctor = gpushare(env, "doctor").stdout
+    assert "2 notebook(s) have recorded runs" in doctor and "1 ran out of memory on a run" in doctor

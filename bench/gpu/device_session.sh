@@ -13,6 +13,7 @@
 #   study:NAME:RUNS[:EPOCHS[:RERUNS]]  the study with --runs RUNS written with '/' for ':' and '+' for ',' (e.g.
 #                     tensorflow/growth/1.2+tensorflow/gpushare/1.2), results under $OUT/study-NAME
 #   check-tf:N        bench/gpu/check_tf.py, run N
+#   check-learned:FWS:N  bench/gpu/check_learned.py for frameworks FWS ('+' between them), run N
 #   check-views       bench/gpu/check_views.py (Accelerate/transformers from the carried .whl-hf)
 # Everything goes to $OUT (the device tool brings it back); the Jupyter wheels come from .whl (device_env.sh).
 set -u
@@ -45,6 +46,11 @@ for step in "$@"; do
   check-tf:*)
     python3 bench/gpu/check_tf.py "$OUT/check_tf-run${step#check-tf:}.json" > "$OUT/check_tf-run${step#check-tf:}.log" 2>&1 || rc=1
     grep -E "^(PASS|FAIL|baseline|peaks)" "$OUT/check_tf-run${step#check-tf:}.log" ;;
+  check-learned:*)
+    IFS=: read -r _ fws n <<< "$step"
+    python3 bench/gpu/check_learned.py "$OUT/check_learned-${fws//+/-}-run$n.json" --frameworks "${fws//+/,}" \
+      > "$OUT/check_learned-${fws//+/-}-run$n.log" 2>&1 || rc=1
+    grep -E "^\[[a-z]+\] |^\{" "$OUT/check_learned-${fws//+/-}-run$n.log" ;;
   check-views)
     if [ -d .whl-hf ]; then
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/hfsite .whl-hf/*.whl || rc=1

@@ -236,7 +236,10 @@ class Operations:
     def _op_view(self, caller: Caller, args: NoArgs) -> dict:
         assert self._ledger is not None
         led = self._ledger
-        return view_for(caller, led.leases(), led.waiters(), self.cards, self.policy, self.limits_for(caller))
+        view = view_for(caller, led.leases(), led.waiters(), self.cards, self.policy, self.limits_for(caller))
+        # what notebooks taught: every user's for an admin, else the caller's own (nothing of others' files)
+        view["notebooks"] = [n for n in led.notebooks(self.history) if caller.admin or n["user"] == caller.user]
+        return view
 
     def handle(self, caller: Caller, op: str, args: Any) -> Any:
         """Carry out one request for ``caller``; runs on the ledger thread. ``args`` is the request's arguments,

@@ -19,6 +19,8 @@ export interface IKernelActions {
   nameOf(kernel: IKernel): string;
   open(kernel: IKernel): void;
   changeQuota(kernel: IKernel): Promise<void>;
+  /** Restart with the quota the server offers after an out-of-memory error (it waits if the GPU is full). */
+  restartWith(kernel: IKernel, mib: number): Promise<void>;
   shutdown(kernel: IKernel): Promise<void>;
   /** Stop waiting for a GPU (a queued kernel: it is shut down), after asking. */
   stopWaiting(kernel: IKernel): Promise<void>;
@@ -92,6 +94,22 @@ export function kernelActions(
     }
   };
 
+  /** Restart a kernel whose new quota the server took (it waits in line if the GPU has no room). */
+  const restartWithQuota = (k: IKernel, quota: string) => {
+    Notification.info(`Restarting ${nameOf(k)} with a ${quota} GPU quota…`, {
+      autoClose: 5000
+    });
+    restart(k)
+      .then(() => model.refresh())
+      .catch(e =>
+        Notification.error(
+          `${nameOf(k)} did not restart: ${(e as Error).message ?? e}`,
+          { autoClose: false }
+        )
+      );
+    void model.refresh();
+  };
+
   /** Ask until the quota is one the server takes, or the person cancels. */
   const askQuota = async (k: IKernel): Promise<string | null> => {
     const cfg = model.snapshot.state?.config;
@@ -152,21 +170,18 @@ export function kernelActions(
     },
     changeQuota: async k => {
       const quota = await askQuota(k);
-      if (quota === null) {
+      if (quota !== null) {
+        restartWithQuota(k, quota);
+      }
+    },
+    restartWith: async (k, mib) => {
+      try {
+        await model.requestQuota(k.kernel_id, `${mib}MiB`);
+      } catch (e) {
+        void showErrorMessage('GPU quota not changed', (e as Error).message);
         return;
       }
-      Notification.info(`Restarting ${nameOf(k)} with a ${quota} GPU quota…`, {
-        autoClose: 5000
-      });
-      restart(k)
-        .then(() => model.refresh())
-        .catch(e =>
-          Notification.error(
-            `${nameOf(k)} did not restart: ${(e as Error).message ?? e}`,
-            { autoClose: false }
-          )
-        );
-      void model.refresh();
+      restartWithQuota(k, formatMiB(mib));
     },
     shutdown: async k => {
       const result = await showDialog({

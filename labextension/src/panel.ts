@@ -172,6 +172,13 @@ function timeline(k: IKernel): VirtualElement | null {
   );
 }
 
+const FRAMEWORK_NAMES: { [name: string]: string } = {
+  cupy: 'CuPy',
+  jax: 'JAX',
+  tensorflow: 'TensorFlow',
+  torch: 'PyTorch'
+};
+
 function frameworks(k: IKernel): VirtualElement | null {
   const fw = k.frameworks;
   if (!fw || Object.keys(fw).length === 0) {
@@ -264,6 +271,17 @@ function renderKernel(
   const tl =
     k.state === 'queued' || k.state === 'starting' ? null : timeline(k);
   const act: VirtualElement[] = [];
+  const retry = k.oom?.retry_quota_mib;
+  if (retry && k.state !== 'queued') {
+    act.push(
+      button(
+        'retry-btn',
+        `Restart with ${formatMiB(retry)}`,
+        `Restart ${name} with a ${formatMiB(retry)} GPU quota (it ran out of memory; waits if the GPU is full)`,
+        () => void actions.restartWith(k, retry)
+      )
+    );
+  }
   if (k.state !== 'none' && k.state !== 'queued') {
     act.push(
       button(
@@ -328,6 +346,16 @@ function renderKernel(
         .join(' · ')
     ),
     ...(learned ? [h.div({ className: `${C}-kernel-history` }, learned)] : []),
+    ...(k.oom
+      ? [
+          h.div(
+            { className: `${C}-kernel-oom`, role: 'status' },
+            `${FRAMEWORK_NAMES[k.oom.framework] ?? k.oom.framework} ran out of GPU memory` +
+              (k.quota ? ` at quota ${k.quota}` : '') +
+              (retry ? `: restart with ${formatMiB(retry)} to run it with more.` : '.')
+          )
+        ]
+      : []),
     ...(k.state === 'queued' || k.state === 'starting'
       ? []
       : [quotaBar(k, s.severity)]),

@@ -104,6 +104,8 @@ export interface IKernel {
   history?: [number, number][];
   pid?: number | null;
   since?: number;
+  /** A framework of the kernel ran out of memory: the quota to restart with (GET /state). */
+  oom?: IOom | null;
   /** How the server holds the kernel, level by level (docs/admin-guide.md, Enforcement levels). */
   held?: IHeld;
   // sampler
@@ -241,4 +243,10 @@ export interface IState {
   events: IEvent[];
   config: IConfig;
   sampler?: { time?: number | null; error?: string | null };
+}
+
+/** A framework of the kernel ran out of GPU memory (the server offers a restart with more). */
+export interface IOom {
+  framework: 'cupy' | 'jax' | 'tensorflow' | 'torch';
+  retry_quota_mib: number | null;
 }
