@@ -11,7 +11,8 @@
 #   tf                assemble TensorFlow once, then use it (source /tmp/tfgpu-env.sh)
 #   torch-study:N     the study's PyTorch scenarios (growth and gpushare, 1.2x the jobs that fit), run N
 #   study:NAME:RUNS[:EPOCHS[:RERUNS]]  the study with --runs RUNS written with '/' for ':' and '+' for ',' (e.g.
-#                     tensorflow/growth/1.2+tensorflow/gpushare/1.2), results under $OUT/study-NAME
+#                     tensorflow/growth/1.2+tensorflow/gpushare/1.2), results under $OUT/study-NAME; more harness
+#                     options in $STUDY_ARGS (e.g. --learned-quota-mib 2908 for a generous scenario on its own)
 #   check-tf:N        bench/gpu/check_tf.py, run N
 #   check-learned:FWS:N  bench/gpu/check_learned.py for frameworks FWS ('+' between them), run N
 #   check-views       bench/gpu/check_views.py (Accelerate/transformers from the carried .whl-hf)
@@ -41,7 +42,7 @@ for step in "$@"; do
     IFS=: read -r _ name runs epochs reruns <<< "$step"
     runs=${runs//\//:}
     python3 bench/study/harness.py --out "$OUT/study-$name" --runs "${runs//+/,}" --epochs "${epochs:-5}" --reruns "${reruns:-3}" \
-      --workdir /tmp > "$OUT/study-$name.log" 2>&1 || rc=1
+      --workdir /tmp ${STUDY_ARGS:-} > "$OUT/study-$name.log" 2>&1 || rc=1
     grep -E "^\[|device" "$OUT/study-$name.log" ;;
   check-tf:*)
     python3 bench/gpu/check_tf.py "$OUT/check_tf-run${step#check-tf:}.json" > "$OUT/check_tf-run${step#check-tf:}.log" 2>&1 || rc=1

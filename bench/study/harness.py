@@ -10,6 +10,8 @@ time. Scenarios (same job, same job counts):
   gpushare   the extension with quotas (kernels that do not fit wait in the queue)
   learned    the extension with quotas learned from history: one warm-up job (with a generous quota) teaches
              its measured peak, then the batch gets that peak plus --learn-margin each (quota_from_history)
+  generous   the extension with a fixed quota of twice what the last learned scenario before it learned (or
+             --learned-quota-mib): a generous guess at the job's need, as an admin without history sets one
 
     python bench/study/harness.py --out results/ [--frameworks torch,jax] [--runs torch:growth:24,...]
     python bench/study/harness.py --simulate --out /tmp/smoke     # CPU smoke test, simulated card
@@ -43,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jobs import job_code  # noqa: E402
 
 TOKEN = "study-" + uuid.uuid4().hex[:8]
+EXTENSION = ("gpushare", "learned", "generous")  # the scenarios that run with the extension
 CONTEXT_RESERVE_MIB = 640
 HEADROOM_MIB = 512
 # What a job allocates on top of its working set (data 188 MiB, model, allocator slack), measured
@@ -327,13 +330,15 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         "queue_timeout": args.job_timeout,
         "queue_max_per_user": 0,  # one user runs the whole class here
     }
+    if scenario == "generous":
+        gpushare["default_quota"] = f"{2 * sizing['learned_quota_mib']}MiB"
     if scenario == "learned":  # the warm-up runs at a quarter of the card, so its peak is not cut by the quota
         gpushare.update(
             quota_from_history=True, history_margin=args.learn_margin, default_quota=f"{sizing['card_mib'] // 4}MiB"
         )
     if args.simulate:
         gpushare.update(gpu_backend="simulated", simulated_cards=f"{sizing['card_mib']}MiB", sample_interval=0.25)
-    server = Server(scenario in ("gpushare", "learned"), gpushare, env, Path(args.workdir), args.connections)
+    server = Server(scenario in EXTENSION, gpushare, env, Path(args.workdir), args.connections)
     label = f"{framework}/{scenario}/{n_jobs}"
     print(f"[{label}] starting server", flush=True)
     jobs: list[Job] = []
@@ -371,7 +376,7 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
             attempts += again
         monitor.stop()
         events = []
-        if scenario in ("gpushare", "learned"):
+        if scenario in EXTENSION:
             events = (await server.call("GET", "api/gpushare/events"))["events"]
         for j in attempts:
             j.peak_mib = monitor.peak_by_pid.get(j.pid) if j.pid else None
@@ -439,7 +444,7 @@ async def settled(server: Server, timeout: float = 15) -> None:
 
 async def kernel_quotas(server: Server, scenario: str, timeout: float = 30) -> dict | None:
     """What the server gave the batch's first running kernels: their quotas and where each came from."""
-    if scenario not in ("gpushare", "learned"):
+    if scenario not in EXTENSION:
         return None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -474,6 +479,16 @@ def sizing_for(card_mib: int, fit: int) -> dict:
     return {"card_mib": card_mib, "fit": fit, "reservation_mib": reservation, "quota_mib": quota, "ws_mib": ws}
 
 
+def learned_quota_mib(results: list[dict], framework: str) -> int | None:
+    """The largest quota the last learned scenario of ``framework`` gave its kernels (from what it learned)."""
+    for r in reversed(results):
+        if r.get("framework") == framework and r.get("scenario") == "learned":
+            quotas = (r.get("quotas") or {}).get("quota_mib_and_source") or []
+            learned = [mib for mib, source in quotas if source == "learned"]
+            return max(learned) if learned else None
+    return None
+
+
 def parse_runs(text: str) -> list[tuple[str, str, float]]:
     """'torch:growth:1.1,jax:defaults:1' -> [(framework, scenario, factor of the fitting job count)]."""
     runs = []
@@ -500,6 +515,12 @@ async def main() -> int:
         "--budget", type=float, default=0, help="stop starting new scenarios after this many seconds (0 = none)"
     )
     ap.add_argument("--learn-margin", type=float, default=0.1, help="learned scenario: the margin on the learned peak")
+    ap.add_argument(
+        "--learned-quota-mib",
+        type=int,
+        default=0,
+        help="generous scenario: the learned quota, if no learned run before",
+    )
     ap.add_argument(
         "--on-full", default="queue", choices=["queue", "reject"], help="the extension's on_full: wait or refuse"
     )
@@ -534,6 +555,12 @@ async def main() -> int:
             results.append({"framework": framework, "scenario": scenario, "skipped": "time budget spent"})
             continue
         n = max(1, math.ceil(args.fit * factor - 0.5)) if scenario != "defaults" else args.fit
+        if scenario == "generous":
+            learned = learned_quota_mib(results, framework) or args.learned_quota_mib
+            if not learned:
+                results.append({"framework": framework, "scenario": scenario, "skipped": "no learned quota known"})
+                continue
+            sizing = {**sizing, "learned_quota_mib": learned}
         results.append(await run_scenario(args, nvml, framework, scenario, n, sizing))
         write(out, device, sizing, args, results)
     write(out, device, sizing, args, results)
