@@ -132,5 +132,11 @@ class KernelRecord:
             "reason": self.reason,
             "pid": self.pid,
             "since": self.since,
-            "oom": {"framework": self.oom, "retry_quota_mib": self.retry_quota_mib} if self.oom else None,
+            "oom": {
+                "framework": self.oom,
+                "retry_quota_mib": self.retry_quota_mib,
+                "retry_quota": format_mib(self.retry_quota_mib) if self.retry_quota_mib else None,
+            }
+            if self.oom
+            else None,
         }

@@ -367,7 +367,7 @@ def test_jax_settings_are_checked_and_a_real_oom_gets_the_note(tmp_path):
     assert "XLA_CLIENT_MEM_FRACTION=0.9 was lowered" in out.stderr
     trace, _, note = out.stderr.partition("[jupyter-gpushare] JAX ran out of memory.")
     assert "Traceback (most recent call last)" in trace and "RESOURCE_EXHAUSTED" in trace
-    assert f"quota is {QUOTA} MiB on {CARD.name}" in note and "at most 20480 MiB" in note
+    assert f"quota is 2 GiB on {CARD.name}" in note and "at most 20 GiB on this server" in note
     (report,) = reports_of(tmp_path).values()
     assert report["frameworks"]["jax"]["capped"] is False and "no CUDA plugin" in report["frameworks"]["jax"]["detail"]
 

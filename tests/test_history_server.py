@@ -195,7 +195,11 @@ class TestLearnFromFailure:
             state = json.loads((await jp_fetch("api", "gpushare", "state")).body)
             return next((k["oom"] for k in state["kernels"] if k["kernel_id"] == kid and k["oom"]), None)
 
-        assert await gpushare.wait_for(offered, what="the offer") == {"framework": "jax", "retry_quota_mib": 3072}
+        assert await gpushare.wait_for(offered, what="the offer") == {
+            "framework": "jax",
+            "retry_quota_mib": 3072,
+            "retry_quota": "3 GiB",
+        }
         conforms(await gpushare.kernel(kid), "Kernel")
         events = [e for e in (await gpushare.get("events"))["events"] if e["kind"] == "out-of-memory"]
         assert events and "restart with 3 GiB" in events[-1]["message"]

@@ -80,7 +80,7 @@ async def test_student_notebook_in_a_real_kernel(gpushare, jp_serverapp):
             assert "Traceback" in traceback or "----" in traceback  # IPython's usual traceback is still shown
             assert f"{note} {names[framework]} ran out of memory." in r["stderr"], r
             # the server offers 1.5x the quota to restart with, through the queue, within the server's maximum
-            assert "quota is 2048 MiB" in r["stderr"]
+            assert "quota is 2 GiB" in r["stderr"]
             assert (
                 "restart it with 3 GiB (GPU panel: Restart with 3 GiB; it waits if the GPU is full; at most"
                 in r["stderr"]

@@ -9,7 +9,7 @@ whole number below 2**40 is ignored.
 from __future__ import annotations
 
 import pytest
-from test_bootstrap import CARD, QUOTA, boot_module, gpu_env, run_py
+from test_bootstrap import CARD, boot_module, gpu_env, run_py
 
 SENTENCE = "On earlier runs this notebook needed up to"
 
@@ -54,5 +54,5 @@ def test_a_real_out_of_memory_error_gets_the_sentence(tmp_path):
     assert out.returncode == 1
     trace, _, note = out.stderr.partition("[jupyter-gpushare] JAX ran out of memory.")
     assert "RESOURCE_EXHAUSTED" in trace
-    assert f"quota is {QUOTA} MiB on {CARD.name}" in note
+    assert f"quota is 2 GiB on {CARD.name}" in note
     assert f"{SENTENCE} 2.1 GiB of GPU memory (CUDA context included)." in note

@@ -89,8 +89,8 @@ def oom_note(framework: str) -> str:
     if quota is not None and os.environ.get("GPUSHARE_MODE") == "gpu":
         card = os.environ.get("GPUSHARE_CARD_NAME") or "its GPU"
         used = _in_use_mib(framework)
-        held = f"; {name} holds {used} MiB of it now" if used is not None else ""
-        lines.append(f"This kernel's GPU memory quota is {quota} MiB on {card}{held}.")
+        held = f"; {name} holds {_size(used)} of it now" if used is not None else ""
+        lines.append(f"This kernel's GPU memory quota is {_size(quota)} on {card}{held}.")
         if reason:
             lines.append(f"(No GPU cap applies in this process: {reason}.)")
     else:
@@ -111,7 +111,7 @@ def oom_note(framework: str) -> str:
         larger = f"restart it with {_size(retry)}"
         how = [f"GPU panel: Restart with {_size(retry)}", "it waits if the GPU is full"]
     if most:
-        how.append(f"at most {most} MiB on this server")
+        how.append(f"at most {_size(most)} on this server")
     if how:
         larger += f" ({'; '.join(how)})"
     lines.append(f"What to do: use a smaller batch or model; {free}; or {larger}.")

@@ -20,7 +20,7 @@ export interface IKernelActions {
   open(kernel: IKernel): void;
   changeQuota(kernel: IKernel): Promise<void>;
   /** Restart with the quota the server offers after an out-of-memory error (it waits if the GPU is full). */
-  restartWith(kernel: IKernel, mib: number): Promise<void>;
+  restartWith(kernel: IKernel, mib: number, words: string): Promise<void>;
   shutdown(kernel: IKernel): Promise<void>;
   /** Stop waiting for a GPU (a queued kernel: it is shut down), after asking. */
   stopWaiting(kernel: IKernel): Promise<void>;
@@ -174,14 +174,14 @@ export function kernelActions(
         restartWithQuota(k, quota);
       }
     },
-    restartWith: async (k, mib) => {
+    restartWith: async (k, mib, words) => {
       try {
         await model.requestQuota(k.kernel_id, `${mib}MiB`);
       } catch (e) {
         void showErrorMessage('GPU quota not changed', (e as Error).message);
         return;
       }
-      restartWithQuota(k, formatMiB(mib));
+      restartWithQuota(k, words);
     },
     shutdown: async k => {
       const result = await showDialog({

@@ -271,14 +271,16 @@ function renderKernel(
   const tl =
     k.state === 'queued' || k.state === 'starting' ? null : timeline(k);
   const act: VirtualElement[] = [];
-  const retry = k.oom?.retry_quota_mib;
-  if (retry && k.state !== 'queued') {
+  // the quota to restart with after an out-of-memory error, in the server's words
+  const retryMib = k.oom?.retry_quota_mib;
+  const retry = k.oom?.retry_quota;
+  if (retryMib && retry && k.state !== 'queued') {
     act.push(
       button(
         'retry-btn',
-        `Restart with ${formatMiB(retry)}`,
-        `Restart ${name} with a ${formatMiB(retry)} GPU quota (it ran out of memory; waits if the GPU is full)`,
-        () => void actions.restartWith(k, retry)
+        `Restart with ${retry}`,
+        `Restart ${name} with a ${retry} GPU quota (it ran out of memory; waits if the GPU is full)`,
+        () => void actions.restartWith(k, retryMib, retry)
       )
     );
   }
@@ -352,7 +354,7 @@ function renderKernel(
             { className: `${C}-kernel-oom`, role: 'status' },
             `${FRAMEWORK_NAMES[k.oom.framework] ?? k.oom.framework} ran out of GPU memory` +
               (k.quota ? ` at quota ${k.quota}` : '') +
-              (retry ? `: restart with ${formatMiB(retry)} to run it with more.` : '.')
+              (retry ? `: restart with ${retry} to run it with more.` : '.')
           )
         ]
       : []),

@@ -249,4 +249,6 @@ export interface IState {
 export interface IOom {
   framework: 'cupy' | 'jax' | 'tensorflow' | 'torch';
   retry_quota_mib: number | null;
+  /** The same in the server's words ("3 GiB"). */
+  retry_quota: string | null;
 }

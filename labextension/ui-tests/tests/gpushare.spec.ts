@@ -536,6 +536,36 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await expect(dialog).toContainText('Shut down nb2.ipynb?');
   await dialog.locator('button.jp-mod-warn').click();
   await expect(item(page, 'nb2.ipynb')).toHaveCount(0);
+
+  // Out of GPU memory (JAX's real RESOURCE_EXHAUSTED): the entry says so and offers the quota the server would
+  // restart it with (1.5x its 2 GiB); one click restarts the kernel with it, and the server then says 3 GiB.
+  await openNotebook(page, 'renamed.ipynb');
+  await frontNotebook(page).locator('.jp-Cell').first().click();
+  await page.evaluate(() => {
+    const nb = (window as any).jupyterapp.shell.currentWidget;
+    nb.content.activeCell.model.sharedModel.setSource(
+      'import jax.numpy as jnp\njnp.zeros((2**44,), dtype=jnp.uint8).block_until_ready()'
+    );
+  });
+  await run(page, 'notebook:run-cell');
+  const renamed = item(page, 'renamed.ipynb');
+  await expect(renamed.locator('.jp-gpushare-kernel-oom')).toHaveText(
+    'JAX ran out of GPU memory at quota 2 GiB: restart with 3 GiB to run it with more.',
+    { timeout: 60000 }
+  );
+  await renamed
+    .getByRole('button', {
+      name: 'Restart renamed.ipynb with a 3 GiB GPU quota (it ran out of memory; waits if the GPU is full)'
+    })
+    .click();
+  await expect(renamed.locator('.jp-gpushare-kernel-oom')).toHaveCount(0, {
+    timeout: 30000
+  });
+  const after = await (await page.request.get('/api/gpushare/state')).json();
+  const restarted = after.kernels.find(
+    (k: any) => k.path === 'renamed.ipynb'
+  );
+  expect([restarted.quota, restarted.oom ?? null]).toEqual(['3 GiB', null]);
   expect(errors).toEqual([]);
 });
 
