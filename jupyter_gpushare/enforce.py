@@ -134,6 +134,7 @@ class Enforcer:
                     kid,
                     f"The kernel's processes use {format_mib(used)} of its {format_mib(limit)} reservation "
                     f"({100 * used / limit:.0f}%). Free memory (del tensors, empty caches) or ask for a larger quota.",
+                    share_pct=round(100 * used / limit),
                     **figures,
                 )
             return "near_quota"

@@ -19,7 +19,7 @@ from .manager import QuotaManager
 from .policy import PolicyError, parse_size
 from .records import KernelRecord
 from .sampler import UsageSnapshot
-from .state import build_state
+from .state import build_state, event_view
 from .views import card_view, config_view, kernel_view
 
 QUOTA_TTL_S = 2.0  # the ledger's reservations in /state are re-read at least this often (and on every record change)
@@ -172,7 +172,7 @@ class EventsHandler(GpuShareHandler):
             since = float(self.get_argument("since", "0"))
         except ValueError as e:
             raise web.HTTPError(400, "'since' must be a Unix time in seconds, e.g. since=1700000000.5.") from e
-        self.finish({"events": [e for e in self.manager.events if e["time"] > since]})
+        self.finish({"events": [event_view(e) for e in self.manager.events if e["time"] > since]})
 
 
 class ConfigHandler(GpuShareHandler):

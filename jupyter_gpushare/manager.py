@@ -266,6 +266,8 @@ class QuotaManager:
             "queued",
             request.kernel_id,
             got.reason or f"Waiting for {format_mib(got.need_mib)} of GPU memory; position {got.position}.",
+            position=got.position,
+            need_mib=got.need_mib,
         )
         if self._serving is None or self._serving.done():
             self._serving = asyncio.ensure_future(self._serve_line())
@@ -358,11 +360,8 @@ class QuotaManager:
             return
         if isinstance(got, Lease):
             self.waiting.leave(wait.kernel_id)
-            self.event(
-                "admitted",
-                wait.kernel_id,
-                f"Admitted after waiting {time.time() - (rec.queued_since or time.time()):.0f} s.",
-            )
+            waited = round(time.time() - (rec.queued_since or time.time()))
+            self.event("admitted", wait.kernel_id, f"Admitted after waiting {waited} s.", waited_s=waited)
             wait.result.set_result(self._settle(rec, Grant("gpu", lease=got, card=self._card(got.card_uuid))))
         elif isinstance(got, LedgerError):  # the broker is down, the disk is full: start without a GPU, say why
             self.waiting.leave(wait.kernel_id)
@@ -580,8 +579,10 @@ class QuotaManager:
         rec = self.records[kernel_id]
         self.policy.check_quota(quota, self._views({}))
         await self._run(self._check_user_limits, kernel_id, quota)
-        rec.pending_quota = str(quota)
-        self.event("quota-requested", kernel_id, f"Quota {quota} requested; it applies at the next restart.")
+        rec.pending_quota = quota.exact  # parsed again at the restart: exactly what the server took
+        self.event(
+            "quota-requested", kernel_id, f"Quota {quota} requested; it applies at the next restart.", quota=str(quota)
+        )
         return rec
 
     def _check_user_limits(self, kernel_id: str, quota: Size) -> None:
@@ -682,6 +683,7 @@ class QuotaManager:
             "out-of-memory", kernel_id,
             f"{framework} ran out of memory at a quota of {format_mib(rec.lease.quota_mib)}; restart with "
             f"{format_mib(rec.retry_quota_mib)} to run it with more.",
+            framework=framework, quota_mib=rec.lease.quota_mib, retry_mib=rec.retry_quota_mib,
         )  # fmt: skip
 
     def held_by(self, frameworks: dict[str, Any] | None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from tornado import web
 
 from .gpu import Card
 from .ledger import Lease, Waiting
-from .policy import Size, format_mib
+from .policy import Size, format_mib, parse_size
 
 WHAT_TO_DO = (
     "Shut down a kernel you no longer use (Kernel > Shut Down Kernel), ask for a smaller quota, or try again later."
@@ -104,6 +104,14 @@ class KernelRecord:
     oom: str | None = None  # the framework that ran out of memory in this process (its report says so)
     retry_quota_mib: int | None = None  # then: the quota to restart with (history.retry_quota_mib)
 
+    def _pending(self) -> dict[str, Any]:
+        """The quota asked for, for people and in MiB on its card (a share before the kernel has a card: null)."""
+        if self.pending_quota is None:
+            return {"pending_quota": None, "pending_quota_mib": None}
+        size = parse_size(self.pending_quota, "quota")
+        mib = size.mib if size.percent is None else size.resolve(self.card.total_mib) if self.card else None
+        return {"pending_quota": str(size), "pending_quota_mib": mib}
+
     def to_dict(self) -> dict[str, Any]:
         lease = self.lease
         return {
@@ -117,7 +125,7 @@ class KernelRecord:
             "quota_source": self.quota_source,
             "learned_peak_mib": self.learned_peak_mib,
             "learned_from": self.learned_from,
-            "pending_quota": self.pending_quota,
+            **self._pending(),
             "quota_mib": lease.quota_mib if lease else None,
             "reserve_mib": lease.reserve_mib if lease else None,
             "reserved_mib": lease.reserved_mib if lease else None,

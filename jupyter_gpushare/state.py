@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .policy import format_mib
+from .words import SEVERITY, render
 
 STATE_SCHEMA = "https://jupyter-gpushare.org/events/state-changed/v1"
 SCHEMA_FILE = Path(__file__).parent / "events" / "state-changed.yaml"
@@ -40,69 +40,49 @@ SEGMENTS = (  # key, label, what it is (the card bar's legend and tooltips)
 )
 
 
-def _gib(mib: float | None) -> str:
-    return "–" if mib is None else format_mib(mib)
+EVENT_FIELDS = ("time", "kind", "kernel_id", "path")  # an event's own fields; the rest are its parameters
 
 
-_ADVICE = re.compile(r"((?:Ask for|Shut down|Shut it down|Free |Try |Run |Restart )[^.]*\.\s*)+$")
-ADVICE = {  # what to do, for the events whose own message does not end with it
-    "admitted": "Run your cells: the kernel has its GPU now.",
-    "queued": "It starts by itself when a kernel frees room; cells you run meanwhile run then.",
-    "no-gpu": "It runs on the CPU; restart it later to get a GPU.",
-    "over-quota-interrupt": "Free GPU memory (del large tensors, empty the framework's cache) or ask for a larger "
-    "quota (Change quota… in the GPU panel): on a shared card it is restarted if it keeps more than its reservation.",
-    "over-quota-restart": "Ask for a larger quota (Change quota… in the GPU panel) before you run it again: it "
-    "used more than its reservation on a card other kernels share.",
-    "group-ended": "What a kernel starts ends with it; run long jobs from the kernel and keep it running.",
+def event_view(event: Mapping[str, Any]) -> dict[str, Any]:
+    """An event as the API sends it: its code (its kind), its parameters (the figures behind it, and the English
+    ``message`` for logs and the CLI) and how it is announced (``severity``; null: only the panel shows it)."""
+    params = {k: v for k, v in event.items() if k not in EVENT_FIELDS}
+    return {**event, "code": event.get("kind"), "params": params, "severity": SEVERITY.get(str(event.get("kind")))}
+
+
+_STATUS = {  # state -> code, severity
+    "queued": ("queued", "warn"),
+    "over_quota": ("over_quota", "error"),
+    "near_quota": ("near_quota", "warn"),
+    "idle": ("idle", "warn"),
+    "running": ("running", "ok"),
+    "starting": ("starting", "info"),
+    "cpu": ("cpu", "error"),
+    "none": ("none", "muted"),
+    "failed": ("failed", "error"),
 }
+STATUS_PARAMS = ("position", "need_mib", "free_mib", "wait_left_s", "used_mib", "reserved_mib", "quota_mib",
+                 "reserve_mib", "reason")  # fmt: skip
 
 
-def with_advice(event: Mapping[str, Any]) -> dict[str, Any]:
-    """An event with what to do apart (``advice``), so that a notification can say it first."""
-    message = str(event.get("message", ""))
-    match = _ADVICE.search(message)
-    if match and match.start() > 0:
-        return {**event, "message": message[: match.start()].rstrip(), "advice": match.group(0).strip()}
-    return {**event, "advice": ADVICE.get(str(event.get("kind")), "")}
-
-
-def kernel_status(k: Mapping[str, Any]) -> dict[str, str]:
-    """What a kernel's state means for a student: a short label, a sentence with the figures, a severity
-    (ok, info, warn, error, muted). The same words for the panel, the status bar and the toolbar
-    (notifications say the events' own messages; the queued banner its own sentence)."""
+def kernel_status(k: Mapping[str, Any]) -> dict[str, Any]:
+    """What a kernel's state means for a student: a code (``words.CATALOGUE``'s ``status.<code>``) with its
+    figures, a severity (ok, info, warn, error, muted), and in English a short label and a sentence. The same
+    words for the panel, the banner, the status bar and the toolbar."""
     state, used, limit = k.get("state"), k.get("used_mib"), k.get("reserved_mib")
-    quota, reserve = k.get("quota_mib"), k.get("reserve_mib")
-    held = f"its {_gib(limit)} reservation (quota {_gib(quota)} + {_gib(reserve)} for the CUDA context)"
-    if state == "queued":
-        position = k.get("position")
-        left = k.get("wait_left_s")
-        most = f" (at most about {max(1, round(left / 60))} min more)" if left is not None else ""
-        detail = f"Waiting for a GPU: #{position} in line, needs {_gib(k.get('need_mib'))}"
-        if k.get("free_mib") is not None:
-            detail += f"; {_gib(k.get('free_mib'))} unreserved now"
-        return {"label": f"queued #{position}", "severity": "warn", "detail": f"{detail}. It starts by itself when a kernel frees room{most}."}  # fmt: skip
-    if state == "over_quota":
-        return {"label": "over quota", "severity": "error", "detail": f"Uses {_gib(used)}: more than {held}. Free memory (del large arrays, or restart) or ask for a larger quota."}  # fmt: skip
-    if state == "near_quota":
-        share = f" ({round(100 * used / limit)}%)" if used is not None and limit else ""
-        return {"label": "near quota", "severity": "warn", "detail": f"Uses {_gib(used)} of {held}{share}: the next large allocation may fail. Free memory or ask for a larger quota."}  # fmt: skip
-    if state == "idle":
-        return {"label": "idle", "severity": "warn", "detail": f"Holds {_gib(limit)} of GPU memory without using the GPU. Shut it down to give the memory back to others."}  # fmt: skip
-    if state == "running":
-        figures = f"Uses {_gib(used)} of {held}." if used is not None else f"Holds {held}; use not measured yet."
-        return {"label": "running", "severity": "ok", "detail": figures}
-    texts = {
-        "starting": ("starting", "info", "Reserving GPU memory for this kernel…"),
-        "cpu": ("no GPU", "error", f"Started without a GPU. {k.get('reason') or ''}".strip()),
-        "none": (
-            "no GPU",
-            "muted",
-            k.get("reason") or "This kind of kernel reserves no GPU memory, so it sees no GPU.",
-        ),
-        "failed": ("not running", "error", k.get("reason") or "The kernel could not start again."),
+    code, severity = _STATUS.get(str(state), ("failed", "error"))
+    if code == "running" and used is None:
+        code = "running_unmeasured"
+    params = {name: k.get(name) for name in STATUS_PARAMS if k.get(name) is not None}
+    if code == "near_quota" and used is not None and limit:
+        params["share_pct"] = round(100 * used / limit)
+    return {
+        "code": code,
+        "params": params,
+        "severity": severity,
+        "label": render(f"status.{code}.label", params),
+        "detail": render(f"status.{code}.detail", params),
     }
-    label, severity, detail = texts.get(str(state), (str(state), "muted", k.get("reason") or ""))
-    return {"label": label, "severity": severity, "detail": detail}
 
 
 OTHER_USERS = ("others", "other users", "reserved by other users' kernels on this host")
@@ -159,7 +139,7 @@ def build_state(
         "cards": cards,
         "kernels": views,
         "queue": quota.get("queue", []),
-        "events": [with_advice(e) for e in list(events)[-RECENT_EVENTS:]],
+        "events": [event_view(e) for e in list(events)[-RECENT_EVENTS:]],
         "config": dict(config),
         "sampler": dict(sampler),
     }

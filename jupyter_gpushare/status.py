@@ -17,6 +17,7 @@ from .policy import format_mib
 from .procs import describe, tree_pids
 from .settings import GpuShareApp
 from .views import view_for
+from .words import format_duration, limits_words
 
 
 def add_use(view: dict[str, Any], backend) -> dict[str, Any]:
@@ -112,7 +113,13 @@ def format_status(view: dict[str, Any]) -> str:
     out = [f"Source: {view['source']}  (user {view['user']}, {role})"]
     limits = view.get("limits")
     if limits:
+        held = limits_words(view.get("limits_use"))
         out.append("Your limits: " + ", ".join(f"{k} {'none' if v is None else v}" for k, v in limits.items()))
+        out += (
+            [f"  {held}{' A limit is reached: the next kernel is refused.' if view['limits_use']['full'] else ''}"]
+            if held
+            else []
+        )
     out += ["", "CARDS"]
     out.append(
         _table(
@@ -138,7 +145,7 @@ def format_status(view: dict[str, Any]) -> str:
         out.append(
             _table(
                 [(k["user"], k["kernel_id"], k["kernel_name"], k["card_label"], mib(k["quota_mib"]), mib(k["reserved_mib"]),
-                  mib(k.get("used_mib")), k["kernel_pid"], f"{k['age_s']:.0f} s")
+                  mib(k.get("used_mib")), k["kernel_pid"], format_duration(k["age_s"]))
                  for k in view["kernels"]],
                 ("USER", "KERNEL ID", "KERNELSPEC", "CARD", "QUOTA", "RESERVED", "IN USE", "PID", "AGE"),
             )
@@ -169,7 +176,7 @@ def format_status(view: dict[str, Any]) -> str:
     if view["queue"]:
         out.append(
             _table(
-                [(q["position"], "yes" if q["mine"] else "", q["user"], q["kernel_id"], q["quota"], f"{q['waited_s']:.0f} s") for q in view["queue"]],
+                [(q["position"], "yes" if q["mine"] else "", q["user"], q["kernel_id"], q["quota"], format_duration(q["waited_s"])) for q in view["queue"]],
                 ("POS", "MINE", "USER", "KERNEL ID", "QUOTA", "WAITED"),
             )
         )  # fmt: skip

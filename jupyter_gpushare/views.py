@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from .gpu import Card
 from .ledger import Lease, ProcessRef, Reservations, Waiter
-from .policy import Policy, UserLimits
+from .policy import Policy, Size, UserLimits
 from .sampler import UsageSnapshot
 from .state import card_segments
 
@@ -112,12 +112,31 @@ def view_for(
         "user": caller.user,
         "admin": caller.admin,
         "limits": limits.to_dict() if limits is not None else None,
+        "limits_use": limits_use(limits, users.get(caller.user), cards),
         "context_reserve_mib": policy.context_reserve_mib,
         "cards": card_rows,
         "users": [{"user": name, **row} for name, row in sorted(users.items())],
         "kernels": kernels,
         "queue": queue,
     }
+
+
+def limits_use(limits: UserLimits | None, mine: dict[str, int] | None, cards: Sequence[Card]) -> dict[str, Any] | None:
+    """How much of their per-user limits the user holds, in numbers, and whether one is reached (the next kernel,
+    or a larger quota, would be refused): the sum of their kernels' quotas (the CUDA context reserve is not
+    counted, as the limits do not count it) against ``max_total`` (a share read against the largest card), their
+    GPU kernels against ``max_kernels``. None without limits."""
+    if limits is None:
+        return None
+    biggest = max((card.total_mib for card in cards), default=0)
+    held, kernels = (mine or {}).get("quota_mib", 0), (mine or {}).get("kernels", 0)
+    max_total = limits.max_total.resolve(biggest) if limits.max_total is not None and biggest else None
+    max_kernel = limits.max_kernel.resolve(biggest) if limits.max_kernel is not None and biggest else None
+    full = (max_total is not None and held >= max_total) or (
+        limits.max_kernels is not None and kernels >= limits.max_kernels
+    )
+    return {"quota_mib": held, "max_total_mib": max_total, "max_kernel_mib": max_kernel, "kernels": kernels,
+            "max_kernels": limits.max_kernels, "full": full}  # fmt: skip
 
 
 def host_view(ledger: Reservations | None, user: str, cards: Sequence[Card], policy: Policy) -> dict[str, Any] | None:
@@ -169,15 +188,22 @@ def card_view(card: dict[str, Any], snap: UsageSnapshot) -> dict[str, Any]:
     return {**card, **figures}
 
 
+def size_view(size: Size | None) -> dict[str, Any] | None:
+    """A size as numbers: ``{"mib": 6144}``, or ``{"percent": 25}`` for a share of the kernel's card."""
+    if size is None:
+        return None
+    return {"percent": size.percent} if size.percent is not None else {"mib": size.mib}
+
+
 def config_view(p: Policy) -> dict[str, Any]:
     """The admin's rules a student may know: default, smallest and largest quota, the CUDA reserve, what a full
-    card does."""
+    card does. Sizes as numbers (``size_view``)."""
     return {
-        "default_quota": str(p.default_quota),
-        "max_quota": str(p.max_quota) if p.max_quota else None,
-        "min_quota": str(p.min_quota),
+        "default_quota": size_view(p.default_quota),
+        "max_quota": size_view(p.max_quota),
+        "min_quota": size_view(p.min_quota),
         "context_reserve_mib": p.context_reserve_mib,
-        "card_headroom": str(p.headroom),
+        "card_headroom": size_view(p.headroom),
         "on_full": p.on_full,
         "queue_timeout_s": None if p.queue_timeout_s == float("inf") else p.queue_timeout_s,
     }

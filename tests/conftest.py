@@ -13,6 +13,20 @@ from jupyter_gpushare.manager import QuotaManager
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
+BROWSER_MODULES = {"test_ui.py", "test_notebook7.py", "test_browser_check.py"}  # drive Chromium
+
+
+def pytest_collection_modifyitems(items):
+    """Markers by what a test needs (setup.cfg lists them; README's quick subset leaves them out): ``browser``
+    for the modules that drive Chromium, ``root`` for tests skipped unless run as root (Unix users, cgroups,
+    mounts, namespaces)."""
+    for item in items:
+        if item.path.name in BROWSER_MODULES:
+            item.add_marker(pytest.mark.browser)
+        if any("root" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.root)
+
+
 GIB = 1024
 
 

@@ -216,6 +216,36 @@ async def test_quota_change_applies_at_restart(gpushare, jp_fetch):
     assert await reserved(gpushare) == 1024 + 512
 
 
+class TestTheServerParsesWhatWasTyped:
+    """The quota dialog sends what the student typed; the server's parser and limits are the only ones, and its
+    answer (the size it took, or why not) is what the dialog shows."""
+
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config):
+        return {**gpushare_config, "max_quota": "5000MiB"}
+
+    async def test_its_answer_is_what_the_dialog_says(self, gpushare, jp_fetch):
+        kid = await gpushare.start_kernel()
+
+        async def ask(quota):
+            body = json.dumps({"quota": quota})
+            return json.loads((await jp_fetch("api", "gpushare", "kernels", kid, method="PATCH", body=body)).body)
+
+        # the maximum exactly as the admin wrote it is taken (the sidebar once refused it as "too large")
+        got = await ask("5000MiB")
+        assert (got["pending_quota"], got["pending_quota_mib"]) == ("4.9 GiB", 5000)
+        # decimal gigabytes, said back in the server's figures: what the restart will really give
+        got = await ask("4.5 gb")
+        assert (got["pending_quota"], got["pending_quota_mib"]) == ("4.2 GiB", 4291)
+        await jp_fetch("api", "kernels", kid, "restart", method="POST", body="{}")
+        assert (await gpushare.kernel(kid))["quota_mib"] == 4291  # exactly what was said, not "4.2 GiB" parsed again
+        with pytest.raises(HTTPClientError) as e:
+            await ask("5001MiB")
+        assert "Ask for at most 4.9 GiB" in json.loads(e.value.response.body)["message"]
+        config = json.loads((await jp_fetch("api", "gpushare", "config")).body)
+        assert config["max_quota"] == {"mib": 5000} and config["default_quota"] == {"mib": 4096}
+
+
 @pytest.mark.parametrize(
     "body, expect",
     [

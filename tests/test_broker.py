@@ -40,8 +40,9 @@ from servers import wait_until
 from jupyter_gpushare.broker import BrokerLedger, Caller, GpuShareBroker
 from jupyter_gpushare.gpu import Card
 from jupyter_gpushare.ledger import Lease, LedgerError, ProcessRef, Request, Waiter
-from jupyter_gpushare.policy import Policy, PolicyError, UserLimits
+from jupyter_gpushare.policy import Policy, PolicyError, Size, UserLimits
 from jupyter_gpushare.views import view_for
+from jupyter_gpushare.words import limits_words
 
 # -- the host: broker + three users' servers ----------------------------------------------------------
 
@@ -262,6 +263,24 @@ def test_view_for_a_student_names_no_one_else():
     ]
     admin = view_for(Caller("root", 0, admin=True), leases, waiters, cards, Policy())
     assert {k["user"] for k in admin["kernels"]} == {"alice", "bob"} and len(admin["users"]) == 2
+
+
+def test_the_host_view_judges_how_much_of_their_limits_a_user_holds():
+    """The server decides "limit reached" (the sidebar and the CLI only word it): the sum of the user's quotas,
+    not the context reserve, against max_total (a share read against the largest card), and their kernels."""
+    leases = [_lease("k-me", "me", 2048), _lease("k-alice", "alice", 6144)]
+    cards = [Card(0, "GPU-0", "H200", 10240), Card(1, "GPU-1", "H200", 20480)]
+    limits = UserLimits(max_total=Size(percent=25), max_kernels=2)
+    use = view_for(Caller("me", 1001), leases, [], cards, Policy(), limits)["limits_use"]
+    assert use == {"quota_mib": 2048, "max_total_mib": 5120, "max_kernel_mib": None, "kernels": 1,
+                   "max_kernels": 2, "full": False}  # fmt: skip
+    assert limits_words(use) == "You hold 2 GiB of 5 GiB and 1 of 2 GPU kernels."
+    # an admin's view lists every user: only their own row counts
+    admin = view_for(Caller("me", 0, admin=True), leases, [], cards, Policy(), UserLimits(max_total=Size(mib=2048)))
+    assert admin["limits_use"]["quota_mib"] == 2048 and admin["limits_use"]["full"] is True
+    full = view_for(Caller("alice", 1002), leases, [], cards, Policy(), UserLimits(max_kernels=1))["limits_use"]
+    assert full["full"] is True and limits_words(full) == "You hold 1 of 1 GPU kernels."
+    assert view_for(Caller("me", 1001), leases, [], cards, Policy())["limits_use"] is None
 
 
 def test_limits_hook_and_groups():

@@ -6,6 +6,8 @@ import asyncio
 
 import pytest
 
+from jupyter_gpushare.words import event_words
+
 
 def fake_of(jp_serverapp):
     return jp_serverapp.web_app.settings["gpushare_manager"].backend.fake
@@ -97,7 +99,8 @@ class TestProtect:
         assert "interrupted if it stays over for 1 s, and restarted if it still holds the memory" in warning["message"]
         state = await gpushare.get("state")
         (event,) = [e for e in state["events"] if e["kind"] == "over-quota-restart" and e["kernel_id"] == kid]
-        assert event["advice"].startswith("Ask for a larger quota")
+        assert event["severity"] == "warning" and event["params"]["used_mib"] >= 3000
+        assert event_words(event["code"], event["params"]).startswith("Restarted: it used ")
         assert (await gpushare.kernel(kid))["pid"] != before["pid"]
         assert [e["kind"] for e in await events_of(gpushare, neighbour) if e["kind"].startswith("over")] == []
 

@@ -29,7 +29,7 @@ from k8s_pods import pod_env, render, secret_files, write_kubeconfig  # noqa: E4
 from servers import ServerProcess, wait_until  # noqa: E402
 
 from jupyter_gpushare.k8s import z2jh_values  # noqa: E402
-from jupyter_gpushare.policy import format_mib, parse_size  # noqa: E402
+from jupyter_gpushare.policy import format_mib  # noqa: E402
 
 VALUES = z2jh_values(mig=["1g.10gb"], hami_gpumem=[8000], hami_gpucores=30, cpu_profile=False, default_quota="20%")
 L4_MIB = 23034  # an NVIDIA L4 as NVML reports it
@@ -182,7 +182,8 @@ def test_the_card_is_the_slice(pod):
     """The card the sidebar is served (GET /cards and /host) has the slice's memory, before and after a kernel."""
     slice_mib = pod["slice_mib"]
     assert slice_mib < pod["physical_mib"]
-    headroom = parse_size(pod["config"]["card_headroom"], "headroom").resolve(slice_mib)
+    headroom = pod["config"]["card_headroom"]
+    headroom = headroom["mib"] if "mib" in headroom else int(slice_mib * headroom["percent"] / 100)
     for reply in (pod["cards_before"], pod["cards"], pod["host"]):
         (card,) = reply["cards"]
         assert card["total_mib"] == slice_mib, card
@@ -197,7 +198,7 @@ def test_the_card_is_the_slice(pod):
 def test_a_kernels_quota_is_a_share_of_the_slice(pod):
     slice_mib = pod["slice_mib"]
     kernel, config = pod["kernel"], pod["config"]
-    assert config["default_quota"] == "20%"  # from the settings file the chart mounts
+    assert config["default_quota"] == {"percent": 20}  # from the settings file the chart mounts
     assert kernel["quota_mib"] == int(slice_mib * 20 / 100), kernel
     assert kernel["reserved_mib"] == kernel["quota_mib"] + config["context_reserve_mib"]
     assert kernel["card"]["total_mib"] == slice_mib

@@ -8,10 +8,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from nbclient_suite import prepare, run  # noqa: E402
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_nbclient_suite_passes_with_our_provisioner(tmp_path):
     python, src = prepare(tmp_path)
     result = run(python, src, tmp_path, gpushare=True, timeout=900)

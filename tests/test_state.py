@@ -14,7 +14,7 @@ import pytest
 from apispec import conforms
 from tornado.httpclient import HTTPClientError
 
-from jupyter_gpushare.state import STATE_SCHEMA, card_segments, kernel_status, with_advice
+from jupyter_gpushare.state import STATE_SCHEMA, card_segments, event_view, kernel_status
 
 
 @pytest.fixture
@@ -126,13 +126,16 @@ def test_the_words_and_the_split_have_one_definition():
     assert kernel_status(over)["label"] == "over quota"
     queued = {"state": "queued", "position": 2, "need_mib": 2560, "free_mib": 1024, "wait_left_s": 300}
     text = kernel_status(queued)["detail"]
-    assert "#2 in line, needs 2.5 GiB" in text and "at most about 5 min" in text and "GpuShareApp" not in text
+    assert "#2 in line, needs 2.5 GiB; 1 GiB unreserved now; about 5 min at most" in text
+    assert "GpuShareApp" not in text
+    assert kernel_status(queued)["code"] == "queued" and kernel_status(queued)["params"]["need_mib"] == 2560
     card = {"total_mib": 10240, "usable_mib": 9216, "reserved_mib": 9000, "outside_mib": 4000}
     segs = card_segments(card, 3000)
     assert sum(s["mib"] for s in segs) == 10240  # clamped: the parts never pass the card
     assert [s["key"] for s in segs] == ["mine", "others", "outside", "headroom", "free"]
-    refused = with_advice({"kind": "refused", "message": "A quota of 0 MiB is too small. Ask for at least 256 MiB."})
-    assert refused["advice"] == "Ask for at least 256 MiB." and refused["message"] == "A quota of 0 MiB is too small."
+    refused = event_view({"time": 1, "kind": "refused", "message": "A quota of 0 MiB is too small.", "need_mib": 0})
+    assert refused["code"] == "refused" and refused["severity"] == "error"
+    assert refused["params"] == {"message": "A quota of 0 MiB is too small.", "need_mib": 0}
 
 
 async def test_a_bad_request_for_the_state_is_refused_without_a_500(jp_fetch):

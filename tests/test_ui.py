@@ -215,7 +215,7 @@ def test_host_view_through_a_broker(broker_host, ui_tests_dir):
         "GPUSHARE_HOST_SECRETS": json.dumps(secrets),
         "GPUSHARE_HOST_OTHER": names["other"],
         "GPUSHARE_HOST_USERS": json.dumps(
-            {names["other"]: [1, "2.5 GiB"], names["student"]: [1, "2.5 GiB"], names["admin"]: [2, "5.0 GiB"]}
+            {names["other"]: [1, "2.5 GiB"], names["student"]: [1, "2.5 GiB"], names["admin"]: [2, "5 GiB"]}
         ),
         "CHROMIUM": CHROMIUM,
         "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1",

@@ -8,10 +8,11 @@ import {
 import { KernelAPI } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
-import { basename, formatMiB, parseSize } from './format';
+import { basename, formatMiB, isMeasured } from './format';
 import { GpuShareModel } from './model';
 import { KernelTracker } from './tracker';
 import type { IKernel } from './types';
+import { say, sizeText } from './words';
 
 /** What a person does to a kernel from the sidebar or the queued banner. */
 export interface IKernelActions {
@@ -20,7 +21,7 @@ export interface IKernelActions {
   open(kernel: IKernel): void;
   changeQuota(kernel: IKernel): Promise<void>;
   /** Restart with the quota the server offers after an out-of-memory error (it waits if the GPU is full). */
-  restartWith(kernel: IKernel, mib: number, words: string): Promise<void>;
+  restartWith(kernel: IKernel, mib: number): Promise<void>;
   shutdown(kernel: IKernel): Promise<void>;
   /** Stop waiting for a GPU (a queued kernel: it is shut down), after asking. */
   stopWaiting(kernel: IKernel): Promise<void>;
@@ -48,7 +49,9 @@ class QuotaBody extends Widget implements Dialog.IBodyWidget<string> {
     if (problem) {
       const why = document.createElement('p');
       why.className = 'jp-gpushare-quota-problem';
+      why.id = `jp-gpushare-quota-problem-${++QuotaBody.count}`;
       why.setAttribute('role', 'alert');
+      this.input.setAttribute('aria-describedby', why.id);
       why.textContent = problem;
       this.input.setAttribute('aria-invalid', 'true');
       this.node.append(why);
@@ -62,6 +65,7 @@ class QuotaBody extends Widget implements Dialog.IBodyWidget<string> {
     this.input.select();
   }
   readonly input: HTMLInputElement;
+  static count = 0;
 }
 
 export function kernelActions(
@@ -96,7 +100,7 @@ export function kernelActions(
 
   /** Restart a kernel whose new quota the server took (it waits in line if the GPU has no room). */
   const restartWithQuota = (k: IKernel, quota: string) => {
-    Notification.info(`Restarting ${nameOf(k)} with a ${quota} GPU quota…`, {
+    Notification.info(say('quota.restarting', { name: nameOf(k), quota }), {
       autoClose: 5000
     });
     restart(k)
@@ -110,13 +114,21 @@ export function kernelActions(
     void model.refresh();
   };
 
-  /** Ask until the quota is one the server takes, or the person cancels. */
+  /** The quota the server took, in its figures (what "4.5 gb" became), else as it says it. */
+  const taken = (k: IKernel): string =>
+    isMeasured(k.pending_quota_mib)
+      ? formatMiB(k.pending_quota_mib)
+      : (k.pending_quota ?? '');
+
+  /**
+   * Ask until the server takes the quota typed, or the person cancels. The server is the one parser of
+   * sizes and the judge of the limits: what was typed goes to it as typed, and its reason comes back.
+   */
   const askQuota = async (k: IKernel): Promise<string | null> => {
     const cfg = model.snapshot.state?.config;
-    const total = k.card?.total_mib;
     const limits = [
-      cfg?.min_quota ? `at least ${cfg.min_quota}` : '',
-      cfg?.max_quota ? `at most ${cfg.max_quota}` : ''
+      cfg?.min_quota ? `at least ${sizeText(cfg.min_quota)}` : '',
+      cfg?.max_quota ? `at most ${sizeText(cfg.max_quota)}` : ''
     ]
       .filter(Boolean)
       .join(' and ');
@@ -144,19 +156,10 @@ export function kernelActions(
         return null;
       }
       value = result.value ?? '';
-      const mib = parseSize(value, total);
-      const max = cfg?.max_quota ? parseSize(cfg.max_quota, total) : null;
-      if (mib === null || mib <= 0) {
-        problem = `“${value}” is not a GPU memory size. Write e.g. 6GiB, 512MiB or 4G.`;
-      } else if (max !== null && mib > max) {
-        problem = `${value} is more than the most a kernel may have here, ${cfg!.max_quota}${cfg!.max_quota!.includes('%') ? ` (${formatMiB(max)})` : ''}.`;
-      } else {
-        try {
-          await model.requestQuota(k.kernel_id, value);
-          return value;
-        } catch (e) {
-          problem = (e as Error).message; // the server's reason (a limit, the minimum): ask again
-        }
+      try {
+        return taken(await model.requestQuota(k.kernel_id, value));
+      } catch (e) {
+        problem = (e as Error).message; // the server's reason (not a size, a limit, the minimum): ask again
       }
     }
   };
@@ -174,14 +177,15 @@ export function kernelActions(
         restartWithQuota(k, quota);
       }
     },
-    restartWith: async (k, mib, words) => {
+    restartWith: async (k, mib) => {
+      let got: IKernel;
       try {
-        await model.requestQuota(k.kernel_id, `${mib}MiB`);
+        got = await model.requestQuota(k.kernel_id, `${mib}MiB`);
       } catch (e) {
         void showErrorMessage('GPU quota not changed', (e as Error).message);
         return;
       }
-      restartWithQuota(k, words);
+      restartWithQuota(k, taken(got));
     },
     shutdown: async k => {
       const result = await showDialog({

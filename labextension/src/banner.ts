@@ -3,11 +3,11 @@ import { MessageLoop, Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { IKernelActions } from './actions';
-import { formatDuration, formatMiB, isMeasured } from './format';
 import { GpuShareModel } from './model';
-import { statusText, statusTitle } from './state';
+import { statusOf, statusText, statusTitle } from './state';
 import { KernelTracker } from './tracker';
 import type { IKernel } from './types';
+import { say } from './words';
 
 /**
  * In a notebook whose kernel waits for a GPU: a banner above its cells that says
@@ -51,28 +51,22 @@ export class QueuedBanner extends Widget {
   }
 
   private _render(k: IKernel): void {
-    const pos = isMeasured(k.position) ? `#${k.position}` : '';
-    const need = isMeasured(k.need_mib) ? `needs ${formatMiB(k.need_mib)}` : '';
-    const most = isMeasured(k.wait_left_s)
-      ? `about ${formatDuration(k.wait_left_s)} at most`
-      : '';
-    const facts =
-      [pos, need].filter(Boolean).join(', ') + (most ? `; ${most}` : '');
+    // the same sentence as the panel's and the status bar's tooltip: the server's judgment, worded once
+    const status = statusOf(k);
     this.node.replaceChildren();
     const text = document.createElement('span');
     text.className = 'jp-gpushare-banner-text';
-    text.textContent = `Waiting for a GPU${facts ? ` (${facts})` : ''}. Cells you run now run once it has its GPU.`;
+    text.textContent = status.detail;
     const stop = document.createElement('button');
     stop.className =
       'jp-Button jp-mod-styled jp-mod-reject jp-gpushare-banner-stop';
-    stop.textContent = 'Stop waiting';
+    stop.textContent = say('banner.stop');
     stop.setAttribute(
       'aria-label',
-      `Stop waiting for a GPU for ${this.actions.nameOf(k)}`
+      say('banner.stop_label', { name: this.actions.nameOf(k) })
     );
     stop.onclick = () => void this.actions.stopWaiting(k);
     this.node.append(text, stop);
-    this.node.title = k.status?.detail ?? '';
   }
 
   protected onResize(msg: Widget.ResizeMessage): void {
@@ -144,6 +138,6 @@ export class ToolbarIndicator extends Widget {
     this.node.textContent = text;
     this.node.title = statusTitle(k);
     this.node.setAttribute('aria-label', `${text}. Show GPU memory quotas`);
-    this.node.dataset.severity = k?.status?.severity ?? 'muted';
+    this.node.dataset.severity = k ? statusOf(k).severity : 'muted';
   }
 }

@@ -11,9 +11,8 @@ import {
   basename,
   cardLabel,
   formatDuration,
-  formatGiB,
-  isMeasured,
-  parseSize
+  formatMiB,
+  isMeasured
 } from './format';
 import type {
   IHostKernel,
@@ -22,6 +21,7 @@ import type {
   IHostView,
   IUserLimits
 } from './types';
+import { say } from './words';
 
 /** A size limit for people: "16 GiB", or "25% of a card" for a share. */
 function limitSize(text: string): string {
@@ -63,48 +63,34 @@ export function limitsText(
 }
 
 export interface ILimitsUse {
-  /** "You hold 4.0 of 16.0 GiB and 1 of 2 GPU kernels." */
+  /** "You hold 4 GiB of 16 GiB and 1 of 2 GPU kernels." */
   text: string;
   /** A limit is reached: the next kernel (or a larger quota) will be refused. */
   full: boolean;
 }
 
 /**
- * How much of their limits the user holds, from their row in `users`
- * (the sum of their kernels' quotas; the CUDA context reserve is not counted,
- * as the broker does not count it). A share ("25%") is read against the
- * largest card. null when no total or count limit applies.
+ * How much of their limits the user holds, as the server judges it
+ * (`limits_use`: the sum of their kernels' quotas against max_total, their GPU
+ * kernels against max_kernels). null when no total or count limit applies.
  */
 export function limitsUse(view: IHostView): ILimitsUse | null {
-  const limits = view.limits;
-  if (!limits) {
+  const use = view.limits_use;
+  if (!use) {
     return null;
   }
-  const me: IHostUser | undefined = (view.users ?? []).find(
-    u => u.user === view.user
-  );
-  const quota = me?.quota_mib ?? 0;
-  const kernels = me?.kernels ?? 0;
-  const biggest = Math.max(0, ...view.cards.map(c => c.total_mib));
-  const parts: string[] = [];
-  let full = false;
-  if (limits.max_total) {
-    const limit = parseSize(limits.max_total, biggest || undefined);
-    if (limit !== null) {
-      parts.push(`${formatGiB(quota)} of ${formatGiB(limit)}`);
-      full = full || quota >= limit;
-    }
-  }
-  if (isMeasured(limits.max_kernels)) {
-    parts.push(
-      `${kernels} of ${limits.max_kernels} GPU kernel${limits.max_kernels === 1 ? '' : 's'}`
-    );
-    full = full || kernels >= limits.max_kernels;
-  }
+  const parts = [
+    isMeasured(use.max_total_mib) ? say('limits.total', use as any) : '',
+    isMeasured(use.max_kernels) ? say('limits.kernels', use as any) : ''
+  ].filter(Boolean);
   if (!parts.length) {
     return null;
   }
-  return { text: `You hold ${parts.join(' and ')}.`, full };
+  const held =
+    parts.length === 2
+      ? say('limits.and', { a: parts[0], b: parts[1] })
+      : parts[0];
+  return { text: say('limits.use', { held }), full: use.full };
 }
 
 /** One line of the host queue. Another user's entry says only that it is one. */
@@ -162,11 +148,11 @@ export function hostKernelRows(
           basename(pathOf(k.kernel_id)) ||
           `${k.kernel_name} · ${k.kernel_id.slice(0, 8)}`,
         card: label.replace(/^GPU /, ''), // the column is headed "GPU"
-        quota: formatGiB(k.quota_mib),
+        quota: formatMiB(k.quota_mib),
         age: formatDuration(k.age_s),
         title:
-          `kernel ${k.kernel_id} (${k.kernel_name}) on ${label}: quota ${formatGiB(k.quota_mib)}` +
-          ` + ${formatGiB(k.reserve_mib)} CUDA context = ${formatGiB(k.reserved_mib)} reserved;` +
+          `kernel ${k.kernel_id} (${k.kernel_name}) on ${label}: quota ${formatMiB(k.quota_mib)}` +
+          ` + ${formatMiB(k.reserve_mib)} CUDA context = ${formatMiB(k.reserved_mib)} reserved;` +
           ` server pid ${pid(k.server_pid)}, kernel pid ${pid(k.kernel_pid)}`,
         mine: k.user === view.user
       };

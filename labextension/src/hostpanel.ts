@@ -7,7 +7,7 @@
 import { h, VirtualElement } from '@lumino/virtualdom';
 
 import { bar, C, cardHead, notice } from './dom';
-import { formatGiB, formatMiB } from './format';
+import { formatMiB } from './format';
 import {
   hostKernelRows,
   limitsText,
@@ -34,7 +34,7 @@ function hostCard(card: IHostCard): VirtualElement {
       className: `${C}-host-card${card.allowed ? '' : ` ${C}-card-disallowed`}`,
       dataset: { uuid: card.uuid }
     },
-    cardHead(card, formatGiB(card.total_mib)),
+    cardHead(card, formatMiB(card.total_mib)),
     bar(
       segs.map(s => ({ cls: s.key, mib: s.mib, title: s.title })),
       card.total_mib
@@ -50,7 +50,7 @@ function hostCard(card: IHostCard): VirtualElement {
               title: s.title
             },
             h.span({ className: `${C}-swatch ${C}-seg-${s.key}` }),
-            `${s.label} ${formatGiB(s.mib)}`
+            `${s.label} ${formatMiB(s.mib)}`
           )
         )
     )
@@ -97,21 +97,21 @@ function usersTable(host: IHostView): VirtualElement {
           {
             className: u.user === host.user ? `${C}-host-me` : '',
             dataset: { user: u.user },
-            title: `${u.user}: quotas ${formatGiB(u.quota_mib)} + CUDA context = ${formatGiB(u.reserved_mib)} reserved`
+            title: `${u.user}: quotas ${formatMiB(u.quota_mib)} + CUDA context = ${formatMiB(u.reserved_mib)} reserved`
           },
           h.td(
             { className: `${C}-table-name`, title: u.user },
             u.user === host.user ? `${u.user} (you)` : u.user
           ),
           h.td(String(u.kernels)),
-          h.td(formatGiB(u.reserved_mib))
+          h.td(formatMiB(u.reserved_mib))
         )
       ),
       h.tr(
         { className: `${C}-table-total` },
         h.td('all'),
         h.td(String(total.kernels)),
-        h.td(formatGiB(total.reserved_mib))
+        h.td(formatMiB(total.reserved_mib))
       )
     ]
   );

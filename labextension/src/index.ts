@@ -17,6 +17,7 @@ import { ICommandPalette } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 import { Token } from '@lumino/coreutils';
 
 import {
@@ -31,6 +32,7 @@ import { DEFAULT_SETTINGS, GpuShareModel, ISettings } from './model';
 import { Notifier } from './notify';
 import { GpuSharePanel } from './panel';
 import { KernelTracker } from './tracker';
+import { pseudoLocale, setTranslator } from './words';
 
 const PLUGIN_ID = 'jupyter-gpushare:plugin';
 
@@ -57,14 +59,17 @@ const core: JupyterFrontEndPlugin<IGpuShare> = {
     'The GPU quota state of this server, the notebook in front, and notifications.',
   autoStart: true,
   provides: IGpuShare,
-  optional: [ILabShell, INotebookTracker, ISettingRegistry],
+  optional: [ILabShell, INotebookTracker, ISettingRegistry, ITranslator],
   activate: (
     app: JupyterFrontEnd,
     labShell: ILabShell | null,
     notebooks: INotebookTracker | null,
-    settingRegistry: ISettingRegistry | null
+    settingRegistry: ISettingRegistry | null,
+    translator: ITranslator | null
   ): IGpuShare => {
     const { serviceManager } = app;
+    const trans = (translator ?? nullTranslator).load('jupyter_gpushare');
+    setTranslator(pseudoLocale() ? pseudoLocale(trans) : trans);
     const model = new GpuShareModel(
       serviceManager.serverSettings,
       (serviceManager as any).events ?? null

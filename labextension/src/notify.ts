@@ -1,7 +1,7 @@
 import { Notification } from '@jupyterlab/apputils';
 
 import { basename } from './format';
-import { classifyEvent, eventText } from './state';
+import { eventText } from './state';
 import type { IEvent } from './types';
 
 /**
@@ -14,7 +14,7 @@ export class Notifier {
   show(events: IEvent[]): number {
     let shown = 0;
     for (const e of events) {
-      const type = classifyEvent(e.kind);
+      const type = e.severity; // the server says how an event is announced
       if (!type) {
         continue;
       }

@@ -15,6 +15,7 @@ import { GpuShareModel, ISettings, ISnapshot } from './model';
 import { historyText, quotaMiB, statusOf } from './state';
 import { ICurrent, KernelTracker } from './tracker';
 import type { ICard, IKernel } from './types';
+import { say, sizeText } from './words';
 
 /** What the panel shows: the server's state, the notebook in front, the user's settings. */
 export interface IPanelView {
@@ -261,7 +262,11 @@ function renderKernel(
     : k.state === 'queued'
       ? 'waiting'
       : 'no card';
-  const quota = k.quota ? `quota ${k.quota}` : '';
+  const quota = isMeasured(k.quota_mib)
+    ? `quota ${formatMiB(k.quota_mib)}`
+    : k.quota
+      ? `quota ${k.quota}`
+      : '';
   const reserve =
     isMeasured(k.reserve_mib) && isMeasured(k.reserved_mib)
       ? ` + ${formatMiB(k.reserve_mib)} CUDA context = ${formatMiB(k.reserved_mib)} reserved`
@@ -273,14 +278,14 @@ function renderKernel(
   const act: VirtualElement[] = [];
   // the quota to restart with after an out-of-memory error, in the server's words
   const retryMib = k.oom?.retry_quota_mib;
-  const retry = k.oom?.retry_quota;
+  const retry = isMeasured(retryMib) ? formatMiB(retryMib) : null;
   if (retryMib && retry && k.state !== 'queued') {
     act.push(
       button(
         'retry-btn',
         `Restart with ${retry}`,
         `Restart ${name} with a ${retry} GPU quota (it ran out of memory; waits if the GPU is full)`,
-        () => void actions.restartWith(k, retryMib, retry)
+        () => void actions.restartWith(k, retryMib)
       )
     );
   }
@@ -352,9 +357,11 @@ function renderKernel(
       ? [
           h.div(
             { className: `${C}-kernel-oom`, role: 'status' },
-            `${FRAMEWORK_NAMES[k.oom.framework] ?? k.oom.framework} ran out of GPU memory` +
-              (k.quota ? ` at quota ${k.quota}` : '') +
-              (retry ? `: restart with ${retry} to run it with more.` : '.')
+            say('event.out-of-memory', {
+              framework: FRAMEWORK_NAMES[k.oom.framework] ?? k.oom.framework,
+              quota_mib: quotaMiB(k),
+              retry_mib: retryMib
+            })
           )
         ]
       : []),
@@ -521,18 +528,16 @@ export function renderPanel(
   out.push(
     h.div(
       { className: `${C}-config` },
-      `Default quota ${cfg.default_quota ?? '–'}` +
-        (cfg.max_quota ? `, at most ${cfg.max_quota}` : '') +
-        (isMeasured(cfg.context_reserve_mib)
-          ? `; each kernel also reserves ${formatMiB(cfg.context_reserve_mib)} for its CUDA context`
-          : '') +
-        (
-          {
-            queue: '; when the GPU is full, kernels wait in line.',
-            cpu: '; when the GPU is full, kernels start on the CPU.',
-            reject: '; when the GPU is full, kernels are refused.'
-          } as Record<string, string>
-        )[cfg.on_full ?? ''] ?? '.'
+      [
+        say('config.rules', {
+          default: sizeText(cfg.default_quota),
+          max: sizeText(cfg.max_quota),
+          reserve_mib: cfg.context_reserve_mib
+        }),
+        cfg.on_full ? say(`config.${cfg.on_full}`) : ''
+      ]
+        .filter(Boolean)
+        .join(' ')
     )
   );
   out.push(

@@ -12,16 +12,30 @@ import {
   isMeasured
 } from './format';
 import type { IEvent, IKernel, IStatus } from './types';
+import { say } from './words';
 
-/** The server's words for a kernel (a record from an older reply may lack them). */
-export function statusOf(k: IKernel): IStatus {
-  return (
-    k.status ?? {
+/** The server's judgment of a kernel, worded: its label, its sentence and its level. */
+export interface IWorded {
+  label: string;
+  detail: string;
+  severity: IStatus['severity'];
+}
+
+/** The server's judgment of a kernel in the sidebar's words (the server's English for a record without one). */
+export function statusOf(k: IKernel): IWorded {
+  const s = k.status;
+  if (!s) {
+    return {
       label: String(k.state),
       detail: k.reason ?? '',
       severity: 'muted'
-    }
-  );
+    };
+  }
+  return {
+    label: say(`status.${s.code}.label`, s.params),
+    detail: say(`status.${s.code}.detail`, s.params),
+    severity: s.severity
+  };
 }
 
 /**
@@ -64,26 +78,24 @@ export function statusText(
   opts: { backend?: string | null; hasKernel?: boolean } = {}
 ): string {
   if (opts.backend === 'none') {
-    return 'no GPU';
+    return say('bar.no_gpu');
   }
   if (!kernel) {
-    return opts.hasKernel ? 'GPU –' : 'GPU: no kernel';
+    return say(opts.hasKernel ? 'bar.unknown' : 'bar.no_kernel');
   }
   switch (kernel.state) {
-    case 'queued':
-      return isMeasured(kernel.position)
-        ? `GPU queued #${kernel.position}`
-        : 'GPU queued';
-    case 'starting':
-      return 'GPU starting…';
+    case 'running':
+    case 'near_quota':
+    case 'over_quota':
+    case 'idle':
+      return say('bar.usage', {
+        usage: formatUsage(kernel.used_mib, kernel.reserved_mib)
+      });
     case 'cpu':
-      return 'no GPU';
     case 'none':
-      return 'GPU: no quota';
-    case 'failed':
-      return 'GPU: not running';
+      return say('bar.no_gpu');
     default:
-      return `GPU ${formatUsage(kernel.used_mib, kernel.reserved_mib)}`;
+      return say('bar.label', { label: statusOf(kernel).label });
   }
 }
 
@@ -110,47 +122,10 @@ export function matchKernel(
   return kernelId ? kernels.find(k => k.kernel_id === kernelId) : undefined;
 }
 
-export type NotifyType = 'info' | 'success' | 'warning' | 'error';
-
-/**
- * How an event is announced, or null for events that only update the panel
- * (reserved, released, reclaimed, quota requested...).
- */
-export function classifyEvent(kind: string): NotifyType | null {
-  const k = kind.toLowerCase();
-  if (k === 'admitted') {
-    return 'success';
-  }
-  if (k === 'cancelled') {
-    return 'info'; // a wait that ended on purpose (stopped, closed, left unwatched): said, not an error
-  }
-  if (k === 'refused' || k.includes('over') || k.includes('failed')) {
-    return 'error';
-  }
-  if (
-    k === 'no-gpu' ||
-    k === 'queued' ||
-    k.includes('near') ||
-    k.includes('idle') ||
-    k.includes('action') ||
-    k.includes('restart') ||
-    k.includes('shutdown') ||
-    k.includes('kill')
-  ) {
-    return 'warning';
-  }
-  return null;
-}
-
-/** A notification's text: the notebook, what to do first, then what happened. */
+/** A notification's text: the notebook, then what happened, short enough to be read whole. */
 export function eventText(e: IEvent, name: string | null): string {
-  const who = name ?? 'A kernel';
-  const head =
-    e.kind === 'admitted'
-      ? `${who}: GPU ready.`
-      : e.kind === 'refused'
-        ? `${who} was not started.`
-        : `${who}:`;
-  const advice = typeof e.advice === 'string' && e.advice ? ` ${e.advice}` : '';
-  return `${head}${advice} ${e.message}`.trim();
+  return say('notify.kernel', {
+    name: name ?? say('notify.someone'),
+    text: say(`event.${e.code ?? e.kind}`, { message: e.message, ...e.params })
+  });
 }

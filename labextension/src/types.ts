@@ -63,13 +63,29 @@ export type KernelState =
   | 'none'
   | 'failed';
 
-/** The server's words for a kernel's state: the panel, the status bar and the notifications all say these. */
+/** A code with its figures: worded by the sidebar (words.ts) from the server's catalogue (words.py). */
+export interface IParams {
+  [name: string]: string | number | null | undefined;
+}
+
+/** The server's judgment of a kernel: a code (status.<code>.label/.detail) with figures, and a level. */
 export interface IStatus {
-  /** Short badge text, e.g. "queued #2". */
-  label: string;
-  /** One sentence, with the figures. */
-  detail: string;
+  code:
+    | 'queued'
+    | 'over_quota'
+    | 'near_quota'
+    | 'idle'
+    | 'running'
+    | 'running_unmeasured'
+    | 'starting'
+    | 'cpu'
+    | 'none'
+    | 'failed';
+  params: IParams;
   severity: 'ok' | 'info' | 'warn' | 'error' | 'muted';
+  /** The same in English, for logs and the CLI (the sidebar words the code). */
+  label: string;
+  detail: string;
 }
 
 export interface IKernel {
@@ -78,11 +94,13 @@ export interface IKernel {
   path?: string | null;
   language: string;
   user: string;
-  state: KernelState | string;
+  state: KernelState;
   quota?: string | null;
   pending_quota?: string | null;
+  /** The quota asked for, in MiB on its card (null: none asked, or a share before it has a card). */
+  pending_quota_mib?: number | null;
   /** Where the quota came from; 'learned' = from earlier runs of its notebook. */
-  quota_source?: 'default' | 'kernelspec' | 'requested' | 'learned' | string;
+  quota_source?: 'default' | 'kernelspec' | 'requested' | 'learned';
   /** What earlier runs of its notebook peaked at (null: no history). */
   learned_peak_mib?: number | null;
   /** Whose runs: the user's own, or others' (a teacher's, several users'). */
@@ -124,7 +142,7 @@ export interface IHeld {
   /** What the next level needs, in words. */
   reason: string | null;
   /** The over-quota action (GpuShareApp.over_quota_action). */
-  watchdog: string | null;
+  watchdog: 'notify' | 'interrupt' | 'restart' | 'shutdown' | 'protect' | null;
 }
 
 export interface IQueueEntry {
@@ -138,22 +156,33 @@ export interface IQueueEntry {
 export interface IEvent {
   time: number;
   kind: string;
+  /** What happened, as a code (event.<code>; words.ts says an unknown one by its message). */
+  code: string;
+  /** Its figures, and the server's English `message`. */
+  params: IParams;
+  /** How it is announced; null: only the panel shows it. */
+  severity: 'success' | 'info' | 'warning' | 'error' | null;
   kernel_id?: string | null;
   /** The kernel's notebook when the event happened (the kernel may be gone since). */
   path?: string | null;
+  /** The server's English, for logs and the CLI. */
   message: string;
-  /** What to do, said first in a notification. */
-  advice?: string;
   [figure: string]: unknown;
 }
 
+/** A size as numbers: whole MiB, or a share of the kernel's card in %. */
+export interface ISize {
+  mib?: number;
+  percent?: number;
+}
+
 export interface IConfig {
-  default_quota?: string;
-  max_quota?: string | null;
-  min_quota?: string;
+  default_quota?: ISize;
+  max_quota?: ISize | null;
+  min_quota?: ISize;
   context_reserve_mib?: number;
-  card_headroom?: string;
-  on_full?: 'queue' | 'cpu' | 'reject' | string;
+  card_headroom?: ISize;
+  on_full?: 'queue' | 'cpu' | 'reject';
   queue_timeout_s?: number | null;
 }
 
@@ -165,6 +194,18 @@ export interface IUserLimits {
   max_kernel?: string | null;
   /** Most kernels holding GPU memory at once. */
   max_kernels?: number | null;
+}
+
+/** How much of their limits the user holds, judged by the server (views.limits_use). */
+export interface ILimitsUse {
+  quota_mib: number;
+  /** max_total in MiB (a share read against the largest card); null: no such limit. */
+  max_total_mib: number | null;
+  max_kernel_mib: number | null;
+  kernels: number;
+  max_kernels: number | null;
+  /** A limit is reached: the next kernel, or a larger quota, would be refused. */
+  full: boolean;
 }
 
 /** A card as GET /host shows it: everyone's reservations, split into mine and others'. */
@@ -218,6 +259,7 @@ export interface IHostView {
   user: string;
   admin: boolean;
   limits?: IUserLimits | null;
+  limits_use?: ILimitsUse | null;
   context_reserve_mib?: number;
   cards: IHostCard[];
   users?: IHostUser[];
@@ -228,7 +270,7 @@ export interface IHostView {
 /** GET /api/gpushare/state: everything the sidebar, status bar and notifications show, judged by the server. */
 export interface IState {
   version: string;
-  backend: 'nvml' | 'simulated' | 'none' | string;
+  backend: 'nvml' | 'simulated' | 'none';
   simulated: boolean;
   reason?: string | null;
   ledger?: {

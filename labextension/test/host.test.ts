@@ -9,7 +9,12 @@ import {
   queueEntryText,
   usersTotal
 } from '../src/host';
-import type { IHostCard, IHostKernel, IHostView } from '../src/types';
+import type {
+  IHostCard,
+  IHostKernel,
+  IHostView,
+  ILimitsUse
+} from '../src/types';
 
 const card: IHostCard = {
   index: 0,
@@ -75,44 +80,45 @@ test('limits in one phrase, only those set', () => {
   assert.equal(hasLimits({}), false);
 });
 
-test('limits use: my quotas (not the context reserve) and my kernels against the limits', () => {
-  const v = view({ limits: { max_total: '4 GiB', max_kernels: 2 } });
-  assert.deepEqual(limitsUse(v), {
-    text: 'You hold 2.0 GiB of 4.0 GiB and 1 of 2 GPU kernels.',
+test("limits use: the server's figures and judgment, worded", () => {
+  const use = (over: Partial<ILimitsUse> = {}): ILimitsUse => ({
+    quota_mib: 2048,
+    max_total_mib: 4096,
+    max_kernel_mib: null,
+    kernels: 1,
+    max_kernels: 2,
+    full: false,
+    ...over
+  });
+  assert.deepEqual(limitsUse(view({ limits_use: use() })), {
+    text: 'You hold 2 GiB of 4 GiB and 1 of 2 GPU kernels.',
     full: false
   });
-  // at the limit: the next kernel is refused
-  const full = view({
-    limits: { max_total: '4 GiB' },
-    users: [{ user: 'me', kernels: 2, quota_mib: 4096, reserved_mib: 5120 }]
-  });
-  assert.deepEqual(limitsUse(full), {
-    text: 'You hold 4.0 GiB of 4.0 GiB.',
-    full: true
-  });
-  // no kernels yet: no row of mine
-  assert.equal(
-    limitsUse(view({ limits: { max_kernels: 1 }, users: [] }))?.text,
-    'You hold 0 of 1 GPU kernel.'
+  // the server says when a limit is reached (the next kernel is refused); the sidebar does not decide it
+  assert.deepEqual(
+    limitsUse(
+      view({
+        limits_use: use({ quota_mib: 4096, max_kernels: null, full: true })
+      })
+    ),
+    { text: 'You hold 4 GiB of 4 GiB.', full: true }
   );
-  // a share of a card is read against the largest card
   assert.equal(
-    limitsUse(view({ limits: { max_total: '50%' } }))?.text,
-    'You hold 2.0 GiB of 5.0 GiB.'
+    limitsUse(
+      view({
+        limits_use: use({ max_total_mib: null, kernels: 0, max_kernels: 1 })
+      })
+    )?.text,
+    'You hold 0 of 1 GPU kernels.'
   );
   // only a per-kernel limit: nothing to add up
-  assert.equal(limitsUse(view({ limits: { max_kernel: '8 GiB' } })), null);
-  assert.equal(limitsUse(view({ limits: null })), null);
-  // an admin's view lists others too: only my row counts
-  const admin = view({
-    admin: true,
-    limits: { max_total: '8 GiB' },
-    users: [
-      { user: 'alice', kernels: 3, quota_mib: 6144, reserved_mib: 7680 },
-      { user: 'me', kernels: 1, quota_mib: 1024, reserved_mib: 1536 }
-    ]
+  const perKernel = use({
+    max_total_mib: null,
+    max_kernels: null,
+    max_kernel_mib: 8192
   });
-  assert.equal(limitsUse(admin)?.text, 'You hold 1.0 GiB of 8.0 GiB.');
+  assert.equal(limitsUse(view({ limits_use: perKernel })), null);
+  assert.equal(limitsUse(view({ limits_use: null })), null);
 });
 
 test('queue lines: mine in detail, another userâ€™s entry says only that it is one', () => {
@@ -188,13 +194,13 @@ test('kernel table rows: by user, oldest first; notebook names for this serverâ€
   assert.equal(rows[3].name, 'lab.ipynb');
   assert.equal(rows[3].mine, true);
   assert.equal(rows[0].mine, false);
-  assert.equal(rows[0].quota, '2.0 GiB');
+  assert.equal(rows[0].quota, '2 GiB');
   assert.equal(rows[0].card, '0');
   assert.match(rows[0].title, /^kernel a-1-000000 \(python3\) on GPU 0: /);
   // a server in a container: its processes are not visible to the broker
   assert.match(rows[1].title, /server pid not visible, kernel pid not visible/);
   assert.match(rows[0].title, /server pid 100, kernel pid 101/);
-  assert.match(rows[0].title, /2\.0 GiB \+ 0\.5 GiB CUDA context = 2\.5 GiB/);
+  assert.match(rows[0].title, /2 GiB \+ 512 MiB CUDA context = 2\.5 GiB/);
 });
 
 test('kernel rows name a MIG instance by its label; an older server by index', () => {

@@ -2,7 +2,6 @@ import { strict as assert } from 'node:assert';
 import { test } from 'node:test';
 
 import {
-  classifyEvent,
   eventText,
   historyText,
   matchKernel,
@@ -11,7 +10,8 @@ import {
   statusText,
   statusTitle
 } from '../src/state';
-import type { IKernel } from '../src/types';
+import type { IEvent, IKernel } from '../src/types';
+import { pseudoLocale, setTranslator } from '../src/words';
 
 function kernel(over: Partial<IKernel> = {}): IKernel {
   return {
@@ -35,6 +35,14 @@ function kernel(over: Partial<IKernel> = {}): IKernel {
     },
     used_mib: 1434,
     status: {
+      code: 'near_quota',
+      params: {
+        used_mib: 1434,
+        reserved_mib: 1536,
+        quota_mib: 1024,
+        reserve_mib: 512,
+        share_pct: 93
+      },
       label: 'near quota',
       severity: 'warn',
       detail: 'Uses 1.4 GiB of its 1.5 GiB reservation (93%).'
@@ -51,21 +59,36 @@ test('quotaMiB: the framework cap, else the reservation less the context reserve
 
 test('status bar: use against the reservation, the judgment the server made', () => {
   assert.equal(statusText(kernel()), 'GPU 1.4 / 1.5 GiB'); // not "/ 1.0 GiB": one definition
+  const queued = kernel({
+    state: 'queued',
+    status: {
+      code: 'queued',
+      params: { position: 2, need_mib: 4710, wait_left_s: 560 },
+      severity: 'warn',
+      label: '',
+      detail: ''
+    }
+  });
+  // one wait, one wording: the status bar's label is the panel's badge, its tooltip the banner's sentence
+  assert.equal(statusText(queued), 'GPU #2 in line');
+  assert.equal(statusOf(queued).label, '#2 in line');
   assert.equal(
-    statusText(kernel({ state: 'queued', position: 2 })),
-    'GPU queued #2'
+    statusOf(queued).detail,
+    'Waiting for a GPU: #2 in line, needs 4.6 GiB; about 9 min at most. It starts by itself when a kernel frees room; cells you run now run then.'
   );
-  assert.equal(statusText(kernel({ state: 'failed' })), 'GPU: not running');
-  assert.equal(statusText(kernel({ state: 'none' })), 'GPU: no quota');
+  assert.equal(statusText(kernel({ state: 'none' })), 'no GPU');
   assert.equal(statusText(undefined, { hasKernel: true }), 'GPU –');
   assert.equal(statusText(undefined, { backend: 'none' }), 'no GPU');
   const title = statusTitle(kernel());
   assert.ok(
-    title.startsWith('train.ipynb: near quota on GPU 0. Uses 1.4 GiB'),
+    title.startsWith(
+      'train.ipynb: near quota on GPU 0. Uses 1.4 GiB of its 1.5 GiB reservation (quota 1 GiB + 512 MiB for the CUDA context) (93%)'
+    ),
     title
   );
   assert.equal(
-    statusOf(kernel({ status: undefined, state: 'odd', reason: 'why' })).detail,
+    statusOf(kernel({ status: undefined, state: 'failed', reason: 'why' }))
+      .detail,
     'why'
   );
 });
@@ -89,35 +112,58 @@ test('a notebook finds its kernel by id, never by name', () => {
   assert.equal(matchKernel(kernels, null), undefined);
 });
 
-test('notifications: the notebook, what to do first, then what happened', () => {
-  assert.equal(classifyEvent('admitted'), 'success');
-  assert.equal(classifyEvent('refused'), 'error');
-  assert.equal(classifyEvent('reserved'), null);
-  assert.equal(classifyEvent('cancelled'), 'info');
+test('notifications: the notebook, then what happened, worded from the code', () => {
+  const event = (over: Partial<IEvent>): IEvent => ({
+    time: 1,
+    kind: 'admitted',
+    code: 'admitted',
+    params: {},
+    severity: 'success',
+    message: 'Admitted after waiting 12 s.',
+    ...over
+  });
   assert.equal(
-    eventText(
-      {
-        time: 1,
-        kind: 'admitted',
-        message: 'Admitted after waiting 12 s.',
-        advice: 'Run your cells.'
-      },
-      'nb3.ipynb'
-    ),
-    'nb3.ipynb: GPU ready. Run your cells. Admitted after waiting 12 s.'
+    eventText(event({ params: { waited_s: 12 } }), 'nb3.ipynb'),
+    'nb3.ipynb: GPU ready after waiting 12 s.'
+  );
+  // a code the sidebar does not know yet: the server's English
+  assert.equal(
+    eventText(event({ code: 'new-kind', kind: 'new-kind' }), null),
+    'A kernel: Admitted after waiting 12 s.'
   );
   assert.equal(
     eventText(
-      {
-        time: 1,
-        kind: 'refused',
-        message: 'No GPU has room.',
-        advice: 'Ask for a smaller quota.'
-      },
+      event({ code: 'refused', params: { message: 'No GPU has room.' } }),
       'nb3.ipynb'
     ),
-    'nb3.ipynb was not started. Ask for a smaller quota. No GPU has room.'
+    'nb3.ipynb: Not started: No GPU has room.'
   );
+});
+
+test('pseudo-locale: everything said is marked, figures included', () => {
+  setTranslator(pseudoLocale({ __: (s: string) => s }));
+  try {
+    const text = statusText(kernel());
+    const title = statusTitle(kernel());
+    const note = eventText(
+      {
+        time: 1,
+        kind: 'queued',
+        code: 'queued',
+        params: { position: 1, need_mib: 4710 },
+        severity: 'warning',
+        message: ''
+      },
+      'nb.ipynb'
+    );
+    for (const said of [text, note, statusOf(kernel()).detail]) {
+      assert.ok(said.startsWith('⟦') && said.endsWith('⟧'), said);
+    }
+    // the status bar's tooltip names the notebook and card (names, not words), the rest is marked
+    assert.ok(title.includes('⟦near quota⟧') && title.includes('⟦Uses'), title);
+  } finally {
+    setTranslator(null);
+  }
 });
 
 test("history: what earlier runs peaked at, in a student's words", () => {

@@ -87,14 +87,14 @@ test('a student sees other users only as a total per card and nameless queue pla
   );
   await expect(h.locator('.jp-gpushare-host-mine')).toHaveText('yours 2.5 GiB');
   await expect(h.locator('.jp-gpushare-host-free')).toHaveText(
-    'unreserved 0.0 GiB'
+    'unreserved 0 MiB'
   );
   await expect(h.locator('.jp-gpushare-seg-others').first()).toHaveAttribute(
     'title',
     /^Other users: 7\.5 GiB/
   );
   await expect(h.locator('.jp-gpushare-host-limits')).toHaveText(
-    /^Your limits: up to 4 GiB in total\. You hold 2\.0 GiB of 4\.0 GiB\./
+    /^Your limits: up to 4 GiB in total\. You hold 2 GiB of 4 GiB\./
   );
   await expect(h.locator('.jp-gpushare-host-private')).toContainText(
     'Other users are shown only as totals per card'
@@ -151,7 +151,7 @@ test('an admin sees every user and kernel, and whose queued kernel waits', async
   await expect(h.locator('.jp-gpushare-table-total td')).toHaveText([
     'all',
     '4',
-    '10.0 GiB'
+    '10 GiB'
   ]);
   await expect(
     h.locator('.jp-gpushare-host-kernels tbody tr[data-kernelid]')
@@ -166,7 +166,7 @@ test('an admin sees every user and kernel, and whose queued kernel waits', async
     )
   ).toHaveCount(1);
   await expect(h.locator('.jp-gpushare-host-others')).toHaveText(
-    'other users 5.0 GiB'
+    'other users 5 GiB'
   );
   await expect(h.locator('.jp-gpushare-host-queue li')).toHaveText([
     new RegExp(`^#1 ${other}’s python3 kernel, 2 GiB · waiting`)

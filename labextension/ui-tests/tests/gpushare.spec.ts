@@ -75,6 +75,19 @@ async function waitForLab(page: Page): Promise<void> {
   await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
 }
 
+/**
+ * Change the theme and wait until it is applied and JupyterLab's splash screen is gone (a second change
+ * while the first one's splash fades makes JupyterLab remove the splash twice: a page error of its own).
+ */
+async function changeTheme(page: Page, theme: string): Promise<void> {
+  await run(page, 'apputils:change-theme', { theme });
+  await page.waitForFunction(
+    light => document.body.dataset.jpThemeLight === light,
+    String(!theme.includes('Dark'))
+  );
+  await page.locator('#jupyterlab-splash').waitFor({ state: 'detached' });
+}
+
 /** Contrast (WCAG AA) of everything inside `selector`, by axe-core. */
 async function contrastViolations(
   page: Page,
@@ -205,7 +218,7 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
 }) => {
   test.setTimeout(300 * 1000);
   const errors: string[] = [];
-  page.on('pageerror', e => errors.push(String(e)));
+  page.on('pageerror', e => errors.push(`${e}\n${e.stack ?? ''}`));
   await page.goto('/lab?reset');
   await waitForLab(page);
 
@@ -236,13 +249,23 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await openNotebook(page, 'nb3.ipynb');
   await expect(banner(page)).toBeVisible();
   await expect(banner(page)).toContainText(
-    /^Waiting for a GPU \(#1, needs 3\.5 GiB; about (9|10) min at most\)\./
+    /^Waiting for a GPU: #1 in line, needs 3\.5 GiB(; [\d.]+ (MiB|GiB) unreserved now)?; about (9|10) min at most\./
   );
-  await expect(status(page)).toHaveText('GPU queued #1');
+  await expect(status(page)).toHaveText('GPU #1 in line');
   const queued = panel(page).locator(
     '.jp-gpushare-kernel[data-state="queued"]'
   );
-  await expect(queued.locator('.jp-gpushare-badge')).toHaveText('queued #1');
+  await expect(queued.locator('.jp-gpushare-badge')).toHaveText('#1 in line');
+  // one wait, one wording: the banner's sentence is the panel's and the status bar's tooltip's, the
+  // badge's label is the status bar's (all worded from the server's code and figures)
+  const waitWords = (await banner(page)
+    .locator('.jp-gpushare-banner-text')
+    .textContent())!;
+  await expect(queued.locator('.jp-gpushare-kernel-detail')).toHaveText(
+    waitWords
+  );
+  expect(await status(page).getAttribute('title')).toContain(waitWords);
+  expect(await status(page).getAttribute('aria-label')).toContain(waitWords);
   await expect(queued).toHaveClass(/jp-gpushare-current/);
   await expect(panel(page)).toContainText(
     '1 kernel waiting for a GPU on this host'
@@ -250,9 +273,9 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await expect(panel(page)).not.toContainText('GpuShareApp');
   // The card's parts add up, in one vocabulary: yours 7.0 GiB, unreserved 3.0 GiB.
   const legend = panel(page).locator('.jp-gpushare-card .jp-gpushare-legend');
-  await expect(legend.locator('[data-key="mine"]')).toHaveText('yours 7.0 GiB');
+  await expect(legend.locator('[data-key="mine"]')).toHaveText('yours 7 GiB');
   await expect(legend.locator('[data-key="free"]')).toHaveText(
-    'unreserved 3.0 GiB'
+    'unreserved 3 GiB'
   );
 
   // The waiting kernel is a kernel: the notebook has its id, and a cell run while it waits is queued (JupyterLab
@@ -262,9 +285,41 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await expect(
     frontNotebook(page).locator('.jp-InputArea-prompt').first()
   ).toHaveText('[*]:');
-  await expect(banner(page)).toContainText(
-    'Cells you run now run once it has its GPU.'
-  );
+  await expect(banner(page)).toContainText('cells you run now run then.');
+
+  // In the dark theme, the banner's Stop waiting button shows a focus ring that stands out (WCAG 1.4.11:
+  // at least 3:1 against the banner), reached by the keyboard.
+  await changeTheme(page, 'JupyterLab Dark');
+  const stopButton = banner(page).locator('.jp-gpushare-banner-stop');
+  await stopButton.focus();
+  await page.keyboard.press('Shift+Tab');
+  await page.keyboard.press('Tab');
+  await expect(stopButton).toBeFocused();
+  const ring = await stopButton.evaluate(node => {
+    const rgb = (c: string) =>
+      (c.match(/[\d.]+/g) ?? []).slice(0, 3).map(Number);
+    const lum = ([r, g, b]: number[]) => {
+      const f = (v: number) => {
+        const x = v / 255;
+        return x <= 0.03928 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4;
+      };
+      return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+    };
+    const outline = getComputedStyle(node).outlineColor;
+    const back = getComputedStyle(
+      node.closest('.jp-gpushare-banner')!
+    ).backgroundColor;
+    const [a, b] = [lum(rgb(outline)), lum(rgb(back))].sort((x, y) => y - x);
+    return {
+      outline,
+      back,
+      width: getComputedStyle(node).outlineWidth,
+      ratio: (a + 0.05) / (b + 0.05)
+    };
+  });
+  expect(ring.width).not.toBe('0px');
+  expect(ring.ratio, JSON.stringify(ring)).toBeGreaterThanOrEqual(3);
+  await changeTheme(page, 'JupyterLab Light');
 
   // Screenshots (light theme): the sidebar, and the lab with the queued banner.
   const hide = await hideToasts(page);
@@ -279,10 +334,10 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await host.locator('.jp-gpushare-host-toggle').click();
   await expect(host).toHaveAttribute('data-view', 'admin');
   await expect(host.locator('.jp-gpushare-host-mine')).toHaveText(
-    'yours 7.0 GiB'
+    'yours 7 GiB'
   );
   await expect(host.locator('.jp-gpushare-host-free')).toHaveText(
-    'unreserved 3.0 GiB'
+    'unreserved 3 GiB'
   );
   await expect(
     host.locator(
@@ -335,7 +390,9 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await expect(
     page
       .locator('.Toastify__toast')
-      .filter({ hasText: 'nb3.ipynb: GPU ready.' })
+      .filter({
+        hasText: /^nb3\.ipynb: GPU ready after waiting \d+ (s|min)\.$/
+      })
       .first()
   ).toBeVisible();
   // The held cell ran once the kernel was admitted.
@@ -349,8 +406,14 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
     .click();
   await dialog.locator('input.jp-gpushare-quota-input').fill('8GiB');
   await dialog.locator('button', { hasText: 'Restart with new quota' }).click();
-  await expect(dialog.locator('.jp-gpushare-quota-problem')).toContainText(
-    'more than the most a kernel may have here, 6 GiB'
+  // the server is the one judge of what was typed: its reason, linked to the field for screen readers
+  const problem = dialog.locator('.jp-gpushare-quota-problem');
+  await expect(problem).toHaveText(
+    'A quota of 8 GiB is more than the largest a kernel may have here (6 GiB). Ask for at most 6 GiB.'
+  );
+  await expect(dialog.locator('input.jp-gpushare-quota-input')).toHaveAttribute(
+    'aria-describedby',
+    (await problem.getAttribute('id'))!
   );
   await expect(dialog.locator('input.jp-gpushare-quota-input')).toHaveValue(
     '8GiB'
@@ -388,7 +451,10 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await expect(
     page
       .locator('.Toastify__toast')
-      .filter({ hasText: /^nb1\.ipynb:.*more than its reservation/ })
+      .filter({
+        hasText:
+          /^nb1\.ipynb: Uses [\d.]+ GiB, more than its 2\.5 GiB reservation/
+      })
       .first()
   ).toBeVisible();
   // the quota line stays visible on the red bar
@@ -416,7 +482,7 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
     data: { type: 'notebook', format: 'json', content: notebook('x = 1') }
   });
   await openNotebook(page, 'nb1.ipynb'); // 2.5 + 3.5 + 3.5 GiB are held: it waits
-  await expect(status(page)).toHaveText('GPU queued #1');
+  await expect(status(page)).toHaveText('GPU #1 in line');
   await expect(item(page, 'renamed.ipynb')).not.toHaveClass(
     /jp-gpushare-current/
   );
@@ -441,20 +507,14 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await expect(page.locator('.jp-Dialog')).toHaveCount(0);
 
   // Dark theme: screenshot and contrast.
-  await run(page, 'apputils:change-theme', { theme: 'JupyterLab Dark' });
-  await page.waitForFunction(
-    () => document.body.dataset.jpThemeLight === 'false'
-  );
+  await changeTheme(page, 'JupyterLab Dark');
   await page.waitForTimeout(500);
   const hide2 = await hideToasts(page);
   await panel(page).screenshot({ path: path.join(IMG, 'panel-dark.png') });
   await hide2.evaluate(node => node.remove());
   expect(await contrastViolations(page, '#jp-gpushare')).toEqual([]);
   expect(await contrastViolations(page, '.jp-gpushare-status')).toEqual([]);
-  await run(page, 'apputils:change-theme', { theme: 'JupyterLab Light' });
-  await page.waitForFunction(
-    () => document.body.dataset.jpThemeLight === 'true'
-  );
+  await changeTheme(page, 'JupyterLab Light');
 
   // Render time with 50 and 200 synthetic kernels in the real panel (layout included).
   for (const n of [50, 200]) {
@@ -504,7 +564,20 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
               1000 + 5 * t,
               (t * 40 + i) % 2600
             ]),
-            status: { label: state, severity: sev[state], detail: 'synthetic' },
+            status: {
+              code: state,
+              params: {
+                used_mib: 1000,
+                reserved_mib: 2560,
+                quota_mib: 2048,
+                reserve_mib: 512,
+                position: 1,
+                need_mib: 2560
+              },
+              label: state,
+              severity: sev[state],
+              detail: 'synthetic'
+            },
             since: i
           };
         });
@@ -562,9 +635,7 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
     timeout: 30000
   });
   const after = await (await page.request.get('/api/gpushare/state')).json();
-  const restarted = after.kernels.find(
-    (k: any) => k.path === 'renamed.ipynb'
-  );
+  const restarted = after.kernels.find((k: any) => k.path === 'renamed.ipynb');
   expect([restarted.quota, restarted.oom ?? null]).toEqual(['3 GiB', null]);
   expect(errors).toEqual([]);
 });

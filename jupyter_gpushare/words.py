@@ -1,0 +1,185 @@
+"""The words the server and the sidebar say, once: a code and its figures, worded here in English.
+
+The API sends a kernel's status and each event as a **code with parameters** (numbers: sizes in whole MiB
+under names ending ``_mib``, times in seconds under names ending ``_s``, a place in line, a share in %), and
+a plain English ``message`` rendered from this catalogue for logs, the CLI and older clients. The sidebar
+words the same codes through JupyterLab's translator (``labextension/src/words.ts``, whose English must match
+this catalogue: ``tests/test_contract.py`` checks it), so a translation changes every place at once.
+
+A template names its parameters in braces, ``{need_mib}``. A part in square brackets is said only when every
+parameter inside it is known: ``"needs {need_mib}[; {free_mib} unreserved now]"``. ``{reason}`` and
+``{message}`` carry text the server could not code yet (an admission refusal's reason, an error), said as is;
+an event without a template of its own is said by its ``message``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .policy import format_mib
+
+# The context of a kernel's memory, said in several sentences
+_HELD = "its {reserved_mib} reservation (quota {quota_mib} + {reserve_mib} for the CUDA context)"
+
+CATALOGUE: dict[str, str] = {
+    # a kernel's state as the server judges it: a short label (badge, status bar) and a sentence
+    "status.queued.label": "#{position} in line",
+    "status.queued.detail": "Waiting for a GPU: #{position} in line, needs {need_mib}[; {free_mib} unreserved now]"
+    "[; about {wait_left_s} at most]. It starts by itself when a kernel frees room; cells you run now run then.",
+    "status.over_quota.label": "over quota",
+    "status.over_quota.detail": "Uses {used_mib}: more than " + _HELD + ". Free memory (del large arrays, or "
+    "restart) or ask for a larger quota.",
+    "status.near_quota.label": "near quota",
+    "status.near_quota.detail": "Uses {used_mib} of " + _HELD + "[ ({share_pct}%)]: the next large allocation may "
+    "fail. Free memory or ask for a larger quota.",
+    "status.idle.label": "idle",
+    "status.idle.detail": "Holds {reserved_mib} of GPU memory without using the GPU. Shut it down to give the memory "
+    "back to others.",
+    "status.running.label": "running",
+    "status.running.detail": "Uses {used_mib} of " + _HELD + ".",
+    "status.running_unmeasured.label": "running",
+    "status.running_unmeasured.detail": "Holds " + _HELD + "; use not measured yet.",
+    "status.starting.label": "starting",
+    "status.starting.detail": "Reserving GPU memory for this kernel…",
+    "status.cpu.label": "no GPU",
+    "status.cpu.detail": "Started without a GPU.[ {reason}]",
+    "status.none.label": "no GPU",
+    "status.none.detail": "This kind of kernel reserves no GPU memory, so it sees no GPU.[ {reason}]",
+    "status.failed.label": "not running",
+    "status.failed.detail": "The kernel could not start again.[ {reason}]",
+    # events, as a notification says them (short: read whole); what to do is in the panel
+    "event.queued": "Waiting for a GPU: #{position} in line, needs {need_mib}.",
+    "event.admitted": "GPU ready after waiting {waited_s}.",
+    "event.cancelled": "Stopped waiting for a GPU.",
+    "event.refused": "Not started: {message}",
+    "event.near-quota": "Uses {used_mib} of its {reserved_mib} reservation ({share_pct}%): free memory or ask for "
+    "a larger quota.",
+    "event.over-quota": "Uses {used_mib}, more than its {reserved_mib} reservation: free memory or ask for a larger "
+    "quota.",
+    "event.idle": "Holds {reserved_mib} of GPU memory unused for {idle_s}: shut it down when you are done.",
+    "event.out-of-memory": "{framework} ran out of GPU memory at quota {quota_mib}: restart with {retry_mib} to run "
+    "it with more.",
+    "event.quota-requested": "Quota {quota} requested; it applies at the next restart.",
+    "event.over-quota-notify": "Still over its {reserved_mib} reservation after {over_s}: free memory or ask for "
+    "a larger quota.",
+    "event.over-quota-interrupt": "Interrupted: it used {used_mib}, more than its {reserved_mib} reservation, for "
+    "{over_s}. Free memory or ask for a larger quota.",
+    "event.over-quota-restart": "Restarted: it used {used_mib}, more than its {reserved_mib} reservation, for "
+    "{over_s}. Ask for a larger quota before you run it again.",
+    "event.over-quota-shutdown": "Shut down: it used {used_mib}, more than its {reserved_mib} reservation, for "
+    "{over_s}.",
+    "event.idle-shutdown": "Shut down after {idle_s} without using the GPU; its {reserved_mib} went back to the "
+    "others.",
+    "event.group-ended": "{processes} process(es) it had started were still running and were ended with it.",
+    # the sidebar's own words around the server's (the status bar, a notification's head, the banner's button)
+    "bar.usage": "GPU {usage}",
+    "bar.label": "GPU {label}",
+    "bar.no_gpu": "no GPU",
+    "bar.no_kernel": "GPU: no kernel",
+    "bar.unknown": "GPU –",
+    "notify.kernel": "{name}: {text}",
+    "notify.someone": "A kernel",
+    "banner.stop": "Stop waiting",
+    "banner.stop_label": "Stop waiting for a GPU for {name}",
+    "config.rules": "Default quota {default}[, at most {max}][; each kernel also reserves {reserve_mib} for its "
+    "CUDA context].",
+    "config.queue": "When the GPU is full, kernels wait in line.",
+    "config.cpu": "When the GPU is full, kernels start on the CPU.",
+    "config.reject": "When the GPU is full, kernels are refused.",
+    "limits.use": "You hold {held}.",
+    "limits.total": "{quota_mib} of {max_total_mib}",
+    "limits.kernels": "{kernels} of {max_kernels} GPU kernels",
+    "limits.and": "{a} and {b}",
+    "quota.restarting": "Restarting {name} with a {quota} GPU quota…",
+    # sizes and times, for every figure in every sentence
+    "size.share": "{percent}% of a card",
+    "size.pair_mib": "{used} / {total} MiB",
+    "size.pair_gib": "{used} / {total} GiB",
+    "size.mib": "{n} MiB",
+    "size.gib": "{n} GiB",
+    "time.s": "{n} s",
+    "time.min": "{n} min",
+    "time.h": "{n} h",
+    "time.h_min": "{h} h {min} min",
+}
+
+# How an event is announced (None: only the panel shows it); the server says it, the sidebar does not guess
+SEVERITY: dict[str, str] = {
+    "admitted": "success",
+    "cancelled": "info",
+    "refused": "error",
+    "over-quota": "error",
+    "action-failed": "error",
+    "out-of-memory": "error",
+    "no-gpu": "warning",
+    "queued": "warning",
+    "near-quota": "warning",
+    "idle": "warning",
+    "group-ended": "warning",
+    "over-quota-notify": "warning",
+    "over-quota-interrupt": "warning",
+    "over-quota-restart": "warning",
+    "over-quota-shutdown": "warning",
+    "idle-shutdown": "warning",
+}
+
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+_OPTIONAL = re.compile(r"\[([^\[\]]*)\]")
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds for people: "45 s", "3 min", "2 h 5 min" (whole units, rounded down; the sidebar's rule too)."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return render("time.s", {"n": s})
+    if s < 3600:
+        return render("time.min", {"n": s // 60})
+    h, minutes = s // 3600, s % 3600 // 60
+    return render("time.h_min", {"h": h, "min": minutes}) if minutes else render("time.h", {"n": h})
+
+
+def _figure(name: str, value: Any) -> str:
+    if name.endswith("_mib"):
+        return format_mib(value)
+    if name.endswith("_s"):
+        return format_duration(value)
+    return str(value)
+
+
+def render(code: str, params: Mapping[str, Any]) -> str:
+    """A code's English words with its parameters; an optional part whose parameters are not all known is left
+    out. An unknown code says its ``message`` parameter, else the code itself."""
+    template = CATALOGUE.get(code)
+    if template is None:
+        return str(params.get("message") or code)
+
+    def fill(text: str) -> str | None:
+        names = _PLACEHOLDER.findall(text)
+        if any(params.get(n) is None or params.get(n) == "" for n in names):
+            return None
+        return _PLACEHOLDER.sub(lambda m: _figure(m.group(1), params[m.group(1)]), text)
+
+    text = _OPTIONAL.sub(lambda m: fill(m.group(1)) or "", template)
+    return fill(text) or _PLACEHOLDER.sub("–", text)
+
+
+def event_words(kind: str, params: Mapping[str, Any]) -> str:
+    """An event's notification text (without the notebook's name)."""
+    return render(f"event.{kind}", params)
+
+
+def limits_words(use: Mapping[str, Any] | None) -> str | None:
+    """How much of their limits a user holds (``views.limits_use``), as the sidebar's host section says it."""
+    if not use:
+        return None
+    parts = [
+        render(code, use)
+        for code, known in (("limits.total", use.get("max_total_mib")), ("limits.kernels", use.get("max_kernels")))
+        if known is not None
+    ]
+    if not parts:
+        return None
+    held = render("limits.and", {"a": parts[0], "b": parts[1]}) if len(parts) == 2 else parts[0]
+    return render("limits.use", {"held": held})

@@ -1,0 +1,174 @@
+"""The contract between the server and the sidebar, checked on both sides' source.
+
+- The catalogue of words: ``labextension/src/words.ts`` words every code the server sends through JupyterLab's
+  translator; its English must be ``jupyter_gpushare/words.py``'s, code for code, so that the server's logs and
+  CLI, and the sidebar in English, say the same.
+- Figures: sizes and times are said by the same rules on both sides (``labextension/test/format-cases.json``,
+  which the node tests read too).
+- Types: ``labextension/src/types.ts`` follows ``api/openapi.yaml``: every field the sidebar reads exists in the
+  schema, a field the sidebar needs is one the server always sends, and every closed set of values (states,
+  codes, severities) is the same set.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+import jupyter_gpushare
+from jupyter_gpushare.policy import format_mib
+from jupyter_gpushare.words import CATALOGUE, format_duration, render
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "labextension" / "src"
+SPEC = yaml.safe_load((Path(jupyter_gpushare.__file__).parent / "api" / "openapi.yaml").read_text())
+
+
+def ts_catalogue() -> dict[str, str]:
+    text = (SRC / "words.ts").read_text()
+    body = text[text.index("function catalogue(") :]
+    body = body[: body.index("\n}\n")]
+    entries = re.findall(r"'([a-z_.\-]+)':\s*__\(\s*'((?:[^'\\]|\\.)*)'\s*\)", body)
+    return {code: template.replace("\\'", "'") for code, template in entries}
+
+
+def test_the_sidebar_words_every_code_as_the_server_does():
+    ts = ts_catalogue()
+    assert ts, "no entries found in words.ts"
+    missing, extra = CATALOGUE.keys() - ts.keys(), ts.keys() - CATALOGUE.keys()
+    assert not missing and not extra, f"words.ts lacks {sorted(missing)}, has more: {sorted(extra)}"
+    differ = {code: (CATALOGUE[code], ts[code]) for code in CATALOGUE if CATALOGUE[code] != ts[code]}
+    assert not differ, differ
+
+
+def test_every_state_and_event_with_a_notification_has_words():
+    status = SPEC["components"]["schemas"]["Status"]["properties"]["code"]["enum"]
+    for code in status:
+        assert f"status.{code}.label" in CATALOGUE and f"status.{code}.detail" in CATALOGUE, code
+    # an optional part is left out when its figure is unknown; a missing figure elsewhere shows as a dash
+    assert render("status.queued.detail", {"position": 1, "need_mib": 4710}).startswith(
+        "Waiting for a GPU: #1 in line, needs 4.6 GiB. It starts"
+    )
+    assert render("status.running.detail", {}).startswith("Uses – of its – reservation")
+    assert render("event.not-a-code", {"message": "As said."}) == "As said."
+
+
+def test_figures_are_said_by_one_rule_on_both_sides():
+    cases = json.loads((ROOT / "labextension" / "test" / "format-cases.json").read_text())
+    assert [format_mib(mib) for mib, _ in cases["sizes"]] == [text for _, text in cases["sizes"]]
+    assert [format_duration(s) for s, _ in cases["durations"]] == [text for _, text in cases["durations"]]
+
+
+# -- types.ts against openapi.yaml ---------------------------------------------------------------------------
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", "", text, flags=re.S))
+
+
+def ts_declarations() -> tuple[dict[str, dict[str, tuple[bool, str]]], dict[str, str]]:
+    """The interfaces of types.ts (name -> field -> (optional, type)) and its type aliases."""
+    text = _strip_comments((SRC / "types.ts").read_text())
+    aliases = {m.group(1): m.group(2) for m in re.finditer(r"export type (\w+)\s*=\s*([^;]+);", text)}
+    interfaces: dict[str, dict[str, tuple[bool, str]]] = {}
+    for m in re.finditer(r"export interface (\w+)(?: extends (\w+))?\s*\{", text):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        fields = dict(interfaces.get(m.group(2), {})) if m.group(2) else {}
+        body, depth, start = text[m.end() : i - 1], 0, 0
+        for j, ch in enumerate(body + ";"):
+            depth += {"{": 1, "(": 1, "[": 1, "}": -1, ")": -1, "]": -1}.get(ch, 0)
+            if ch == ";" and depth == 0:
+                member, start = body[start:j].strip(), j + 1
+                field = re.match(r"(\w+)(\?)?\s*:\s*(.+)", member, re.S)
+                if field:
+                    fields[field.group(1)] = (bool(field.group(2)), " ".join(field.group(3).split()))
+        interfaces[m.group(1)] = fields
+    return interfaces, aliases
+
+
+def _resolve(schema: dict) -> dict:
+    while "$ref" in schema:
+        schema = SPEC["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    return schema
+
+
+def schema_fields(schema: dict) -> tuple[dict[str, dict], set[str]]:
+    """The properties of a schema, allOf flattened, and which are required."""
+    schema = _resolve(schema)
+    props, required = dict(schema.get("properties", {})), set(schema.get("required", []))
+    for part in schema.get("allOf", []):
+        p, r = schema_fields(part)
+        props.update(p)
+        required |= r
+    return props, required
+
+
+def _schema(path: str) -> dict:
+    """A schema by a path of names: 'State.kernels[]' is the items of State's kernels."""
+    name, *rest = path.split(".")
+    schema = SPEC["components"]["schemas"][name]
+    for part in rest:
+        items = part.endswith("[]")
+        props, _ = schema_fields(schema)
+        schema = props[part.removesuffix("[]")]
+        if items:
+            schema = schema["items"]
+    return schema
+
+
+def _host_limits_use() -> dict:
+    reply = SPEC["paths"]["/host"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    return reply["properties"]["limits_use"]
+
+
+PAIRS = {  # types.ts interface -> its schema
+    "ICardRef": lambda: _schema("CardRef"),
+    "ICard": lambda: _schema("State.cards[]"),
+    "IFramework": lambda: _schema("Framework"),
+    "IKernel": lambda: _schema("State.kernels[]"),
+    "IHeld": lambda: _schema("Enforcement"),
+    "IOom": lambda: _schema("Kernel.oom"),
+    "IQueueEntry": lambda: _schema("QueueEntry"),
+    "IEvent": lambda: _schema("Event"),
+    "ISegment": lambda: _schema("Segment"),
+    "IStatus": lambda: _schema("Status"),
+    "IState": lambda: _schema("State"),
+    "IConfig": lambda: _schema("Config"),
+    "ISize": lambda: _schema("Size"),
+    "ILimitsUse": _host_limits_use,
+}
+
+
+def _literals(ts_type: str, aliases: dict[str, str]) -> set[str] | None:
+    """The string literals of a union type (an alias resolved), or None when it is not a closed set."""
+    parts = [p.strip() for p in ts_type.split("|") if p.strip()]
+    parts = [q.strip() for p in parts for q in aliases.get(p, p).split("|") if q.strip()]
+    literals = {p[1:-1] for p in parts if p.startswith("'") and p.endswith("'")}
+    others = [p for p in parts if not (p.startswith("'") and p.endswith("'")) and p not in ("null", "undefined")]
+    return literals if literals and not others else None
+
+
+@pytest.mark.parametrize("interface", sorted(PAIRS))
+def test_types_ts_follows_the_openapi_schema(interface):
+    interfaces, aliases = ts_declarations()
+    assert interface in interfaces, f"types.ts has no interface {interface}"
+    props, required = schema_fields(PAIRS[interface]())
+    fields = interfaces[interface]
+    invented = set(fields) - set(props)
+    assert not invented, f"{interface} reads fields the API does not have: {sorted(invented)}"
+    trusted = {name for name, (optional, _) in fields.items() if not optional} - required
+    assert not trusted, f"{interface} needs fields the API may leave out: {sorted(trusted)}"
+    for name, (_, ts_type) in fields.items():
+        enum = _resolve(props[name]).get("enum")
+        literals = _literals(ts_type, aliases)
+        if enum is not None or literals is not None:
+            assert literals == {e for e in enum or [] if e is not None}, (
+                f"{interface}.{name}: types.ts says {sorted(literals or [])}, the API {enum}"
+            )
