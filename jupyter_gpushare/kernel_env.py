@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .bootstrap import _gpushare_env as names  # the names the bootstrap reads, from the one place
 from .history import retry_quota_mib
 from .records import Grant
 
 BOOTSTRAP_DIR = Path(__file__).parent / "bootstrap"
-PEAK_BEFORE = "GPUSHARE_PEAK_BEFORE_MIB"  # what earlier runs of the kernel's notebook peaked at (history.py)
+PEAK_BEFORE = names.PEAK_BEFORE_MIB  # what earlier runs of the kernel's notebook peaked at (history.py)
 
 
 def kernel_env(
@@ -32,9 +33,9 @@ def kernel_env(
     are safe in every framework version are set here; version-dependent ones (PyTorch's allocator
     config) are set by the bootstrap, which can see the installed version.
     """
-    env = {"GPUSHARE_KERNEL_ID": kernel_id, "GPUSHARE_MODE": grant.mode, "GPUSHARE_REPORT_DIR": report_dir}
+    env = {names.KERNEL_ID: kernel_id, names.MODE: grant.mode, names.REPORT_DIR: report_dir}
     if grant.reason:
-        env["GPUSHARE_REASON"] = grant.reason
+        env[names.REASON] = grant.reason
     if peak_before_mib is not None:
         env[PEAK_BEFORE] = str(int(peak_before_mib))
     if python:
@@ -42,7 +43,7 @@ def kernel_env(
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), base.get("PYTHONPATH", "")) if p)
         # The bootstrap marks the kernel's own process by this variable; a value inherited from the
         # server's environment (a server started from inside another kernel) must not leak in.
-        env["GPUSHARE_ROOT_PID"] = ""
+        env[names.ROOT_PID] = ""
     if grant.mode != "gpu":
         # Hide every GPU: this kernel holds no reservation (started without a GPU, or its quota is none).
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -53,17 +54,21 @@ def kernel_env(
     fraction = f"{lease.quota_mib / card.total_mib:.6f}"
     most = max_quota_mib if max_quota_mib is not None else card.total_mib
     env.update(
-        GPUSHARE_RETRY_QUOTA_MIB=str(min(retry_quota_mib(lease.quota_mib), most)),
-        GPUSHARE_LEARNS="1" if learns else "0",
-        GPUSHARE_QUOTA_MIB=str(lease.quota_mib),
-        GPUSHARE_RESERVE_MIB=str(lease.reserve_mib),
-        GPUSHARE_CARD_UUID=card.uuid,
-        GPUSHARE_CARD_INDEX=str(card.index),
-        GPUSHARE_CARD_NAME=card.name,
-        GPUSHARE_CARD_TOTAL_MIB=str(card.total_mib),
-        GPUSHARE_SIMULATED="1" if card.simulated else "0",
-        GPUSHARE_TORCH_FRACTION=fraction,
-        GPUSHARE_MAX_QUOTA_MIB=str(most),
+        {
+            names.RETRY_QUOTA_MIB: str(min(retry_quota_mib(lease.quota_mib), most)),
+            names.LEARNS: "1" if learns else "0",
+            names.QUOTA_MIB: str(lease.quota_mib),
+            names.RESERVE_MIB: str(lease.reserve_mib),
+            names.CARD_UUID: card.uuid,
+            names.CARD_INDEX: str(card.index),
+            names.CARD_NAME: card.name,
+            names.CARD_TOTAL_MIB: str(card.total_mib),
+            names.SIMULATED: "1" if card.simulated else "0",
+            names.TORCH_FRACTION: fraction,
+            names.MAX_QUOTA_MIB: str(most),
+        }
+    )
+    env.update(
         # A simulated card has no real memory: the kernel sees no GPU at all.
         CUDA_VISIBLE_DEVICES="" if card.simulated else card.uuid,
         # JAX: no 75% preallocation; its pool is capped at the quota (fractions are of total memory).

@@ -14,17 +14,20 @@ from jupyter_gpushare.manager import QuotaManager
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
 BROWSER_MODULES = {"test_ui.py", "test_notebook7.py", "test_browser_check.py"}  # drive Chromium
+SERVER_FIXTURES = {"jp_serverapp", "jp_fetch", "gpushare"}  # a real jupyter-server in the test's process
 
 
 def pytest_collection_modifyitems(items):
     """Markers by what a test needs (setup.cfg lists them; README's quick subset leaves them out): ``browser``
     for the modules that drive Chromium, ``root`` for tests skipped unless run as root (Unix users, cgroups,
-    mounts, namespaces)."""
+    mounts, namespaces), ``server`` for tests that run a jupyter-server in their process."""
     for item in items:
         if item.path.name in BROWSER_MODULES:
             item.add_marker(pytest.mark.browser)
         if any("root" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")):
             item.add_marker(pytest.mark.root)
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
 
 
 GIB = 1024

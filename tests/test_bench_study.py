@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a real server and real training jobs, several at once: minutes, not seconds
+
 HARNESS = Path(__file__).resolve().parent.parent / "bench" / "study" / "harness.py"
 
 

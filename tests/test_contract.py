@@ -172,3 +172,15 @@ def test_types_ts_follows_the_openapi_schema(interface):
             assert literals == {e for e in enum or [] if e is not None}, (
                 f"{interface}.{name}: types.ts says {sorted(literals or [])}, the API {enum}"
             )
+
+
+def test_the_kernel_environment_is_named_in_one_place():
+    """``GPUSHARE_*`` names are written once, in ``bootstrap/_gpushare_env.py``: the server's ``kernel_env.py``
+    and the bootstrap's modules use its constants, so a renamed variable cannot leave one side behind."""
+    package = Path(jupyter_gpushare.__file__).parent
+    literal = re.compile(r"""(["'])GPUSHARE_[A-Z_]+\1""")
+    for path in [package / "kernel_env.py", *sorted((package / "bootstrap").glob("*.py"))]:
+        if path.name == "_gpushare_env.py":
+            continue
+        code = [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
+        assert not [line for line in code if literal.search(line)], path.name

@@ -31,6 +31,8 @@ from servers import ServerProcess, wait_until  # noqa: E402
 from jupyter_gpushare.k8s import z2jh_values  # noqa: E402
 from jupyter_gpushare.policy import format_mib  # noqa: E402
 
+pytestmark = pytest.mark.server  # starts jupyter servers as processes (README: the quick subset)
+
 VALUES = z2jh_values(mig=["1g.10gb"], hami_gpumem=[8000], hami_gpucores=30, cpu_profile=False, default_quota="20%")
 L4_MIB = 23034  # an NVIDIA L4 as NVML reports it
 H100_MIB = 81559  # an NVIDIA H100 80GB HBM3 as NVML reports it

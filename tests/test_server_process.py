@@ -14,6 +14,8 @@ import pytest
 from servers import ServerProcess, wait_until
 from servers import SimulatedServer as Server
 
+pytestmark = pytest.mark.server  # starts jupyter servers as processes (README: the quick subset)
+
 
 @pytest.mark.parametrize(
     "arg, expect",

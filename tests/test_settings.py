@@ -22,6 +22,8 @@ from servers import SimulatedServer
 from jupyter_gpushare.policy import PolicyError
 from jupyter_gpushare.settings import load_config, settings_from
 
+pytestmark = pytest.mark.server  # starts jupyter servers as processes (README: the quick subset)
+
 
 @pytest.fixture
 def home(tmp_path):

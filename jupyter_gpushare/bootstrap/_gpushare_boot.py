@@ -28,6 +28,8 @@ import os
 import sys
 import time
 
+import _gpushare_env as env
+
 # json, re and warnings are imported where used: every process of the kernel (each `!pip`, each
 # DataLoader worker) runs this module at start, so it imports as little as it can.
 
@@ -62,22 +64,22 @@ def _env_int(name: str) -> int | None:
 
 
 def _quota_mib() -> int | None:
-    return _env_int("GPUSHARE_QUOTA_MIB")
+    return _env_int(env.QUOTA_MIB)
 
 
 def _fraction() -> float | None:
     """The quota as a fraction of the card's total memory (what torch and XLA take)."""
     try:
-        return float(os.environ["GPUSHARE_TORCH_FRACTION"])
+        return float(os.environ[env.TORCH_FRACTION])
     except (KeyError, ValueError):
-        quota, total = _quota_mib(), _env_int("GPUSHARE_CARD_TOTAL_MIB")
+        quota, total = _quota_mib(), _env_int(env.CARD_TOTAL_MIB)
         return quota / total if quota and total else None
 
 
 def _no_cap_reason() -> str | None:
     """Why no framework of this process can be capped on a GPU, or None when a cap applies."""
-    mode = os.environ.get("GPUSHARE_MODE", "")
-    reason = os.environ.get("GPUSHARE_REASON", "")
+    mode = os.environ.get(env.MODE, "")
+    reason = os.environ.get(env.REASON, "")
     if mode == "cpu":
         return "this kernel runs without a GPU (CUDA_VISIBLE_DEVICES is empty)" + (f": {reason}" if reason else "")
     if mode != "gpu":
@@ -86,7 +88,7 @@ def _no_cap_reason() -> str | None:
         )
     if _quota_mib() is None:
         return "GPUSHARE_QUOTA_MIB is missing from the kernel's environment"
-    if os.environ.get("GPUSHARE_SIMULATED") == "1":
+    if os.environ.get(env.SIMULATED) == "1":
         return "the card is simulated: CUDA_VISIBLE_DEVICES is empty, so no GPU is visible"
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
         return "CUDA_VISIBLE_DEVICES is empty, so no GPU is visible"
@@ -94,7 +96,7 @@ def _no_cap_reason() -> str | None:
 
 
 def _check_visible_devices() -> None:
-    card = os.environ.get("GPUSHARE_CARD_UUID")
+    card = os.environ.get(env.CARD_UUID)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if card and visible not in (None, "", card):
         _warn(
@@ -151,7 +153,7 @@ def _add_views(names: list) -> None:
 def report() -> dict:
     """This process's report, as written to the report directory."""
     with _lock:
-        root = os.environ.get("GPUSHARE_ROOT_PID")
+        root = os.environ.get(env.ROOT_PID)
         frameworks, pulled_in = {}, {}
         for name, entry in _state["frameworks"].items():
             by = pulled_in_by(name)
@@ -165,11 +167,11 @@ def report() -> dict:
         return {
             "pid": os.getpid(),
             "ppid": os.getppid(),
-            "kernel_id": os.environ.get("GPUSHARE_KERNEL_ID"),
+            "kernel_id": os.environ.get(env.KERNEL_ID),
             "root": root == str(os.getpid()),
             "started": _started,
             "time": time.time(),
-            "mode": os.environ.get("GPUSHARE_MODE"),
+            "mode": os.environ.get(env.MODE),
             "quota_mib": _quota_mib(),
             "frameworks": frameworks,
             "pulled_in": pulled_in,
@@ -182,7 +184,7 @@ def report() -> dict:
 
 
 def _write_report() -> None:
-    directory, kernel_id = os.environ.get("GPUSHARE_REPORT_DIR"), os.environ.get("GPUSHARE_KERNEL_ID")
+    directory, kernel_id = os.environ.get(env.REPORT_DIR), os.environ.get(env.KERNEL_ID)
     if not directory or not kernel_id:
         return
     pid = os.getpid()
@@ -394,11 +396,11 @@ def _keras_post(keras) -> None:
 def install() -> bool:
     """Install the framework hooks for this process (once). False when this is not a gpushare kernel."""
     global _installed
-    if _installed or not os.environ.get("GPUSHARE_KERNEL_ID"):
+    if _installed or not os.environ.get(env.KERNEL_ID):
         return _installed
     _installed = True
-    if not os.environ.get("GPUSHARE_ROOT_PID"):  # the kernel process; its children inherit the variable
-        os.environ["GPUSHARE_ROOT_PID"] = str(os.getpid())
+    if not os.environ.get(env.ROOT_PID):  # the kernel process; its children inherit the variable
+        os.environ[env.ROOT_PID] = str(os.getpid())
     if not _no_cap_reason():
         _check_visible_devices()
     import _gpushare_caps
@@ -408,6 +410,6 @@ def install() -> bool:
         for name, (pre, post) in hooks.items():
             register(name, pre, post)
     register("keras", post=_keras_post)
-    if os.environ.get("GPUSHARE_ROOT_PID") == str(os.getpid()):
+    if os.environ.get(env.ROOT_PID) == str(os.getpid()):
         _write_report()  # the kernel process says at once that its bootstrap runs
     return True

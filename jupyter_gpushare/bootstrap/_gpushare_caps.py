@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import _gpushare_boot as boot
+import _gpushare_env as env
 import _gpushare_oom as oom
 
 # Oldest torch whose PYTORCH_CUDA_ALLOC_CONF is known to accept per_process_memory_fraction (checked
@@ -80,7 +81,7 @@ def _torch_pre(module) -> None:
     _torch_plan.update(version=version, cuda=cuda)
     if boot._no_cap_reason() or cuda is None or version is None:
         return
-    fraction = os.environ.get("GPUSHARE_TORCH_FRACTION") or f"{boot._fraction():.6f}"
+    fraction = os.environ.get(env.TORCH_FRACTION) or f"{boot._fraction():.6f}"
     if _version_tuple(version) < TORCH_ENV_CAP_SINCE:
         _torch_plan["method"] = "lazy"
         return
@@ -374,7 +375,7 @@ def _cupy_limit_bytes(value: str) -> int | None:
     value = value.strip()
     try:
         if value.endswith("%"):
-            total = boot._env_int("GPUSHARE_CARD_TOTAL_MIB")
+            total = boot._env_int(env.CARD_TOTAL_MIB)
             return int(float(value[:-1]) / 100 * total * MiB) if total else None
         return int(float(value))
     except ValueError:

@@ -14,6 +14,7 @@ import sys
 
 import _gpushare_alloc as alloc
 import _gpushare_boot as boot
+import _gpushare_env as env
 
 __all__ = ["oom_framework", "oom_note", "register_oom_type"]
 
@@ -83,11 +84,11 @@ def _size(mib: int) -> str:
 def oom_note(framework: str) -> str:
     """The note shown after a framework's out-of-memory traceback."""
     name = _NAMES.get(framework, framework)
-    quota, most = boot._quota_mib(), boot._env_int("GPUSHARE_MAX_QUOTA_MIB")
+    quota, most = boot._quota_mib(), boot._env_int(env.MAX_QUOTA_MIB)
     reason = boot._no_cap_reason()
     lines = [f"[jupyter-gpushare] {name} ran out of memory."]
-    if quota is not None and os.environ.get("GPUSHARE_MODE") == "gpu":
-        card = os.environ.get("GPUSHARE_CARD_NAME") or "its GPU"
+    if quota is not None and os.environ.get(env.MODE) == "gpu":
+        card = os.environ.get(env.CARD_NAME) or "its GPU"
         used = _in_use_mib(framework)
         held = f"; {name} holds {_size(used)} of it now" if used is not None else ""
         lines.append(f"This kernel's GPU memory quota is {_size(quota)} on {card}{held}.")
@@ -95,8 +96,8 @@ def oom_note(framework: str) -> str:
             lines.append(f"(No GPU cap applies in this process: {reason}.)")
     else:
         lines.append(f"This kernel has no GPU memory quota: {reason or 'no GPU reservation'}.")
-    peak, retry = _env_mib("GPUSHARE_PEAK_BEFORE_MIB"), _env_mib("GPUSHARE_RETRY_QUOTA_MIB")
-    if retry and os.environ.get("GPUSHARE_LEARNS") == "1":
+    peak, retry = _env_mib(env.PEAK_BEFORE_MIB), _env_mib(env.RETRY_QUOTA_MIB)
+    if retry and os.environ.get(env.LEARNS) == "1":
         lines.append(f"This notebook learns from it: its next kernel gets at least {_size(retry)}.")
     if peak:
         lines.append(f"On earlier runs this notebook needed up to {_size(peak)} of GPU memory (CUDA context included).")

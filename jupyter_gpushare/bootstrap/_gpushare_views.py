@@ -29,6 +29,7 @@ import os
 import sys
 
 import _gpushare_boot as boot
+import _gpushare_env as env
 
 MiB = 2**20
 
@@ -42,7 +43,7 @@ def _quota_bytes() -> int | None:
 
 def _one_visible_card() -> bool:
     """CUDA sees the kernel's card alone, as the provisioner set it (otherwise device 0 may be another card)."""
-    card = os.environ.get("GPUSHARE_CARD_UUID")
+    card = os.environ.get(env.CARD_UUID)
     return bool(card) and os.environ.get("CUDA_VISIBLE_DEVICES") == card
 
 
@@ -213,7 +214,7 @@ def _in_kernel(pid: int, root: int) -> bool:
 
 def _kernel_use(lib, handle) -> int | None:
     """Bytes the kernel's processes hold on the card (NVML), or None when NVML does not say."""
-    root = boot._env_int("GPUSHARE_ROOT_PID") or os.getpid()
+    root = boot._env_int(env.ROOT_PID) or os.getpid()
     held: dict = {}
     for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
         try:
@@ -254,7 +255,7 @@ def _nvml_memory_info(lib, original, card: str, reservation: int):
 def wrap_nvml(lib) -> list:
     """Wrap ``lib``'s memory info calls (``pynvml``, or a stand-in with its calls) for the kernel's card.
     Returns the names wrapped."""
-    card, reserve = os.environ.get("GPUSHARE_CARD_UUID"), boot._env_int("GPUSHARE_RESERVE_MIB") or 0
+    card, reserve = os.environ.get(env.CARD_UUID), boot._env_int(env.RESERVE_MIB) or 0
     if _quota_bytes() is None or not card:
         return []
     done = []

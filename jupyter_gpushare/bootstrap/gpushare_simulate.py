@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import re
 
+import _gpushare_env as env
+
 _UNITS = {"": 1, "m": 1, "mib": 1, "mb": 1, "g": 1024, "gib": 1024, "gb": 1024}
 
 
@@ -30,14 +32,12 @@ def _mib(size: object) -> int:
 
 def use(size: object) -> None:
     """Say that this process uses ``size`` of its simulated card ('1.5GiB', '512MiB', or MiB as an int)."""
-    if os.environ.get("GPUSHARE_SIMULATED") != "1":
+    if os.environ.get(env.SIMULATED) != "1":
         raise RuntimeError("gpushare_simulate works only in a kernel on a simulated card; this one is not.")
     mib = _mib(size)
     if not 0 <= mib <= 1 << 30:
         raise ValueError(f"{size!r} is not a size a card could hold.")
-    path = os.path.join(
-        os.environ["GPUSHARE_REPORT_DIR"], f"{os.environ['GPUSHARE_KERNEL_ID']}.{os.getpid()}.simulated"
-    )
+    path = os.path.join(os.environ[env.REPORT_DIR], f"{os.environ[env.KERNEL_ID]}.{os.getpid()}.simulated")
     with open(path + ".tmp", "w", encoding="ascii") as f:
-        f.write(f"{mib} {os.environ.get('GPUSHARE_CARD_INDEX', '0')}")
+        f.write(f"{mib} {os.environ.get(env.CARD_INDEX, '0')}")
     os.replace(path + ".tmp", path)
