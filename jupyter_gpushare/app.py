@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyter_client.provisioning import KernelProvisionerFactory
 from jupyter_server.extension.application import ExtensionApp
@@ -17,6 +17,9 @@ from .manager import QuotaManager, build_manager
 from .policy import PolicyError
 from .settings import GpuShareApp, publish
 from .state import SCHEMA_FILE, STATE_SCHEMA, changed_kernels, notable
+
+if TYPE_CHECKING:
+    from jupyter_server.serverapp import ServerApp
 
 ANNOUNCE_EVERY_S = 0.1  # how soon a change is announced on the event bus
 
@@ -35,6 +38,12 @@ class GpuShareExtension(ExtensionApp):
     name = "jupyter_gpushare"
     load_other_extensions = True
     classes = [GpuShareApp]
+
+    @property
+    def server(self) -> ServerApp:
+        """The jupyter-server this extension was loaded into (set before any of the methods below run)."""
+        assert self.serverapp is not None
+        return self.serverapp
 
     def _fail(self, why: str) -> None:
         self.log.critical("jupyter-gpushare cannot start: %s", why)
@@ -87,7 +96,7 @@ class GpuShareExtension(ExtensionApp):
         from .sampler import Sampler
 
         settings = self.gpushare
-        enforcer = Enforcer(manager, self.serverapp.kernel_manager, settings.build_enforce_policy(), log=self.log)
+        enforcer = Enforcer(manager, self.server.kernel_manager, settings.build_enforce_policy(), log=self.log)
         manager.watchdog = enforcer.policy.over_action
         loop = self._server_loop()
         sampler = Sampler(manager, settings.sample_interval, loop=loop, on_sample=enforcer.on_sample, log=self.log)
@@ -105,8 +114,7 @@ class GpuShareExtension(ExtensionApp):
         leaves the line when none has been connected for queue_unwatched_timeout."""
         from .connection import waiting_connection_class
 
-        serverapp = self.serverapp
-        kernels, sessions = serverapp.kernel_manager, serverapp.session_manager
+        kernels, sessions = self.server.kernel_manager, self.server.session_manager
         configured = self.settings.get("kernel_websocket_connection_class")  # (a copy of the server's settings)
         ours = waiting_connection_class(configured) if configured is not None else None
         if ours is None:
@@ -142,7 +150,11 @@ class GpuShareExtension(ExtensionApp):
         manager.may_grant = lambda kernel_id: (
             kernel_id in kernels and (watchers(kernel_id) > 0 or has_session(kernel_id))
         )
-        manager.end_kernel = lambda kernel_id: asyncio.ensure_future(end(kernel_id)) and None
+
+        def end_kernel(kernel_id: str) -> None:
+            asyncio.ensure_future(end(kernel_id))
+
+        manager.end_kernel = end_kernel
 
     def _announce_changes(self, manager: QuotaManager) -> None:
         """Say on the server's event bus (STATE_SCHEMA) when the state changes in a way a person would notice,
@@ -170,8 +182,8 @@ class GpuShareExtension(ExtensionApp):
         (jupyter_server reads only ``jpserver_extensions`` from jupyter_server_config.d files, so the
         wheel cannot ship this setting as config.)
         """
-        kpf = KernelProvisionerFactory.instance(parent=self.serverapp.kernel_manager)
-        chosen = "default_provisioner_name" in self.serverapp.config.get("KernelProvisionerFactory", {})
+        kpf = KernelProvisionerFactory.instance(parent=self.server.kernel_manager)
+        chosen = "default_provisioner_name" in self.server.config.get("KernelProvisionerFactory", {})
         if chosen or os.environ.get(KernelProvisionerFactory.default_provisioner_name_env):
             if kpf.default_provisioner_name != PROVISIONER_NAME:
                 self.log.warning(
@@ -210,7 +222,7 @@ class GpuShareExtension(ExtensionApp):
         failing = None
         while True:
             await asyncio.sleep(self.gpushare.reconcile_interval)
-            kernels = self.serverapp.kernel_manager
+            kernels = self.server.kernel_manager
             try:
                 await manager.reconcile(known={*kernels.list_kernel_ids(), *getattr(kernels, "_pending_kernels", {})})
                 failing = None

@@ -154,6 +154,7 @@ class GpuShareCommand(JupyterApp):
         if self.subapp is None:
             print(f"{self.description}\nCommands: {', '.join(self.subcommands)} (jupyter gpushare <command> --help)")
             self.exit(2)
+            return
         self.subapp.start()
 
 

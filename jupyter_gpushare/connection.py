@@ -87,7 +87,7 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
             return
         self._kept.append(incoming_msg)
 
-    def disconnect(self) -> None:
+    def disconnect(self) -> None:  # type: ignore[override]  # (synchronous in ZMQChannelsWebsocketConnection)
         kept, self._kept = self._kept, None
         if kept is None or self._handed:
             if not self._closed:

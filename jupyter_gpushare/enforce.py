@@ -184,7 +184,7 @@ class Enforcer:
         if (usage.utilization or 0) > 0 or execution == "busy":
             w.gpu_active_at = now  # a running cell is never idle, even with 0% GPU
         last = getattr(kernel, "last_activity", None)
-        last_ts = last.timestamp() if hasattr(last, "timestamp") else 0.0
+        last_ts = last.timestamp() if last is not None and hasattr(last, "timestamp") else 0.0
         idle_for = now - max(last_ts, w.gpu_active_at, w.started)
         if idle_for < self.policy.idle_timeout_s:
             w.idle_warned_at = None

@@ -193,6 +193,7 @@ class StateHandler(GpuShareHandler):
         cache = self.settings.setdefault("gpushare_state_cache", {})
         if cache.get("key") != KernelRecord.changes or time.monotonic() - cache.get("at", 0.0) > QUOTA_TTL_S:
             cache.update(key=KernelRecord.changes, at=time.monotonic(), quota=await manager.snapshot())
+        assert self.serverapp is not None  # (a handler of the server's own app)
         sessions = await self.serverapp.session_manager.list_sessions()
         state = build_state(
             cache["quota"],
@@ -232,7 +233,7 @@ class KernelRestartHandler(KernelActionHandler):
         restarting.add(kernel_id)
         try:
             if rec is None or (rec.state != "queued" and rec.pending_quota is None):
-                return await super().post(kernel_id, action)
+                return await super().post(kernel_id, action)  # type: ignore[misc]  # (async, typed Awaitable | None)
             kernel = km.get_kernel(kernel_id)
             before = getattr(kernel.provisioner, "held", None)
             restart = asyncio.ensure_future(km.restart_kernel(kernel_id))

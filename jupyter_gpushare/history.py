@@ -133,7 +133,7 @@ class Learned:
     def from_json(cls, d: dict | None) -> Learned | None:
         if not isinstance(d, dict) or not _mib(d.get("peak_mib")):
             return None
-        source = d.get("source") if d.get("source") in ("own", "others") else "others"
+        source = "own" if d.get("source") == "own" else "others"
         need = d.get("need_mib") if _mib(d.get("need_mib")) else None
         return cls(d["peak_mib"], source, int(d.get("users") or 1), need, d.get("failed") is True)
 

@@ -121,7 +121,9 @@ class Reservations(Protocol):
     """What the manager needs of a ledger, whichever it has: this user's ledger file (``Ledger``) or the host's
     broker (``broker.client.BrokerLedger``). The manager never asks which."""
 
-    replaced: str | None  # what happened the last time the ledger's file was removed under this process
+    @property
+    def replaced(self) -> str | None:
+        """What happened the last time the ledger's file was removed under this process, or None."""
 
     def reserve(
         self,

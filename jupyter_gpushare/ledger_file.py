@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TextIO
 
 log = logging.getLogger("jupyter_gpushare.ledger")
 
@@ -121,7 +121,7 @@ class LedgerFile:
         self.on_replaced = on_replaced
         self.replaced: str | None = None  # what happened the last time the file was re-created under this process
         self._db: sqlite3.Connection | None = None
-        self._lock = None
+        self._lock: TextIO | None = None
         self._files: dict[str, tuple[int, int]] = {}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, ClassVar, TypeVar
 
 from .broker import BrokerLedger
-from .cgroups import KernelCgroups
+from .cgroups import MAX_MINOR, KernelCgroups
 from .gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
+from .gpu.simulated import SimulatedBackend
 from .history import HistoryRules, Run, history_key, learned_quota, lookup, need_of, retry_quota_mib
 from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Reservations, Waiting
 from .policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
@@ -33,6 +34,15 @@ T = TypeVar("T")
 QUEUE_POLL_S = 0.5
 UNWANTED_S = 3.0  # a kernel in line that nothing wants (no session, no client) this long gives its place up
 LEDGER_RETRY_S = (1.0, 60.0)  # a ledger that cannot be opened is tried again after 1 s, doubling up to 60 s
+
+
+def card_minors(card: Card | None) -> list[int] | None:
+    """The NVIDIA device nodes a kernel's group may open: its card's. None (no NVIDIA device) without a card or on
+    a simulated one, which has no device; every card's where the driver does not say the card's minor number
+    (no isolation by device node there, rather than a kernel that cannot open its own card)."""
+    if card is None or card.simulated:
+        return None
+    return list(range(MAX_MINOR + 1)) if card.minor is None else [card.minor]
 
 
 class QuotaManager:
@@ -119,13 +129,15 @@ class QuotaManager:
         """On the ledger thread: open the ledger (or the broker's client); on failure say why and try again
         later (``_ensure_ledger``), backing off from 1 s to 60 s."""
         try:
+            ledger: Reservations
             if self.broker_socket:  # many users on this host: their broker owns the ledger
-                self._ledger = BrokerLedger(
+                ledger = BrokerLedger(
                     self.broker_socket, ca_file=self.broker_ca_file, on_state=lambda e: setattr(self, "ledger_error", e)
                 )
             else:
-                self._ledger = Ledger(self.ledger_path)
-            reclaimed = self._ledger.reap()
+                ledger = Ledger(self.ledger_path)
+            self._ledger = ledger
+            reclaimed = ledger.reap()
         except LedgerError as e:
             if self._ledger is not None:
                 self._ledger.close()
@@ -389,8 +401,9 @@ class QuotaManager:
             shown = got or wait.last or Waiting(wait.kernel_id, 1, 0, 0, 0)
             waited = rec.queued_since if rec else None
             message = full_message(wait.request.quota, shown, self.policy.context_reserve_mib, waited=waited)
-            figures = {"need_mib": shown.need_mib, "free_mib": shown.free_mib}
-            error = self._refuse(wait.kernel_id, message, keep=self._keeps(rec), **figures)
+            error = self._refuse(
+                wait.kernel_id, message, keep=self._keeps(rec), need_mib=shown.need_mib, free_mib=shown.free_mib
+            )
         elif wait.ending == "unwatched":
             error = self._refuse(
                 wait.kernel_id,
@@ -703,14 +716,14 @@ class QuotaManager:
         the ``cgroup.procs`` files its first process enters. A group that cannot be made stops the start."""
         card = grant.card if grant is not None and grant.mode == "gpu" else None
         try:
-            return self.cgroups.create(kernel_id, None if card is None else [card.minor])
+            return self.cgroups.create(kernel_id, card_minors(card))
         except OSError as e:
             raise QuotaUnavailable(f"The kernel's cgroup could not be made: {e}. Ask the admin.") from e
 
     async def open_cards(self, kernel_id: str, grant: Grant) -> None:
         """A kernel that waited is granted: its group may now open its card."""
         if grant.mode == "gpu" and grant.card is not None:
-            minors = [grant.card.minor]
+            minors = card_minors(grant.card)
             await asyncio.get_running_loop().run_in_executor(self._work, self.cgroups.allow, kernel_id, minors)
 
     async def end_groups(self, kernel_id: str, restart: bool) -> None:
@@ -776,7 +789,7 @@ def build_manager(settings: GpuShareApp, log: logging.Logger | None = None) -> Q
     (PolicyError names the settings and the fix)."""
     policy = settings.build_policy()
     backend = open_backend(settings.gpu_backend, settings.simulated_cards)
-    if backend.simulated:  # kernels may say what they "use" of it (gpushare_simulate): the quota flow without a GPU
+    if isinstance(backend, SimulatedBackend):  # kernels may say what they "use" of it (gpushare_simulate)
         backend.claims_dir = report_dir()
     cards = list_cards(backend)
     settings.check(policy, [CardView(c.uuid, c.index, c.total_mib) for c in cards])

@@ -212,14 +212,14 @@ def lease_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> Lease
     for sample in samples:
         outside = in_containers = 0
         for p in sample.processes:
-            lease = by_id.get(kernel_of(p.pid) or "")
-            if lease is None:
+            holder = by_id.get(kernel_of(p.pid) or "")
+            if holder is None:
                 root = _root_of(p.pid, roots)
-                lease = by_root.get(root) if root is not None else None
-            if lease is not None:
-                cards = use.kernels.setdefault(lease.kernel_id, {})
+                holder = by_root.get(root) if root is not None else None
+            if holder is not None:
+                cards = use.kernels.setdefault(holder.kernel_id, {})
                 cards[sample.card.uuid] = cards.get(sample.card.uuid, 0) + (p.used_mib or 0)
-                use.pids.setdefault(lease.kernel_id, set()).add(p.pid)
+                use.pids.setdefault(holder.kernel_id, set()).add(p.pid)
             elif pid_namespace_depth(p.pid) > own_depth:
                 in_containers += p.used_mib or 0
             else:
@@ -268,6 +268,7 @@ class ProcessTrees:
         now = time.monotonic()
         found: dict[int, str] = {}
         seen: dict[int, tuple[tuple[int, int], tuple[int, int], float]] = {}
+        stat: tuple[int, int] | None
         for pid in pids:
             recent = self._recent.get(pid)
             if recent is not None and now - recent[2] < REVALIDATE_S and _exists(pid):

@@ -103,6 +103,7 @@ class GpuShareProvisioner(LocalProvisioner):
             # connect to them at once, and it binds them once granted).
             kwargs = await self._pick_ports(**kwargs)  # after this, kwargs["env"] always exists
             kwargs["env"].pop(PEAK_BEFORE, None)  # only this notebook's own history, never the server's
+            assert self._grant is not None  # (admitted above, or kept from before the restart)
             if self._grant.mode == "queued":
                 self._held = HeldStart()
             else:
@@ -137,7 +138,8 @@ class GpuShareProvisioner(LocalProvisioner):
         stale_held: tuple[socket.socket, ...] = ()
         try:
             if km is not None and km.cache_ports and self.ports_cached and not all(km.ports):
-                stale_ports = [self.connection_info[name] for name in port_names]
+                info: dict[str, Any] = dict(self.connection_info)
+                stale_ports = [info[name] for name in port_names]
                 stale_held, self.ports_cached = self._ports, False
             if km is not None and km.cache_ports and not self.ports_cached:
                 km._record_random_port_names()  # a no-op after the first start
@@ -224,9 +226,10 @@ class GpuShareProvisioner(LocalProvisioner):
         if self._ports_renewed:
             self._ports_renewed = False
             self._watch_activity_on_new_ports()
-        if not self._watching_death and hasattr(self.parent, "add_restart_callback"):
+        parent = self.parent
+        if not self._watching_death and parent is not None and hasattr(parent, "add_restart_callback"):
             # Past the restart limit the server drops the kernel without cleanup(): release then.
-            self.parent.add_restart_callback(self._kernel_died, "dead")
+            parent.add_restart_callback(self._kernel_died, "dead")
             self._watching_death = True
 
     @property
@@ -261,7 +264,7 @@ class GpuShareProvisioner(LocalProvisioner):
         """
         multi = getattr(self.parent, "parent", None)
         stream = getattr(self.parent, "_activity_stream", None)
-        if stream is None or not hasattr(multi, "start_watching_activity"):
+        if stream is None or multi is None or not hasattr(multi, "start_watching_activity"):
             return  # not a jupyter_server kernel, or not watched yet
         stream.close()
         multi.start_watching_activity(self.kernel_id)

@@ -22,9 +22,12 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .policy import CardView, Policy, PolicyError, Size
+
+if TYPE_CHECKING:
+    from .ledger import Waiting
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ class Wait:
     unwatched_since: float | None = None  # no client connected since then
     ending: str | None = None  # one of ENDINGS, once decided
     why: str = ""  # for 'cancelled': what stopped it
-    last: object = None  # the ledger's last answer (a ledger.Waiting)
+    last: Waiting | None = None  # the ledger's last answer
     unwanted_since: float | None = None  # no notebook and no client wants it since then (QuotaManager.may_grant)
     stepped_out: bool = False  # its place in the host's line was given up while nothing wanted it
 
@@ -171,7 +174,8 @@ class ServerQueue:
         """(waits to ask the ledger about now, waits that end now). ``watchers(kernel_id)``: how many clients are
         connected to the kernel, None where that does not apply (a kernel started by nbclient is its client)."""
         now = self.clock()
-        ask, ending = [], []
+        ask: list[Wait] = []
+        ending: list[Wait] = []
         for wait in list(self.waits.values()):
             if wait.ending is None and self.closing:
                 wait.ending = "closing"

@@ -78,9 +78,9 @@ def clean_report(data: Any, kernel_id: str) -> dict[str, Any] | None:
     pid, started = data.get("pid"), data.get("started")
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not (started is None or _number(started)):
         return None
-    frameworks = data.get("frameworks") if isinstance(data.get("frameworks"), dict) else {}
-    pulled_in = data.get("pulled_in") if isinstance(data.get("pulled_in"), dict) else {}
-    warnings = data.get("warnings") if isinstance(data.get("warnings"), list) else []
+    frameworks: dict = data["frameworks"] if isinstance(data.get("frameworks"), dict) else {}
+    pulled_in: dict = data["pulled_in"] if isinstance(data.get("pulled_in"), dict) else {}
+    warnings: list = data["warnings"] if isinstance(data.get("warnings"), list) else []
     return {
         "pid": pid,
         "started": started,
@@ -187,7 +187,7 @@ def _merge(entries: list[tuple[dict, bool]]) -> dict[str, Any]:
     root = [e for e, is_root in entries if is_root]
     uncapped = [e for e, _ in entries if not e.get("capped")]
     base = uncapped[0] if uncapped else (root[0] if root else entries[0][0])
-    limits = [e.get("limit_mib") for e, _ in entries if e.get("limit_mib") is not None]
+    limits = [e["limit_mib"] for e, _ in entries if e.get("limit_mib") is not None]
     merged = {
         "capped": not uncapped,
         "limit_mib": max(limits) if limits and not uncapped else None,

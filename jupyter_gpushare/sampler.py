@@ -319,6 +319,7 @@ def _card_usage(s: DeviceSample, owners: Mapping[int, str], per_kernel: dict[str
             others_known += p.used_mib or 0
     readable = "processes" not in s.errors and not s.lost
     by_kernels = mine if readable else None
+    by_others: int | None
     if s.used_mib is not None and by_kernels is not None:
         by_others = max(0, s.used_mib - by_kernels)
     else:

@@ -21,8 +21,11 @@ from .state import card_segments
 class Viewer(Protocol):
     """Who looks: a broker caller (broker.identity.Caller), or a server's own user."""
 
-    user: str
-    admin: bool
+    @property
+    def user(self) -> str: ...
+
+    @property
+    def admin(self) -> bool: ...
 
 
 ANONYMOUS = ProcessRef(0, 0.0)

@@ -1,4 +1,5 @@
-"""The shape of the package: no import cycles, and functions a person can follow (ruff's complexity rule).
+"""The shape of the package: no import cycles, functions a person can follow (ruff's complexity rule), and types
+that check (mypy).
 
 Whether a module holds one job is for reviews to judge, not a line count (a file trimmed to pass a count is
 worse than a long one).
@@ -10,8 +11,10 @@ as importing only what it imports itself. docs/architecture.md draws the result.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,3 +108,14 @@ def test_lint_and_complexity_are_clean():
         ["ruff", "check", "jupyter_gpushare", "tests", "bench"], cwd=ROOT, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is in the test extras")
+def test_the_package_type_checks():
+    """mypy on the package (pyproject.toml's [tool.mypy]: the bootstrap, which patches frameworks inside kernels,
+    is left to its tests in real kernels). It found a real bug when it came: a card without a device minor made
+    the kernel's cgroup rule `c 195:None`."""
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-error-summary"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stdout + out.stderr

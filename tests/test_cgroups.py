@@ -228,3 +228,20 @@ class TestUnreadableLedger:
         probe += "    try:\n        os.close(os.open(p, os.O_RDONLY)); print(0)\n    except OSError as e:\n        print(e.errno)\n"
         assert (await run_in_kernel(jp_serverapp, kid, probe)).split() == ["''", str(errno.EPERM), str(errno.EPERM)]
         await gpushare.stop_kernel(kid)
+
+
+def test_a_card_without_a_device_minor_is_never_a_bad_device_rule():
+    """Found by the type checker: a card whose driver does not say its minor (and a simulated card) once made the
+    kernel's device rule ``c 195:None``, and its start failed where cgroups could be made. A simulated card has no
+    device to open; a real card of unknown minor is not isolated by device node rather than made unusable."""
+    from jupyter_gpushare.cgroups import MAX_MINOR, device_program
+    from jupyter_gpushare.gpu import Card
+    from jupyter_gpushare.manager import card_minors
+
+    assert card_minors(None) is None
+    assert card_minors(Card(0, "GPU-sim", "Simulated GPU", 10240, simulated=True)) is None
+    assert card_minors(Card(0, "GPU-a", "H100", 81559, minor=3)) == [3]
+    unknown = card_minors(Card(0, "GPU-b", "H100", 81559))
+    assert unknown == list(range(MAX_MINOR + 1))
+    for minors in (None, [3], unknown):
+        assert device_program(minors)  # every answer makes a valid program (no None in it)

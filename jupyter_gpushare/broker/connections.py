@@ -1,8 +1,8 @@
 """The broker's connections: who each one is, its share of the broker, and its requests, one line at a time.
 
-A mixin of GpuShareBroker (server.py), which provides ``guard``, ``log_limited``, ``identify``,
-``authenticate``, ``handle``, ``_touch``, ``_trusted_uid``, ``idle_timeout``, ``socket_path`` and
-``socket_group``. listener.py accepts the connections and admits them by the guard first.
+A part of GpuShareBroker (server.py): what it needs of the broker is declared at the top of the class (the
+guard, the logs, who a caller is, the handling of a request, the socket's settings). listener.py accepts the
+connections and admits them by the guard first.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from ..ledger import LedgerError
 from ..policy import PolicyError
+from .guard import Guard, LogLimiter
 from .identity import Caller, peer_credentials
 from .paths import untrusted_dir
 from .protocol import MAX_LINE, AuthArgs, BrokerRefused, decode_request, encode, refusal
@@ -25,6 +26,34 @@ AUTH_TIMEOUT_S = 10.0  # a TCP caller that has not authenticated by then is disc
 
 
 class Connections:
+    # -- what the broker provides (server.py: its settings, setup and identity) ------------------------
+    guard: Guard
+    log: logging.Logger
+    log_limited: LogLimiter
+    idle_timeout: float  # seconds a connection may stay silent
+    socket_path: str
+    socket_group: str
+
+    def identify(self, pid: int, uid: int) -> Caller:
+        """Who a Unix-socket caller is."""
+        raise NotImplementedError
+
+    def authenticate(self, token: str, instance: str) -> Caller:
+        """Who a TCP caller is, by its JupyterHub token."""
+        raise NotImplementedError
+
+    def handle(self, caller: Caller, op: str, args: Any) -> Any:
+        """Answer one decoded request (ops.py)."""
+        raise NotImplementedError
+
+    def _touch(self, caller: Caller) -> None:
+        """The caller's server is alive (its heartbeat)."""
+        raise NotImplementedError
+
+    def _trusted_uid(self, uid: int) -> bool:
+        """Whether a uid's connections are exempt from the per-user shares (root, the broker's own)."""
+        raise NotImplementedError
+
     # -- the socket ------------------------------------------------------------------------------------
 
     # Ledger calls run on the event loop's own thread: each takes well under a millisecond, only the

@@ -1,8 +1,9 @@
 """What each caller may do: the broker's operations, one method per request (``_op_<name>``).
 
-A mixin of GpuShareBroker (server.py), which provides ``_ledger`` (the host's Ledger), ``policy``, ``history``,
-``cards``, ``backend``, ``limits_for``, ``_me`` and ``log``. Every method runs on the broker's one thread, with
-arguments protocol.decode_request has already typed and checked.
+A part of GpuShareBroker (server.py): what it needs of the broker is declared at the top of the class (the
+host's Ledger, the policy, the history rules, the cards, the GPU backend, the per-user limits, the logs).
+Every method runs on the broker's one thread, with arguments protocol.decode_request has already typed and
+checked.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any
 
 import psutil
 
-from ..gpu import DeviceSample
+from ..gpu import Card, DeviceSample, GpuBackend
+from ..history import HistoryRules, OthersBudget
 from ..ledger import Lease, Ledger, ProcessRef, Request, Waiter
-from ..policy import CardView, format_mib
+from ..policy import CardView, Policy, UserLimits, format_mib
 from ..views import ANONYMOUS, anonymous_leases, view_for
+from .guard import LogLimiter
 from .identity import Caller
 from .protocol import (
     AttachArgs,
@@ -39,6 +42,23 @@ SAMPLE_TTL_S = 1.0  # the driver is read at most this often for what processes w
 
 
 class Operations:
+    # -- what the broker provides (server.py's setup) --------------------------------------------------
+    _ledger: Ledger | None  # the host's one ledger (None until it is opened)
+    _me: ProcessRef  # the broker's own process: the owner of what it writes for itself
+    _taught: OthersBudget  # how many other users' notebooks each user has asked about (learned_peak)
+    policy: Policy
+    history: HistoryRules
+    cards: list[Card]
+    backend: GpuBackend
+    log: logging.Logger
+    log_limited: LogLimiter
+    _samples: tuple[DeviceSample, ...]  # the driver's last per-process reading
+    _sampled_at: float  # when (time.monotonic())
+
+    def limits_for(self, caller: Caller) -> UserLimits:
+        """The caller's per-user limits (the broker's rules for their user and groups)."""
+        raise NotImplementedError
+
     # -- requests (all on the one ledger thread) ------------------------------------------------------
 
     @contextmanager

@@ -307,7 +307,7 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
             elif got is not None:
                 merged = {**{k: getattr(limits, k) for k in ("max_total", "max_kernel", "max_kernels")}}
                 merged.update(parse_limits(got, f"GpuShareBroker.user_limits_hook({caller.user!r})"))
-                limits = UserLimits(**merged)  # type: ignore[arg-type]
+                limits = UserLimits(**merged)
         return limits
 
     def _is_admin(self, user: str, groups: Sequence[str]) -> bool:
@@ -466,6 +466,7 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         while True:
             await asyncio.sleep(self.reap_interval)
             try:
+                assert self._ledger is not None  # opened before the sweep starts
                 self._log_reclaimed(self._ledger.reap())
                 stale = time.monotonic() - self.session_ttl
                 self._touched = {k: t for k, t in self._touched.items() if t > stale}
@@ -477,6 +478,7 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         while True:
             await asyncio.sleep(SAMPLE_TTL_S)
             try:
+                assert self._ledger is not None  # opened before the watch starts
                 self.watchdog.sweep(self._latest_samples(), self._ledger.leases())
             except Exception:
                 self.log.exception("jupyter-gpushare broker: the over-quota watchdog failed")

@@ -99,6 +99,7 @@ class Watchdog:
             self.log.warning("jupyter-gpushare broker: %s (over_quota_action %s: logged)", what, self.action)
             return
         if action == "interrupt":
+            assert kernel is not None  # (no kernel to interrupt: logged above)
             self._signal(kernel.pid, signal.SIGINT, group=True)
             self.log.warning("jupyter-gpushare broker: %s: interrupted", what)
             return

@@ -70,7 +70,11 @@ class FakeNvml:
 
     def _device(self, card: int, slot: int | None) -> FakeDevice:
         dev = self.devices[card]
-        return dev if slot is None else dev.instances[slot]
+        if slot is None:
+            return dev
+        instance = dev.instances[slot]
+        assert instance is not None, f"GPU {card} has no MIG instance {slot}"
+        return instance
 
     def add_process(
         self,

@@ -169,6 +169,7 @@ class NvmlBackend(GpuBackend):
         Raises _Lost when the card is gone, so the caller stops querying it.
         """
         nv = self._nvml
+        assert nv is not None  # (queried only once NVML is loaded)
         try:
             return fn(*args, **kw)
         except nv.NVMLError as e:

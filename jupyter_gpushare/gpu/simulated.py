@@ -44,6 +44,7 @@ class SimulatedBackend(NvmlBackend):
         """Processes' claimed use, from ``<kernel id>.<pid>.simulated`` files ("<MiB> <card index>"): a file of a
         process that is gone is removed, one that does not read as two small numbers is ignored."""
         claims: dict[int, tuple[int, int]] = {}
+        assert self.claims_dir is not None  # (only with a claims directory)
         try:
             names = [n for n in os.listdir(self.claims_dir) if n.endswith(".simulated")]
         except OSError:
