@@ -145,16 +145,14 @@ class GpuShareExtension(ExtensionApp):
             except Exception:
                 self.log.exception("jupyter-gpushare: kernel %s, whose wait ended, could not be shut down", kernel_id)
 
-        manager.holds_starts = True
-        manager.watchers = watchers
-        manager.may_grant = lambda kernel_id: (
-            kernel_id in kernels and (watchers(kernel_id) > 0 or has_session(kernel_id))
-        )
-
         def end_kernel(kernel_id: str) -> None:
             asyncio.ensure_future(end(kernel_id))
 
-        manager.end_kernel = end_kernel
+        manager.hold_starts(
+            watchers=watchers,
+            may_grant=lambda kernel_id: kernel_id in kernels and (watchers(kernel_id) > 0 or has_session(kernel_id)),
+            end_kernel=end_kernel,
+        )
 
     def _announce_changes(self, manager: QuotaManager) -> None:
         """Say on the server's event bus (STATE_SCHEMA) when the state changes in a way a person would notice,

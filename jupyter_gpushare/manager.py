@@ -89,8 +89,9 @@ class QuotaManager:
         self.closing = False  # the server is shutting down: no new kernel is admitted
         self.waiting = ServerQueue(policy.queue_timeout_s, unwatched_s)  # this server's kernels in the host's line
         self._serving: asyncio.Future | None = None  # the task that serves the line while anyone waits
-        # A Jupyter server lists a kernel in line at once and launches its process when it is granted (app.py sets
-        # this and wires the three below); nbclient and papermill wait for the grant before the kernel starts.
+        # A Jupyter server lists a kernel in line at once and launches its process when it is granted
+        # (``hold_starts`` sets this and the three below); nbclient and papermill wait for the grant before the
+        # kernel starts.
         self.holds_starts = False
         # How many clients are connected to a kernel (None: not known here); a kernel in line with none for
         # ``unwatched_s`` leaves it.
@@ -156,6 +157,17 @@ class QuotaManager:
                 "reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone."
             )
 
+    def hold_starts(
+        self,
+        watchers: Callable[[str], int | None],
+        may_grant: Callable[[str], bool],
+        end_kernel: Callable[[str], None],
+    ) -> None:
+        """A Jupyter server's way of starting kernels (app.py): a kernel in line is listed at once and launched when
+        granted; ``watchers`` says how many clients a kernel has, ``may_grant`` whether one still wants it, and
+        ``end_kernel`` shuts down (with its session) a kernel whose wait ended without a grant."""
+        self.holds_starts, self.watchers, self.may_grant, self.end_kernel = True, watchers, may_grant, end_kernel
+
     def _ensure_ledger(self) -> bool:
         """On the ledger thread: whether a ledger is open, opening it again when its back-off has passed."""
         if self._ledger is None and time.monotonic() >= self._retry_at:
@@ -165,18 +177,24 @@ class QuotaManager:
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _ledger_call(self, name: str, *args: Any) -> Any:
-        """Run on the ledger thread; None when the ledger is unavailable."""
+    def _with_ledger(self, call: Callable[[Reservations], T]) -> T | None:
+        """On the ledger thread: ``call(ledger)``, typed against the ``Reservations`` protocol; None while the
+        ledger is unavailable. LedgerError is the caller's."""
         if not self._ensure_ledger():
             return None
-        return getattr(self._ledger, name)(*args)
+        assert self._ledger is not None
+        return call(self._ledger)
 
-    async def _quietly(self, name: str, *args: Any) -> Any:
+    async def _on_ledger(self, call: Callable[[Reservations], T]) -> T | None:
+        """``_with_ledger`` from the IOLoop."""
+        return await self._run(self._with_ledger, call)
+
+    async def _quietly(self, what: str, call: Callable[[Reservations], T]) -> T | None:
         """A ledger call whose failure is logged, not raised (clean-up on a path that is already failing)."""
         try:
-            return await self._run(self._ledger_call, name, *args)
+            return await self._on_ledger(call)
         except LedgerError as e:
-            self.log.warning("jupyter-gpushare: %s(%s) failed: %s", name, ", ".join(map(str, args)), e)
+            self.log.warning("jupyter-gpushare: %s failed: %s", what, e)
             return None
 
     # -- admission -----------------------------------------------------------------------------
@@ -296,7 +314,7 @@ class QuotaManager:
 
     def _cancel_wait_quietly(self, kernel_id: str) -> None:
         try:
-            self._ledger_call("cancel_wait", kernel_id)
+            self._with_ledger(lambda ledger: ledger.cancel_wait(kernel_id))
         except LedgerError as e:  # it goes stale without heartbeats and is dropped
             self.log.info("jupyter-gpushare: cancel_wait(%s) failed: %s", kernel_id, e)
 
@@ -463,7 +481,9 @@ class QuotaManager:
         need = need_of(peak, alloc, quota, oom is not None, self.history.margin, self.policy.context_reserve_mib)
         card = self._card(rec.lease.card_uuid)
         run = Run(peak, min(need, card.total_mib) if card else need, oom is not None)
-        await self._quietly("record_peak", kernel_id, key, run, self.history)
+        await self._quietly(
+            f"record_peak({kernel_id})", lambda ledger: ledger.record_peak(kernel_id, key, run, self.history)
+        )
 
     def _reserve(self, request: Request, wait: bool) -> Lease | Waiting:
         """On the ledger thread. Memory that processes without a reservation use is taken too: measured
@@ -538,7 +558,7 @@ class QuotaManager:
         ref = ProcessRef.of(pid) if pid else None
         rec.run_started = ref.start if ref else None
         if rec.lease is not None:
-            await self._quietly("attach", kernel_id, ProcessRef.of(pid) if pid else None)
+            await self._quietly(f"attach({kernel_id})", lambda ledger: ledger.attach(kernel_id, ref))
 
     async def release(self, kernel_id: str, why: str = "shut down", forget: bool = True) -> None:
         """Give a kernel's reservation back, or its place in line (idempotent), and, unless it restarts, forget its
@@ -549,7 +569,7 @@ class QuotaManager:
         if rec is not None and not forget:
             rec.lease = None
         try:
-            lease = await self._run(self._ledger_call, "release", kernel_id)
+            lease = await self._on_ledger(lambda ledger: ledger.release(kernel_id))
         except LedgerError as e:  # a full disk: the kernel goes all the same; reconcile gives its room back later
             lease = None
             self.event("release-pending", kernel_id, f"Its reservation will be given back once the ledger works: {e}")
@@ -575,13 +595,13 @@ class QuotaManager:
                 if kernel_id not in known and rec.state not in ("starting", "queued"):
                     await self.release(kernel_id, "gone from the server")
         keep = set(self.records)
-        for lease in await self._run(self._ledger_call, "release_owned_except", keep) or []:
+        for lease in await self._on_ledger(lambda ledger: ledger.release_owned_except(keep)) or []:
             self.event(
                 "reclaimed",
                 lease.kernel_id,
                 f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel this server no longer has.",
             )
-        for lease in await self._run(self._ledger_call, "reap") or []:
+        for lease in await self._on_ledger(lambda ledger: ledger.reap()) or []:
             self.event(
                 "reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone."
             )

@@ -25,19 +25,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .policy import format_mib
 from .words import SEVERITY, render
 
 STATE_SCHEMA = "https://jupyter-gpushare.org/events/state-changed/v1"
 SCHEMA_FILE = Path(__file__).parent / "events" / "state-changed.yaml"
 RECENT_EVENTS = 50
-SEGMENTS = (  # key, label, what it is (the card bar's legend and tooltips)
-    ("mine", "yours", "reserved by your kernels (quotas + CUDA context)"),
-    ("others", "other kernels", "reserved by other kernels on this host"),
-    ("outside", "no reservation", "used by processes that hold no reservation; new kernels count it as taken"),
-    ("headroom", "kept free", "kept free by the admin for the driver and processes outside Jupyter"),
-    ("free", "unreserved", "what new kernels can still reserve"),
-)
+SEGMENTS = ("mine", "others", "outside", "headroom", "free")  # a card's parts, in the bar's order (words.py)
 
 
 EVENT_FIELDS = ("time", "kind", "kernel_id", "path")  # an event's own fields; the rest are its parameters
@@ -85,9 +78,6 @@ def kernel_status(k: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-OTHER_USERS = ("others", "other users", "reserved by other users' kernels on this host")
-
-
 def card_segments(card: Mapping[str, Any], mine_mib: int, by_user: bool = False) -> list[dict[str, Any]]:
     """The card's memory as the bar shows it, each part clamped to what is left of the card, so they add up
     to its total; ``mine_mib`` is what this server's own kernels reserve on it (a kernel restarting with a new
@@ -102,12 +92,13 @@ def card_segments(card: Mapping[str, Any], mine_mib: int, by_user: bool = False)
         "headroom": total - int(card.get("usable_mib", total)),
     }
     left, out = total, []
-    for key, label, what in SEGMENTS:
-        if by_user and key == "others":
-            key, label, what = OTHER_USERS
+    for key in SEGMENTS:
         mib = left if key == "free" else max(0, min(int(wanted[key]), left))
         left -= mib
-        out.append({"key": key, "label": label, "mib": mib, "title": f"{label[0].upper()}{label[1:]}: {format_mib(mib)} {what}"})  # fmt: skip
+        words = "other_users" if by_user and key == "others" else key  # (the host view splits by user)
+        label = render(f"segment.{words}.label", {})
+        title = render(f"segment.{words}.title", {"size_mib": mib})
+        out.append({"key": key, "label": label, "mib": mib, "title": title})
     return out
 
 

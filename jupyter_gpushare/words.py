@@ -93,6 +93,22 @@ CATALOGUE: dict[str, str] = {
     "limits.kernels": "{kernels} of {max_kernels} GPU kernels",
     "limits.and": "{a} and {b}",
     "quota.restarting": "Restarting {name} with a {quota} GPU quota…",
+    # a card's memory in parts that add up to it (state.card_segments): the legend and its tooltips
+    "segment.text": "{label} {size_mib}",
+    "segment.mine.label": "yours",
+    "segment.mine.title": "Yours: {size_mib} reserved by your kernels (quotas + CUDA context)",
+    "segment.others.label": "other kernels",
+    "segment.others.title": "Other kernels: {size_mib} reserved by other kernels on this host",
+    "segment.other_users.label": "other users",
+    "segment.other_users.title": "Other users: {size_mib} reserved by other users’ kernels on this host",
+    "segment.outside.label": "no reservation",
+    "segment.outside.title": "No reservation: {size_mib} used by processes that hold no reservation; new kernels "
+    "count it as taken",
+    "segment.headroom.label": "kept free",
+    "segment.headroom.title": "Kept free: {size_mib} kept free by the admin for the driver and processes outside "
+    "Jupyter",
+    "segment.free.label": "unreserved",
+    "segment.free.title": "Unreserved: {size_mib} what new kernels can still reserve",
     # sizes and times, for every figure in every sentence
     "size.share": "{percent}% of a card",
     "size.pair_mib": "{used} / {total} MiB",

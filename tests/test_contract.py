@@ -28,12 +28,22 @@ SRC = ROOT / "labextension" / "src"
 SPEC = yaml.safe_load((Path(jupyter_gpushare.__file__).parent / "api" / "openapi.yaml").read_text())
 
 
-def ts_catalogue() -> dict[str, str]:
+def ts_catalogue(function: str = "catalogue") -> dict[str, str]:
+    """The entries of one of words.ts's catalogue functions (``catalogue``: the server's codes; ``uiCatalogue``:
+    the sidebar's own words)."""
     text = (SRC / "words.ts").read_text()
-    body = text[text.index("function catalogue(") :]
+    body = text[text.index(f"function {function}(") :]
     body = body[: body.index("\n}\n")]
     entries = re.findall(r"'([a-z_.\-]+)':\s*__\(\s*'((?:[^'\\]|\\.)*)'\s*\)", body)
     return {code: template.replace("\\'", "'") for code, template in entries}
+
+
+def test_every_code_the_sidebar_says_is_in_its_catalogue():
+    """A typo in a code would show the code itself on screen: every literal code said in the sources exists."""
+    known = ts_catalogue() | ts_catalogue("uiCatalogue")
+    said = {code for path in SRC.glob("*.ts") for code in re.findall(r"\bsay\(\s*'([^']+)'", path.read_text())}
+    assert said and not said - known.keys(), sorted(said - known.keys())
+    assert all(code.startswith("ui.") for code in ts_catalogue("uiCatalogue"))
 
 
 def test_the_sidebar_words_every_code_as_the_server_does():

@@ -36,15 +36,18 @@ class QuotaBody extends Widget implements Dialog.IBodyWidget<string> {
     super();
     this.addClass('jp-gpushare-quota-dialog');
     const p = document.createElement('p');
-    p.textContent =
-      `Current quota: ${kernel.quota ?? '–'}. ${limits} ` +
-      'The kernel restarts to apply the new quota: its variables and state will be lost. ' +
-      'If the GPU has no room, it waits in line.';
+    p.textContent = [
+      say('ui.dialog.current', { quota: kernel.quota ?? '–' }),
+      limits,
+      say('ui.dialog.restarts')
+    ]
+      .filter(Boolean)
+      .join(' ');
     this.input = document.createElement('input');
     this.input.className = 'jp-mod-styled jp-gpushare-quota-input';
     this.input.value = value;
-    this.input.placeholder = 'e.g. 6GiB or 512MiB';
-    this.input.setAttribute('aria-label', 'New GPU memory quota');
+    this.input.placeholder = say('ui.dialog.placeholder');
+    this.input.setAttribute('aria-label', say('ui.dialog.input'));
     this.node.append(p, this.input);
     if (problem) {
       const why = document.createElement('p');
@@ -107,7 +110,10 @@ export function kernelActions(
       .then(() => model.refresh())
       .catch(e =>
         Notification.error(
-          `${nameOf(k)} did not restart: ${(e as Error).message ?? e}`,
+          say('ui.restart.failed', {
+            name: nameOf(k),
+            message: (e as Error).message ?? String(e)
+          }),
           { autoClose: false }
         )
       );
@@ -127,27 +133,31 @@ export function kernelActions(
   const askQuota = async (k: IKernel): Promise<string | null> => {
     const cfg = model.snapshot.state?.config;
     const limits = [
-      cfg?.min_quota ? `at least ${sizeText(cfg.min_quota)}` : '',
-      cfg?.max_quota ? `at most ${sizeText(cfg.max_quota)}` : ''
+      cfg?.min_quota
+        ? say('ui.dialog.at_least', { size: sizeText(cfg.min_quota) })
+        : '',
+      cfg?.max_quota
+        ? say('ui.dialog.at_most', { size: sizeText(cfg.max_quota) })
+        : ''
     ]
       .filter(Boolean)
-      .join(' and ');
+      .join(say('ui.dialog.and'));
     let value = k.pending_quota ?? k.quota ?? '';
     let problem = '';
     for (;;) {
       const result = await showDialog({
-        title: `GPU quota of ${nameOf(k)}`,
+        title: say('ui.dialog.title', { name: nameOf(k) }),
         body: new QuotaBody(
           k,
-          limits ? `You may ask for ${limits}.` : '',
+          limits ? say('ui.dialog.limits', { limits }) : '',
           value,
           problem
         ),
         buttons: [
           Dialog.cancelButton(),
           Dialog.warnButton({
-            label: 'Restart with new quota',
-            ariaLabel: `Restart ${nameOf(k)} with the new quota`
+            label: say('ui.dialog.restart'),
+            ariaLabel: say('ui.dialog.restart_label', { name: nameOf(k) })
           })
         ],
         focusNodeSelector: 'input'
@@ -182,18 +192,21 @@ export function kernelActions(
       try {
         got = await model.requestQuota(k.kernel_id, `${mib}MiB`);
       } catch (e) {
-        void showErrorMessage('GPU quota not changed', (e as Error).message);
+        void showErrorMessage(
+          say('ui.dialog.not_changed'),
+          (e as Error).message
+        );
         return;
       }
       restartWithQuota(k, taken(got));
     },
     shutdown: async k => {
       const result = await showDialog({
-        title: `Shut down ${nameOf(k)}?`,
-        body: 'Its variables and state will be lost, and its GPU memory goes back to the others.',
+        title: say('ui.shutdown.title', { name: nameOf(k) }),
+        body: say('ui.shutdown.body'),
         buttons: [
           Dialog.cancelButton(),
-          Dialog.warnButton({ label: 'Shut down' })
+          Dialog.warnButton({ label: say('ui.btn.shutdown') })
         ]
       });
       if (!result.button.accept) {
@@ -203,7 +216,7 @@ export function kernelActions(
         await shutdownKernel(k.kernel_id);
       } catch (e) {
         void showErrorMessage(
-          `${nameOf(k)} was not shut down`,
+          say('ui.shutdown.failed', { name: nameOf(k) }),
           (e as Error).message
         );
       }
@@ -211,11 +224,11 @@ export function kernelActions(
     },
     stopWaiting: async k => {
       const result = await showDialog({
-        title: 'Stop waiting for a GPU?',
-        body: `${nameOf(k)}'s kernel is shut down and leaves the line; cells waiting to run do not run. Start a kernel later to ask for a GPU again.`,
+        title: say('ui.stop.title'),
+        body: say('ui.stop.body', { name: nameOf(k) }),
         buttons: [
-          Dialog.cancelButton({ label: 'Keep waiting' }),
-          Dialog.warnButton({ label: 'Stop waiting' })
+          Dialog.cancelButton({ label: say('ui.stop.keep') }),
+          Dialog.warnButton({ label: say('banner.stop') })
         ]
       });
       if (!result.button.accept) {
@@ -231,7 +244,7 @@ export function kernelActions(
           await shutdownKernel(k.kernel_id);
         }
       } catch (e) {
-        void showErrorMessage('Could not stop waiting', (e as Error).message);
+        void showErrorMessage(say('ui.stop.failed'), (e as Error).message);
       }
       void model.refresh();
     },

@@ -25,7 +25,8 @@ import { say } from './words';
 
 /** A size limit for people: "16 GiB", or "25% of a card" for a share. */
 function limitSize(text: string): string {
-  return text.trim().endsWith('%') ? `${text.trim()} of a card` : text.trim();
+  const t = text.trim();
+  return t.endsWith('%') ? say('size.share', { percent: t.slice(0, -1) }) : t;
 }
 
 /** True when a limits object sets at least one limit. */
@@ -50,16 +51,16 @@ export function limitsText(
   }
   const parts: string[] = [];
   if (limits.max_total) {
-    parts.push(`${limitSize(limits.max_total)} in total`);
+    parts.push(say('ui.limits.total', { size: limitSize(limits.max_total) }));
   }
   if (limits.max_kernel) {
-    parts.push(`${limitSize(limits.max_kernel)} per kernel`);
+    parts.push(say('ui.limits.kernel', { size: limitSize(limits.max_kernel) }));
   }
   if (isMeasured(limits.max_kernels)) {
     const n = limits.max_kernels;
-    parts.push(`${n} GPU kernel${n === 1 ? '' : 's'}`);
+    parts.push(say(n === 1 ? 'ui.limits.count_one' : 'ui.limits.count', { n }));
   }
-  return `up to ${parts.join(', ')}`;
+  return say('ui.limits.up_to', { parts: parts.join(', ') });
 }
 
 export interface ILimitsUse {
@@ -95,17 +96,23 @@ export function limitsUse(view: IHostView): ILimitsUse | null {
 
 /** One line of the host queue. Another user's entry says only that it is one. */
 export function queueEntryText(entry: IHostQueueEntry): string {
-  const quota = entry.quota ? `, ${entry.quota}` : '';
-  const kind = entry.kernel_name ? `${entry.kernel_name} kernel` : 'kernel';
-  let who: string;
-  if (entry.mine) {
-    who = `your ${kind}${quota}`;
-  } else if (entry.user) {
-    who = `${entry.user}’s ${kind}${quota}`; // an admin's view
-  } else {
-    who = 'another user’s kernel';
-  }
-  return `#${entry.position} ${who} · waiting ${formatDuration(entry.waited_s)}`;
+  const figures = {
+    kind: entry.kernel_name
+      ? say('ui.queue.kind', { kernel: entry.kernel_name })
+      : say('ui.queue.kernel'),
+    quota: entry.quota,
+    user: entry.user
+  };
+  const who = entry.mine
+    ? say('ui.queue.yours', figures)
+    : entry.user
+      ? say('ui.queue.user', figures) // an admin's view
+      : say('ui.queue.another');
+  return say('ui.queue.entry', {
+    position: entry.position,
+    who,
+    waited_s: entry.waited_s
+  });
 }
 
 export interface IHostKernelRow {
@@ -131,7 +138,7 @@ export function hostKernelRows(
   pathOf: (kernelId: string) => string | null = () => null
 ): IHostKernelRow[] {
   const pid = (p: number | null | undefined) =>
-    isMeasured(p) ? String(p) : 'not visible';
+    isMeasured(p) ? String(p) : say('ui.host.pid_hidden');
   return [...view.kernels]
     .sort(
       (a, b) =>
@@ -150,10 +157,16 @@ export function hostKernelRows(
         card: label.replace(/^GPU /, ''), // the column is headed "GPU"
         quota: formatMiB(k.quota_mib),
         age: formatDuration(k.age_s),
-        title:
-          `kernel ${k.kernel_id} (${k.kernel_name}) on ${label}: quota ${formatMiB(k.quota_mib)}` +
-          ` + ${formatMiB(k.reserve_mib)} CUDA context = ${formatMiB(k.reserved_mib)} reserved;` +
-          ` server pid ${pid(k.server_pid)}, kernel pid ${pid(k.kernel_pid)}`,
+        title: say('ui.host.row', {
+          kernel_id: k.kernel_id,
+          kernel: k.kernel_name,
+          card: label,
+          quota_mib: k.quota_mib,
+          reserve_mib: k.reserve_mib,
+          reserved_mib: k.reserved_mib,
+          server_pid: pid(k.server_pid),
+          kernel_pid: pid(k.kernel_pid)
+        }),
         mine: k.user === view.user
       };
     });

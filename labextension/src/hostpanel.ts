@@ -17,6 +17,7 @@ import {
 } from './host';
 import type { IModelError, ISnapshot } from './model';
 import type { IHostCard, IHostView, IKernel } from './types';
+import { say, segmentText, segmentTitle } from './words';
 
 /** What the section needs from the panel. */
 export interface IHostSectionProps {
@@ -36,7 +37,7 @@ function hostCard(card: IHostCard): VirtualElement {
     },
     cardHead(card, formatMiB(card.total_mib)),
     bar(
-      segs.map(s => ({ cls: s.key, mib: s.mib, title: s.title })),
+      segs.map(s => ({ cls: s.key, mib: s.mib, title: segmentTitle(s, true) })),
       card.total_mib
     ),
     h.div(
@@ -47,10 +48,10 @@ function hostCard(card: IHostCard): VirtualElement {
           h.span(
             {
               className: `${C}-legend-item ${C}-host-${s.key}`,
-              title: s.title
+              title: segmentTitle(s, true)
             },
             h.span({ className: `${C}-swatch ${C}-seg-${s.key}` }),
-            `${s.label} ${formatMiB(s.mib)}`
+            segmentText(s, true)
           )
         )
     )
@@ -61,15 +62,17 @@ function limits(host: IHostView): VirtualElement {
   const text = limitsText(host.limits);
   const use = limitsUse(host);
   const reserve = host.context_reserve_mib
-    ? ` The ${formatMiB(host.context_reserve_mib)} CUDA context reserve of each kernel is not counted.`
+    ? say('ui.host.reserve', { reserve_mib: host.context_reserve_mib })
     : '';
   return h.div(
     {
       className: `${C}-host-limits${use?.full ? ` ${C}-sev-text-warn` : ''}`
     },
     text
-      ? `Your limits: ${text}.${use ? ` ${use.text}` : ''}${reserve}`
-      : 'No per-user limits apply to you.'
+      ? [say('ui.host.limits', { limits: text }), use?.text ?? '', reserve]
+          .filter(Boolean)
+          .join(' ')
+      : say('ui.host.no_limits')
   );
 }
 
@@ -90,18 +93,26 @@ function usersTable(host: IHostView): VirtualElement {
   const total = usersTotal(users);
   return table(
     'users',
-    ['User', 'Kernels', 'Reserved'],
+    [
+      say('ui.host.th.user'),
+      say('ui.host.th.kernels'),
+      say('ui.host.th.reserved')
+    ],
     [
       ...users.map(u =>
         h.tr(
           {
             className: u.user === host.user ? `${C}-host-me` : '',
             dataset: { user: u.user },
-            title: `${u.user}: quotas ${formatMiB(u.quota_mib)} + CUDA context = ${formatMiB(u.reserved_mib)} reserved`
+            title: say('ui.host.user_title', {
+              user: u.user,
+              quota_mib: u.quota_mib,
+              reserved_mib: u.reserved_mib
+            })
           },
           h.td(
             { className: `${C}-table-name`, title: u.user },
-            u.user === host.user ? `${u.user} (you)` : u.user
+            u.user === host.user ? say('ui.host.you', { user: u.user }) : u.user
           ),
           h.td(String(u.kernels)),
           h.td(formatMiB(u.reserved_mib))
@@ -109,7 +120,7 @@ function usersTable(host: IHostView): VirtualElement {
       ),
       h.tr(
         { className: `${C}-table-total` },
-        h.td('all'),
+        h.td(say('ui.host.all')),
         h.td(String(total.kernels)),
         h.td(formatMiB(total.reserved_mib))
       )
@@ -140,7 +151,7 @@ function kernelsTable(
           },
           h.td(
             { colspan: '4' },
-            r.user === host.user ? `${r.user} (you)` : r.user
+            r.user === host.user ? say('ui.host.you', { user: r.user }) : r.user
           )
         )
       );
@@ -149,7 +160,7 @@ function kernelsTable(
       h.tr(
         {
           dataset: { kernelId: r.kernelId, user: r.user },
-          title: `${r.user}’s ${r.title}`
+          title: say('ui.host.kernel_title', { user: r.user, title: r.title })
         },
         h.td({ className: `${C}-table-name`, title: r.name }, r.name),
         h.td({ title: r.card }, r.card),
@@ -158,13 +169,22 @@ function kernelsTable(
       )
     );
   });
-  return table('host-kernels', ['Kernel', 'GPU', 'Quota', 'Age'], out);
+  return table(
+    'host-kernels',
+    [
+      say('ui.host.th.kernel'),
+      say('ui.host.th.gpu'),
+      say('ui.host.th.quota'),
+      say('ui.host.th.age')
+    ],
+    out
+  );
 }
 
 function body(host: IHostView, props: IHostSectionProps): VirtualElement[] {
   const out: VirtualElement[] = [];
   if (host.cards.length === 0) {
-    out.push(h.div({ className: `${C}-empty` }, 'No GPU on this host.'));
+    out.push(h.div({ className: `${C}-empty` }, say('ui.host.no_gpu')));
   } else {
     out.push(
       h.div(
@@ -179,32 +199,24 @@ function body(host: IHostView, props: IHostSectionProps): VirtualElement[] {
     out.push(
       h.div(
         { className: `${C}-subtitle` },
-        `Users (${users.length}) · you see every user’s kernels as an admin`
+        say('ui.host.users', { n: users.length })
       ),
       users.length
         ? usersTable(host)
-        : h.div(
-            { className: `${C}-empty` },
-            'No user holds GPU memory on this host.'
-          ),
+        : h.div({ className: `${C}-empty` }, say('ui.host.no_users')),
       h.div(
         { className: `${C}-subtitle` },
-        `Kernels on this host (${host.kernels.length})`
+        say('ui.host.kernels', { n: host.kernels.length })
       ),
       ...(host.kernels.length ? [kernelsTable(host, props)] : [])
     );
   } else {
-    out.push(
-      h.div(
-        { className: `${C}-host-private` },
-        'Other users are shown only as totals per card: their names, kernels and notebooks are private.'
-      )
-    );
+    out.push(h.div({ className: `${C}-host-private` }, say('ui.host.private')));
   }
   out.push(
     h.div(
       { className: `${C}-subtitle` },
-      `Waiting on this host (${host.queue.length})`
+      say('ui.host.waiting', { n: host.queue.length })
     )
   );
   if (host.queue.length) {
@@ -223,24 +235,20 @@ function body(host: IHostView, props: IHostSectionProps): VirtualElement[] {
       )
     );
   } else {
-    out.push(
-      h.div(
-        { className: `${C}-empty` },
-        'No kernel waits for a GPU on this host.'
-      )
-    );
+    out.push(h.div({ className: `${C}-empty` }, say('ui.host.no_waiting')));
   }
   return out;
 }
 
 function hostError(err: IModelError): VirtualElement {
   return err.kind === 'missing'
-    ? notice(
+    ? notice('error', say('ui.host.missing.title'), say('ui.host.missing.body'))
+    : notice(
         'error',
-        'This server has no host view',
-        'It does not answer /api/gpushare/host (404): its jupyter-gpushare does not match this sidebar.'
-      )
-    : notice('error', 'The host view is unavailable', err.message, 'Retrying…');
+        say('ui.host.unavailable'),
+        err.message,
+        say('ui.retrying')
+      );
 }
 
 /** The "This host" section: a toggle, and while open the host view (or why there is none). */
@@ -254,7 +262,7 @@ export function renderHostSection(props: IHostSectionProps): VirtualElement {
     } else if (host) {
       content.push(...body(host, props));
     } else {
-      content.push(h.div({ className: `${C}-loading` }, 'Loading…'));
+      content.push(h.div({ className: `${C}-loading` }, say('ui.loading')));
     }
   }
   return h.div(
@@ -269,15 +277,18 @@ export function renderHostSection(props: IHostSectionProps): VirtualElement {
       {
         className: `${C}-host-toggle ${C}-section-title`,
         'aria-expanded': String(open),
-        title: open
-          ? 'Hide the host view'
-          : 'Show every reservation on this host (read only while shown)',
+        title: say(open ? 'ui.host.hide' : 'ui.host.show'),
         onclick: () => props.toggle()
       },
       h.span({ className: `${C}-caret` }, open ? '▾' : '▸'),
-      'This host',
+      say('ui.host.title'),
       ...(open && host?.admin
-        ? [h.span({ className: `${C}-badge ${C}-sev-info` }, 'admin')]
+        ? [
+            h.span(
+              { className: `${C}-badge ${C}-sev-info` },
+              say('ui.host.admin')
+            )
+          ]
         : [])
     ),
     ...(open

@@ -32,7 +32,7 @@ import { DEFAULT_SETTINGS, GpuShareModel, ISettings } from './model';
 import { Notifier } from './notify';
 import { GpuSharePanel } from './panel';
 import { KernelTracker } from './tracker';
-import { pseudoLocale, setTranslator } from './words';
+import { pseudoLocale, say, setTranslator } from './words';
 
 const PLUGIN_ID = 'jupyter-gpushare:plugin';
 
@@ -139,11 +139,11 @@ const panel: JupyterFrontEndPlugin<void> = {
     const widget = new GpuSharePanel(gpu.model, gpu.tracker, gpu.actions);
     widget.id = 'jp-gpushare';
     widget.title.icon = gpuIcon;
-    widget.title.caption = 'GPU memory quotas';
+    widget.title.caption = say('ui.caption');
     shell.add(widget, 'right', { rank: 600 });
     commands.addCommand(CommandIDs.open, {
-      label: 'Show GPU Memory Quotas',
-      caption: 'Open the sidebar with each kernel’s GPU memory quota and use',
+      label: say('ui.cmd.open'),
+      caption: say('ui.cmd.open_caption'),
       icon: gpuIcon,
       execute: () => {
         if (!widget.isAttached) {
@@ -153,7 +153,7 @@ const panel: JupyterFrontEndPlugin<void> = {
       }
     });
     commands.addCommand(CommandIDs.refresh, {
-      label: 'Refresh GPU Memory Quotas',
+      label: say('ui.cmd.refresh'),
       execute: () => gpu.model.refresh()
     });
     palette?.addItem({ command: CommandIDs.open, category: 'GPU' });

@@ -4,7 +4,7 @@ import { h, VirtualDOM, VirtualElement } from '@lumino/virtualdom';
 import { IKernelActions } from './actions';
 import { bar, C, cardHead, notice } from './dom';
 import {
-  formatDuration,
+  cardLabel,
   formatMiB,
   formatPercent,
   formatUsage,
@@ -15,7 +15,7 @@ import { GpuShareModel, ISettings, ISnapshot } from './model';
 import { historyText, quotaMiB, statusOf } from './state';
 import { ICurrent, KernelTracker } from './tracker';
 import type { ICard, IKernel } from './types';
-import { say, sizeText } from './words';
+import { say, segmentText, segmentTitle, sizeText } from './words';
 
 /** What the panel shows: the server's state, the notebook in front, the user's settings. */
 export interface IPanelView {
@@ -38,14 +38,17 @@ function renderCard(card: ICard): VirtualElement {
     },
     cardHead(card, formatMiB(card.total_mib)),
     bar(
-      segs.map(s => ({ cls: s.key, mib: s.mib, title: s.title })),
+      segs.map(s => ({ cls: s.key, mib: s.mib, title: segmentTitle(s) })),
       card.total_mib,
       undefined,
-      `${card.label ?? `GPU ${card.index}`}, ${formatMiB(card.total_mib)}: ` +
-        segs
+      say('ui.card.bar', {
+        card: cardLabel(card),
+        total_mib: card.total_mib,
+        parts: segs
           .filter(s => s.mib > 0)
-          .map(s => `${s.label} ${formatMiB(s.mib)}`)
+          .map(s => segmentText(s))
           .join(', ')
+      })
     ),
     h.div(
       { className: `${C}-legend` },
@@ -55,21 +58,30 @@ function renderCard(card: ICard): VirtualElement {
           h.span(
             {
               className: `${C}-legend-item`,
-              title: s.title,
+              title: segmentTitle(s),
               dataset: { key: s.key }
             },
             h.span({ className: `${C}-swatch ${C}-seg-${s.key}` }),
-            `${s.label} ${formatMiB(s.mib)}`
+            segmentText(s)
           )
         )
     ),
     h.div(
       { className: `${C}-card-foot` },
-      `${card.kernels} kernel${card.kernels === 1 ? '' : 's'} on this card · ` +
-        (measured
-          ? `in use (measured) ${formatUsage(card.used_mib, card.total_mib)}, utilisation ${formatPercent(card.utilization)}`
-          : 'use not measured yet') +
-        (card.allowed ? '' : ' · not used for new kernels')
+      [
+        say(card.kernels === 1 ? 'ui.card.kernel' : 'ui.card.kernels', {
+          n: card.kernels
+        }),
+        measured
+          ? say('ui.card.measured', {
+              usage: formatUsage(card.used_mib, card.total_mib),
+              utilisation: formatPercent(card.utilization)
+            })
+          : say('ui.card.unmeasured'),
+        card.allowed ? '' : say('ui.card.not_used')
+      ]
+        .filter(Boolean)
+        .join(' · ')
     )
   );
 }
@@ -105,32 +117,44 @@ function quotaBar(k: IKernel, severity: string): VirtualElement {
   const cls =
     severity === 'error' ? 'over' : severity === 'warn' ? 'near' : 'used';
   const marks = [
-    marker('quota', q, scale, `quota ${formatMiB(q)}`),
+    marker('quota', q, scale, say('ui.bar.quota', { quota_mib: q })),
     ...(scale > limit
-      ? [marker('limit', limit, scale, `reservation ${formatMiB(limit)}`)]
+      ? [
+          marker(
+            'limit',
+            limit,
+            scale,
+            say('ui.bar.reservation', { reserved_mib: limit })
+          )
+        ]
       : []),
     ...(peak !== null && peak > 0
-      ? [marker('peak', peak, scale, `peak ${formatMiB(peak)}`)]
+      ? [marker('peak', peak, scale, say('ui.bar.peak', { peak_mib: peak }))]
       : [])
   ];
   const label =
     used === null
-      ? `use not measured yet (reservation ${formatMiB(limit)})`
-      : `${formatUsage(used, limit)}${peak !== null ? ` · peak ${formatMiB(peak)}` : ''}`;
+      ? say('ui.bar.unmeasured', { reserved_mib: limit })
+      : [
+          formatUsage(used, limit),
+          peak !== null ? say('ui.bar.peak', { peak_mib: peak }) : ''
+        ]
+          .filter(Boolean)
+          .join(' · ');
   return h.div(
     { className: `${C}-quota` },
     bar(
       used !== null
-        ? [{ cls, mib: used, title: `using ${formatMiB(used)}` }]
+        ? [{ cls, mib: used, title: say('ui.bar.using', { used_mib: used }) }]
         : [],
       scale,
       marks,
-      `GPU memory: ${label}, of a reservation of ${formatMiB(limit)} (quota ${formatMiB(q)} + CUDA context)`
+      say('ui.bar.label', { label, reserved_mib: limit, quota_mib: q })
     ),
     h.div(
       {
         className: `${C}-quota-label`,
-        title: `of its reservation: quota ${formatMiB(q)} + ${formatMiB(k.reserve_mib)} for the CUDA context`
+        title: say('ui.bar.title', { quota_mib: q, reserve_mib: k.reserve_mib })
       },
       label
     )
@@ -161,13 +185,23 @@ function timeline(k: IKernel): VirtualElement | null {
     `<line class="${C}-tl-limit" x1="0" x2="${W}" y1="${y(limit).toFixed(1)}" y2="${y(limit).toFixed(1)}"/>` +
     `<line class="${C}-tl-quota" x1="0" x2="${W}" y1="${y(q).toFixed(1)}" y2="${y(q).toFixed(1)}"/>` +
     `<polyline class="${C}-tl-use" points="${line}"/></svg>`;
-  const minutes = formatDuration(span);
   return h.div(
     {
       className: `${C}-timeline`,
       role: 'img',
-      'aria-label': `GPU memory over the last ${minutes}: from ${formatMiB(points[0][1])} to ${formatMiB(points[points.length - 1][1])}, peak ${formatMiB(peak)}, quota ${formatMiB(q)}`,
-      title: `Use over the last ${minutes} (peak ${formatMiB(peak)}); lines: quota ${formatMiB(q)}, reservation ${formatMiB(limit)}`
+      'aria-label': say('ui.timeline.label', {
+        span_s: span,
+        from_mib: points[0][1],
+        to_mib: points[points.length - 1][1],
+        peak_mib: peak,
+        quota_mib: q
+      }),
+      title: say('ui.timeline.title', {
+        span_s: span,
+        peak_mib: peak,
+        quota_mib: q,
+        reserved_mib: limit
+      })
     },
     h.div({ className: `${C}-timeline-svg`, dataset: { svg } })
   );
@@ -190,9 +224,9 @@ function frameworks(k: IKernel): VirtualElement | null {
   return h.div(
     {
       className: `${C}-frameworks`,
-      title: 'As reported by the kernel’s own processes'
+      title: say('ui.fw.title')
     },
-    h.span({ className: `${C}-fw-source` }, 'reported by the kernel:'),
+    h.span({ className: `${C}-fw-source` }, say('ui.fw.source')),
     ...Object.keys(fw)
       .sort()
       .map(name => {
@@ -200,9 +234,12 @@ function frameworks(k: IKernel): VirtualElement | null {
         return h.span(
           {
             className: `${C}-fw ${f.capped ? `${C}-fw-capped` : `${C}-fw-uncapped`}`,
-            title: `${f.detail ?? ''} (reported by the kernel)`
+            title: say('ui.fw.detail', { detail: f.detail ?? '' })
           },
-          `${name} ${f.capped ? `capped${isMeasured(f.limit_mib) ? ` ${formatMiB(f.limit_mib)}` : ''}` : 'not capped'}`
+          say(f.capped ? 'ui.fw.capped' : 'ui.fw.uncapped', {
+            name,
+            limit_mib: f.limit_mib
+          })
         );
       })
   );
@@ -215,20 +252,16 @@ function held(k: IKernel): VirtualElement | null {
     return null;
   }
   const parts = [
-    how.tracking === 'cgroup' ? 'own cgroup' : 'process tree',
-    how.card_isolation ? 'other cards closed' : 'other cards not closed',
-    how.watchdog ? `over quota: ${how.watchdog}` : ''
+    say(how.tracking === 'cgroup' ? 'ui.held.cgroup' : 'ui.held.tree'),
+    say(how.card_isolation ? 'ui.held.closed' : 'ui.held.open'),
+    how.watchdog ? say('ui.held.watchdog', { action: how.watchdog }) : ''
   ].filter(Boolean);
-  const why = how.reason ? ` ${how.reason}.` : '';
   return h.div(
     {
       className: `${C}-held`,
-      title:
-        'How the server holds this kernel: whatever it starts stays counted as its own (cgroup) or only its ' +
-        'process tree; whether it can open cards outside its reservation; what happens when it uses more ' +
-        `than its reservation.${why}`
+      title: say('ui.held.title', { reason: how.reason })
     },
-    `Held by the server: ${parts.join(' · ')}`
+    say('ui.held', { parts: parts.join(' · ') })
   );
 }
 
@@ -258,18 +291,20 @@ function renderKernel(
   const s = statusOf(k);
   const name = actions.nameOf(k);
   const where = k.card
-    ? (k.card.label ?? `GPU ${k.card.index}`)
-    : k.state === 'queued'
-      ? 'waiting'
-      : 'no card';
-  const quota = isMeasured(k.quota_mib)
-    ? `quota ${formatMiB(k.quota_mib)}`
-    : k.quota
-      ? `quota ${k.quota}`
-      : '';
-  const reserve =
-    isMeasured(k.reserve_mib) && isMeasured(k.reserved_mib)
-      ? ` + ${formatMiB(k.reserve_mib)} CUDA context = ${formatMiB(k.reserved_mib)} reserved`
+    ? cardLabel(k.card)
+    : say(k.state === 'queued' ? 'ui.kernel.waiting' : 'ui.kernel.no_card');
+  const quota =
+    isMeasured(k.quota_mib) || k.quota
+      ? say(
+          isMeasured(k.reserve_mib) && isMeasured(k.reserved_mib)
+            ? 'ui.kernel.quota_reserved'
+            : 'ui.kernel.quota',
+          {
+            quota: isMeasured(k.quota_mib) ? formatMiB(k.quota_mib) : k.quota,
+            reserve_mib: k.reserve_mib,
+            reserved_mib: k.reserved_mib
+          }
+        )
       : '';
   const fw = view.settings.showFrameworks ? frameworks(k) : null;
   const learned = historyText(k);
@@ -283,8 +318,8 @@ function renderKernel(
     act.push(
       button(
         'retry-btn',
-        `Restart with ${retry}`,
-        `Restart ${name} with a ${retry} GPU quota (it ran out of memory; waits if the GPU is full)`,
+        say('ui.btn.retry', { quota: retry }),
+        say('ui.btn.retry_label', { name, quota: retry }),
         () => void actions.restartWith(k, retryMib)
       )
     );
@@ -293,8 +328,8 @@ function renderKernel(
     act.push(
       button(
         'quota-btn',
-        'Change quota…',
-        `Change the GPU quota of ${name} (restarts it)`,
+        say('ui.btn.quota'),
+        say('ui.btn.quota_label', { name }),
         () => void actions.changeQuota(k)
       )
     );
@@ -303,14 +338,14 @@ function renderKernel(
     k.state === 'queued'
       ? button(
           'stop-btn',
-          'Stop waiting',
-          `Stop waiting for a GPU for ${name}`,
+          say('banner.stop'),
+          say('banner.stop_label', { name }),
           () => void actions.stopWaiting(k)
         )
       : button(
           'shutdown-btn',
-          'Shut down',
-          `Shut down ${name}`,
+          say('ui.btn.shutdown'),
+          say('ui.btn.shutdown_label', { name }),
           () => void actions.shutdown(k)
         )
   );
@@ -330,8 +365,8 @@ function renderKernel(
         ? h.button(
             {
               className: `${C}-link`,
-              title: `Open ${k.path}`,
-              'aria-label': `Open ${name}`,
+              title: say('ui.open', { name: k.path }),
+              'aria-label': say('ui.open', { name }),
               onclick: () => actions.open(k)
             },
             name
@@ -346,8 +381,14 @@ function renderKernel(
       { className: `${C}-kernel-meta` },
       [
         where,
-        quota + reserve,
-        k.pending_quota ? `→ ${k.pending_quota} at next restart` : ''
+        quota,
+        k.pending_quota
+          ? say('ui.kernel.pending', {
+              quota: isMeasured(k.pending_quota_mib)
+                ? formatMiB(k.pending_quota_mib)
+                : k.pending_quota
+            })
+          : ''
       ]
         .filter(Boolean)
         .join(' · ')
@@ -373,7 +414,9 @@ function renderKernel(
       ? [
           h.div(
             { className: `${C}-kernel-util` },
-            `GPU utilisation ${formatPercent(k.utilization)}`
+            say('ui.kernel.utilisation', {
+              utilisation: formatPercent(k.utilization)
+            })
           )
         ]
       : []),
@@ -397,49 +440,46 @@ function renderStatus(snapshot: ISnapshot): VirtualElement[] {
   if (err && (err.kind === 'missing' || state === null)) {
     return [
       err.kind === 'missing'
-        ? notice(
+        ? notice('error', say('ui.missing.title'), say('ui.missing.body'))
+        : notice(
             'error',
-            'The GPU quota server extension is not running',
-            'This Jupyter server does not answer /api/gpushare/ (404). Ask the admin to install jupyter-gpushare in the server’s environment and enable it (jupyter server extension enable jupyter_gpushare), then restart Jupyter.'
+            say('ui.unreadable.title'),
+            err.message,
+            say('ui.retrying')
           )
-        : notice('error', 'GPU quotas cannot be read', err.message, 'Retrying…')
     ];
   }
   const out: VirtualElement[] = [];
   if (err) {
     out.push(
-      notice('warn', 'Showing the last known figures', err.message, 'Retrying…')
+      notice('warn', say('ui.stale.title'), err.message, say('ui.retrying'))
     );
   }
   if (state === null) {
-    out.push(h.div({ className: `${C}-loading` }, 'Loading…'));
+    out.push(h.div({ className: `${C}-loading` }, say('ui.loading')));
     return out;
   }
   if (state.backend === 'none' || state.cards.length === 0) {
     out.push(
       notice(
         'info',
-        'No GPU on this server',
-        state.reason ?? 'No GPU was found.',
-        'Notebooks run on the CPU here.'
+        say('ui.nogpu.title'),
+        state.reason ?? say('ui.nogpu.body'),
+        say('ui.nogpu.cpu')
       )
     );
   } else if (state.simulated) {
     out.push(
-      notice(
-        'info',
-        'Simulated card',
-        'These cards are simulated: quotas and queueing behave as on a real GPU, but there is no GPU memory behind them. In a notebook, gpushare_simulate.use("1.5GiB") pretends use.'
-      )
+      notice('info', say('ui.simulated.title'), say('ui.simulated.body'))
     );
   }
   if (state.ledger?.error) {
     out.push(
       notice(
         'error',
-        'Reservations are unavailable',
+        say('ui.ledger.title'),
         state.ledger.error,
-        'New kernels start without a GPU until the admin fixes this.'
+        say('ui.ledger.body')
       )
     );
   }
@@ -455,18 +495,16 @@ export function renderPanel(
   const out: VirtualElement[] = [
     h.div(
       { className: `${C}-header` },
-      h.span({ className: `${C}-title` }, 'GPU memory'),
+      h.span({ className: `${C}-title` }, say('ui.title')),
       ...(snapshot.state?.simulated
         ? [
             h.span(
               { className: `${C}-badge ${C}-sev-info ${C}-simulated` },
-              'simulated'
+              say('ui.simulated')
             )
           ]
         : []),
-      button('refresh', '↻', 'Refresh GPU memory quotas now', () =>
-        actions.refresh()
-      )
+      button('refresh', '↻', say('ui.refresh'), () => actions.refresh())
     ),
     ...renderStatus(snapshot)
   ];
@@ -485,8 +523,10 @@ export function renderPanel(
     out.push(
       h.div(
         { className: `${C}-queue` },
-        `${waiting} kernel${waiting === 1 ? '' : 's'} waiting for a GPU on this host` +
-          (mineWaiting ? ` (${mineWaiting} of them yours)` : '')
+        say(waiting === 1 ? 'ui.queue.one' : 'ui.queue.many', {
+          n: waiting,
+          mine: mineWaiting || null
+        })
       )
     );
   }
@@ -496,12 +536,8 @@ export function renderPanel(
     out.push(
       notice(
         'muted',
-        current.kernelId
-          ? 'This notebook’s kernel has no GPU quota'
-          : 'This notebook’s kernel is not started',
-        current.kernelId
-          ? 'The server did not give this kernel a quota (it may have started before the extension, or be shutting down).'
-          : 'Run a cell (or Kernel › Restart) to start its kernel and reserve GPU memory.'
+        say(current.kernelId ? 'ui.noquota.title' : 'ui.nokernel.title'),
+        say(current.kernelId ? 'ui.noquota.body' : 'ui.nokernel.body')
       )
     );
   }
@@ -511,14 +547,14 @@ export function renderPanel(
       (a.since ?? 0) - (b.since ?? 0)
   );
   out.push(
-    h.div({ className: `${C}-section-title` }, `My kernels (${kernels.length})`)
+    h.div(
+      { className: `${C}-section-title` },
+      say('ui.kernels', { n: kernels.length })
+    )
   );
   out.push(
     kernels.length === 0
-      ? h.div(
-          { className: `${C}-empty` },
-          'No kernel holds or waits for GPU memory. Open a notebook to start one.'
-        )
+      ? h.div({ className: `${C}-empty` }, say('ui.kernels.none'))
       : h.ul(
           { className: `${C}-kernels` },
           ...sorted.map(k => renderKernel(k, k === mine, view, actions))

@@ -4,13 +4,7 @@
  * Nothing here decides a state: the server does (state.py), and every view
  * says its words. Pure functions (tested with node).
  */
-import {
-  basename,
-  cardLabel,
-  formatMiB,
-  formatUsage,
-  isMeasured
-} from './format';
+import { basename, cardLabel, formatUsage, isMeasured } from './format';
 import type { IEvent, IKernel, IStatus } from './types';
 import { say } from './words';
 
@@ -47,13 +41,13 @@ export function historyText(k: IKernel): string | null {
   if (!isMeasured(k.learned_peak_mib)) {
     return null;
   }
-  const peak = formatMiB(k.learned_peak_mib);
   const own = k.learned_from !== 'others';
+  const figures = { peak_mib: k.learned_peak_mib, kernel: k.kernel_name };
   const text = k.path
-    ? `This notebook peaked at ${peak} ${own ? 'in your earlier runs' : 'when others ran it'}.`
-    : `${own ? 'Your earlier' : 'Earlier'} ${k.kernel_name} kernels peaked at ${peak}.`;
+    ? say(own ? 'ui.history.own' : 'ui.history.others', figures)
+    : say(own ? 'ui.history.kind_own' : 'ui.history.kind_others', figures);
   return k.quota_source === 'learned'
-    ? `${text} Its quota was learned from earlier runs.`
+    ? `${text} ${say('ui.history.learned')}`
     : text;
 }
 
@@ -102,12 +96,15 @@ export function statusText(
 /** The status bar's tooltip: the notebook, the server's label and sentence. */
 export function statusTitle(kernel: IKernel | undefined): string {
   if (!kernel) {
-    return 'GPU memory quota of this notebook’s kernel';
+    return say('ui.status.none');
   }
   const s = statusOf(kernel);
-  const where = kernel.card ? ` on ${cardLabel(kernel.card)}` : '';
-  const who = basename(kernel.path) || kernel.kernel_name;
-  return `${who}: ${s.label}${where}. ${s.detail}`;
+  return say('ui.status.title', {
+    who: basename(kernel.path) || kernel.kernel_name,
+    label: s.label,
+    card: kernel.card ? cardLabel(kernel.card) : null,
+    detail: s.detail
+  });
 }
 
 /**

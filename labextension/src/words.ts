@@ -11,6 +11,8 @@
  */
 import type { TranslationBundle } from '@jupyterlab/translation';
 
+import type { ISegment } from './types';
+
 type Bundle = Pick<TranslationBundle, '__'>;
 
 const ENGLISH: Bundle = { __: (msgid: string) => msgid };
@@ -112,6 +114,31 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'limits.kernels': __('{kernels} of {max_kernels} GPU kernels'),
     'limits.and': __('{a} and {b}'),
     'quota.restarting': __('Restarting {name} with a {quota} GPU quota…'),
+    'segment.text': __('{label} {size_mib}'),
+    'segment.mine.label': __('yours'),
+    'segment.mine.title': __(
+      'Yours: {size_mib} reserved by your kernels (quotas + CUDA context)'
+    ),
+    'segment.others.label': __('other kernels'),
+    'segment.others.title': __(
+      'Other kernels: {size_mib} reserved by other kernels on this host'
+    ),
+    'segment.other_users.label': __('other users'),
+    'segment.other_users.title': __(
+      'Other users: {size_mib} reserved by other users’ kernels on this host'
+    ),
+    'segment.outside.label': __('no reservation'),
+    'segment.outside.title': __(
+      'No reservation: {size_mib} used by processes that hold no reservation; new kernels count it as taken'
+    ),
+    'segment.headroom.label': __('kept free'),
+    'segment.headroom.title': __(
+      'Kept free: {size_mib} kept free by the admin for the driver and processes outside Jupyter'
+    ),
+    'segment.free.label': __('unreserved'),
+    'segment.free.title': __(
+      'Unreserved: {size_mib} what new kernels can still reserve'
+    ),
     'size.share': __('{percent}% of a card'),
     'size.pair_mib': __('{used} / {total} MiB'),
     'size.pair_gib': __('{used} / {total} GiB'),
@@ -124,11 +151,221 @@ function catalogue(trans: Bundle): { [code: string]: string } {
   };
 }
 
-let words = catalogue(ENGLISH);
+/**
+ * The sidebar's own words (headings, buttons, tooltips): said only here, so
+ * they are not in the server's catalogue ("ui." codes).
+ */
+function uiCatalogue(trans: Bundle): { [code: string]: string } {
+  const __ = (msgid: string) => trans.__(msgid);
+  return {
+    'ui.title': __('GPU memory'),
+    'ui.simulated': __('simulated'),
+    'ui.refresh': __('Refresh GPU memory quotas now'),
+    'ui.loading': __('Loading…'),
+    'ui.retrying': __('Retrying…'),
+    'ui.card.bar': __('{card}, {total_mib}: {parts}'),
+    'ui.card.kernel': __('{n} kernel on this card'),
+    'ui.card.kernels': __('{n} kernels on this card'),
+    'ui.card.measured': __(
+      'in use (measured) {usage}, utilisation {utilisation}'
+    ),
+    'ui.card.unmeasured': __('use not measured yet'),
+    'ui.card.not_used': __('not used for new kernels'),
+    'ui.bar.quota': __('quota {quota_mib}'),
+    'ui.bar.reservation': __('reservation {reserved_mib}'),
+    'ui.bar.peak': __('peak {peak_mib}'),
+    'ui.bar.unmeasured': __(
+      'use not measured yet (reservation {reserved_mib})'
+    ),
+    'ui.bar.using': __('using {used_mib}'),
+    'ui.bar.label': __(
+      'GPU memory: {label}, of a reservation of {reserved_mib} (quota {quota_mib} + CUDA context)'
+    ),
+    'ui.bar.title': __(
+      'of its reservation: quota {quota_mib} + {reserve_mib} for the CUDA context'
+    ),
+    'ui.timeline.label': __(
+      'GPU memory over the last {span_s}: from {from_mib} to {to_mib}, peak {peak_mib}, quota {quota_mib}'
+    ),
+    'ui.timeline.title': __(
+      'Use over the last {span_s} (peak {peak_mib}); lines: quota {quota_mib}, reservation {reserved_mib}'
+    ),
+    'ui.fw.title': __('As reported by the kernel’s own processes'),
+    'ui.fw.source': __('reported by the kernel:'),
+    'ui.fw.detail': __('[{detail} ](reported by the kernel)'),
+    'ui.fw.capped': __('{name} capped[ {limit_mib}]'),
+    'ui.fw.uncapped': __('{name} not capped'),
+    'ui.held': __('Held by the server: {parts}'),
+    'ui.held.cgroup': __('own cgroup'),
+    'ui.held.tree': __('process tree'),
+    'ui.held.closed': __('other cards closed'),
+    'ui.held.open': __('other cards not closed'),
+    'ui.held.watchdog': __('over quota: {action}'),
+    'ui.held.title': __(
+      'How the server holds this kernel: whatever it starts stays counted as its own (cgroup) or only its process tree; whether it can open cards outside its reservation; what happens when it uses more than its reservation.[ {reason}.]'
+    ),
+    'ui.kernel.waiting': __('waiting'),
+    'ui.kernel.no_card': __('no card'),
+    'ui.kernel.quota': __('quota {quota}'),
+    'ui.kernel.quota_reserved': __(
+      'quota {quota} + {reserve_mib} CUDA context = {reserved_mib} reserved'
+    ),
+    'ui.kernel.pending': __('→ {quota} at next restart'),
+    'ui.kernel.utilisation': __('GPU utilisation {utilisation}'),
+    'ui.btn.retry': __('Restart with {quota}'),
+    'ui.btn.retry_label': __(
+      'Restart {name} with a {quota} GPU quota (it ran out of memory; waits if the GPU is full)'
+    ),
+    'ui.btn.quota': __('Change quota…'),
+    'ui.btn.quota_label': __('Change the GPU quota of {name} (restarts it)'),
+    'ui.btn.shutdown': __('Shut down'),
+    'ui.btn.shutdown_label': __('Shut down {name}'),
+    'ui.open': __('Open {name}'),
+    'ui.missing.title': __('The GPU quota server extension is not running'),
+    'ui.missing.body': __(
+      'This Jupyter server does not answer /api/gpushare/ (404). Ask the admin to install jupyter-gpushare in the server’s environment and enable it (jupyter server extension enable jupyter_gpushare), then restart Jupyter.'
+    ),
+    'ui.unreadable.title': __('GPU quotas cannot be read'),
+    'ui.stale.title': __('Showing the last known figures'),
+    'ui.nogpu.title': __('No GPU on this server'),
+    'ui.nogpu.body': __('No GPU was found.'),
+    'ui.nogpu.cpu': __('Notebooks run on the CPU here.'),
+    'ui.simulated.title': __('Simulated card'),
+    'ui.simulated.body': __(
+      'These cards are simulated: quotas and queueing behave as on a real GPU, but there is no GPU memory behind them. In a notebook, gpushare_simulate.use("1.5GiB") pretends use.'
+    ),
+    'ui.ledger.title': __('Reservations are unavailable'),
+    'ui.ledger.body': __(
+      'New kernels start without a GPU until the admin fixes this.'
+    ),
+    'ui.queue.one': __(
+      '{n} kernel waiting for a GPU on this host[ ({mine} of them yours)]'
+    ),
+    'ui.queue.many': __(
+      '{n} kernels waiting for a GPU on this host[ ({mine} of them yours)]'
+    ),
+    'ui.noquota.title': __('This notebook’s kernel has no GPU quota'),
+    'ui.nokernel.title': __('This notebook’s kernel is not started'),
+    'ui.noquota.body': __(
+      'The server did not give this kernel a quota (it may have started before the extension, or be shutting down).'
+    ),
+    'ui.nokernel.body': __(
+      'Run a cell (or Kernel › Restart) to start its kernel and reserve GPU memory.'
+    ),
+    'ui.kernels': __('My kernels ({n})'),
+    'ui.kernels.none': __(
+      'No kernel holds or waits for GPU memory. Open a notebook to start one.'
+    ),
+    'ui.host.reserve': __(
+      'The {reserve_mib} CUDA context reserve of each kernel is not counted.'
+    ),
+    'ui.host.limits': __('Your limits: {limits}.'),
+    'ui.host.no_limits': __('No per-user limits apply to you.'),
+    'ui.host.th.user': __('User'),
+    'ui.host.th.kernels': __('Kernels'),
+    'ui.host.th.reserved': __('Reserved'),
+    'ui.host.th.kernel': __('Kernel'),
+    'ui.host.th.gpu': __('GPU'),
+    'ui.host.th.quota': __('Quota'),
+    'ui.host.th.age': __('Age'),
+    'ui.host.user_title': __(
+      '{user}: quotas {quota_mib} + CUDA context = {reserved_mib} reserved'
+    ),
+    'ui.host.you': __('{user} (you)'),
+    'ui.host.all': __('all'),
+    'ui.host.kernel_title': __('{user}’s {title}'),
+    'ui.host.no_gpu': __('No GPU on this host.'),
+    'ui.host.users': __(
+      'Users ({n}) · you see every user’s kernels as an admin'
+    ),
+    'ui.host.no_users': __('No user holds GPU memory on this host.'),
+    'ui.host.kernels': __('Kernels on this host ({n})'),
+    'ui.host.private': __(
+      'Other users are shown only as totals per card: their names, kernels and notebooks are private.'
+    ),
+    'ui.host.waiting': __('Waiting on this host ({n})'),
+    'ui.host.no_waiting': __('No kernel waits for a GPU on this host.'),
+    'ui.host.missing.title': __('This server has no host view'),
+    'ui.host.missing.body': __(
+      'It does not answer /api/gpushare/host (404): its jupyter-gpushare does not match this sidebar.'
+    ),
+    'ui.host.unavailable': __('The host view is unavailable'),
+    'ui.host.hide': __('Hide the host view'),
+    'ui.host.show': __(
+      'Show every reservation on this host (read only while shown)'
+    ),
+    'ui.host.title': __('This host'),
+    'ui.host.admin': __('admin'),
+    'ui.status.none': __('GPU memory quota of this notebook’s kernel'),
+    'ui.status.title': __('{who}: {label}[ on {card}].[ {detail}]'),
+    'ui.history.own': __(
+      'This notebook peaked at {peak_mib} in your earlier runs.'
+    ),
+    'ui.history.others': __(
+      'This notebook peaked at {peak_mib} when others ran it.'
+    ),
+    'ui.history.kind_own': __(
+      'Your earlier {kernel} kernels peaked at {peak_mib}.'
+    ),
+    'ui.history.kind_others': __(
+      'Earlier {kernel} kernels peaked at {peak_mib}.'
+    ),
+    'ui.history.learned': __('Its quota was learned from earlier runs.'),
+    'ui.limits.total': __('{size} in total'),
+    'ui.limits.kernel': __('{size} per kernel'),
+    'ui.limits.count_one': __('{n} GPU kernel'),
+    'ui.limits.count': __('{n} GPU kernels'),
+    'ui.limits.up_to': __('up to {parts}'),
+    'ui.queue.kind': __('{kernel} kernel'),
+    'ui.queue.kernel': __('kernel'),
+    'ui.queue.yours': __('your {kind}[, {quota}]'),
+    'ui.queue.user': __('{user}’s {kind}[, {quota}]'),
+    'ui.queue.another': __('another user’s kernel'),
+    'ui.queue.entry': __('#{position} {who} · waiting {waited_s}'),
+    'ui.host.pid_hidden': __('not visible'),
+    'ui.host.row': __(
+      'kernel {kernel_id} ({kernel}) on {card}: quota {quota_mib} + {reserve_mib} CUDA context = {reserved_mib} reserved; server pid {server_pid}, kernel pid {kernel_pid}'
+    ),
+    'ui.dialog.current': __('Current quota: {quota}.'),
+    'ui.dialog.restarts': __(
+      'The kernel restarts to apply the new quota: its variables and state will be lost. If the GPU has no room, it waits in line.'
+    ),
+    'ui.dialog.placeholder': __('e.g. 6GiB or 512MiB'),
+    'ui.dialog.input': __('New GPU memory quota'),
+    'ui.dialog.title': __('GPU quota of {name}'),
+    'ui.dialog.limits': __('You may ask for {limits}.'),
+    'ui.dialog.at_least': __('at least {size}'),
+    'ui.dialog.at_most': __('at most {size}'),
+    'ui.dialog.and': __(' and '),
+    'ui.dialog.restart': __('Restart with new quota'),
+    'ui.dialog.restart_label': __('Restart {name} with the new quota'),
+    'ui.dialog.not_changed': __('GPU quota not changed'),
+    'ui.shutdown.title': __('Shut down {name}?'),
+    'ui.shutdown.body': __(
+      'Its variables and state will be lost, and its GPU memory goes back to the others.'
+    ),
+    'ui.shutdown.failed': __('{name} was not shut down'),
+    'ui.stop.title': __('Stop waiting for a GPU?'),
+    'ui.stop.keep': __('Keep waiting'),
+    'ui.stop.body': __(
+      '{name}’s kernel is shut down and leaves the line; cells waiting to run do not run. Start a kernel later to ask for a GPU again.'
+    ),
+    'ui.stop.failed': __('Could not stop waiting'),
+    'ui.restart.failed': __('{name} did not restart: {message}'),
+    'ui.caption': __('GPU memory quotas'),
+    'ui.cmd.open': __('Show GPU Memory Quotas'),
+    'ui.cmd.open_caption': __(
+      'Open the sidebar with each kernel’s GPU memory quota and use'
+    ),
+    'ui.cmd.refresh': __('Refresh GPU Memory Quotas')
+  };
+}
+
+let words = { ...catalogue(ENGLISH), ...uiCatalogue(ENGLISH) };
 
 /** Word everything with this translator from now on (the plugin sets JupyterLab's at activation). */
 export function setTranslator(trans: Bundle | null): void {
-  words = catalogue(trans ?? ENGLISH);
+  words = { ...catalogue(trans ?? ENGLISH), ...uiCatalogue(trans ?? ENGLISH) };
 }
 
 /**
@@ -270,4 +507,22 @@ export function formatDuration(seconds: number | null | undefined): string {
   const h = Math.floor(s / 3600);
   const min = Math.floor((s % 3600) / 60);
   return min ? say('time.h_min', { h, min }) : say('time.h', { n: h });
+}
+
+/**
+ * A part of a card in words, by its key and figure ("yours 7 GiB"); in the host
+ * view (`byUser`) the others' part is other users'.
+ */
+export function segmentText(s: ISegment, byUser = false): string {
+  const key = byUser && s.key === 'others' ? 'other_users' : s.key;
+  return say('segment.text', {
+    label: say(`segment.${key}.label`),
+    size_mib: s.mib
+  });
+}
+
+/** A part's tooltip: its figure and what it is. */
+export function segmentTitle(s: ISegment, byUser = false): string {
+  const key = byUser && s.key === 'others' ? 'other_users' : s.key;
+  return say(`segment.${key}.title`, { size_mib: s.mib });
 }

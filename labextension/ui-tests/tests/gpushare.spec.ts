@@ -140,7 +140,8 @@ test.beforeAll(async ({ request }) => {
     'nb1.ipynb': 'x = 1',
     'nb2.ipynb': 'x = 2',
     'nb3.ipynb': "print('ran after admission')",
-    'nb4.ipynb': 'x = 4'
+    'nb4.ipynb': 'x = 4',
+    'pseudo.ipynb': 'x = 5'
   };
   for (const [name, source] of Object.entries(cells)) {
     const r = await request.put(`/api/contents/${name}`, {
@@ -791,6 +792,66 @@ test('an idle tab with the panel closed asks the server at most twice a minute',
   figures.idle_tab_requests_per_minute = calls.length;
   console.log(`idle tab: ${calls.length} requests in 60 s`);
   expect(calls.length).toBeLessThanOrEqual(2);
+});
+
+test('under a pseudo-locale every word of the panel and the status bar is translated', async ({
+  page
+}) => {
+  // words.ts marks every string of its catalogue ⟦…⟧ in the pseudo-locale: what is left unmarked was not
+  // worded through JupyterLab's translator (names of notebooks, users and cards are not words)
+  await page.addInitScript(() =>
+    window.localStorage.setItem('jupyter-gpushare:pseudo-locale', '1')
+  );
+  await page.goto('/lab?reset');
+  await waitForLab(page);
+  await run(page, 'gpushare:open-panel');
+  await openNotebook(page, 'pseudo.ipynb');
+  await expect(item(page, 'pseudo.ipynb')).toHaveAttribute(
+    'data-state',
+    /running|queued/
+  );
+  const host = panel(page).locator('.jp-gpushare-host');
+  await host.locator('.jp-gpushare-host-toggle').click();
+  await expect(host).toHaveAttribute('data-view', /admin|student/);
+  const unmarked = await page.evaluate(() => {
+    const roots = [
+      document.querySelector('#jp-gpushare'),
+      document.querySelector('.jp-gpushare-status')
+    ];
+    const left: string[] = [];
+    for (const root of roots) {
+      const texts: string[] = [];
+      const walker = document.createTreeWalker(root!, NodeFilter.SHOW_TEXT);
+      for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+        texts.push(n.textContent ?? '');
+      }
+      const attrs = Array.from(root!.querySelectorAll('[title],[aria-label]'))
+        .flatMap(e => [e.getAttribute('title'), e.getAttribute('aria-label')])
+        .filter((t): t is string => !!t);
+      for (const text of [...texts, ...attrs]) {
+        let rest = text;
+        for (let i = 0; i < 5; i++) {
+          rest = rest.replace(/⟦[^⟦⟧]*⟧/g, ' '); // innermost first: words inside words
+        }
+        rest = rest
+          .replace(/[\w.-]+\.ipynb/g, ' ') // notebook names
+          .replace(
+            /\b[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}\b|\b[0-9a-f]{8}\b/g,
+            ' '
+          ) // kernel ids
+          .replace(
+            /GPU \d+( MIG \d+)?|Simulated GPU \(no real memory\)|python3|root|admin/g,
+            ' '
+          ) // card, kernel and user names
+          .replace(/[\s·↻▸▾,:;()#\d.%–/+-]+/g, '');
+        if (rest) {
+          left.push(`${rest} (in "${text}")`);
+        }
+      }
+    }
+    return left;
+  });
+  expect(unmarked).toEqual([]);
 });
 
 test('empty and error states explain themselves', async ({ page }) => {
