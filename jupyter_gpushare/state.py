@@ -40,7 +40,11 @@ def event_view(event: Mapping[str, Any]) -> dict[str, Any]:
     """An event as the API sends it: its code (its kind), its parameters (the figures behind it, and the English
     ``message`` for logs and the CLI) and how it is announced (``severity``; null: only the panel shows it)."""
     params = {k: v for k, v in event.items() if k not in EVENT_FIELDS}
-    return {**event, "code": event.get("kind"), "params": params, "severity": SEVERITY.get(str(event.get("kind")))}
+    kind = str(event.get("kind"))
+    code = kind
+    if kind == "refused" and params.get("need_mib") and params.get("free_mib") is not None:
+        code = "refused-no-room"  # the usual refusal, said short with its figures (the message says it all)
+    return {**event, "code": code, "params": params, "severity": SEVERITY.get(kind)}
 
 
 _STATUS = {  # state -> code, severity

@@ -54,6 +54,7 @@ CATALOGUE: dict[str, str] = {
     "event.admitted": "GPU ready after waiting {waited_s}.",
     "event.cancelled": "Stopped waiting for a GPU.",
     "event.refused": "Not started: {message}",
+    "event.refused-no-room": "Not started: it needs {need_mib}, and the most unreserved on any card is {free_mib}.",
     "event.near-quota": "Uses {used_mib} of its {reserved_mib} reservation ({share_pct}%): free memory or ask for "
     "a larger quota.",
     "event.over-quota": "Uses {used_mib}, more than its {reserved_mib} reservation: free memory or ask for a larger "

@@ -15,6 +15,7 @@ from apispec import conforms
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpushare.state import STATE_SCHEMA, card_segments, event_view, kernel_status
+from jupyter_gpushare.words import event_words
 
 
 @pytest.fixture
@@ -136,6 +137,12 @@ def test_the_words_and_the_split_have_one_definition():
     refused = event_view({"time": 1, "kind": "refused", "message": "A quota of 0 MiB is too small.", "need_mib": 0})
     assert refused["code"] == "refused" and refused["severity"] == "error"
     assert refused["params"] == {"message": "A quota of 0 MiB is too small.", "need_mib": 0}
+    full = event_view({"time": 1, "kind": "refused", "message": "No GPU has room ... " * 20, "need_mib": 4608,
+                       "free_mib": 1024})  # fmt: skip
+    assert full["code"] == "refused-no-room" and full["severity"] == "error"
+    assert event_words(full["code"], full["params"]) == (
+        "Not started: it needs 4.5 GiB, and the most unreserved on any card is 1 GiB."
+    )
 
 
 async def test_a_bad_request_for_the_state_is_refused_without_a_500(jp_fetch):

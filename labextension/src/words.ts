@@ -61,6 +61,9 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'event.admitted': __('GPU ready after waiting {waited_s}.'),
     'event.cancelled': __('Stopped waiting for a GPU.'),
     'event.refused': __('Not started: {message}'),
+    'event.refused-no-room': __(
+      'Not started: it needs {need_mib}, and the most unreserved on any card is {free_mib}.'
+    ),
     'event.near-quota': __(
       'Uses {used_mib} of its {reserved_mib} reservation ({share_pct}%): free memory or ask for a larger quota.'
     ),
