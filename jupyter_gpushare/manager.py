@@ -37,12 +37,14 @@ LEDGER_RETRY_S = (1.0, 60.0)  # a ledger that cannot be opened is tried again af
 
 
 def card_minors(card: Card | None) -> list[int] | None:
-    """The NVIDIA device nodes a kernel's group may open: its card's. None (no NVIDIA device) without a card or on
-    a simulated one, which has no device; every card's where the driver does not say the card's minor number
-    (no isolation by device node there, rather than a kernel that cannot open its own card)."""
-    if card is None or card.simulated:
+    """The NVIDIA device nodes a kernel's group may open: its card's. None (no NVIDIA device) without a card, or
+    on a simulated card without a device node; every card's where the driver does not say a real card's minor
+    number (no isolation by device node there, rather than a kernel that cannot open its own card)."""
+    if card is None:
         return None
-    return list(range(MAX_MINOR + 1)) if card.minor is None else [card.minor]
+    if card.minor is not None:
+        return [card.minor]
+    return None if card.simulated else list(range(MAX_MINOR + 1))
 
 
 class QuotaManager:

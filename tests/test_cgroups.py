@@ -240,6 +240,7 @@ def test_a_card_without_a_device_minor_is_never_a_bad_device_rule():
 
     assert card_minors(None) is None
     assert card_minors(Card(0, "GPU-sim", "Simulated GPU", 10240, simulated=True)) is None
+    assert card_minors(Card(0, "GPU-sim", "Simulated GPU", 10240, simulated=True, minor=1)) == [1]  # (tests' nodes)
     assert card_minors(Card(0, "GPU-a", "H100", 81559, minor=3)) == [3]
     unknown = card_minors(Card(0, "GPU-b", "H100", 81559))
     assert unknown == list(range(MAX_MINOR + 1))
