@@ -313,9 +313,11 @@ def test_ledger_files_removed_under_running_servers_are_recreated_and_nothing_is
             except LedgerError:  # not there yet, or created and its tables not yet
                 return False
 
+        # Each server re-enters at its next transaction (every reconcile_interval, 0.5 s here), but one may wait for
+        # the other's lock or SQLite's busy timeout (30 s) on a loaded machine: CI once took longer than 30 s.
         wait_until(
             entered_again,
-            timeout=30,
+            timeout=60,
             what="both reservations entered again into a re-created ledger",
         )
         with pytest.raises(urllib.error.HTTPError) as e:  # while it settles, nothing new is granted
