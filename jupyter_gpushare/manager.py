@@ -23,7 +23,7 @@ from .gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
 from .gpu.simulated import SimulatedBackend
 from .history import HistoryRules, Run, history_key, learned_quota, lookup, need_of, retry_quota_mib
 from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Reservations, Waiting
-from .policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
+from .policy import CardView, Policy, PolicyError, Size, format_mib
 from .queue import ServerQueue, Wait
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message
 from .reports import read_reports, remove_reports, report_dir, run_figures
@@ -237,7 +237,7 @@ class QuotaManager:
         restarting = rec.state not in ("starting", "queued")  # a new record starts so; a restart's record ran before
         rec.quota_source = "kernelspec" if requested is not None else "default"
         if rec.pending_quota is not None:
-            requested, rec.pending_quota, rec.quota_source = parse_size(rec.pending_quota, "quota"), None, "requested"
+            requested, rec.pending_quota, rec.quota_source = rec.pending_quota, None, "requested"
         quota = self.policy.quota_for(kernel_name, language, requested)
         if quota is None:
             self._leave_line(kernel_id, "it reserves no GPU memory now")
@@ -614,7 +614,7 @@ class QuotaManager:
         rec = self.records[kernel_id]
         self.policy.check_quota(quota, self._views({}))
         await self._run(self._check_user_limits, kernel_id, quota)
-        rec.pending_quota = quota.exact  # parsed again at the restart: exactly what the server took
+        rec.pending_quota = quota  # exactly what the server took, applied as it is at the restart
         self.event(
             "quota-requested", kernel_id, f"Quota {quota} requested; it applies at the next restart.", quota=str(quota)
         )

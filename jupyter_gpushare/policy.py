@@ -79,11 +79,6 @@ class Size:
             return f"{self.percent:g}%"
         return format_mib(self.mib or 0)
 
-    @property
-    def exact(self) -> str:
-        """The size as text that parses back to itself ("4291MiB", "25%"); ``str`` rounds for people."""
-        return f"{self.percent:g}%" if self.percent is not None else f"{self.mib}MiB"
-
 
 def _shown(value: object) -> str:
     """A value for an error message, cut short: a crafted request may send megabytes (or a 5,000-digit int)."""

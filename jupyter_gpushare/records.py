@@ -15,7 +15,7 @@ from tornado import web
 
 from .gpu import Card
 from .ledger import Lease, Waiting
-from .policy import Size, format_mib, parse_size
+from .policy import Size, format_mib
 
 WHAT_TO_DO = (
     "Shut down a kernel you no longer use (Kernel > Shut Down Kernel), ask for a smaller quota, or try again later."
@@ -83,7 +83,7 @@ class KernelRecord:
     user: str
     state: str = "starting"  # starting | queued | running | cpu | none | failed (a restart was refused)
     quota: str | None = None  # requested (or default) quota
-    pending_quota: str | None = None  # applied at the next restart
+    pending_quota: Size | None = None  # applied at the next restart
     lease: Lease | None = None
     card: Card | None = None
     position: int | None = None
@@ -106,9 +106,9 @@ class KernelRecord:
 
     def _pending(self) -> dict[str, Any]:
         """The quota asked for, for people and in MiB on its card (a share before the kernel has a card: null)."""
-        if self.pending_quota is None:
+        size = self.pending_quota
+        if size is None:
             return {"pending_quota": None, "pending_quota_mib": None}
-        size = parse_size(self.pending_quota, "quota")
         mib = size.mib if size.percent is None else size.resolve(self.card.total_mib) if self.card else None
         return {"pending_quota": str(size), "pending_quota_mib": mib}
 

@@ -47,17 +47,8 @@ def event_view(event: Mapping[str, Any]) -> dict[str, Any]:
     return {**event, "code": code, "params": params, "severity": SEVERITY.get(kind)}
 
 
-_STATUS = {  # state -> code, severity
-    "queued": ("queued", "warn"),
-    "over_quota": ("over_quota", "error"),
-    "near_quota": ("near_quota", "warn"),
-    "idle": ("idle", "warn"),
-    "running": ("running", "ok"),
-    "starting": ("starting", "info"),
-    "cpu": ("cpu", "error"),
-    "none": ("none", "muted"),
-    "failed": ("failed", "error"),
-}
+STATE_SEVERITY = {"queued": "warn", "over_quota": "error", "near_quota": "warn", "idle": "warn", "running": "ok",
+                  "starting": "info", "cpu": "error", "none": "muted", "failed": "error"}  # fmt: skip
 STATUS_PARAMS = ("position", "need_mib", "free_mib", "wait_left_s", "used_mib", "reserved_mib", "quota_mib",
                  "reserve_mib", "reason")  # fmt: skip
 
@@ -67,7 +58,8 @@ def kernel_status(k: Mapping[str, Any]) -> dict[str, Any]:
     figures, a severity (ok, info, warn, error, muted), and in English a short label and a sentence. The same
     words for the panel, the banner, the status bar and the toolbar."""
     state, used, limit = k.get("state"), k.get("used_mib"), k.get("reserved_mib")
-    code, severity = _STATUS.get(str(state), ("failed", "error"))
+    code = str(state) if state in STATE_SEVERITY else "failed"
+    severity = STATE_SEVERITY[code]
     if code == "running" and used is None:
         code = "running_unmeasured"
     params = {name: k.get(name) for name in STATUS_PARAMS if k.get(name) is not None}

@@ -1,8 +1,9 @@
 """The words the server and the sidebar say, once: a code and its figures, worded here in English.
 
 The API sends a kernel's status and each event as a **code with parameters** (numbers: sizes in whole MiB
-under names ending ``_mib``, times in seconds under names ending ``_s``, a place in line, a share in %), and
-a plain English ``message`` rendered from this catalogue for logs, the CLI and older clients. The sidebar
+under names ending ``_mib``, times in seconds under names ending ``_s``, a place in line, a share in %), with
+plain English for logs, the CLI and older clients: a status's ``label`` and ``detail`` rendered from this
+catalogue, an event's own, longer ``message``. The sidebar
 words the same codes through JupyterLab's translator (``labextension/src/words.ts``, whose English must match
 this catalogue: ``tests/test_contract.py`` checks it), so a translation changes every place at once.
 
@@ -74,26 +75,10 @@ CATALOGUE: dict[str, str] = {
     "event.idle-shutdown": "Shut down after {idle_s} without using the GPU; its {reserved_mib} went back to the "
     "others.",
     "event.group-ended": "{processes} process(es) it had started were still running and were ended with it.",
-    # the sidebar's own words around the server's (the status bar, a notification's head, the banner's button)
-    "bar.usage": "GPU {usage}",
-    "bar.label": "GPU {label}",
-    "bar.no_gpu": "no GPU",
-    "bar.no_kernel": "GPU: no kernel",
-    "bar.unknown": "GPU –",
-    "notify.kernel": "{name}: {text}",
-    "notify.someone": "A kernel",
-    "banner.stop": "Stop waiting",
-    "banner.stop_label": "Stop waiting for a GPU for {name}",
-    "config.rules": "Default quota {default}[, at most {max}][; each kernel also reserves {reserve_mib} for its "
-    "CUDA context].",
-    "config.queue": "When the GPU is full, kernels wait in line.",
-    "config.cpu": "When the GPU is full, kernels start on the CPU.",
-    "config.reject": "When the GPU is full, kernels are refused.",
     "limits.use": "You hold {held}.",
     "limits.total": "{quota_mib} of {max_total_mib}",
     "limits.kernels": "{kernels} of {max_kernels} GPU kernels",
     "limits.and": "{a} and {b}",
-    "quota.restarting": "Restarting {name} with a {quota} GPU quota…",
     # a card's memory in parts that add up to it (state.card_segments): the legend and its tooltips
     "segment.text": "{label} {size_mib}",
     "segment.mine.label": "yours",
@@ -111,9 +96,6 @@ CATALOGUE: dict[str, str] = {
     "segment.free.label": "unreserved",
     "segment.free.title": "Unreserved: {size_mib} what new kernels can still reserve",
     # sizes and times, for every figure in every sentence
-    "size.share": "{percent}% of a card",
-    "size.pair_mib": "{used} / {total} MiB",
-    "size.pair_gib": "{used} / {total} GiB",
     "size.mib": "{n} MiB",
     "size.gib": "{n} GiB",
     "time.s": "{n} s",

@@ -103,7 +103,7 @@ export function kernelActions(
 
   /** Restart a kernel whose new quota the server took (it waits in line if the GPU has no room). */
   const restartWithQuota = (k: IKernel, quota: string) => {
-    Notification.info(say('quota.restarting', { name: nameOf(k), quota }), {
+    Notification.info(say('ui.quota.restarting', { name: nameOf(k), quota }), {
       autoClose: 5000
     });
     restart(k)
@@ -228,7 +228,7 @@ export function kernelActions(
         body: say('ui.stop.body', { name: nameOf(k) }),
         buttons: [
           Dialog.cancelButton({ label: say('ui.stop.keep') }),
-          Dialog.warnButton({ label: say('banner.stop') })
+          Dialog.warnButton({ label: say('ui.stop.button') })
         ]
       });
       if (!result.button.accept) {

@@ -60,10 +60,10 @@ export class QueuedBanner extends Widget {
     const stop = document.createElement('button');
     stop.className =
       'jp-Button jp-mod-styled jp-mod-reject jp-gpushare-banner-stop';
-    stop.textContent = say('banner.stop');
+    stop.textContent = say('ui.stop.button');
     stop.setAttribute(
       'aria-label',
-      say('banner.stop_label', { name: this.actions.nameOf(k) })
+      say('ui.stop.label', { name: this.actions.nameOf(k) })
     );
     stop.onclick = () => void this.actions.stopWaiting(k);
     this.node.append(text, stop);

@@ -26,7 +26,9 @@ import { say } from './words';
 /** A size limit for people: "16 GiB", or "25% of a card" for a share. */
 function limitSize(text: string): string {
   const t = text.trim();
-  return t.endsWith('%') ? say('size.share', { percent: t.slice(0, -1) }) : t;
+  return t.endsWith('%')
+    ? say('ui.size.share', { percent: t.slice(0, -1) })
+    : t;
 }
 
 /** True when a limits object sets at least one limit. */
@@ -81,8 +83,18 @@ export function limitsUse(view: IHostView): ILimitsUse | null {
     return null;
   }
   const parts = [
-    isMeasured(use.max_total_mib) ? say('limits.total', use as any) : '',
-    isMeasured(use.max_kernels) ? say('limits.kernels', use as any) : ''
+    isMeasured(use.max_total_mib)
+      ? say('limits.total', {
+          quota_mib: use.quota_mib,
+          max_total_mib: use.max_total_mib
+        })
+      : '',
+    isMeasured(use.max_kernels)
+      ? say('limits.kernels', {
+          kernels: use.kernels,
+          max_kernels: use.max_kernels
+        })
+      : ''
   ].filter(Boolean);
   if (!parts.length) {
     return null;

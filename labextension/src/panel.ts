@@ -338,8 +338,8 @@ function renderKernel(
     k.state === 'queued'
       ? button(
           'stop-btn',
-          say('banner.stop'),
-          say('banner.stop_label', { name }),
+          say('ui.stop.button'),
+          say('ui.stop.label', { name }),
           () => void actions.stopWaiting(k)
         )
       : button(
@@ -565,12 +565,12 @@ export function renderPanel(
     h.div(
       { className: `${C}-config` },
       [
-        say('config.rules', {
+        say('ui.config.rules', {
           default: sizeText(cfg.default_quota),
           max: sizeText(cfg.max_quota),
           reserve_mib: cfg.context_reserve_mib
         }),
-        cfg.on_full ? say(`config.${cfg.on_full}`) : ''
+        cfg.on_full ? say(`ui.config.${cfg.on_full}`) : ''
       ]
         .filter(Boolean)
         .join(' ')

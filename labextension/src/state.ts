@@ -72,24 +72,26 @@ export function statusText(
   opts: { backend?: string | null; hasKernel?: boolean } = {}
 ): string {
   if (opts.backend === 'none') {
-    return say('bar.no_gpu');
+    return say('ui.statusbar.no_gpu');
   }
   if (!kernel) {
-    return say(opts.hasKernel ? 'bar.unknown' : 'bar.no_kernel');
+    return say(
+      opts.hasKernel ? 'ui.statusbar.unknown' : 'ui.statusbar.no_kernel'
+    );
   }
   switch (kernel.state) {
     case 'running':
     case 'near_quota':
     case 'over_quota':
     case 'idle':
-      return say('bar.usage', {
+      return say('ui.statusbar.usage', {
         usage: formatUsage(kernel.used_mib, kernel.reserved_mib)
       });
     case 'cpu':
     case 'none':
-      return say('bar.no_gpu');
+      return say('ui.statusbar.no_gpu');
     default:
-      return say('bar.label', { label: statusOf(kernel).label });
+      return say('ui.statusbar.label', { label: statusOf(kernel).label });
   }
 }
 
@@ -121,8 +123,8 @@ export function matchKernel(
 
 /** A notification's text: the notebook, then what happened, short enough to be read whole. */
 export function eventText(e: IEvent, name: string | null): string {
-  return say('notify.kernel', {
-    name: name ?? say('notify.someone'),
+  return say('ui.notify.kernel', {
+    name: name ?? say('ui.notify.someone'),
     text: say(`event.${e.code ?? e.kind}`, { message: e.message, ...e.params })
   });
 }

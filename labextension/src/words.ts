@@ -97,26 +97,10 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'event.group-ended': __(
       '{processes} process(es) it had started were still running and were ended with it.'
     ),
-    'bar.usage': __('GPU {usage}'),
-    'bar.label': __('GPU {label}'),
-    'bar.no_gpu': __('no GPU'),
-    'bar.no_kernel': __('GPU: no kernel'),
-    'bar.unknown': __('GPU –'),
-    'notify.kernel': __('{name}: {text}'),
-    'notify.someone': __('A kernel'),
-    'banner.stop': __('Stop waiting'),
-    'banner.stop_label': __('Stop waiting for a GPU for {name}'),
-    'config.rules': __(
-      'Default quota {default}[, at most {max}][; each kernel also reserves {reserve_mib} for its CUDA context].'
-    ),
-    'config.queue': __('When the GPU is full, kernels wait in line.'),
-    'config.cpu': __('When the GPU is full, kernels start on the CPU.'),
-    'config.reject': __('When the GPU is full, kernels are refused.'),
     'limits.use': __('You hold {held}.'),
     'limits.total': __('{quota_mib} of {max_total_mib}'),
     'limits.kernels': __('{kernels} of {max_kernels} GPU kernels'),
     'limits.and': __('{a} and {b}'),
-    'quota.restarting': __('Restarting {name} with a {quota} GPU quota…'),
     'segment.text': __('{label} {size_mib}'),
     'segment.mine.label': __('yours'),
     'segment.mine.title': __(
@@ -142,9 +126,6 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'segment.free.title': __(
       'Unreserved: {size_mib} what new kernels can still reserve'
     ),
-    'size.share': __('{percent}% of a card'),
-    'size.pair_mib': __('{used} / {total} MiB'),
-    'size.pair_gib': __('{used} / {total} GiB'),
     'size.mib': __('{n} MiB'),
     'size.gib': __('{n} GiB'),
     'time.s': __('{n} s'),
@@ -360,7 +341,26 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.cmd.open_caption': __(
       'Open the sidebar with each kernel’s GPU memory quota and use'
     ),
-    'ui.cmd.refresh': __('Refresh GPU Memory Quotas')
+    'ui.cmd.refresh': __('Refresh GPU Memory Quotas'),
+    'ui.statusbar.usage': __('GPU {usage}'),
+    'ui.statusbar.label': __('GPU {label}'),
+    'ui.statusbar.no_gpu': __('no GPU'),
+    'ui.statusbar.no_kernel': __('GPU: no kernel'),
+    'ui.statusbar.unknown': __('GPU –'),
+    'ui.notify.kernel': __('{name}: {text}'),
+    'ui.notify.someone': __('A kernel'),
+    'ui.stop.button': __('Stop waiting'),
+    'ui.stop.label': __('Stop waiting for a GPU for {name}'),
+    'ui.config.rules': __(
+      'Default quota {default}[, at most {max}][; each kernel also reserves {reserve_mib} for its CUDA context].'
+    ),
+    'ui.config.queue': __('When the GPU is full, kernels wait in line.'),
+    'ui.config.cpu': __('When the GPU is full, kernels start on the CPU.'),
+    'ui.config.reject': __('When the GPU is full, kernels are refused.'),
+    'ui.quota.restarting': __('Restarting {name} with a {quota} GPU quota…'),
+    'ui.size.pair_mib': __('{used} / {total} MiB'),
+    'ui.size.pair_gib': __('{used} / {total} GiB'),
+    'ui.size.share': __('{percent}% of a card')
   };
 }
 
@@ -393,11 +393,6 @@ export function pseudoLocale(trans?: Bundle): Bundle | boolean {
 }
 
 export const PSEUDO_KEY = 'jupyter-gpushare:pseudo-locale';
-
-/** Whether the catalogue has a code. */
-export function knows(code: string): boolean {
-  return code in words;
-}
 
 type Params = { [name: string]: unknown };
 
@@ -477,7 +472,7 @@ export function formatUsage(
   const gib = totalMiB >= 1024;
   const num = (x: number | null | undefined): string =>
     !isMeasured(x) ? '–' : gib ? (x / 1024).toFixed(1) : String(Math.round(x));
-  return say(gib ? 'size.pair_gib' : 'size.pair_mib', {
+  return say(gib ? 'ui.size.pair_gib' : 'ui.size.pair_mib', {
     used: num(usedMiB),
     total: num(totalMiB)
   });
@@ -491,7 +486,7 @@ export function sizeText(
     return '';
   }
   return isMeasured(size.percent)
-    ? say('size.share', { percent: size.percent })
+    ? say('ui.size.share', { percent: size.percent })
     : formatMiB(size.mib);
 }
 
