@@ -148,20 +148,19 @@ def _figure(name: str, value: Any) -> str:
 
 
 def render(code: str, params: Mapping[str, Any]) -> str:
-    """A code's English words with its parameters; an optional part whose parameters are not all known is left
-    out. An unknown code says its ``message`` parameter, else the code itself."""
+    """A code's English words with its parameters. Optional parts are kept or dropped first (dropped when one of
+    their parameters is not known), then every parameter is put in, in one pass: a parameter's own text (a
+    notebook's name, what a kernel reported) is never read as a template. A parameter that is not known is a
+    dash. An unknown code says its ``message`` parameter, else the code itself."""
     template = CATALOGUE.get(code)
     if template is None:
         return str(params.get("message") or code)
 
-    def fill(text: str) -> str | None:
-        names = _PLACEHOLDER.findall(text)
-        if any(params.get(n) is None or params.get(n) == "" for n in names):
-            return None
-        return _PLACEHOLDER.sub(lambda m: _figure(m.group(1), params[m.group(1)]), text)
+    def known(name: str) -> bool:
+        return params.get(name) is not None and params.get(name) != ""
 
-    text = _OPTIONAL.sub(lambda m: fill(m.group(1)) or "", template)
-    return fill(text) or _PLACEHOLDER.sub("–", text)
+    kept = _OPTIONAL.sub(lambda m: m.group(1) if all(map(known, _PLACEHOLDER.findall(m.group(1)))) else "", template)
+    return _PLACEHOLDER.sub(lambda m: _figure(m.group(1), params[m.group(1)]) if known(m.group(1)) else "–", kept)
 
 
 def event_words(kind: str, params: Mapping[str, Any]) -> str:

@@ -65,6 +65,9 @@ def test_every_state_and_event_with_a_notification_has_words():
     )
     assert render("status.running.detail", {}).startswith("Uses – of its – reservation")
     assert render("event.not-a-code", {"message": "As said."}) == "As said."
+    # a figure's own text is said as it is, never read as a template (what a kernel reports is the student's)
+    said = render("status.cpu.detail", {"reason": "{reason} [{position}]"})
+    assert said == "Started without a GPU. {reason} [{position}]"
 
 
 def test_figures_are_said_by_one_rule_on_both_sides():

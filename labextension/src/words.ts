@@ -412,28 +412,31 @@ function figure(name: string, value: unknown): string {
 
 const PLACEHOLDER = /\{([a-z_]+)\}/g;
 
-function fill(text: string, params: Params): string | null {
-  const names = (text.match(PLACEHOLDER) ?? []).map(m => m.slice(1, -1));
-  if (names.some(n => !known(params[n]))) {
-    return null;
-  }
-  return text.replace(PLACEHOLDER, (_, n: string) => figure(n, params[n]));
+/** Whether every figure a part of a template names is known. */
+function complete(part: string, params: Params): boolean {
+  return (part.match(PLACEHOLDER) ?? []).every(m =>
+    known(params[m.slice(1, -1)])
+  );
 }
 
 /**
  * A code's words with its figures; an unknown code says its `message`
- * parameter (the server's English), else the code.
+ * parameter (the server's English), else the code. Optional parts are kept or
+ * dropped first, then every figure is put in, in one pass: a figure's own text
+ * (a notebook's name, what a kernel reported) is never read as a template. A
+ * figure that is not known is a dash.
  */
 export function say(code: string, params: Params = {}): string {
   const template = words[code];
   if (template === undefined) {
     return known(params.message) ? String(params.message) : code;
   }
-  const text = template.replace(
-    /\[([^[\]]*)\]/g,
-    (_, part: string) => fill(part, params) ?? ''
+  const kept = template.replace(/\[([^[\]]*)\]/g, (_, part: string) =>
+    complete(part, params) ? part : ''
   );
-  return fill(text, params) ?? text.replace(PLACEHOLDER, '–');
+  return kept.replace(PLACEHOLDER, (_, n: string) =>
+    known(params[n]) ? figure(n, params[n]) : '–'
+  );
 }
 
 /** True when a figure is a finite number (the sampler's fields may be null or absent). */

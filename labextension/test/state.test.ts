@@ -140,6 +140,24 @@ test('notifications: the notebook, then what happened, worded from the code', ()
   );
 });
 
+test('a figure is said as it is, never read as a template', () => {
+  const k = kernel({
+    path: '{detail} [{card}].ipynb',
+    status: {
+      code: 'cpu',
+      params: { reason: 'because {position}' },
+      severity: 'error',
+      label: '',
+      detail: ''
+    }
+  });
+  assert.equal(statusOf(k).detail, 'Started without a GPU. because {position}');
+  assert.ok(
+    statusTitle(k).startsWith('{detail} [{card}].ipynb: no GPU on GPU 0.'),
+    statusTitle(k)
+  );
+});
+
 test('pseudo-locale: everything said is marked, figures included', () => {
   setTranslator(pseudoLocale({ __: (s: string) => s }));
   try {
