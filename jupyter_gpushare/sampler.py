@@ -15,6 +15,7 @@ re-parented to init, a process that has exited) counts as "other" in the card to
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -171,8 +172,8 @@ class Sampler:
         """Stop the thread (safe to call from the IOLoop: it never waits on the loop)."""
         self._stop.set()
         pending = self._pending
-        if pending is not None:
-            pending.cancel()
+        if pending is not None and not pending.cancel():  # already on the loop: stop waiting for it
+            _settle(pending, exception=concurrent.futures.CancelledError())
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self._thread = None
@@ -291,20 +292,44 @@ class Sampler:
                 return None  # tick() called on the loop itself (tests, benchmarks): it cannot wait for the loop
         except RuntimeError:
             pass
-        coro = self.manager.snapshot()
+        # The coroutine is made on the loop, when the loop gets to it: one made here would be left
+        # never awaited (and warned about) if the loop stops first.
+        self._pending = pending = concurrent.futures.Future()
         try:
-            self._pending = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            self.loop.call_soon_threadsafe(self._snapshot_on_loop, pending)
         except RuntimeError:  # the loop closed between the check and now
-            coro.close()
             return None
         try:
-            return self._pending.result(timeout=max(2.0, 2 * self.interval_s))
+            return pending.result(timeout=max(2.0, 2 * self.interval_s))
         except Exception as e:  # cancelled at stop, loop closed, ledger error: keep the last one
             if not self._stop.is_set():
                 self.log.debug("jupyter-gpushare: quota snapshot not refreshed: %r", e)
             return None
         finally:
             self._pending = None
+
+    def _snapshot_on_loop(self, pending: concurrent.futures.Future) -> None:
+        if not pending.set_running_or_notify_cancel():
+            return  # stopped before the loop got here
+
+        def done(task: asyncio.Task) -> None:
+            if task.cancelled():
+                _settle(pending, exception=concurrent.futures.CancelledError())
+            else:
+                _settle(pending, task.exception(), None if task.exception() else task.result())
+
+        self.loop.create_task(self.manager.snapshot()).add_done_callback(done)
+
+
+def _settle(future: concurrent.futures.Future, exception: BaseException | None = None, result: Any = None) -> None:
+    """Finish ``future`` unless it is finished already (stop() and the loop may race to it)."""
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
 
 
 def _card_usage(s: DeviceSample, owners: Mapping[int, str], per_kernel: dict[str, list[ProcessUse]]) -> CardUsage:

@@ -60,6 +60,24 @@ class ServerProcess:
         wait_until(ready, timeout, f"{self.name} to answer")
         return self
 
+    def kernel_processes(self) -> list:
+        """The server's child processes that are kernels (or stand-ins), by command line.
+
+        Other children (JupyterLab may run npm or git) can exit at any moment: one that is gone,
+        or a zombie not yet reaped, is not a kernel and is skipped.
+        """
+        import psutil
+
+        found = []
+        for child in psutil.Process(self.proc.pid).children():
+            try:
+                command = " ".join(child.cmdline())
+            except psutil.Error:
+                continue
+            if "ipykernel" in command:
+                found.append(child)
+        return found
+
     def output(self) -> str:
         self.log.seek(0)
         return self.log.read()
