@@ -152,7 +152,7 @@ class HostHandler(GpuShareHandler):
         except LedgerError as e:
             raise web.HTTPError(503, str(e)) from e
         if view is None:
-            raise web.HTTPError(503, self.manager.ledger_error or "No ledger is open on this server.")
+            raise web.HTTPError(503, self.manager.ledger.error or "No ledger is open on this server.")
         self.finish(view)
 
 

@@ -1,8 +1,8 @@
 """Admission control: one QuotaManager per process, used by the provisioner and the REST handlers.
 
-It asks the ledger for room (queueing, falling back or refusing as the policy says), keeps a
-record per kernel for the API, and runs every ledger call on one worker thread, so nothing
-blocks the Tornado IOLoop.
+It asks the ledger for room (queueing, falling back or refusing as the policy says) and keeps a
+record per kernel for the API. Every ledger call runs on the ledger worker's thread
+(ledger_worker.py), so nothing blocks the Tornado IOLoop.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, ClassVar, TypeVar
 
-from .broker import BrokerLedger
 from .cgroups import MAX_MINOR, KernelCgroups
 from .gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
 from .gpu.simulated import SimulatedBackend
 from .history import HistoryRules, Run, history_key, learned_quota, lookup, need_of, retry_quota_mib
-from .ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Reservations, Waiting
+from .ledger import Lease, LedgerError, ProcessRef, Request, Reservations, Waiting
+from .ledger_worker import LedgerWorker
 from .policy import CardView, Policy, PolicyError, Size, format_mib
 from .queue import ServerQueue, Wait
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message
@@ -33,7 +33,6 @@ from .views import host_view
 T = TypeVar("T")
 QUEUE_POLL_S = 0.5
 UNWANTED_S = 3.0  # a kernel in line that nothing wants (no session, no client) this long gives its place up
-LEDGER_RETRY_S = (1.0, 60.0)  # a ledger that cannot be opened is tried again after 1 s, doubling up to 60 s
 
 
 def card_minors(card: Card | None) -> list[int] | None:
@@ -73,21 +72,13 @@ class QuotaManager:
         self.policy = policy
         self.history = history or HistoryRules()
         self.backend = backend
-        self.ledger_path = ledger_path
-        self.broker_socket = broker_socket
-        self.broker_ca_file = broker_ca_file
         self.log = log or logging.getLogger("jupyter_gpushare")
         self.user = getpass.getuser()
         self.records: dict[str, KernelRecord] = {}
         self.events: collections.deque[dict] = collections.deque(maxlen=500)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpushare-ledger")
         # Blocking work that is not the ledger's (kernels' reports, their cgroups). Not the loop's default
         # executor: a forked child inherits that one without its threads, and would wait on it forever.
         self._work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpushare-work")
-        self._ledger: Reservations | None = None
-        self.ledger_error: str | None = None
-        self._retry_at, self._retry_after = 0.0, LEDGER_RETRY_S[0]
-        self._pending_release: set[str] = set()  # released while the ledger could not be written: sent again
         self.closing = False  # the server is shutting down: no new kernel is admitted
         self.waiting = ServerQueue(policy.queue_timeout_s, unwatched_s)  # this server's kernels in the host's line
         self._serving: asyncio.Future | None = None  # the task that serves the line while anyone waits
@@ -114,7 +105,7 @@ class QuotaManager:
         self.watchdog: str | None = None  # the over-quota action, where this process applies one (app.py)
         if self.cgroups.devices is not None and any(c.minor is None for c in self.cards):
             self.cgroups.no_isolation("the driver does not give the cards' device numbers (nvmlDeviceGetMinorNumber)")
-        self._executor.submit(self._open_ledger).result()
+        self.ledger = LedgerWorker(ledger_path, broker_socket, broker_ca_file, self.log, self._reclaimed)
 
     # -- process-wide instance -------------------------------------------------------------
 
@@ -126,35 +117,12 @@ class QuotaManager:
     def install(cls, manager: QuotaManager | None) -> None:
         cls._current = manager
 
-    # -- ledger thread -----------------------------------------------------------------------
+    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Blocking work that is not the ledger's (kernels' reports, their cgroups), off the IOLoop."""
+        return await asyncio.get_running_loop().run_in_executor(self._work, fn, *args)
 
-    def _open_ledger(self) -> None:
-        """On the ledger thread: open the ledger (or the broker's client); on failure say why and try again
-        later (``_ensure_ledger``), backing off from 1 s to 60 s."""
-        try:
-            ledger: Reservations
-            if self.broker_socket:  # many users on this host: their broker owns the ledger
-                ledger = BrokerLedger(
-                    self.broker_socket, ca_file=self.broker_ca_file, on_state=lambda e: setattr(self, "ledger_error", e)
-                )
-            else:
-                ledger = Ledger(self.ledger_path)
-            self._ledger = ledger
-            reclaimed = ledger.reap()
-        except LedgerError as e:
-            if self._ledger is not None:
-                self._ledger.close()
-            self._ledger = None
-            if self.ledger_error != str(e):
-                self.log.error("%s Kernels will start without a GPU until this is fixed.", e)
-            self.ledger_error = str(e)
-            self._retry_at = time.monotonic() + self._retry_after
-            self._retry_after = min(LEDGER_RETRY_S[1], self._retry_after * 2)
-            return
-        if self.ledger_error is not None:
-            self.log.warning("jupyter-gpushare: the GPU ledger %s can be used again.", self.ledger_path)
-        self.ledger_error, self._retry_after = None, LEDGER_RETRY_S[0]
-        for lease in reclaimed:
+    def _reclaimed(self, leases: Sequence[Lease]) -> None:
+        for lease in leases:
             self.event(
                 "reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone."
             )
@@ -169,35 +137,6 @@ class QuotaManager:
         granted; ``watchers`` says how many clients a kernel has, ``may_grant`` whether one still wants it, and
         ``end_kernel`` shuts down (with its session) a kernel whose wait ended without a grant."""
         self.holds_starts, self.watchers, self.may_grant, self.end_kernel = True, watchers, may_grant, end_kernel
-
-    def _ensure_ledger(self) -> bool:
-        """On the ledger thread: whether a ledger is open, opening it again when its back-off has passed."""
-        if self._ledger is None and time.monotonic() >= self._retry_at:
-            self._open_ledger()
-        return self._ledger is not None
-
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
-    def _with_ledger(self, call: Callable[[Reservations], T]) -> T | None:
-        """On the ledger thread: ``call(ledger)``, typed against the ``Reservations`` protocol; None while the
-        ledger is unavailable. LedgerError is the caller's."""
-        if not self._ensure_ledger():
-            return None
-        assert self._ledger is not None
-        return call(self._ledger)
-
-    async def _on_ledger(self, call: Callable[[Reservations], T]) -> T | None:
-        """``_with_ledger`` from the IOLoop."""
-        return await self._run(self._with_ledger, call)
-
-    async def _quietly(self, what: str, call: Callable[[Reservations], T]) -> T | None:
-        """A ledger call whose failure is logged, not raised (clean-up on a path that is already failing)."""
-        try:
-            return await self._on_ledger(call)
-        except LedgerError as e:
-            self.log.warning("jupyter-gpushare: %s failed: %s", what, e)
-            return None
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -255,8 +194,8 @@ class QuotaManager:
             )
         if not self.cards:
             return self._settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"))
-        if not await self._run(self._ensure_ledger):
-            return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {self.ledger_error}"))
+        if not await self.ledger.available():
+            return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {self.ledger.error}"))
         quota = await self._learn(rec, quota)
         try:
             self.policy.check_quota(quota, self._views({}))
@@ -268,7 +207,7 @@ class QuotaManager:
             return Grant("queued") if hold else await self.granted(kernel_id)  # still in line: keep its place
         queue = self.policy.on_full == "queue"
         try:
-            got = await self._run(self._reserve, request, queue)
+            got = await self.ledger.run(self.ledger.must, lambda ledger: self._reserve(ledger, request, queue))
         except LedgerError as e:  # the broker is down, the disk is full: start without a GPU, say why
             return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {e}"))
         except PolicyError as e:  # a per-user limit the broker enforces, or too many kernels in line
@@ -309,16 +248,12 @@ class QuotaManager:
         wait = self.waiting.leave(kernel_id)
         if wait is not None and not wait.result.done():
             wait.result.cancel()
-            try:
-                self._executor.submit(self._cancel_wait_quietly, kernel_id)
-            except RuntimeError:  # closed: the server is going away and its waits with it
-                pass
+            self._cancel_wait(kernel_id)
 
-    def _cancel_wait_quietly(self, kernel_id: str) -> None:
-        try:
-            self._with_ledger(lambda ledger: ledger.cancel_wait(kernel_id))
-        except LedgerError as e:  # it goes stale without heartbeats and is dropped
-            self.log.info("jupyter-gpushare: cancel_wait(%s) failed: %s", kernel_id, e)
+    def _cancel_wait(self, kernel_id: str) -> None:
+        """Take the kernel out of the host's line, not waiting (a wait not cancelled goes stale without heartbeats
+        and is dropped)."""
+        self.ledger.later(f"cancel_wait({kernel_id})", lambda ledger: ledger.cancel_wait(kernel_id))
 
     async def granted(self, kernel_id: str) -> Grant:
         """Wait until a kernel in line is granted its reservation (or starts without a GPU); QuotaUnavailable when
@@ -344,7 +279,7 @@ class QuotaManager:
                 self._end_wait(wait)
             if ask:
                 try:
-                    answers = await self._run(self._reserve_each, [w.request for w in ask])
+                    answers = await self.ledger.run(self._reserve_each, [w.request for w in ask])
                 except Exception as e:  # noqa: BLE001 (a bug must not leave every kernel waiting forever)
                     self.log.exception("jupyter-gpushare: serving the queue failed")
                     answers = [e] * len(ask)
@@ -366,20 +301,19 @@ class QuotaManager:
             wait.unwanted_since = now
         elif now - wait.unwanted_since >= UNWANTED_S and not wait.stepped_out:
             wait.stepped_out = True
-            try:
-                self._executor.submit(self._cancel_wait_quietly, wait.kernel_id)
-            except RuntimeError:  # closed: the server is going away
-                pass
+            self._cancel_wait(wait.kernel_id)
         return False
 
     def _reserve_each(self, requests: list[Request]) -> list[Lease | Waiting | Exception]:
         """On the ledger thread: one reserve per kernel in line, each answer or error on its own."""
+
+        def reserve(request: Request) -> Lease | Waiting:
+            return self.ledger.must(lambda ledger: self._reserve(ledger, request, True))
+
         answers: list[Lease | Waiting | Exception] = []
         for request in requests:
             try:
-                if not self._ensure_ledger():
-                    raise LedgerError(self.ledger_error or "the GPU ledger cannot be opened")
-                answers.append(self._reserve(request, True))
+                answers.append(reserve(request))
             except (LedgerError, PolicyError) as e:
                 answers.append(e)
         return answers
@@ -415,7 +349,7 @@ class QuotaManager:
         self.waiting.leave(wait.kernel_id)
         if wait.result.done():
             return
-        self._executor.submit(self._cancel_wait_quietly, wait.kernel_id)
+        self._cancel_wait(wait.kernel_id)
         rec = self.records.get(wait.kernel_id)
         if wait.ending == "timeout":
             shown = got or wait.last or Waiting(wait.kernel_id, 1, 0, 0, 0)
@@ -451,12 +385,13 @@ class QuotaManager:
         if key is None or not self.history.kept:
             return quota
         try:
-            got, limits, held = await self._run(
-                lookup, self._ledger, self.user, rec.kernel_name, key, self.history, rec.kernel_id
+            found = await self.ledger.on(
+                lambda ledger: lookup(ledger, self.user, rec.kernel_name, key, self.history, rec.kernel_id)
             )
         except LedgerError as e:  # history is advice: a kernel starts without it
             self.log.info("jupyter-gpushare: no history for %r: %s", key, e)
             return quota
+        got, limits, held = found or (None, None, 0)
         if got is None:
             return quota
         rec.learned_peak_mib, rec.learned_from = got.peak_mib, got.source
@@ -478,21 +413,20 @@ class QuotaManager:
         if usage.pid != rec.pid or not usage.peak_mib or rec.recorded_pid == rec.pid:
             return  # another process's reading, nothing measured (or nothing used), or recorded already
         rec.recorded_pid = rec.pid
-        alloc, oom = await self._run(run_figures, report_dir(), kernel_id, rec.run_started)
+        alloc, oom = await self._blocking(run_figures, report_dir(), kernel_id, rec.run_started)
         peak, quota = int(usage.peak_mib), rec.lease.quota_mib
         need = need_of(peak, alloc, quota, oom is not None, self.history.margin, self.policy.context_reserve_mib)
         card = self._card(rec.lease.card_uuid)
         run = Run(peak, min(need, card.total_mib) if card else need, oom is not None)
-        await self._quietly(
+        await self.ledger.quietly(
             f"record_peak({kernel_id})", lambda ledger: ledger.record_peak(kernel_id, key, run, self.history)
         )
 
-    def _reserve(self, request: Request, wait: bool) -> Lease | Waiting:
+    def _reserve(self, ledger: Reservations, request: Request, wait: bool) -> Lease | Waiting:
         """On the ledger thread. Memory that processes without a reservation use is taken too: measured
         here against the ledger's leases, or by the broker itself, which sees every user's."""
-        assert self._ledger is not None
-        outside = self._ledger.outside(self.latest_samples())
-        return self._ledger.reserve(request, self.policy, self.cards, wait, outside=outside)
+        outside = ledger.outside(self.latest_samples())
+        return ledger.reserve(request, self.policy, self.cards, wait, outside=outside)
 
     def _refuse(
         self, kernel_id: str, message: str, status: int = 503, keep: bool = False, kind: str = "refused", **figures: Any
@@ -560,7 +494,7 @@ class QuotaManager:
         ref = ProcessRef.of(pid) if pid else None
         rec.run_started = ref.start if ref else None
         if rec.lease is not None:
-            await self._quietly(f"attach({kernel_id})", lambda ledger: ledger.attach(kernel_id, ref))
+            await self.ledger.quietly(f"attach({kernel_id})", lambda ledger: ledger.attach(kernel_id, ref))
 
     async def release(self, kernel_id: str, why: str = "shut down", forget: bool = True) -> None:
         """Give a kernel's reservation back, or its place in line (idempotent), and, unless it restarts, forget its
@@ -571,11 +505,11 @@ class QuotaManager:
         if rec is not None and not forget:
             rec.lease = None
         try:
-            lease = await self._on_ledger(lambda ledger: ledger.release(kernel_id))
+            lease = await self.ledger.on(lambda ledger: ledger.release(kernel_id))
         except LedgerError as e:  # a full disk: the kernel goes all the same; reconcile gives its room back later
             lease = None
             self.event("release-pending", kernel_id, f"Its reservation will be given back once the ledger works: {e}")
-        await self._run(lambda: remove_reports(report_dir(), kernel_id))
+        await self._blocking(remove_reports, report_dir(), kernel_id)
         if lease is not None:
             self.event(
                 "released",
@@ -597,37 +531,33 @@ class QuotaManager:
                 if kernel_id not in known and rec.state not in ("starting", "queued"):
                     await self.release(kernel_id, "gone from the server")
         keep = set(self.records)
-        for lease in await self._on_ledger(lambda ledger: ledger.release_owned_except(keep)) or []:
+        for lease in await self.ledger.on(lambda ledger: ledger.release_owned_except(keep)) or []:
             self.event(
                 "reclaimed",
                 lease.kernel_id,
                 f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel this server no longer has.",
             )
-        for lease in await self._on_ledger(lambda ledger: ledger.reap()) or []:
-            self.event(
-                "reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone."
-            )
+        self._reclaimed(await self.ledger.on(lambda ledger: ledger.reap()) or [])
 
     async def request_quota(self, kernel_id: str, quota: Size) -> KernelRecord:
         """Ask for another quota for a kernel; it applies when the kernel next restarts. PolicyError, with the limit,
         for a quota the admin's rules or (through a broker) the user's per-user limits would refuse at the restart."""
         rec = self.records[kernel_id]
         self.policy.check_quota(quota, self._views({}))
-        await self._run(self._check_user_limits, kernel_id, quota)
+        await self.ledger.on(lambda ledger: self._check_user_limits(ledger, kernel_id, quota))
         rec.pending_quota = quota  # exactly what the server took, applied as it is at the restart
         self.event(
             "quota-requested", kernel_id, f"Quota {quota} requested; it applies at the next restart.", quota=str(quota)
         )
         return rec
 
-    def _check_user_limits(self, kernel_id: str, quota: Size) -> None:
+    def _check_user_limits(self, ledger: Reservations, kernel_id: str, quota: Size) -> None:
         """On the ledger thread: the broker's per-user limits for this user, against the quotas of their other
         kernels. Nothing to check with an embedded ledger (no per-user limits) or while the broker is down (the
         restart then starts without a GPU and says why)."""
-        assert self._ledger is not None
         try:
-            user, _admin, limits = self._ledger.caller()
-            leases = self._ledger.leases() if limits is not None else []
+            user, _admin, limits = ledger.caller()
+            leases = ledger.leases() if limits is not None else []
         except LedgerError:
             return
         if limits is None:
@@ -641,26 +571,23 @@ class QuotaManager:
 
     async def host_view(self) -> dict[str, Any] | None:
         """Every reservation on the host as this user may see it (broker.view_for); None without a ledger."""
-        return await self._run(host_view, self._ledger, self.user, self.cards, self.policy)
+        return await self.ledger.on(lambda ledger: host_view(ledger, self.user, self.cards, self.policy))
 
     async def snapshot(self) -> dict[str, Any]:
         """Cards with their reservations, this process's kernels, and the host-wide queue."""
 
         kernel_ids = list(self.records)
 
-        def read_ledger() -> tuple[list[Lease], list, dict[str, int] | None]:
-            if self._ledger is None:
-                return [], [], None
-            leases = self._ledger.leases()
-            return leases, self._ledger.waiters(), self._ledger.outside(self.latest_samples(), leases)
+        def read_ledger(ledger: Reservations) -> tuple[list[Lease], list, dict[str, int] | None]:
+            leases = ledger.leases()
+            return leases, ledger.waiters(), ledger.outside(self.latest_samples(), leases)
 
         def read_kernel_reports() -> dict[str, Any]:  # the kernels' own word on their caps: off the ledger's thread
             directory = report_dir()
             return {kid: read_reports(directory, kid) for kid in kernel_ids}
 
-        (leases, waiters, outside), reports = await asyncio.gather(
-            self._run(read_ledger), asyncio.get_running_loop().run_in_executor(self._work, read_kernel_reports)
-        )
+        read, reports = await asyncio.gather(self.ledger.on(read_ledger), self._blocking(read_kernel_reports))
+        leases, waiters, outside = read or ([], [], None)
         for kid, report in reports.items():
             self._note_oom(kid, (report or {}).get("oom"))
         cards = []
@@ -692,10 +619,10 @@ class QuotaManager:
         return {
             **self.backend.describe(),
             "ledger": {
-                "path": None if self.broker_socket else self.ledger_path,
-                "broker": self.broker_socket,
-                "error": self.ledger_error,
-                "replaced": getattr(self._ledger, "replaced", None),
+                "path": None if self.ledger.broker_socket else self.ledger.path,
+                "broker": self.ledger.broker_socket,
+                "error": self.ledger.error,
+                "replaced": self.ledger.replaced,
             },
             "enforcement": {**self.cgroups.level.to_dict(), "watchdog": self.watchdog},
             "cards": cards,
@@ -746,13 +673,12 @@ class QuotaManager:
         """A kernel that waited is granted: its group may now open its card."""
         if grant.mode == "gpu" and grant.card is not None:
             minors = card_minors(grant.card)
-            await asyncio.get_running_loop().run_in_executor(self._work, self.cgroups.allow, kernel_id, minors)
+            await self._blocking(self.cgroups.allow, kernel_id, minors)
 
     async def end_groups(self, kernel_id: str, restart: bool) -> None:
         """The kernel's process is gone: end what is left in its groups (what it started and left behind) and,
         unless it restarts, remove them."""
-        loop = asyncio.get_running_loop()
-        killed = await loop.run_in_executor(self._work, self.cgroups.remove, kernel_id, restart)
+        killed = await self._blocking(self.cgroups.remove, kernel_id, restart)
         if killed:
             self.event(
                 "group-ended",
@@ -765,9 +691,7 @@ class QuotaManager:
     def close(self) -> None:
         if self._serving is not None:
             self._serving.cancel()
-        if self._ledger is not None:
-            self._executor.submit(self._ledger.close).result()
-        self._executor.shutdown(wait=False)
+        self.ledger.close()
         self._work.shutdown(wait=False)
 
 

@@ -294,7 +294,8 @@ class Sampler:
             pass
         # The coroutine is made on the loop, when the loop gets to it: one made here would be left
         # never awaited (and warned about) if the loop stops first.
-        self._pending = pending = concurrent.futures.Future()
+        pending: concurrent.futures.Future[dict | None] = concurrent.futures.Future()
+        self._pending = pending
         try:
             self.loop.call_soon_threadsafe(self._snapshot_on_loop, pending)
         except RuntimeError:  # the loop closed between the check and now
@@ -318,7 +319,7 @@ class Sampler:
             else:
                 _settle(pending, task.exception(), None if task.exception() else task.result())
 
-        self.loop.create_task(self.manager.snapshot()).add_done_callback(done)
+        asyncio.ensure_future(self.manager.snapshot()).add_done_callback(done)  # on the loop
 
 
 def _settle(future: concurrent.futures.Future, exception: BaseException | None = None, result: Any = None) -> None:

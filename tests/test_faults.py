@@ -351,10 +351,10 @@ async def test_no_record_is_left_starting_when_a_start_fails(gpushare, jp_server
     and leaves no record in 'starting'."""
     manager = jp_serverapp.web_app.settings["gpushare_manager"]
 
-    def break_it() -> None:
-        manager._ledger._file._db.execute("PRAGMA query_only = 1")  # every write now fails, as on a full disk
+    def break_it(ledger) -> None:
+        ledger._file._db.execute("PRAGMA query_only = 1")  # every write now fails, as on a full disk
 
-    await manager._run(break_it)
+    await manager.ledger.on(break_it)
     kid = await gpushare.start_kernel()
     rec = await gpushare.kernel(kid)
     assert rec["state"] == "cpu" and "cannot be used now" in rec["reason"]

@@ -210,7 +210,7 @@ def test_memory_of_processes_outside_kernels_is_taken_when_placing(tmp_path, tre
         backend.fake.add_process(script.pid, 5120)
         backend.fake.add_process(gone.pid, 1024)  # no such process here: nobody's reservation
         sampler.tick()
-        leases = manager._executor.submit(manager._ledger.leases).result()  # on its thread
+        leases = asyncio.run(manager.ledger.on(lambda ledger: ledger.leases()))  # on its thread
         assert unreserved_use(sampler.latest_samples(), leases) == {manager.cards[0].uuid: 6144}
         # 20480 - 2560 - 8704 reserved - 6144 outside = 3072: a 3 GiB kernel (3584) does not fit, 2 GiB does
         grant = asyncio.run(manager.admit("k2", "python3", "python", Size(mib=3072)))

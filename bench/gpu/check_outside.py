@@ -94,7 +94,7 @@ async def main(path: str) -> int:
         steps["2 script"] = {"pid": script.pid, "stdout": script.stdout.readline().strip()}
         await asyncio.sleep(4 * INTERVAL_S)
         uuid = manager.cards[0].uuid
-        leases = await manager._run(manager._ledger.leases)
+        leases = await manager.ledger.on(lambda ledger: ledger.leases())
         outside = unreserved_use(sampler.latest_samples(), leases).get(uuid)
         steps["2 script"].update(outside_mib=outside, nvml_script_mib=nvml_by_pid(backend).get(script.pid))
         checks["what is taken as used outside reservations is NVML's figure for the script"] = (
