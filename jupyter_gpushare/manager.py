@@ -190,7 +190,9 @@ class QuotaManager:
         rec.quota = str(quota)
         if self.closing:
             raise self._refuse(
-                kernel_id, "The Jupyter server is shutting down; start the kernel again once it is back."
+                kernel_id,
+                "The Jupyter server is shutting down; start the kernel again once it is back.",
+                code="refused-closing",
             )
         if not self.cards:
             return self._settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"))
@@ -221,7 +223,9 @@ class QuotaManager:
         message = full_message(quota, got, self.policy.context_reserve_mib, waited=None)
         if self.policy.on_full == "cpu":
             return self._settle(rec, Grant("cpu", reason=message + " This kernel was started without a GPU."))
-        raise self._refuse(kernel_id, message, keep=restarting, need_mib=got.need_mib, free_mib=got.free_mib)
+        raise self._refuse(
+            kernel_id, message, keep=restarting, code="refused-no-room", need_mib=got.need_mib, free_mib=got.free_mib
+        )
 
     # -- the line (queue.py decides who ends when; the ledger decides who is granted) ---------------------------
 
@@ -356,18 +360,21 @@ class QuotaManager:
             waited = rec.queued_since if rec else None
             message = full_message(wait.request.quota, shown, self.policy.context_reserve_mib, waited=waited)
             error = self._refuse(
-                wait.kernel_id, message, keep=self._keeps(rec), need_mib=shown.need_mib, free_mib=shown.free_mib
-            )
+                wait.kernel_id, message, keep=self._keeps(rec), code="refused-timeout",
+                need_mib=shown.need_mib, free_mib=shown.free_mib,
+                waited_s=round(time.time() - waited) if waited else None,
+            )  # fmt: skip
         elif wait.ending == "unwatched":
             error = self._refuse(
                 wait.kernel_id,
                 f"Stopped waiting for a GPU: no notebook or program was connected to this kernel for "
                 f"{self.waiting.unwatched_s:.0f} s, so it was shut down before it could hold memory for no one. "
                 "Open the notebook and run a cell to start it again.",
-                status=409, keep=False, kind="cancelled",
+                status=409, keep=False, kind="cancelled", code="cancelled-unwatched",
+                unwatched_s=round(self.waiting.unwatched_s),
             )  # fmt: skip
         elif wait.ending == "closing":
-            error = self._refuse(wait.kernel_id, "Stopped waiting for a GPU: the Jupyter server is shutting down.", status=409, kind="refused")  # fmt: skip
+            error = self._refuse(wait.kernel_id, "Stopped waiting for a GPU: the Jupyter server is shutting down.", status=409, code="refused-closing")  # fmt: skip
         else:
             why = wait.why or "the start was cancelled"
             error = self._refuse(wait.kernel_id, f"Stopped waiting for a GPU: {why}.", status=409, kind="cancelled")
@@ -429,15 +436,26 @@ class QuotaManager:
         return ledger.reserve(request, self.policy, self.cards, wait, outside=outside)
 
     def _refuse(
-        self, kernel_id: str, message: str, status: int = 503, keep: bool = False, kind: str = "refused", **figures: Any
+        self,
+        kernel_id: str,
+        message: str,
+        status: int = 503,
+        keep: bool = False,
+        kind: str = "refused",
+        code: str | None = None,
+        **figures: Any,
     ) -> QuotaUnavailable:
         """Record why a kernel will not start and return the error to raise. Its record is forgotten, or with
         ``keep`` (a restart that was refused: the kernel is down now) kept as 'failed' with the reason. The event
-        is 'refused', or 'cancelled' for a wait its owner stopped."""
+        is 'refused', or 'cancelled' for a wait its owner stopped; ``code`` (words.CATALOGUE's ``event.<code>``,
+        with ``figures``) says which refusal, where the sidebar words it itself (else the kind, with the
+        English ``message``)."""
         rec = self.records.get(kernel_id) if keep else self.records.pop(kernel_id, None)
         if rec is not None and keep:
             rec.state, rec.lease, rec.card, rec.position = "failed", None, None, None
             rec.reason = f"The kernel could not start again: {message} Shut it down, or start it with another quota."
+        if code is not None:
+            figures["code"] = code
         self.event(kind, kernel_id, message, path=rec.path if rec else None, **figures)
         return QuotaUnavailable(message, status=status)
 

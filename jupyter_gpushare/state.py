@@ -33,17 +33,15 @@ RECENT_EVENTS = 50
 SEGMENTS = ("mine", "others", "outside", "headroom", "free")  # a card's parts, in the bar's order (words.py)
 
 
-EVENT_FIELDS = ("time", "kind", "kernel_id", "path")  # an event's own fields; the rest are its parameters
+EVENT_FIELDS = ("time", "kind", "code", "kernel_id", "path")  # an event's own fields; the rest are its parameters
 
 
 def event_view(event: Mapping[str, Any]) -> dict[str, Any]:
-    """An event as the API sends it: its code (its kind), its parameters (the figures behind it, and the English
+    """An event as the API sends it: its code (its kind, or which of its kind), its parameters (the figures behind it, and the English
     ``message`` for logs and the CLI) and how it is announced (``severity``; null: only the panel shows it)."""
-    params = {k: v for k, v in event.items() if k not in EVENT_FIELDS}
+    params = {k: v for k, v in event.items() if k not in EVENT_FIELDS and v is not None}
     kind = str(event.get("kind"))
-    code = kind
-    if kind == "refused" and params.get("need_mib") and params.get("free_mib") is not None:
-        code = "refused-no-room"  # the usual refusal, said short with its figures (the message says it all)
+    code = str(event.get("code") or kind)  # which refusal (manager._refuse), else the kind
     return {**event, "code": code, "params": params, "severity": SEVERITY.get(kind)}
 
 

@@ -56,6 +56,10 @@ CATALOGUE: dict[str, str] = {
     "event.cancelled": "Stopped waiting for a GPU.",
     "event.refused": "Not started: {message}",
     "event.refused-no-room": "Not started: it needs {need_mib}, and the most unreserved on any card is {free_mib}.",
+    "event.refused-timeout": "Stopped waiting[ after {waited_s}]: it needs {need_mib}, and the most unreserved on any "
+    "card is {free_mib}.",
+    "event.refused-closing": "Not started: the Jupyter server is shutting down.",
+    "event.cancelled-unwatched": "Stopped waiting for a GPU: nothing was connected to it for {unwatched_s}.",
     "event.near-quota": "Uses {used_mib} of its {reserved_mib} reservation ({share_pct}%): free memory or ask for "
     "a larger quota.",
     "event.over-quota": "Uses {used_mib}, more than its {reserved_mib} reservation: free memory or ask for a larger "

@@ -15,6 +15,8 @@ import sys
 import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
+from jupyter_gpushare.words import event_words
+
 
 @pytest.fixture
 def gpushare_config(gpushare_config):
@@ -110,6 +112,11 @@ class TestWhenFull:
         assert "needs 4.5 GiB (quota 4 GiB + 512 MiB CUDA context reserve)" in message
         assert "most unreserved on any card is 1 GiB" in message and "waited 1 s in the queue" in message
         assert "Shut down a kernel you no longer use" in message and refused["path"] == "late.ipynb"
+        assert refused["code"] == "refused-timeout"  # the sidebar's words, from the figures
+        words = event_words(refused["code"], refused["params"])
+        assert words.startswith("Stopped waiting after ") and words.endswith(
+            ": it needs 4.5 GiB, and the most unreserved on any card is 1 GiB."
+        )
         # The server shut the kernel down with its session: nothing waits, nothing holds memory for it.
         await gpushare.wait_for(lambda: _gone(jp_serverapp, kid), what="the kernel shut down")
         assert session not in [s["id"] for s in await jp_serverapp.session_manager.list_sessions()]
@@ -121,8 +128,10 @@ class TestWhenFull:
         ks, code, message = await _fill_and_try_third(gpushare)
         assert code == 503 and "No GPU has room for this kernel: it needs 4.5 GiB" in message
         assert "waited" not in message
-        kinds = [e["kind"] for e in (await gpushare.get("events"))["events"]]
+        events = (await gpushare.get("events"))["events"]
+        kinds = [e["kind"] for e in events]
         assert kinds.count("reserved") == 2 and kinds.count("refused") == 1
+        assert [e["code"] for e in events if e["kind"] == "refused"] == ["refused-no-room"]
 
     @pytest.mark.parametrize("gpushare_config", [{"on_full": "cpu"}], indirect=True)
     async def test_cpu_fallback_starts_without_a_gpu_and_says_so(self, gpushare, jp_serverapp):

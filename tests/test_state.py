@@ -137,11 +137,17 @@ def test_the_words_and_the_split_have_one_definition():
     refused = event_view({"time": 1, "kind": "refused", "message": "A quota of 0 MiB is too small.", "need_mib": 0})
     assert refused["code"] == "refused" and refused["severity"] == "error"
     assert refused["params"] == {"message": "A quota of 0 MiB is too small.", "need_mib": 0}
-    full = event_view({"time": 1, "kind": "refused", "message": "No GPU has room ... " * 20, "need_mib": 4608,
-                       "free_mib": 1024})  # fmt: skip
-    assert full["code"] == "refused-no-room" and full["severity"] == "error"
+    full = event_view({"time": 1, "kind": "refused", "code": "refused-no-room", "message": "No GPU has room ... " * 20,
+                       "need_mib": 4608, "free_mib": 1024})  # fmt: skip
+    assert full["code"] == "refused-no-room" and full["severity"] == "error" and "code" not in full["params"]
     assert event_words(full["code"], full["params"]) == (
         "Not started: it needs 4.5 GiB, and the most unreserved on any card is 1 GiB."
+    )
+    timeout = event_view({"time": 1, "kind": "refused", "code": "refused-timeout", "message": "...", "need_mib": 4608,
+                          "free_mib": 0, "waited_s": None})  # fmt: skip
+    assert timeout["severity"] == "error" and "waited_s" not in timeout["params"]  # not known: not sent
+    assert event_words(timeout["code"], timeout["params"]) == (
+        "Stopped waiting: it needs 4.5 GiB, and the most unreserved on any card is 0 MiB."
     )
 
 

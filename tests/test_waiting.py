@@ -19,6 +19,8 @@ from jupyter_client.session import Session
 from kernels import cell_result, send_cell
 from tornado.httpclient import HTTPClientError
 
+from jupyter_gpushare.words import event_words
+
 
 @pytest.fixture
 def gpushare_config(gpushare_config):
@@ -164,6 +166,9 @@ class TestUnwatched:
         ws = await kernel_ws(watched, Session().session)
         left = await gpushare.wait_for(lambda: _event(gpushare, orphan, "cancelled"), what="the orphan to leave")
         assert "no notebook or program was connected to this kernel for 1 s" in left["message"]
+        assert left["code"] == "cancelled-unwatched" and event_words(left["code"], left["params"]) == (
+            "Stopped waiting for a GPU: nothing was connected to it for 1 s."
+        )
         await gpushare.wait_for(lambda: _gone(jp_serverapp, orphan), what="the orphan shut down")
         assert await gpushare.state_of(watched) == "queued"  # its page is open
         await gpushare.close_notebook(sessions[0])

@@ -64,6 +64,15 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'event.refused-no-room': __(
       'Not started: it needs {need_mib}, and the most unreserved on any card is {free_mib}.'
     ),
+    'event.refused-timeout': __(
+      'Stopped waiting[ after {waited_s}]: it needs {need_mib}, and the most unreserved on any card is {free_mib}.'
+    ),
+    'event.refused-closing': __(
+      'Not started: the Jupyter server is shutting down.'
+    ),
+    'event.cancelled-unwatched': __(
+      'Stopped waiting for a GPU: nothing was connected to it for {unwatched_s}.'
+    ),
     'event.near-quota': __(
       'Uses {used_mib} of its {reserved_mib} reservation ({share_pct}%): free memory or ask for a larger quota.'
     ),
