@@ -98,6 +98,16 @@ def test_no_module_imports_one_that_imports_it_back():
     assert cycles(graph) == []
 
 
+def test_no_bootstrap_module_imports_one_that_imports_it_back():
+    """The bootstrap's modules are top-level names in the kernel (its folder is on PYTHONPATH): the hooks sit on
+    the report, and the module that installs them on the hooks, never the other way round."""
+    folder = PACKAGE / "bootstrap"
+    known = {path.stem: path for path in folder.glob("*.py")}
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    assert cycles(graph) == []
+    assert {name for name, deps in graph.items() if "_gpushare_boot" in deps} == {"sitecustomize"}  # no call back
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import atexit
 import sys
 
-import _gpushare_boot as boot
+import _gpushare_report as rep
 
 MiB = 2**20
 _watching: set = set()  # what is set up: "ipython", "atexit"
@@ -75,15 +75,15 @@ def update(oom: str | None = None) -> None:
     """Read the figures now (and note ``oom``, the framework that ran out of memory); write the report if they
     changed."""
     got = peaks()
-    with boot._lock:
-        before = (dict(boot._state.get("alloc", {})), boot._state.get("oom"))
+    with rep.LOCK:
+        before = (dict(rep.STATE.get("alloc", {})), rep.STATE.get("oom"))
         alloc = {**before[0], **{k: max(v, before[0].get(k, 0)) for k, v in got.items()}}
-        boot._state["alloc"] = alloc
+        rep.STATE["alloc"] = alloc
         if oom:
-            boot._state["oom"] = oom
-        changed = (alloc, boot._state.get("oom")) != before
+            rep.STATE["oom"] = oom
+        changed = (alloc, rep.STATE.get("oom")) != before
     if changed:
-        boot._write_report()
+        rep.write_report()
 
 
 def _after_cell(*_args) -> None:
@@ -109,4 +109,4 @@ def watch() -> None:
             events.register("post_run_cell", _after_cell)
             _watching.add("ipython")
         except Exception as e:
-            boot._warn(f"GPU memory figures for learned quotas are read only at exit: {e}")
+            rep.warn(f"GPU memory figures for learned quotas are read only at exit: {e}")

@@ -19,6 +19,10 @@ What it does, all driven by the GPUSHARE_* environment the provisioner set:
   (``_gpushare_views``); the report lists those ``views``;
 - when a framework's out-of-memory error reaches the notebook or the top of a script, a short note
   follows the usual traceback (``_gpushare_oom``).
+
+The layers, lowest first: ``_gpushare_env`` (the variables' names), ``_gpushare_report`` (the quota read from the
+environment, warnings and the report), the hooks (``_gpushare_alloc``, ``_gpushare_oom``, ``_gpushare_views``,
+``_gpushare_caps``), and this module, which installs them. No layer imports one above it.
 """
 
 from __future__ import annotations
@@ -29,183 +33,33 @@ import sys
 import time
 
 import _gpushare_env as env
+import _gpushare_report as rep
+from _gpushare_report import GpuShareWarning, pulled_in_by, report
 
 # json, re and warnings are imported where used: every process of the kernel (each `!pip`, each
 # DataLoader worker) runs this module at start, so it imports as little as it can.
 
 __all__ = ["GpuShareWarning", "install", "register", "report", "pulled_in_by"]
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
 _installed = False
-_state: dict = {"frameworks": {}, "warnings": [], "views": [], "nested": {}}  # nested: see pulled_in_by
-_started = time.time()
-_lock = _thread.RLock()
-_hook_seconds: dict = {}  # time our code spent around each hooked import (for bench/)
 _importing = _thread._local()  # per thread: the hooked modules whose code is executing now, outermost first
-MiB = 2**20
 FRAMEWORKS = ("torch", "tensorflow", "jax", "cupy")  # what the report lists (reports.FRAMEWORKS)
 # Whose own import, when it imports a framework, brings that one in on its own account: the frameworks, and
 # Keras 3, which imports JAX whatever its backend (TensorFlow 2.21 imports JAX too, for tf.lite).
 OUTER_IMPORTS = (*FRAMEWORKS, "keras")
 
 
-class GpuShareWarning(UserWarning):
-    """A GPU cap could not be applied as asked, or was changed to fit the kernel's quota."""
-
-
 # -- configuration from the environment -----------------------------------------------------------
-
-
-def _env_int(name: str) -> int | None:
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        return None
-
-
-def _quota_mib() -> int | None:
-    return _env_int(env.QUOTA_MIB)
-
-
-def _fraction() -> float | None:
-    """The quota as a fraction of the card's total memory (what torch and XLA take)."""
-    try:
-        return float(os.environ[env.TORCH_FRACTION])
-    except (KeyError, ValueError):
-        quota, total = _quota_mib(), _env_int(env.CARD_TOTAL_MIB)
-        return quota / total if quota and total else None
-
-
-def _no_cap_reason() -> str | None:
-    """Why no framework of this process can be capped on a GPU, or None when a cap applies."""
-    mode = os.environ.get(env.MODE, "")
-    reason = os.environ.get(env.REASON, "")
-    if mode == "cpu":
-        return "this kernel runs without a GPU (CUDA_VISIBLE_DEVICES is empty)" + (f": {reason}" if reason else "")
-    if mode != "gpu":
-        return "this kernel has no GPU quota, so it sees no GPU (CUDA_VISIBLE_DEVICES is empty)" + (
-            f": {reason}" if reason else ""
-        )
-    if _quota_mib() is None:
-        return "GPUSHARE_QUOTA_MIB is missing from the kernel's environment"
-    if os.environ.get(env.SIMULATED) == "1":
-        return "the card is simulated: CUDA_VISIBLE_DEVICES is empty, so no GPU is visible"
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
-        return "CUDA_VISIBLE_DEVICES is empty, so no GPU is visible"
-    return None
 
 
 def _check_visible_devices() -> None:
     card = os.environ.get(env.CARD_UUID)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if card and visible not in (None, "", card):
-        _warn(
+        rep.warn(
             f"CUDA_VISIBLE_DEVICES was changed to {visible!r}; this kernel's quota is reserved on {card} only. "
             "Work on other cards is not reserved and may fail when a neighbour needs the memory."
         )
-
-
-# -- warnings and the report ---------------------------------------------------------------------
-
-
-def _user_stacklevel() -> int:
-    """A stacklevel pointing at the first frame outside the bootstrap and the import machinery."""
-    level, frame = 1, sys._getframe(1)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        internal = "importlib" in name and "_bootstrap" in name  # frames warnings.warn skips itself
-        if os.path.dirname(name) != _HERE and not internal:
-            return level
-        frame = frame.f_back
-        level += 0 if internal else 1
-    return 1
-
-
-def _warn(message: str) -> None:
-    with _lock:
-        if message not in _state["warnings"]:
-            _state["warnings"].append(message)
-            del _state["warnings"][:-50]
-    try:
-        import warnings
-
-        warnings.warn(f"jupyter-gpushare: {message}", GpuShareWarning, stacklevel=_user_stacklevel())
-    except Exception:
-        pass
-
-
-def _set(framework: str, capped: bool, detail: str, limit_mib: int | None = None, version: str | None = None) -> None:
-    entry = {"capped": bool(capped), "limit_mib": limit_mib if capped else None, "detail": detail}
-    if version:
-        entry["version"] = version
-    with _lock:
-        _state["frameworks"][framework] = entry
-    _write_report()
-
-
-def _add_views(names: list) -> None:
-    """Note for the report that these functions now give the kernel's quota as the GPU's size (the next
-    write says so: a framework's own entry is written right after, by its cap hook)."""
-    with _lock:
-        _state["views"] = sorted(set(_state["views"]) | set(names))
-
-
-def report() -> dict:
-    """This process's report, as written to the report directory."""
-    with _lock:
-        root = os.environ.get(env.ROOT_PID)
-        frameworks, pulled_in = {}, {}
-        for name, entry in _state["frameworks"].items():
-            by = pulled_in_by(name)
-            if by:
-                pulled_in[name] = by
-                continue
-            frameworks[name] = dict(entry)
-            views = [v for v in _state["views"] if v.startswith(name + ".")]
-            if views:
-                frameworks[name]["views"] = views
-        return {
-            "pid": os.getpid(),
-            "ppid": os.getppid(),
-            "kernel_id": os.environ.get(env.KERNEL_ID),
-            "root": root == str(os.getpid()),
-            "started": _started,
-            "time": time.time(),
-            "mode": os.environ.get(env.MODE),
-            "quota_mib": _quota_mib(),
-            "frameworks": frameworks,
-            "pulled_in": pulled_in,
-            "views": list(_state["views"]),
-            "warnings": list(_state["warnings"]),
-            "alloc": dict(_state.get("alloc", {})),
-            "oom": _state.get("oom"),
-            "hook_ms": {k: round(v * 1000, 3) for k, v in _hook_seconds.items()},
-        }
-
-
-def _write_report() -> None:
-    directory, kernel_id = os.environ.get(env.REPORT_DIR), os.environ.get(env.KERNEL_ID)
-    if not directory or not kernel_id:
-        return
-    pid = os.getpid()
-    final = os.path.join(directory, f"{kernel_id}.{pid}.json")
-    tmp = os.path.join(directory, f".{kernel_id}.{pid}.{_thread.get_ident()}.tmp")
-    try:
-        import json
-
-        data = json.dumps(report())
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(data)
-        os.replace(tmp, final)
-    except Exception as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        with _lock:
-            note = f"could not write the cap report to {directory}: {e}"
-            if note not in _state["warnings"]:
-                _state["warnings"].append(note)
 
 
 # -- post-import hooks -------------------------------------------------------------------------------
@@ -242,14 +96,14 @@ class _HookedLoader:
         start = time.perf_counter()
         for fn in post:
             _guarded(fn, self._name, sys.modules.get(self._name, module))
-        _hook_seconds[self._name] = spent + time.perf_counter() - start
+        rep.HOOK_SECONDS[self._name] = spent + time.perf_counter() - start
 
 
 def _guarded(fn, name: str, module) -> None:
     try:
         fn(module)
     except Exception as e:
-        _warn(f"the {name} hook failed ({type(e).__name__}: {e}); {name} was imported without it")
+        rep.warn(f"the {name} hook failed ({type(e).__name__}: {e}); {name} was imported without it")
 
 
 class _Finder:
@@ -261,14 +115,14 @@ class _Finder:
         self._busy = _thread._local()
 
     def add(self, name: str, pre=None, post=None) -> None:
-        with _lock:
+        with rep.LOCK:
             if pre is not None:
                 self._pre.setdefault(name, []).append(pre)
             if post is not None:
                 self._post.setdefault(name, []).append(post)
 
     def take(self, name: str) -> tuple[list, list]:
-        with _lock:
+        with rep.LOCK:
             return self._pre.pop(name, []), self._post.pop(name, [])
 
     def find_spec(self, fullname, path=None, target=None):
@@ -325,21 +179,14 @@ _builtin_import = None
 def _enter_import(name: str) -> bool:
     """Note a hooked module starting to execute; True when it was pushed as an outer import."""
     stack = _importing.__dict__.setdefault("stack", [])
-    if stack and name in FRAMEWORKS and name not in _state["nested"]:
-        with _lock:
-            _state["nested"][name] = stack[-1]  # this import runs inside that one's: it brought it in
+    if stack and name in FRAMEWORKS and name not in rep.STATE["nested"]:
+        with rep.LOCK:
+            rep.STATE["nested"][name] = stack[-1]  # this import runs inside that one's: it brought it in
         _watch_imports()
     if name in OUTER_IMPORTS:
         stack.append(name)
         return True
     return False
-
-
-def pulled_in_by(name: str) -> str | None:
-    """The framework (or Keras) whose own import alone imported ``name`` in this process; None when the
-    notebook or a library that is not a GPU framework imported it (Keras's backend counts as the notebook's:
-    Keras computes with it)."""
-    return _state["nested"].get(name)
 
 
 def _watch_imports() -> None:
@@ -353,7 +200,7 @@ def _watch_imports() -> None:
 
 
 def _import(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002  (__import__'s own names)
-    if level == 0 and _state["nested"]:
+    if level == 0 and rep.STATE["nested"]:
         try:
             _imported_by(name.partition(".")[0], globals)
         except Exception:
@@ -362,7 +209,7 @@ def _import(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A00
 
 
 def _imported_by(top: str, namespace) -> None:
-    if top not in _state["nested"] or getattr(_importing, "stack", None):
+    if top not in rep.STATE["nested"] or getattr(_importing, "stack", None):
         return  # not pulled in, or inside a framework's own import
     importer = ((namespace or {}).get("__name__") or "").partition(".")[0]
     if importer not in OUTER_IMPORTS:
@@ -373,12 +220,12 @@ def _imported(name: str) -> None:
     """``name`` counts as the notebook's from now on; the watch on imports ends with the last one pulled in."""
     import builtins
 
-    with _lock:
-        _state["nested"].pop(name, None)
-        done = not _state["nested"]
+    with rep.LOCK:
+        rep.STATE["nested"].pop(name, None)
+        done = not rep.STATE["nested"]
     if done and builtins.__import__ is _import:
         builtins.__import__ = _builtin_import
-    _write_report()
+    rep.write_report()
 
 
 def _keras_post(keras) -> None:
@@ -386,7 +233,7 @@ def _keras_post(keras) -> None:
     config = getattr(keras, "config", None) or getattr(keras, "backend", None)
     backend = getattr(config, "backend", None)
     backend = backend() if callable(backend) else None
-    if _state["nested"].get(backend) == "keras":
+    if rep.STATE["nested"].get(backend) == "keras":
         _imported(backend)
 
 
@@ -401,7 +248,7 @@ def install() -> bool:
     _installed = True
     if not os.environ.get(env.ROOT_PID):  # the kernel process; its children inherit the variable
         os.environ[env.ROOT_PID] = str(os.getpid())
-    if not _no_cap_reason():
+    if not rep.no_cap_reason():
         _check_visible_devices()
     import _gpushare_caps
     import _gpushare_views
@@ -411,5 +258,5 @@ def install() -> bool:
             register(name, pre, post)
     register("keras", post=_keras_post)
     if os.environ.get(env.ROOT_PID) == str(os.getpid()):
-        _write_report()  # the kernel process says at once that its bootstrap runs
+        rep.write_report()  # the kernel process says at once that its bootstrap runs
     return True

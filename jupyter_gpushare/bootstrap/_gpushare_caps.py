@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 
-import _gpushare_boot as boot
 import _gpushare_env as env
 import _gpushare_oom as oom
+import _gpushare_report as rep
 
 # Oldest torch whose PYTORCH_CUDA_ALLOC_CONF is known to accept per_process_memory_fraction (checked
 # on torch 2.11, see DESIGN.md); older ones reject unknown keys, so they get the deferred call.
@@ -79,9 +79,9 @@ def _torch_pre(module) -> None:
     _torch_plan.clear()
     version, cuda = _torch_build(module)
     _torch_plan.update(version=version, cuda=cuda)
-    if boot._no_cap_reason() or cuda is None or version is None:
+    if rep.no_cap_reason() or cuda is None or version is None:
         return
-    fraction = os.environ.get(env.TORCH_FRACTION) or f"{boot._fraction():.6f}"
+    fraction = os.environ.get(env.TORCH_FRACTION) or f"{rep.fraction():.6f}"
     if _version_tuple(version) < TORCH_ENV_CAP_SINCE:
         _torch_plan["method"] = "lazy"
         return
@@ -94,7 +94,7 @@ def _torch_pre(module) -> None:
     value, note = merge_alloc_conf(os.environ.get(name, ""), fraction)
     os.environ[name] = value
     if note:
-        boot._warn(note)
+        rep.warn(note)
     _torch_plan.update(method="env", variable=name, fraction=fraction)
 
 
@@ -102,25 +102,25 @@ def _torch_post(torch) -> None:
     version = getattr(torch, "__version__", None) or _torch_plan.get("version")
     version = str(version) if version else None
     oom.register_oom_type(getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None))
-    reason = boot._no_cap_reason()
+    reason = rep.no_cap_reason()
     if reason:
-        return boot._set("torch", False, f"not capped: {reason}", version=version)
+        return rep.set_framework("torch", False, f"not capped: {reason}", version=version)
     if getattr(torch.version, "cuda", None) is None:
-        return boot._set(
+        return rep.set_framework(
             "torch", False, "not capped: this PyTorch is a CPU-only build, it cannot use the GPU", version=version
         )
-    quota = boot._quota_mib()
+    quota = rep.quota_mib()
     method = _torch_plan.get("method", "lazy")
     if method == "env" and not torch.cuda.is_initialized():
         text = f"{_torch_plan['variable']} per_process_memory_fraction:{_torch_plan['fraction']} (of the card's total memory)"
-        return boot._set("torch", True, text, quota, version)
+        return rep.set_framework("torch", True, text, quota, version)
 
     def apply() -> None:
         real = torch.cuda.get_device_properties
         props = getattr(real, "__wrapped__", real)(0)  # the card's own size, not the quota the view shows
         fraction = min(1.0, quota * MiB / props.total_memory)
         torch.cuda.set_per_process_memory_fraction(fraction, 0)
-        boot._set(
+        rep.set_framework(
             "torch",
             True,
             f"torch.cuda.set_per_process_memory_fraction({fraction:.4f}) at CUDA initialisation",
@@ -133,12 +133,12 @@ def _torch_post(torch) -> None:
         return None
     lazy = getattr(torch.cuda, "_lazy_call", None)
     if lazy is None:
-        return boot._set(
+        return rep.set_framework(
             "torch", False, "not capped: this torch has no torch.cuda._lazy_call to defer the cap", version=version
         )
     lazy(apply)
     text = f"torch.cuda.set_per_process_memory_fraction, deferred to CUDA initialisation (torch {version} has no per_process_memory_fraction allocator setting)"
-    return boot._set("torch", True, text, quota, version)
+    return rep.set_framework("torch", True, text, quota, version)
 
 
 # -- TensorFlow -------------------------------------------------------------------------------------
@@ -149,14 +149,14 @@ _tf_capped_devices: list = []
 def _drop_async_allocator() -> None:
     if os.environ.get("TF_GPU_ALLOCATOR", "").strip() == "cuda_malloc_async":
         del os.environ["TF_GPU_ALLOCATOR"]
-        boot._warn(
+        rep.warn(
             "TF_GPU_ALLOCATOR=cuda_malloc_async was unset: that allocator ignores a logical device's memory_limit, "
             "so TensorFlow could take memory past this kernel's quota. TensorFlow uses its default (BFC) allocator."
         )
 
 
 def _tf_pre(module) -> None:
-    if not boot._no_cap_reason():
+    if not rep.no_cap_reason():
         _drop_async_allocator()
 
 
@@ -200,32 +200,32 @@ def _tf_post(tf) -> None:
         pass
     config = tf.config
     gpus = config.list_physical_devices("GPU")  # enumerates devices; does not initialise the runtime
-    reason = boot._no_cap_reason()
+    reason = rep.no_cap_reason()
     if not gpus:
         why = reason or "no GPU is visible to TensorFlow"
         built = getattr(getattr(tf, "test", None), "is_built_with_cuda", None)
         if built is not None and not built():
             why += " (this TensorFlow is built without CUDA)"
-        return boot._set("tensorflow", False, f"not capped: {why}", version=version)
+        return rep.set_framework("tensorflow", False, f"not capped: {why}", version=version)
     if reason:
-        return boot._set("tensorflow", False, f"not capped: {reason}", version=version)
+        return rep.set_framework("tensorflow", False, f"not capped: {reason}", version=version)
     _drop_async_allocator()
-    quota = boot._quota_mib()
+    quota = rep.quota_mib()
     make = config.LogicalDeviceConfiguration
     try:
         for gpu in gpus:
             config.set_logical_device_configuration(gpu, [make(memory_limit=quota)])
     except RuntimeError as e:
-        boot._warn(
+        rep.warn(
             f"the GPU memory cap could not be applied: TensorFlow was initialised before the hook ({e}); TensorFlow may take most of the card"
         )
-        return boot._set(
+        return rep.set_framework(
             "tensorflow", False, "cap not applied: TensorFlow was initialised before the hook", version=version
         )
     _tf_capped_devices[:] = list(gpus)
     _wrap_tf_config(config, quota)
     many = f" on each of {len(gpus)} visible GPUs" if len(gpus) > 1 else ""
-    return boot._set(
+    return rep.set_framework(
         "tensorflow",
         True,
         f"logical GPU device with memory_limit={quota} MiB{many}; memory grows within it (TF_FORCE_GPU_ALLOW_GROWTH)",
@@ -247,19 +247,19 @@ def _wrap_tf_config(config, quota: int) -> None:
             if getattr(device, "device_type", None) == "GPU" and device in _tf_capped_devices:
                 if logical_devices is None:
                     logical_devices = [make(memory_limit=quota)]
-                    boot._warn(
+                    rep.warn(
                         f"the GPU's logical device configuration was kept at memory_limit={quota} MiB (this kernel's quota), not removed"
                     )
                 else:
                     logical_devices, note = clamp_logical_devices(list(logical_devices), quota)
                     if note:
-                        boot._warn(note)
-                        boot._set(
+                        rep.warn(note)
+                        rep.set_framework(
                             "tensorflow",
                             True,
                             f"notebook's logical GPU devices clamped to {quota} MiB in total",
                             quota,
-                            boot._state["frameworks"].get("tensorflow", {}).get("version"),
+                            rep.STATE["frameworks"].get("tensorflow", {}).get("version"),
                         )
             return original(device, logical_devices)
 
@@ -299,12 +299,12 @@ def _wrap_tf_config(config, quota: int) -> None:
 
 
 def _jax_pre(module) -> None:
-    if boot._no_cap_reason():
+    if rep.no_cap_reason():
         return
-    fraction = boot._fraction()
+    fraction = rep.fraction()
     if os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower() == "platform":
         del os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"]
-        boot._warn("XLA_PYTHON_CLIENT_ALLOCATOR=platform was unset: that allocator has no memory cap")
+        rep.warn("XLA_PYTHON_CLIENT_ALLOCATOR=platform was unset: that allocator has no memory cap")
     # One variable only: recent jaxlib (0.10, 0.11) refuses to start its CUDA plugin (falling back to the CPU)
     # when XLA_CLIENT_MEM_FRACTION and the deprecated XLA_PYTHON_CLIENT_MEM_FRACTION are both set,
     # and older jaxlib reads only the deprecated one. Every jaxlib reads XLA_PYTHON_CLIENT_MEM_FRACTION
@@ -324,7 +324,7 @@ def _jax_pre(module) -> None:
             asked[name] = value
     os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{keep:.6f}"
     for name, value in asked.items():
-        boot._warn(f"{name}={value} was lowered to {fraction:.6f}, this kernel's quota as a fraction of the card")
+        rep.warn(f"{name}={value} was lowered to {fraction:.6f}, this kernel's quota as a fraction of the card")
 
 
 def _jax_gpu_plugin() -> bool:
@@ -349,23 +349,23 @@ def _jax_post(jax) -> None:
         except Exception:
             cls = None
     oom.register_oom_type(cls)
-    reason = boot._no_cap_reason()
+    reason = rep.no_cap_reason()
     if reason:
-        return boot._set("jax", False, f"not capped: {reason}", version=version)
+        return rep.set_framework("jax", False, f"not capped: {reason}", version=version)
     platforms = os.environ.get("JAX_PLATFORMS", os.environ.get("JAX_PLATFORM_NAME", ""))
     if platforms and "cuda" not in platforms and "gpu" not in platforms:
-        return boot._set(
+        return rep.set_framework(
             "jax", False, f"not capped: JAX_PLATFORMS={platforms}, JAX does not use the GPU", version=version
         )
     if not _jax_gpu_plugin():
-        return boot._set(
+        return rep.set_framework(
             "jax", False, "not capped: this JAX has no CUDA plugin (jax[cuda]), it runs on the CPU", version=version
         )
     fraction = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
     preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").strip().lower() not in ("false", "0")
     grows = "taken at first use (XLA_PYTHON_CLIENT_PREALLOCATE)" if preallocate else "grows on demand up to it"
     text = f"XLA_PYTHON_CLIENT_MEM_FRACTION={fraction} of the card's total memory; the pool {grows}"
-    return boot._set("jax", True, text, boot._quota_mib(), version)
+    return rep.set_framework("jax", True, text, rep.quota_mib(), version)
 
 
 # -- CuPy -------------------------------------------------------------------------------------------
@@ -375,7 +375,7 @@ def _cupy_limit_bytes(value: str) -> int | None:
     value = value.strip()
     try:
         if value.endswith("%"):
-            total = boot._env_int(env.CARD_TOTAL_MIB)
+            total = rep.env_int(env.CARD_TOTAL_MIB)
             return int(float(value[:-1]) / 100 * total * MiB) if total else None
         return int(float(value))
     except ValueError:
@@ -383,15 +383,15 @@ def _cupy_limit_bytes(value: str) -> int | None:
 
 
 def _cupy_pre(module) -> None:
-    if boot._no_cap_reason():
+    if rep.no_cap_reason():
         return
-    cap = boot._quota_mib() * MiB
+    cap = rep.quota_mib() * MiB
     value = os.environ.get("CUPY_GPU_MEMORY_LIMIT")
     asked = _cupy_limit_bytes(value) if value is not None else None
     if not asked or asked > cap:  # 0 means unlimited to CuPy
         os.environ["CUPY_GPU_MEMORY_LIMIT"] = str(cap)
         if value is not None:
-            boot._warn(f"CUPY_GPU_MEMORY_LIMIT={value} was lowered to {cap} bytes, this kernel's quota")
+            rep.warn(f"CUPY_GPU_MEMORY_LIMIT={value} was lowered to {cap} bytes, this kernel's quota")
 
 
 def _cupy_post(cupy) -> None:
@@ -402,12 +402,12 @@ def _cupy_post(cupy) -> None:
         oom.register_oom_type(OutOfMemoryError)
     except Exception:
         pass
-    reason = boot._no_cap_reason()
+    reason = rep.no_cap_reason()
     if reason:
-        return boot._set("cupy", False, f"not capped: {reason}", version=version)
+        return rep.set_framework("cupy", False, f"not capped: {reason}", version=version)
     limit = os.environ.get("CUPY_GPU_MEMORY_LIMIT")
-    return boot._set(
-        "cupy", True, f"CUPY_GPU_MEMORY_LIMIT={limit} bytes (CuPy's default memory pool)", boot._quota_mib(), version
+    return rep.set_framework(
+        "cupy", True, f"CUPY_GPU_MEMORY_LIMIT={limit} bytes (CuPy's default memory pool)", rep.quota_mib(), version
     )
 
 

@@ -13,8 +13,8 @@ import os
 import sys
 
 import _gpushare_alloc as alloc
-import _gpushare_boot as boot
 import _gpushare_env as env
+import _gpushare_report as rep
 
 __all__ = ["oom_framework", "oom_note", "register_oom_type"]
 
@@ -84,8 +84,8 @@ def _size(mib: int) -> str:
 def oom_note(framework: str) -> str:
     """The note shown after a framework's out-of-memory traceback."""
     name = _NAMES.get(framework, framework)
-    quota, most = boot._quota_mib(), boot._env_int(env.MAX_QUOTA_MIB)
-    reason = boot._no_cap_reason()
+    quota, most = rep.quota_mib(), rep.env_int(env.MAX_QUOTA_MIB)
+    reason = rep.no_cap_reason()
     lines = [f"[jupyter-gpushare] {name} ran out of memory."]
     if quota is not None and os.environ.get(env.MODE) == "gpu":
         card = os.environ.get(env.CARD_NAME) or "its GPU"
@@ -181,6 +181,6 @@ def register_oom_type(cls) -> None:
     try:
         _install_ipython_handler()
     except Exception as e:
-        boot._warn(f"the out-of-memory note could not be set up in IPython: {e}")
+        rep.warn(f"the out-of-memory note could not be set up in IPython: {e}")
     if sys.excepthook is not _excepthook:
         _previous_excepthook, sys.excepthook = sys.excepthook, _excepthook

@@ -28,17 +28,17 @@ from __future__ import annotations
 import os
 import sys
 
-import _gpushare_boot as boot
 import _gpushare_env as env
+import _gpushare_report as rep
 
 MiB = 2**20
 
 
 def _quota_bytes() -> int | None:
     """The kernel's quota in bytes when this process's views should show it, else None."""
-    if boot._no_cap_reason():
+    if rep.no_cap_reason():
         return None
-    return boot._quota_mib() * MiB
+    return rep.quota_mib() * MiB
 
 
 def _one_visible_card() -> bool:
@@ -132,7 +132,7 @@ def _torch_post(torch) -> None:
         cuda.get_device_properties = _torch_get_device_properties(original, quota)
         done.append("torch.cuda.get_device_properties")
     if done:
-        boot._add_views(done)
+        rep.add_views(done)
 
 
 # -- CuPy -----------------------------------------------------------------------------------------------
@@ -190,7 +190,7 @@ def _cupy_post(cupy) -> None:
         if set_type_attribute(device, "mem_info", view):
             done.append("cupy.cuda.Device.mem_info")
     if done:
-        boot._add_views(done)
+        rep.add_views(done)
 
 
 # -- NVML (pynvml, from nvidia-ml-py) ------------------------------------------------------------------
@@ -214,7 +214,7 @@ def _in_kernel(pid: int, root: int) -> bool:
 
 def _kernel_use(lib, handle) -> int | None:
     """Bytes the kernel's processes hold on the card (NVML), or None when NVML does not say."""
-    root = boot._env_int(env.ROOT_PID) or os.getpid()
+    root = rep.env_int(env.ROOT_PID) or os.getpid()
     held: dict = {}
     for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
         try:
@@ -255,7 +255,7 @@ def _nvml_memory_info(lib, original, card: str, reservation: int):
 def wrap_nvml(lib) -> list:
     """Wrap ``lib``'s memory info calls (``pynvml``, or a stand-in with its calls) for the kernel's card.
     Returns the names wrapped."""
-    card, reserve = os.environ.get(env.CARD_UUID), boot._env_int(env.RESERVE_MIB) or 0
+    card, reserve = os.environ.get(env.CARD_UUID), rep.env_int(env.RESERVE_MIB) or 0
     if _quota_bytes() is None or not card:
         return []
     done = []
@@ -270,8 +270,8 @@ def wrap_nvml(lib) -> list:
 def _pynvml_post(pynvml) -> None:
     done = wrap_nvml(pynvml)
     if done:
-        boot._add_views(done)
-        boot._write_report()
+        rep.add_views(done)
+        rep.write_report()
 
 
 HOOKS = {

@@ -1,0 +1,183 @@
+"""Inside the kernel: this process's report of what the caps did, and the quota they read from the environment.
+
+Standard library only, Python >= 3.9 (see ``_gpushare_boot``). The lowest layer of the bootstrap: the framework
+hooks (``_gpushare_caps``, ``_gpushare_views``, ``_gpushare_oom``, ``_gpushare_alloc``) record here what they did,
+and ``_gpushare_boot``, which installs them, records which framework brought which one in. Nothing here imports
+another part of the bootstrap but the names of its environment (``_gpushare_env``).
+
+Every process of the kernel that imports a framework (and the kernel process itself, at start) writes
+``$GPUSHARE_REPORT_DIR/<kernel id>.<pid>.json`` (temp file + os.replace): see ``report``.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import sys
+import time
+
+import _gpushare_env as env
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+STATE: dict = {"frameworks": {}, "warnings": [], "views": [], "nested": {}}  # nested: see pulled_in_by
+STARTED = time.time()
+LOCK = _thread.RLock()
+HOOK_SECONDS: dict = {}  # time the bootstrap spent around each hooked import (for bench/)
+
+
+class GpuShareWarning(UserWarning):
+    """A GPU cap could not be applied as asked, or was changed to fit the kernel's quota."""
+
+
+# -- configuration from the environment -----------------------------------------------------------
+
+
+def env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def quota_mib() -> int | None:
+    return env_int(env.QUOTA_MIB)
+
+
+def fraction() -> float | None:
+    """The quota as a fraction of the card's total memory (what torch and XLA take)."""
+    try:
+        return float(os.environ[env.TORCH_FRACTION])
+    except (KeyError, ValueError):
+        quota, total = quota_mib(), env_int(env.CARD_TOTAL_MIB)
+        return quota / total if quota and total else None
+
+
+def no_cap_reason() -> str | None:
+    """Why no framework of this process can be capped on a GPU, or None when a cap applies."""
+    mode = os.environ.get(env.MODE, "")
+    reason = os.environ.get(env.REASON, "")
+    if mode == "cpu":
+        return "this kernel runs without a GPU (CUDA_VISIBLE_DEVICES is empty)" + (f": {reason}" if reason else "")
+    if mode != "gpu":
+        return "this kernel has no GPU quota, so it sees no GPU (CUDA_VISIBLE_DEVICES is empty)" + (
+            f": {reason}" if reason else ""
+        )
+    if quota_mib() is None:
+        return "GPUSHARE_QUOTA_MIB is missing from the kernel's environment"
+    if os.environ.get(env.SIMULATED) == "1":
+        return "the card is simulated: CUDA_VISIBLE_DEVICES is empty, so no GPU is visible"
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return "CUDA_VISIBLE_DEVICES is empty, so no GPU is visible"
+    return None
+
+
+# -- warnings and the report ---------------------------------------------------------------------
+
+
+def _user_stacklevel() -> int:
+    """A stacklevel pointing at the first frame outside the bootstrap and the import machinery."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        internal = "importlib" in name and "_bootstrap" in name  # frames warnings.warn skips itself
+        if os.path.dirname(name) != _HERE and not internal:
+            return level
+        frame = frame.f_back
+        level += 0 if internal else 1
+    return 1
+
+
+def warn(message: str) -> None:
+    with LOCK:
+        if message not in STATE["warnings"]:
+            STATE["warnings"].append(message)
+            del STATE["warnings"][:-50]
+    try:
+        import warnings
+
+        warnings.warn(f"jupyter-gpushare: {message}", GpuShareWarning, stacklevel=_user_stacklevel())
+    except Exception:
+        pass
+
+
+def set_framework(
+    framework: str, capped: bool, detail: str, limit_mib: int | None = None, version: str | None = None
+) -> None:
+    entry = {"capped": bool(capped), "limit_mib": limit_mib if capped else None, "detail": detail}
+    if version:
+        entry["version"] = version
+    with LOCK:
+        STATE["frameworks"][framework] = entry
+    write_report()
+
+
+def add_views(names: list) -> None:
+    """Note for the report that these functions now give the kernel's quota as the GPU's size (the next
+    write says so: a framework's own entry is written right after, by its cap hook)."""
+    with LOCK:
+        STATE["views"] = sorted(set(STATE["views"]) | set(names))
+
+
+def report() -> dict:
+    """This process's report, as written to the report directory."""
+    with LOCK:
+        root = os.environ.get(env.ROOT_PID)
+        frameworks, pulled_in = {}, {}
+        for name, entry in STATE["frameworks"].items():
+            by = pulled_in_by(name)
+            if by:
+                pulled_in[name] = by
+                continue
+            frameworks[name] = dict(entry)
+            views = [v for v in STATE["views"] if v.startswith(name + ".")]
+            if views:
+                frameworks[name]["views"] = views
+        return {
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "kernel_id": os.environ.get(env.KERNEL_ID),
+            "root": root == str(os.getpid()),
+            "started": STARTED,
+            "time": time.time(),
+            "mode": os.environ.get(env.MODE),
+            "quota_mib": quota_mib(),
+            "frameworks": frameworks,
+            "pulled_in": pulled_in,
+            "views": list(STATE["views"]),
+            "warnings": list(STATE["warnings"]),
+            "alloc": dict(STATE.get("alloc", {})),
+            "oom": STATE.get("oom"),
+            "hook_ms": {k: round(v * 1000, 3) for k, v in HOOK_SECONDS.items()},
+        }
+
+
+def write_report() -> None:
+    directory, kernel_id = os.environ.get(env.REPORT_DIR), os.environ.get(env.KERNEL_ID)
+    if not directory or not kernel_id:
+        return
+    pid = os.getpid()
+    final = os.path.join(directory, f"{kernel_id}.{pid}.json")
+    tmp = os.path.join(directory, f".{kernel_id}.{pid}.{_thread.get_ident()}.tmp")
+    try:
+        import json
+
+        data = json.dumps(report())
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(data)
+        os.replace(tmp, final)
+    except Exception as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        with LOCK:
+            note = f"could not write the cap report to {directory}: {e}"
+            if note not in STATE["warnings"]:
+                STATE["warnings"].append(note)
+
+
+def pulled_in_by(name: str) -> str | None:
+    """The framework (or Keras) whose own import alone imported ``name`` in this process; None when the
+    notebook or a library that is not a GPU framework imported it (Keras's backend counts as the notebook's:
+    Keras computes with it)."""
+    return STATE["nested"].get(name)
