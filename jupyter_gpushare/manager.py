@@ -698,11 +698,12 @@ class QuotaManager:
         unless it restarts, remove them."""
         killed = await self._blocking(self.cgroups.remove, kernel_id, restart)
         if killed:
+            processes, were = ("process", "was") if killed == 1 else ("processes", "were")
             self.event(
                 "group-ended",
                 kernel_id,
-                f"{killed} process(es) the kernel had started were still running after it "
-                f"{'restarted' if restart else 'shut down'}, and were ended.",
+                f"{killed} {processes} the kernel had started {were} still running after it "
+                f"{'restarted' if restart else 'shut down'}, and {were} ended.",
                 processes=killed,
             )
 

@@ -78,10 +78,12 @@ CATALOGUE: dict[str, str] = {
     "{over_s}.",
     "event.idle-shutdown": "Shut down after {idle_s} without using the GPU; its {reserved_mib} went back to the "
     "others.",
-    "event.group-ended": "{processes} process(es) it had started were still running and were ended with it.",
+    "event.group-ended": "{processes} processes it had started were still running and were ended with it.",
+    "event.group-ended.one": "{processes} process it had started was still running and was ended with it.",
     "limits.use": "You hold {held}.",
     "limits.total": "{quota_mib} of {max_total_mib}",
     "limits.kernels": "{kernels} of {max_kernels} GPU kernels",
+    "limits.kernels.one": "{kernels} of {max_kernels} GPU kernel",
     "limits.and": "{a} and {b}",
     # a card's memory in parts that add up to it (state.card_segments): the legend and its tooltips
     "segment.text": "{label} {size_mib}",
@@ -128,6 +130,10 @@ SEVERITY: dict[str, str] = {
     "idle-shutdown": "warning",
 }
 
+# Codes whose words change with a count: the ``<code>.one`` form is said when that parameter is 1 (English's two
+# forms; a translation with more forms words the plural form as best it can). The sidebar's PLURALS is the same.
+PLURALS: dict[str, str] = {"event.group-ended": "processes", "limits.kernels": "max_kernels"}
+
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 _OPTIONAL = re.compile(r"\[([^\[\]]*)\]")
 
@@ -155,7 +161,10 @@ def render(code: str, params: Mapping[str, Any]) -> str:
     """A code's English words with its parameters. Optional parts are kept or dropped first (dropped when one of
     their parameters is not known), then every parameter is put in, in one pass: a parameter's own text (a
     notebook's name, what a kernel reported) is never read as a template. A parameter that is not known is a
-    dash. An unknown code says its ``message`` parameter, else the code itself."""
+    dash. An unknown code says its ``message`` parameter, else the code itself. A code in PLURALS says its
+    ``.one`` form when its count is 1."""
+    if code in PLURALS and params.get(PLURALS[code]) == 1:
+        code = f"{code}.one"
     template = CATALOGUE.get(code)
     if template is None:
         return str(params.get("message") or code)

@@ -279,7 +279,7 @@ def test_the_host_view_judges_how_much_of_their_limits_a_user_holds():
     admin = view_for(Caller("me", 0, admin=True), leases, [], cards, Policy(), UserLimits(max_total=Size(mib=2048)))
     assert admin["limits_use"]["quota_mib"] == 2048 and admin["limits_use"]["full"] is True
     full = view_for(Caller("alice", 1002), leases, [], cards, Policy(), UserLimits(max_kernels=1))["limits_use"]
-    assert full["full"] is True and limits_words(full) == "You hold 1 of 1 GPU kernels."
+    assert full["full"] is True and limits_words(full) == "You hold 1 of 1 GPU kernel."
     assert view_for(Caller("me", 1001), leases, [], cards, Policy())["limits_use"] is None
 
 

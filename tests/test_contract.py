@@ -21,7 +21,7 @@ import yaml
 
 import jupyter_gpushare
 from jupyter_gpushare.policy import format_mib
-from jupyter_gpushare.words import CATALOGUE, format_duration, render
+from jupyter_gpushare.words import CATALOGUE, PLURALS, format_duration, render
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "labextension" / "src"
@@ -74,6 +74,16 @@ def test_figures_are_said_by_one_rule_on_both_sides():
     cases = json.loads((ROOT / "labextension" / "test" / "format-cases.json").read_text())
     assert [format_mib(mib) for mib, _ in cases["sizes"]] == [text for _, text in cases["sizes"]]
     assert [format_duration(s) for s, _ in cases["durations"]] == [text for _, text in cases["durations"]]
+    assert [render(code, params) for code, params, _ in cases["sentences"]] == [t for *_, t in cases["sentences"]]
+
+
+def test_plurals_are_chosen_by_the_same_count_on_both_sides():
+    text = (SRC / "words.ts").read_text()
+    block = text[text.index("export const PLURALS") :]
+    block = block[: block.index("};")]
+    assert dict(re.findall(r"'([a-z_.\-]+)':\s*'([a-z_]+)'", block)) == PLURALS
+    for code, count in PLURALS.items():
+        assert f"{code}.one" in CATALOGUE and f"{{{count}}}" in CATALOGUE[code], code
 
 
 # -- types.ts against openapi.yaml ---------------------------------------------------------------------------

@@ -104,11 +104,15 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       'Shut down after {idle_s} without using the GPU; its {reserved_mib} went back to the others.'
     ),
     'event.group-ended': __(
-      '{processes} process(es) it had started were still running and were ended with it.'
+      '{processes} processes it had started were still running and were ended with it.'
+    ),
+    'event.group-ended.one': __(
+      '{processes} process it had started was still running and was ended with it.'
     ),
     'limits.use': __('You hold {held}.'),
     'limits.total': __('{quota_mib} of {max_total_mib}'),
     'limits.kernels': __('{kernels} of {max_kernels} GPU kernels'),
+    'limits.kernels.one': __('{kernels} of {max_kernels} GPU kernel'),
     'limits.and': __('{a} and {b}'),
     'segment.text': __('{label} {size_mib}'),
     'segment.mine.label': __('yours'),
@@ -421,6 +425,15 @@ function figure(name: string, value: unknown): string {
 
 const PLACEHOLDER = /\{([a-z_]+)\}/g;
 
+/**
+ * Codes whose words change with a count: the `<code>.one` form is said when that
+ * parameter is 1 (the server's words.PLURALS, the same map).
+ */
+export const PLURALS: Record<string, string> = {
+  'event.group-ended': 'processes',
+  'limits.kernels': 'max_kernels'
+};
+
 /** Whether every figure a part of a template names is known. */
 function complete(part: string, params: Params): boolean {
   return (part.match(PLACEHOLDER) ?? []).every(m =>
@@ -433,9 +446,13 @@ function complete(part: string, params: Params): boolean {
  * parameter (the server's English), else the code. Optional parts are kept or
  * dropped first, then every figure is put in, in one pass: a figure's own text
  * (a notebook's name, what a kernel reported) is never read as a template. A
- * figure that is not known is a dash.
+ * figure that is not known is a dash. A code in PLURALS says its `.one` form
+ * when its count is 1.
  */
 export function say(code: string, params: Params = {}): string {
+  if (code in PLURALS && params[PLURALS[code]] === 1) {
+    code = `${code}.one`;
+  }
   const template = words[code];
   if (template === undefined) {
     return known(params.message) ? String(params.message) : code;

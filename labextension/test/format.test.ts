@@ -11,18 +11,26 @@ import {
   formatPercent,
   formatUsage
 } from '../src/format';
+import { say } from '../src/words';
 
 // The same table as the server's (tests/test_contract.py): one rule for sizes and times, on both sides
 const CASES = JSON.parse(
   readFileSync(join(__dirname, '..', '..', 'test', 'format-cases.json'), 'utf8')
-) as { sizes: [number, string][]; durations: [number, string][] };
+) as {
+  sizes: [number, string][];
+  durations: [number, string][];
+  sentences: [string, Record<string, unknown>, string][];
+};
 
-test('formatMiB and formatDuration say figures as the server does', () => {
+test('figures and sentences are said as the server says them', () => {
   for (const [mib, text] of CASES.sizes) {
     assert.equal(formatMiB(mib), text, String(mib));
   }
   for (const [s, text] of CASES.durations) {
     assert.equal(formatDuration(s), text, String(s));
+  }
+  for (const [code, params, text] of CASES.sentences) {
+    assert.equal(say(code, params), text, code);
   }
   assert.equal(formatMiB(null), '–');
   assert.equal(formatMiB(undefined), '–');

@@ -109,7 +109,7 @@ test("limits use: the server's figures and judgment, worded", () => {
         limits_use: use({ max_total_mib: null, kernels: 0, max_kernels: 1 })
       })
     )?.text,
-    'You hold 0 of 1 GPU kernels.'
+    'You hold 0 of 1 GPU kernel.'
   );
   // only a per-kernel limit: nothing to add up
   const perKernel = use({
