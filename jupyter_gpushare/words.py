@@ -70,11 +70,11 @@ CATALOGUE: dict[str, str] = {
     "event.quota-requested": "Quota {quota} requested; it applies at the next restart.",
     "event.over-quota-notify": "Still over its {reserved_mib} reservation after {over_s}: free memory or ask for "
     "a larger quota.",
-    "event.over-quota-interrupt": "Interrupted: it used {used_mib}, more than its {reserved_mib} reservation, for "
+    "event.over-quota-interrupt": "Interrupted: it used {used_mib}, over its {reserved_mib} reservation, for "
     "{over_s}. Free memory or ask for a larger quota.",
-    "event.over-quota-restart": "Restarted: it used {used_mib}, more than its {reserved_mib} reservation, for "
-    "{over_s}. Ask for a larger quota before you run it again.",
-    "event.over-quota-shutdown": "Shut down: it used {used_mib}, more than its {reserved_mib} reservation, for "
+    "event.over-quota-restart": "Restarted: it used {used_mib}, over its {reserved_mib} reservation, for "
+    "{over_s}. Ask for a larger quota, then run it again.",
+    "event.over-quota-shutdown": "Shut down: it used {used_mib}, over its {reserved_mib} reservation, for "
     "{over_s}.",
     "event.idle-shutdown": "Shut down after {idle_s} without using the GPU; its {reserved_mib} went back to the "
     "others.",

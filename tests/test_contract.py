@@ -77,6 +77,24 @@ def test_figures_are_said_by_one_rule_on_both_sides():
     assert [render(code, params) for code, params, _ in cases["sentences"]] == [t for *_, t in cases["sentences"]]
 
 
+def test_every_coded_event_is_short_enough_to_be_read_whole_in_a_notification():
+    """JupyterLab cuts a notification at 140 characters: an event's words, with the largest figures, leave room
+    for the notebook's name before them. (``event.refused`` says a policy's own English: not bounded here.)"""
+    big = {"_mib": 143771, "_s": 7500, "_pct": 100, "": 40}
+
+    def largest(name: str) -> int:
+        return next(value for suffix, value in big.items() if name.endswith(suffix))
+
+    for code, template in CATALOGUE.items():
+        names = re.findall(r"\{([a-z_]+)\}", template)
+        if not code.startswith("event.") or {"message", "reason", "framework"} & set(names):
+            continue
+        said = render(code, {name: largest(name) for name in names})
+        assert len(said) <= 120, (code, len(said), said)  # a name of up to 18 characters fits before it
+    assert len(render("event.out-of-memory", {"framework": "tensorflow", "quota_mib": 143771,
+                                              "retry_mib": 143771})) <= 120  # fmt: skip
+
+
 def test_plurals_are_chosen_by_the_same_count_on_both_sides():
     text = (SRC / "words.ts").read_text()
     block = text[text.index("export const PLURALS") :]

@@ -92,13 +92,13 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       'Still over its {reserved_mib} reservation after {over_s}: free memory or ask for a larger quota.'
     ),
     'event.over-quota-interrupt': __(
-      'Interrupted: it used {used_mib}, more than its {reserved_mib} reservation, for {over_s}. Free memory or ask for a larger quota.'
+      'Interrupted: it used {used_mib}, over its {reserved_mib} reservation, for {over_s}. Free memory or ask for a larger quota.'
     ),
     'event.over-quota-restart': __(
-      'Restarted: it used {used_mib}, more than its {reserved_mib} reservation, for {over_s}. Ask for a larger quota before you run it again.'
+      'Restarted: it used {used_mib}, over its {reserved_mib} reservation, for {over_s}. Ask for a larger quota, then run it again.'
     ),
     'event.over-quota-shutdown': __(
-      'Shut down: it used {used_mib}, more than its {reserved_mib} reservation, for {over_s}.'
+      'Shut down: it used {used_mib}, over its {reserved_mib} reservation, for {over_s}.'
     ),
     'event.idle-shutdown': __(
       'Shut down after {idle_s} without using the GPU; its {reserved_mib} went back to the others.'
