@@ -37,11 +37,16 @@ class GpuShareHandler(APIHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """Jupyter's JSON error, with the message as written: tornado doubles every '%' of a message given
-        without arguments ("0%%"), and jupyter-server sends it on as is."""
+        without arguments ("0%%"), and jupyter-server sends it on as is. An error raised from a PolicyError
+        with a code carries that code and its figures too."""
         error = (kwargs.get("exc_info") or (None, None))[1]
         if isinstance(error, web.HTTPError) and error.log_message:
+            body = {"message": error.log_message % error.args, "reason": error.reason}
+            rule = error.__cause__
+            if isinstance(rule, PolicyError) and rule.code:  # the rule and its figures: the sidebar words it
+                body.update(code=rule.code, params=rule.params)
             self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps({"message": error.log_message % error.args, "reason": error.reason}))
+            self.finish(json.dumps(body))
             return
         super().write_error(status_code, **kwargs)
 

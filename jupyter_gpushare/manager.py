@@ -202,7 +202,7 @@ class QuotaManager:
         try:
             self.policy.check_quota(quota, self._views({}))
         except PolicyError as e:
-            raise self._refuse(kernel_id, str(e), status=400, keep=restarting) from e
+            raise self._refuse(kernel_id, str(e), status=400, keep=restarting, **_rule(e)) from e
         request = Request(kernel_id, quota, self.user, kernel_name)
         wait = self.waiting.waits.get(kernel_id)
         if wait is not None and wait.request == request and wait.ending is None:
@@ -213,7 +213,7 @@ class QuotaManager:
         except LedgerError as e:  # the broker is down, the disk is full: start without a GPU, say why
             return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {e}"))
         except PolicyError as e:  # a per-user limit the broker enforces, or too many kernels in line
-            raise self._refuse(kernel_id, str(e), status=400, keep=restarting) from e
+            raise self._refuse(kernel_id, str(e), status=400, keep=restarting, **_rule(e)) from e
         if isinstance(got, Lease):
             self._leave_line(kernel_id, "it was admitted")
             return self._settle(rec, Grant("gpu", lease=got, card=self._card(got.card_uuid)))
@@ -338,8 +338,10 @@ class QuotaManager:
             wait.result.set_result(self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {got}")))
         elif isinstance(got, Exception):
             self.waiting.leave(wait.kernel_id)
-            status = 400 if isinstance(got, PolicyError) else 503
-            wait.result.set_exception(self._refuse(wait.kernel_id, str(got), status=status, keep=self._keeps(rec)))
+            status, rule = (400, _rule(got)) if isinstance(got, PolicyError) else (503, {})
+            wait.result.set_exception(
+                self._refuse(wait.kernel_id, str(got), status=status, keep=self._keeps(rec), **rule)
+            )
         elif got.expired:
             self.waiting.end(wait.kernel_id, "timeout")
             rec.need_mib, rec.free_mib = got.need_mib, got.free_mib
@@ -712,6 +714,11 @@ class QuotaManager:
             self._serving.cancel()
         self.ledger.close()
         self._work.shutdown(wait=False)
+
+
+def _rule(error: PolicyError) -> dict[str, Any]:
+    """The code and figures of the rule that refused a kernel (``_refuse``'s), where the rule has a code."""
+    return {"code": f"refused-{error.code}", **error.params} if error.code else {}
 
 
 _inherited: list[QuotaManager] = []  # a forked child's copies of its parent's managers: kept, never used

@@ -9,6 +9,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 SIZE_EXAMPLES = "'4GiB', '4096MiB', '4G' or '25%' (of a card)"
 
@@ -35,7 +36,16 @@ MAX_MIB = 1 << 30  # 1 PiB: no card comes near it; a bigger figure is a typo or 
 
 
 class PolicyError(ValueError):
-    """A configuration value or a request that the rules cannot accept."""
+    """A configuration value or a request that the rules cannot accept.
+
+    A request's refusal names its rule: ``code`` (words.CATALOGUE's ``policy.<code>``, and ``event.refused-<code>``
+    for a kernel that did not start) with its figures in ``params``, so the sidebar words it itself; the message
+    is the English for logs and the CLI. A configuration error has no code.
+    """
+
+    def __init__(self, message: str, code: str | None = None, **params: Any) -> None:
+        super().__init__(message)
+        self.code, self.params = code, params
 
 
 @dataclass(frozen=True)
@@ -216,8 +226,9 @@ class Policy:
         if least:
             raise PolicyError(
                 f"A quota of {quota} is less than the smallest a kernel may have here ({format_mib(max(least))}). "
-                f"Ask for at least {format_mib(max(least))}."
-            )
+                f"Ask for at least {format_mib(max(least))}.",
+                "quota-below-min", quota=str(quota), least_mib=max(least),
+            )  # fmt: skip
         if not cards:
             return
         if self.max_quota is not None and all(
@@ -226,15 +237,17 @@ class Policy:
             biggest = max(self.max_quota.resolve(c.total_mib) for c in cards)
             raise PolicyError(
                 f"A quota of {quota} is more than the largest a kernel may have here "
-                f"({format_mib(biggest)}). Ask for at most {format_mib(biggest)}."
-            )
+                f"({format_mib(biggest)}). Ask for at most {format_mib(biggest)}.",
+                "quota-above-max", quota=str(quota), most_mib=biggest,
+            )  # fmt: skip
         if all(self.need_mib(quota, c.total_mib) > self.usable_mib(c.total_mib) for c in cards):
             biggest = max(self.usable_mib(c.total_mib) - self.context_reserve_mib for c in cards)
             raise PolicyError(
                 f"A quota of {quota} does not fit on any card even when it is empty: the most a kernel can "
                 f"reserve here is {format_mib(max(0, biggest))} plus the {format_mib(self.context_reserve_mib)} "
-                "CUDA context reserve."
-            )
+                "CUDA context reserve.",
+                "quota-unfit", quota=str(quota), most_mib=max(0, biggest), reserve_mib=self.context_reserve_mib,
+            )  # fmt: skip
 
     def place(self, quota: Size, cards: Sequence[CardView]) -> CardView | None:
         """Best fit: the allowed card with the least unreserved memory that still holds the quota."""
@@ -298,14 +311,16 @@ class UserLimits:
             limit = self.max_kernel.resolve(card_total_mib)
             raise PolicyError(
                 f"{who} may give one kernel at most {format_mib(limit)} of GPU memory (per-user limit "
-                f"max_kernel); this kernel asks for {format_mib(quota_mib)}. Ask for at most {format_mib(limit)}."
-            )
+                f"max_kernel); this kernel asks for {format_mib(quota_mib)}. Ask for at most {format_mib(limit)}.",
+                "user-max-kernel", limit_mib=limit, quota_mib=quota_mib,
+            )  # fmt: skip
         if self.max_kernels is not None and len(held_quota_mib) + 1 > self.max_kernels:
             raise PolicyError(
                 f"{who} may run at most {self.max_kernels} GPU kernel(s) at once (per-user limit max_kernels) "
                 f"and already runs {len(held_quota_mib)}. Shut down a kernel you no longer use "
-                "(Kernel > Shut Down Kernel), then start this one again."
-            )
+                "(Kernel > Shut Down Kernel), then start this one again.",
+                "user-max-kernels", max_kernels=self.max_kernels, kernels=len(held_quota_mib),
+            )  # fmt: skip
         if self.max_total is not None:
             limit, held = self.max_total.resolve(card_total_mib), sum(held_quota_mib)
             if held + quota_mib > limit:
@@ -314,8 +329,9 @@ class UserLimits:
                 raise PolicyError(
                     f"{who} may hold at most {format_mib(limit)} of GPU memory in all kernels together (per-user "
                     f"limit max_total); your kernels already hold {format_mib(held)} and this one asks for "
-                    f"{format_mib(quota_mib)}. Shut down a kernel you no longer use{smaller}."
-                )
+                    f"{format_mib(quota_mib)}. Shut down a kernel you no longer use{smaller}.",
+                    "user-max-total", limit_mib=limit, held_mib=held, quota_mib=quota_mib,
+                )  # fmt: skip
 
 
 def parse_limits(value: object, name: str) -> dict[str, Size | int | None]:

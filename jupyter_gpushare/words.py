@@ -60,6 +60,13 @@ CATALOGUE: dict[str, str] = {
     "card is {free_mib}.",
     "event.refused-closing": "Not started: the Jupyter server is shutting down.",
     "event.cancelled-unwatched": "Stopped waiting for a GPU: nothing was connected to it for {unwatched_s}.",
+    "event.refused-quota-below-min": "Not started: its quota {quota} is below the minimum here, {least_mib}.",
+    "event.refused-quota-above-max": "Not started: its quota {quota} is above the maximum here, {most_mib}.",
+    "event.refused-quota-unfit": "Not started: its quota {quota} fits on no card; the most is {most_mib}.",
+    "event.refused-user-max-kernel": "Not started: one kernel of yours may hold at most {limit_mib}; it asks for {quota_mib}.",
+    "event.refused-user-max-kernels": "Not started: you may run at most {max_kernels} GPU kernels at once.",
+    "event.refused-user-max-kernels.one": "Not started: you may run only {max_kernels} GPU kernel at a time.",
+    "event.refused-user-max-total": "Not started: your kernels hold {held_mib} of your {limit_mib}; it asks for {quota_mib}.",
     "event.near-quota": "Uses {used_mib} of its {reserved_mib} reservation ({share_pct}%): free memory or ask for "
     "a larger quota.",
     "event.over-quota": "Uses {used_mib}, more than its {reserved_mib} reservation: free memory or ask for a larger "
@@ -74,12 +81,19 @@ CATALOGUE: dict[str, str] = {
     "{over_s}. Free memory or ask for a larger quota.",
     "event.over-quota-restart": "Restarted: it used {used_mib}, over its {reserved_mib} reservation, for "
     "{over_s}. Ask for a larger quota, then run it again.",
-    "event.over-quota-shutdown": "Shut down: it used {used_mib}, over its {reserved_mib} reservation, for "
-    "{over_s}.",
+    "event.over-quota-shutdown": "Shut down: it used {used_mib}, over its {reserved_mib} reservation, for {over_s}.",
     "event.idle-shutdown": "Shut down after {idle_s} without using the GPU; its {reserved_mib} went back to the "
     "others.",
     "event.group-ended": "{processes} processes it had started were still running and were ended with it.",
     "event.group-ended.one": "{processes} process it had started was still running and was ended with it.",
+    # a rule's refusal, said in the quota dialog (policy.PolicyError's code and figures)
+    "policy.quota-below-min": "A quota of {quota} is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.",
+    "policy.quota-above-max": "A quota of {quota} is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.",
+    "policy.quota-unfit": "A quota of {quota} does not fit on any card even when it is empty: the most a kernel can reserve here is {most_mib} plus the {reserve_mib} CUDA context reserve.",
+    "policy.user-max-kernel": "You may give one kernel at most {limit_mib} of GPU memory; this one asks for {quota_mib}. Ask for at most {limit_mib}.",
+    "policy.user-max-kernels": "You may run at most {max_kernels} GPU kernels at once and already run {kernels}. Shut down a kernel you no longer use, then start this one again.",
+    "policy.user-max-kernels.one": "You may run only {max_kernels} GPU kernel at a time and already run {kernels}. Shut down a kernel you no longer use, then start this one again.",
+    "policy.user-max-total": "You may hold at most {limit_mib} of GPU memory in all your kernels together; they hold {held_mib} and this one asks for {quota_mib}. Shut down a kernel you no longer use.",
     "limits.use": "You hold {held}.",
     "limits.total": "{quota_mib} of {max_total_mib}",
     "limits.kernels": "{kernels} of {max_kernels} GPU kernels",
@@ -132,7 +146,12 @@ SEVERITY: dict[str, str] = {
 
 # Codes whose words change with a count: the ``<code>.one`` form is said when that parameter is 1 (English's two
 # forms; a translation with more forms words the plural form as best it can). The sidebar's PLURALS is the same.
-PLURALS: dict[str, str] = {"event.group-ended": "processes", "limits.kernels": "max_kernels"}
+PLURALS: dict[str, str] = {
+    "event.group-ended": "processes",
+    "limits.kernels": "max_kernels",
+    "event.refused-user-max-kernels": "max_kernels",
+    "policy.user-max-kernels": "max_kernels",
+}
 
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 _OPTIONAL = re.compile(r"\[([^\[\]]*)\]")

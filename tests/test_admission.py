@@ -15,7 +15,7 @@ import sys
 import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
-from jupyter_gpushare.words import event_words
+from jupyter_gpushare.words import event_words, render
 
 
 @pytest.fixture
@@ -250,7 +250,13 @@ class TestTheServerParsesWhatWasTyped:
         assert (await gpushare.kernel(kid))["quota_mib"] == 4291  # exactly what was said, not "4.2 GiB" parsed again
         with pytest.raises(HTTPClientError) as e:
             await ask("5001MiB")
-        assert "Ask for at most 4.9 GiB" in json.loads(e.value.response.body)["message"]
+        refusal = json.loads(e.value.response.body)
+        assert "Ask for at most 4.9 GiB" in refusal["message"]
+        # the rule and its figures: the dialog words them through the translator (words.ts's policy.<code>)
+        assert (refusal["code"], refusal["params"]) == ("quota-above-max", {"quota": "4.9 GiB", "most_mib": 5000})
+        assert render("policy.quota-above-max", refusal["params"]) == (
+            "A quota of 4.9 GiB is more than the largest a kernel may have here (4.9 GiB). Ask for at most 4.9 GiB."
+        )
         config = json.loads((await jp_fetch("api", "gpushare", "config")).body)
         assert config["max_quota"] == {"mib": 5000} and config["default_quota"] == {"mib": 4096}
 
@@ -330,6 +336,11 @@ class TestKernelspecs:
             await gpushare.start_kernel("big")
         message = json.loads(e.value.response.body)["message"]
         assert e.value.code == 400 and "largest a kernel may have here (6 GiB). Ask for at most 6 GiB" in message
+        refused = [e for e in (await gpushare.get("events"))["events"] if e["kind"] == "refused"][-1]
+        assert refused["code"] == "refused-quota-above-max" and refused["severity"] == "error"
+        assert event_words(refused["code"], refused["params"]) == (
+            "Not started: its quota 8 GiB is above the maximum here, 6 GiB."
+        )
 
     async def test_other_languages_reserve_nothing(self, specs, gpushare):
         kid = await gpushare.start_kernel("other-language")

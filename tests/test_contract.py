@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 import jupyter_gpushare
-from jupyter_gpushare.policy import format_mib
+from jupyter_gpushare.policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
 from jupyter_gpushare.words import CATALOGUE, PLURALS, format_duration, render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,3 +225,19 @@ def test_the_kernel_environment_is_named_in_one_place():
             continue
         code = [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
         assert not [line for line in code if literal.search(line)], path.name
+
+
+@pytest.mark.parametrize(
+    "quota, policy, code",
+    [
+        ("128MiB", Policy(min_quota=Size(mib=256)), "quota-below-min"),
+        ("7GiB", Policy(max_quota=Size(mib=6144)), "quota-above-max"),
+        ("90%", Policy(max_quota=None, headroom=Size(mib=1024)), "quota-unfit"),
+    ],
+)
+def test_a_rules_refusal_says_the_same_in_the_server_s_english_and_the_sidebar_s(quota, policy, code):
+    with pytest.raises(PolicyError) as refused:
+        policy.check_quota(parse_size(quota), [CardView("GPU-0", 0, 8192)])
+    error = refused.value
+    assert error.code == code and render(f"policy.{code}", error.params) == str(error)
+    assert f"event.refused-{error.code}" in CATALOGUE  # and a short form for a kernel that did not start

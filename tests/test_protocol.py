@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jupyter_gpushare.broker.protocol import REQUESTS, BrokerRefused, ReserveArgs, decode_request
+from jupyter_gpushare.broker.protocol import REQUESTS, BrokerRefused, ReserveArgs, decode_request, policy_error_from
 from jupyter_gpushare.ledger import LedgerError
 from jupyter_gpushare.policy import MAX_MIB, PolicyError, Size, parse_size
 
@@ -156,3 +156,33 @@ def test_anything_but_text_is_not_a_size(value):
 def test_sizes_that_once_got_through_are_refused(text, why):
     with pytest.raises(PolicyError, match=why):
         parse_size(text, "quota")
+
+
+def test_a_rules_refusal_crosses_the_wire_with_its_code_and_figures(inproc):
+    broker, who = inproc
+    line = json.dumps({"op": "reserve", "args": {"kernel_id": "k1", "mib": 1}}).encode()
+    reply = broker._answer(who["alice"], line)
+    assert reply["ok"] is False and reply["error"] == "PolicyError"
+    assert (reply["code"], reply["params"]) == ("quota-below-min", {"quota": "1 MiB", "least_mib": 256})
+    error = policy_error_from(json.loads(json.dumps(reply)))
+    assert (error.code, error.params, str(error)) == ("quota-below-min", reply["params"], reply["message"])
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"code": "Quota; DROP", "params": {"least_mib": 1}},  # not a code
+        {"code": "quota-below-min", "params": ["least_mib", 1]},  # not figures
+        {"code": "x" * 100, "params": {}},  # too long
+        {"code": None, "params": {}},
+    ],
+)
+def test_a_refusal_whose_code_is_not_well_formed_keeps_only_its_message(reply):
+    error = policy_error_from({"ok": False, "error": "PolicyError", "message": "As said.", **reply})
+    assert (error.code, error.params, str(error)) == (None, {}, "As said.")
+
+
+def test_figures_that_are_not_plain_numbers_or_short_text_are_dropped():
+    params = {"least_mib": 256, "ok_text": "4GiB", "big": "x" * 41, "flag": True, "nested": {"a": 1}, "Bad Key": 1}
+    error = policy_error_from({"message": "m", "code": "quota-below-min", "params": params})
+    assert error.params == {"least_mib": 256, "ok_text": "4GiB"}

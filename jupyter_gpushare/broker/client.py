@@ -19,8 +19,8 @@ from typing import Any, Callable
 from ..gpu import Card
 from ..history import HistoryRules, Learned, Run
 from ..ledger import Lease, LedgerError, ProcessRef, Request, Waiter, Waiting
-from ..policy import Policy, PolicyError, UserLimits, parse_limits
-from .protocol import HUB_TOKEN_ENV, MAX_LINE, is_tcp, lease_from_json, parse_tcp, waiter_from_json
+from ..policy import Policy, UserLimits, parse_limits
+from .protocol import HUB_TOKEN_ENV, MAX_LINE, is_tcp, lease_from_json, parse_tcp, policy_error_from, waiter_from_json
 
 log = logging.getLogger("jupyter_gpushare.broker")
 
@@ -169,7 +169,7 @@ class BrokerLedger:
         if reply.get("ok"):
             return reply.get("result")
         if reply.get("error") == "PolicyError":
-            raise PolicyError(reply.get("message", ""))
+            raise policy_error_from(reply)
         raise LedgerError(f"The GPU broker refused: {reply.get('message', reply)}")
 
     def _replay(self) -> None:

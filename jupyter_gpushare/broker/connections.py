@@ -20,7 +20,7 @@ from ..policy import PolicyError
 from .guard import Guard, LogLimiter
 from .identity import Caller, peer_credentials
 from .paths import untrusted_dir
-from .protocol import MAX_LINE, AuthArgs, BrokerRefused, decode_request, encode, refusal
+from .protocol import MAX_LINE, AuthArgs, BrokerRefused, decode_request, encode, policy_refusal, refusal
 
 AUTH_TIMEOUT_S = 10.0  # a TCP caller that has not authenticated by then is disconnected
 
@@ -161,7 +161,7 @@ class Connections:
                 return {"ok": True, "result": {"user": caller.user, "admin": caller.admin}}
             return {"ok": True, "result": self.handle(caller, op, args)}
         except PolicyError as e:
-            return refusal("PolicyError", str(e))
+            return policy_refusal(e)
         except LedgerError as e:
             return refusal("LedgerError", str(e))
         except BrokerRefused as e:

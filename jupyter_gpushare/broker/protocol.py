@@ -248,6 +248,33 @@ def refusal(kind: str, message: str) -> dict:
     return {"ok": False, "error": kind, "message": message}
 
 
+def policy_refusal(error: PolicyError) -> dict:
+    """A rule's refusal, with the rule's code and figures (the server words it for its user)."""
+    reply = refusal("PolicyError", str(error))
+    if error.code:
+        reply.update(code=error.code, params=error.params)
+    return reply
+
+
+_RULE_CODE = re.compile(r"[a-z][a-z-]{0,40}")
+
+
+def policy_error_from(reply: dict) -> PolicyError:
+    """The PolicyError of a broker's refusal; a code or figure that is not well formed is dropped (the message
+    stays), never passed on to a browser."""
+    code, params = reply.get("code"), reply.get("params")
+    message = str(reply.get("message", ""))[:2000]
+    if not isinstance(code, str) or not _RULE_CODE.fullmatch(code) or not isinstance(params, dict):
+        return PolicyError(message)
+    figures = {
+        k: v
+        for k, v in params.items()
+        if isinstance(k, str) and _RULE_CODE.fullmatch(k.replace("_", "-"))
+        and (isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, str) and len(v) <= 40)
+    }  # fmt: skip
+    return PolicyError(message, code, **figures)
+
+
 # -- leases and waiters on the wire ------------------------------------------------------------------------
 
 

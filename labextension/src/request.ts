@@ -2,6 +2,7 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import type { IState } from './types';
+import { say } from './words';
 
 /** An error from the /api/gpushare/ endpoints, with the server's message. */
 export class GpuShareError extends Error {
@@ -11,6 +12,48 @@ export class GpuShareError extends Error {
   ) {
     super(message);
   }
+}
+
+/** A request to the server; a network failure is a GpuShareError that says so. */
+async function send(
+  url: string,
+  init: RequestInit,
+  settings: ServerConnection.ISettings
+): Promise<{ response: Response; data: any }> {
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new GpuShareError(
+      say('ui.error.unreachable', {
+        message: (error as Error).message ?? String(error)
+      }),
+      null
+    );
+  }
+  const text = await response.text();
+  let data: any = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = null;
+  }
+  return { response, data };
+}
+
+/**
+ * The server's refusal, worded: the rule that refused (its code and figures,
+ * words.ts's policy.<code>), else the server's message.
+ */
+function failure(response: Response, data: any): GpuShareError {
+  const message =
+    (data && (data.message || data.reason)) ||
+    `${response.status} ${response.statusText}`;
+  const worded =
+    data && typeof data.code === 'string'
+      ? say(`policy.${data.code}`, { ...(data.params ?? {}), message })
+      : message;
+  return new GpuShareError(worded, response.status);
 }
 
 /**
@@ -23,29 +66,9 @@ export async function requestAPI<T>(
   init: RequestInit = {}
 ): Promise<T> {
   const url = URLExt.join(settings.baseUrl, 'api', 'gpushare', endPoint);
-  let response: Response;
-  try {
-    response = await ServerConnection.makeRequest(url, init, settings);
-  } catch (error) {
-    throw new GpuShareError(
-      `The Jupyter server cannot be reached (${(error as Error).message ?? error}).`,
-      null
-    );
-  }
-  const text = await response.text();
-  let data: any = null;
-  if (text.length > 0) {
-    try {
-      data = JSON.parse(text);
-    } catch {
-      data = null;
-    }
-  }
+  const { response, data } = await send(url, init, settings);
   if (!response.ok) {
-    const message =
-      (data && (data.message || data.reason)) ||
-      `${response.status} ${response.statusText}`;
-    throw new GpuShareError(message, response.status);
+    throw failure(response, data);
   }
   return data as T;
 }
@@ -62,34 +85,16 @@ export async function requestState(
   const headers: Record<string, string> = held
     ? { 'If-None-Match': `"${held.version}"` }
     : {};
-  let response: Response;
-  try {
-    response = await ServerConnection.makeRequest(
-      url,
-      { headers, cache: 'no-store' },
-      settings
-    );
-  } catch (error) {
-    throw new GpuShareError(
-      `The Jupyter server cannot be reached (${(error as Error).message ?? error}).`,
-      null
-    );
-  }
+  const { response, data } = await send(
+    url,
+    { headers, cache: 'no-store' },
+    settings
+  );
   if (response.status === 304 && held) {
     return held;
   }
-  const text = await response.text();
-  let data: any = null;
-  try {
-    data = text ? JSON.parse(text) : null;
-  } catch {
-    data = null;
-  }
   if (!response.ok || !data) {
-    const message =
-      (data && (data.message || data.reason)) ||
-      `${response.status} ${response.statusText}`;
-    throw new GpuShareError(message, response.status);
+    throw failure(response, data);
   }
   return data as IState;
 }

@@ -73,6 +73,27 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'event.cancelled-unwatched': __(
       'Stopped waiting for a GPU: nothing was connected to it for {unwatched_s}.'
     ),
+    'event.refused-quota-below-min': __(
+      'Not started: its quota {quota} is below the minimum here, {least_mib}.'
+    ),
+    'event.refused-quota-above-max': __(
+      'Not started: its quota {quota} is above the maximum here, {most_mib}.'
+    ),
+    'event.refused-quota-unfit': __(
+      'Not started: its quota {quota} fits on no card; the most is {most_mib}.'
+    ),
+    'event.refused-user-max-kernel': __(
+      'Not started: one kernel of yours may hold at most {limit_mib}; it asks for {quota_mib}.'
+    ),
+    'event.refused-user-max-kernels': __(
+      'Not started: you may run at most {max_kernels} GPU kernels at once.'
+    ),
+    'event.refused-user-max-kernels.one': __(
+      'Not started: you may run only {max_kernels} GPU kernel at a time.'
+    ),
+    'event.refused-user-max-total': __(
+      'Not started: your kernels hold {held_mib} of your {limit_mib}; it asks for {quota_mib}.'
+    ),
     'event.near-quota': __(
       'Uses {used_mib} of its {reserved_mib} reservation ({share_pct}%): free memory or ask for a larger quota.'
     ),
@@ -108,6 +129,27 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     ),
     'event.group-ended.one': __(
       '{processes} process it had started was still running and was ended with it.'
+    ),
+    'policy.quota-below-min': __(
+      'A quota of {quota} is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.'
+    ),
+    'policy.quota-above-max': __(
+      'A quota of {quota} is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.'
+    ),
+    'policy.quota-unfit': __(
+      'A quota of {quota} does not fit on any card even when it is empty: the most a kernel can reserve here is {most_mib} plus the {reserve_mib} CUDA context reserve.'
+    ),
+    'policy.user-max-kernel': __(
+      'You may give one kernel at most {limit_mib} of GPU memory; this one asks for {quota_mib}. Ask for at most {limit_mib}.'
+    ),
+    'policy.user-max-kernels': __(
+      'You may run at most {max_kernels} GPU kernels at once and already run {kernels}. Shut down a kernel you no longer use, then start this one again.'
+    ),
+    'policy.user-max-kernels.one': __(
+      'You may run only {max_kernels} GPU kernel at a time and already run {kernels}. Shut down a kernel you no longer use, then start this one again.'
+    ),
+    'policy.user-max-total': __(
+      'You may hold at most {limit_mib} of GPU memory in all your kernels together; they hold {held_mib} and this one asks for {quota_mib}. Shut down a kernel you no longer use.'
     ),
     'limits.use': __('You hold {held}.'),
     'limits.total': __('{quota_mib} of {max_total_mib}'),
@@ -362,6 +404,9 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.statusbar.unknown': __('GPU –'),
     'ui.notify.kernel': __('{name}: {text}'),
     'ui.notify.someone': __('A kernel'),
+    'ui.error.unreachable': __(
+      'The Jupyter server cannot be reached ({message}).'
+    ),
     'ui.stop.button': __('Stop waiting'),
     'ui.stop.label': __('Stop waiting for a GPU for {name}'),
     'ui.config.rules': __(
@@ -431,7 +476,9 @@ const PLACEHOLDER = /\{([a-z_]+)\}/g;
  */
 export const PLURALS: Record<string, string> = {
   'event.group-ended': 'processes',
-  'limits.kernels': 'max_kernels'
+  'limits.kernels': 'max_kernels',
+  'event.refused-user-max-kernels': 'max_kernels',
+  'policy.user-max-kernels': 'max_kernels'
 };
 
 /** Whether every figure a part of a template names is known. */
