@@ -223,7 +223,7 @@ def _imported(name: str) -> None:
     with rep.LOCK:
         rep.STATE["nested"].pop(name, None)
         done = not rep.STATE["nested"]
-    if done and builtins.__import__ is _import:
+    if done and builtins.__import__ is _import and _builtin_import is not None:
         builtins.__import__ = _builtin_import
     rep.write_report()
 
@@ -232,9 +232,9 @@ def _keras_post(keras) -> None:
     """Keras 3 imports JAX whatever its backend, and its backend, which it computes with: note which it is."""
     config = getattr(keras, "config", None) or getattr(keras, "backend", None)
     backend = getattr(config, "backend", None)
-    backend = backend() if callable(backend) else None
-    if rep.STATE["nested"].get(backend) == "keras":
-        _imported(backend)
+    name = backend() if callable(backend) else None
+    if isinstance(name, str) and rep.STATE["nested"].get(name) == "keras":
+        _imported(name)
 
 
 # -- start ------------------------------------------------------------------------------------------

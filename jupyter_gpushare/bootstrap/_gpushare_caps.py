@@ -109,7 +109,7 @@ def _torch_post(torch) -> None:
         return rep.set_framework(
             "torch", False, "not capped: this PyTorch is a CPU-only build, it cannot use the GPU", version=version
         )
-    quota = rep.quota_mib()
+    quota = rep.cap_mib()
     method = _torch_plan.get("method", "lazy")
     if method == "env" and not torch.cuda.is_initialized():
         text = f"{_torch_plan['variable']} per_process_memory_fraction:{_torch_plan['fraction']} (of the card's total memory)"
@@ -210,7 +210,7 @@ def _tf_post(tf) -> None:
     if reason:
         return rep.set_framework("tensorflow", False, f"not capped: {reason}", version=version)
     _drop_async_allocator()
-    quota = rep.quota_mib()
+    quota = rep.cap_mib()
     make = config.LogicalDeviceConfiguration
     try:
         for gpu in gpus:
@@ -301,7 +301,7 @@ def _wrap_tf_config(config, quota: int) -> None:
 def _jax_pre(module) -> None:
     if rep.no_cap_reason():
         return
-    fraction = rep.fraction()
+    fraction = rep.cap_fraction()
     if os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower() == "platform":
         del os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"]
         rep.warn("XLA_PYTHON_CLIENT_ALLOCATOR=platform was unset: that allocator has no memory cap")
@@ -345,7 +345,9 @@ def _jax_post(jax) -> None:
     cls = getattr(errors, "JaxRuntimeError", None)
     if cls is None:
         try:
-            from jaxlib.xla_extension import XlaRuntimeError as cls
+            from jaxlib.xla_extension import XlaRuntimeError
+
+            cls = XlaRuntimeError
         except Exception:
             cls = None
     oom.register_oom_type(cls)
@@ -385,7 +387,7 @@ def _cupy_limit_bytes(value: str) -> int | None:
 def _cupy_pre(module) -> None:
     if rep.no_cap_reason():
         return
-    cap = rep.quota_mib() * MiB
+    cap = rep.cap_mib() * MiB
     value = os.environ.get("CUPY_GPU_MEMORY_LIMIT")
     asked = _cupy_limit_bytes(value) if value is not None else None
     if not asked or asked > cap:  # 0 means unlimited to CuPy

@@ -142,7 +142,7 @@ def _ipython_handler(shell, etype, value, tb, tb_offset=None):
     return None
 
 
-_ipython_handler._gpushare = True
+_ipython_handler._gpushare = True  # type: ignore[attr-defined]  # how a second install knows it
 
 
 def _install_ipython_handler() -> None:

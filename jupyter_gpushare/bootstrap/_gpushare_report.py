@@ -15,6 +15,7 @@ import _thread
 import os
 import sys
 import time
+import types  # (loaded at interpreter start: costs nothing)
 
 import _gpushare_env as env
 
@@ -41,6 +42,22 @@ def env_int(name: str) -> int | None:
 
 def quota_mib() -> int | None:
     return env_int(env.QUOTA_MIB)
+
+
+def cap_mib() -> int:
+    """The quota to cap at, where ``no_cap_reason()`` is None (which names a missing quota as its reason)."""
+    quota = quota_mib()
+    if quota is None:
+        raise RuntimeError(f"{env.QUOTA_MIB} is missing from the kernel's environment")
+    return quota
+
+
+def cap_fraction() -> float:
+    """The quota as a fraction of the card, where ``no_cap_reason()`` is None."""
+    share = fraction()
+    if share is None:
+        raise RuntimeError(f"{env.TORCH_FRACTION} and {env.CARD_TOTAL_MIB} are missing from the kernel's environment")
+    return share
 
 
 def fraction() -> float | None:
@@ -76,7 +93,8 @@ def no_cap_reason() -> str | None:
 
 def _user_stacklevel() -> int:
     """A stacklevel pointing at the first frame outside the bootstrap and the import machinery."""
-    level, frame = 1, sys._getframe(1)
+    level = 1
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
         internal = "importlib" in name and "_bootstrap" in name  # frames warnings.warn skips itself

@@ -38,7 +38,7 @@ def _quota_bytes() -> int | None:
     """The kernel's quota in bytes when this process's views should show it, else None."""
     if rep.no_cap_reason():
         return None
-    return rep.quota_mib() * MiB
+    return rep.cap_mib() * MiB
 
 
 def _one_visible_card() -> bool:
@@ -81,7 +81,7 @@ class DeviceProperties:
     def __getattr__(self, name: str):
         return getattr(self._props, name)
 
-    @property
+    @property  # type: ignore[misc]  # a read-only __class__, on purpose
     def __class__(self):  # noqa: D105  (isinstance() reads it, as for unittest.mock's spec)
         return type(self._props)
 
@@ -124,7 +124,7 @@ def _torch_post(torch) -> None:
     if original is not None and not _wrapped(original) and hasattr(cuda, "memory_reserved"):
         wrapper = _torch_mem_get_info(cuda, original, quota)
         cuda.mem_get_info = wrapper
-        if getattr(memory, "mem_get_info", None) is original:
+        if memory is not None and getattr(memory, "mem_get_info", None) is original:
             memory.mem_get_info = wrapper
         done.append("torch.cuda.mem_get_info")
     original = getattr(cuda, "get_device_properties", None)
@@ -169,7 +169,7 @@ def _cupy_post(cupy) -> None:
     done = []
     runtime = getattr(cuda, "runtime", None)
     original = getattr(runtime, "memGetInfo", None)
-    if original is not None and not _wrapped(original):
+    if runtime is not None and original is not None and not _wrapped(original):
 
         def memGetInfo():  # noqa: N802  (CuPy's name)
             free, total = original()
@@ -256,13 +256,14 @@ def wrap_nvml(lib) -> list:
     """Wrap ``lib``'s memory info calls (``pynvml``, or a stand-in with its calls) for the kernel's card.
     Returns the names wrapped."""
     card, reserve = os.environ.get(env.CARD_UUID), rep.env_int(env.RESERVE_MIB) or 0
-    if _quota_bytes() is None or not card:
+    quota = _quota_bytes()
+    if quota is None or not card:
         return []
     done = []
     for name in ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2"):
         original = getattr(lib, name, None)
         if original is not None and not _wrapped(original):
-            setattr(lib, name, _nvml_memory_info(lib, original, card, _quota_bytes() + reserve * MiB))
+            setattr(lib, name, _nvml_memory_info(lib, original, card, quota + reserve * MiB))
             done.append(f"pynvml.{name}")
     return done
 
