@@ -97,11 +97,13 @@ class GpuShareExtension(ExtensionApp):
 
         settings = self.gpushare
         enforcer = Enforcer(manager, self.server.kernel_manager, settings.build_enforce_policy(), log=self.log)
-        manager.watchdog = enforcer.policy.over_action
         loop = self._server_loop()
         sampler = Sampler(manager, settings.sample_interval, loop=loop, on_sample=enforcer.on_sample, log=self.log)
-        manager.latest_samples = sampler.latest_samples  # what processes without a reservation use is taken too
-        manager.kernel_usage = lambda kernel_id: sampler.snapshot.kernels.get(kernel_id)  # peaks, for history
+        manager.measured_by(
+            sampler.latest_samples,
+            lambda kernel_id: sampler.snapshot.kernels.get(kernel_id),
+            enforcer.policy.over_action,
+        )
         self.settings["gpushare_sampler"] = sampler
         self.settings["gpushare_enforcer"] = enforcer
         metrics.install(sampler, enforcer)

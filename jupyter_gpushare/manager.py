@@ -95,14 +95,12 @@ class QuotaManager:
         self.end_kernel: Callable[[str], None] = lambda kernel_id: None
         # Told when a kernel's place in line changes (the kernel model's reason, nbclient's progress on stderr).
         self.on_wait: Callable[[KernelRecord, Waiting], None] | None = None
-        # The driver's last per-process reading (the sampler's; app.py wires it), for what processes that hold
-        # no reservation use.
+        # What the card says, where a sampler reads it (``measured_by`` sets this and the two below).
         self.latest_samples: Callable[[], Sequence[DeviceSample]] = tuple
-        # A kernel's last reading (sampler.KernelUsage, app.py wires it): its peak is recorded when it stops.
         self.kernel_usage: Callable[[str], Any] = lambda kernel_id: None
         self.cards: list[Card] = list_cards(backend) if cards is None else cards
         self.cgroups = cgroups or KernelCgroups(enabled=False)
-        self.watchdog: str | None = None  # the over-quota action, where this process applies one (app.py)
+        self.watchdog: str | None = None
         if self.cgroups.devices is not None and any(c.minor is None for c in self.cards):
             self.cgroups.no_isolation("the driver does not give the cards' device numbers (nvmlDeviceGetMinorNumber)")
         self.ledger = LedgerWorker(ledger_path, broker_socket, broker_ca_file, self.log, self._reclaimed)
@@ -126,6 +124,15 @@ class QuotaManager:
             self.event(
                 "reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone."
             )
+
+    def measured_by(
+        self, latest_samples: Callable[[], Sequence[DeviceSample]], kernel_usage: Callable[[str], Any], watchdog: str
+    ) -> None:
+        """A Jupyter server's readings of the card (app.py): ``latest_samples``, the driver's last per-process
+        reading, for what processes that hold no reservation use; ``kernel_usage``, a kernel's last reading
+        (sampler.KernelUsage), whose peak is recorded when it stops; ``watchdog``, the over-quota action its
+        enforcer applies (shown with each kernel)."""
+        self.latest_samples, self.kernel_usage, self.watchdog = latest_samples, kernel_usage, watchdog
 
     def hold_starts(
         self,
