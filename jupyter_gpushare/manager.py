@@ -20,13 +20,14 @@ from typing import Any, Callable, ClassVar, TypeVar
 from .cgroups import MAX_MINOR, KernelCgroups
 from .gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
 from .gpu.simulated import SimulatedBackend
-from .history import HistoryRules, Run, history_key, learned_quota, lookup, need_of, retry_quota_mib
+from .history import HistoryRules, retry_quota_mib
+from .learning import Learning
 from .ledger import Lease, LedgerError, ProcessRef, Request, Reservations, Waiting
 from .ledger_worker import LedgerWorker
 from .policy import CardView, Policy, PolicyError, Size, format_mib
 from .queue import ServerQueue, Wait
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message
-from .reports import read_reports, remove_reports, report_dir, run_figures
+from .reports import read_reports, remove_reports, report_dir
 from .settings import GpuShareApp
 from .views import host_view
 
@@ -70,7 +71,6 @@ class QuotaManager:
         kernel in line with no client connected for this long leaves it (0: never; see ``watchers``); ``cgroups``: the
         kernels' cgroups (cgroups.py; None: none, kernels are tracked by their process tree)."""
         self.policy = policy
-        self.history = history or HistoryRules()
         self.backend = backend
         self.log = log or logging.getLogger("jupyter_gpushare")
         self.user = getpass.getuser()
@@ -104,6 +104,7 @@ class QuotaManager:
         if self.cgroups.devices is not None and any(c.minor is None for c in self.cards):
             self.cgroups.no_isolation("the driver does not give the cards' device numbers (nvmlDeviceGetMinorNumber)")
         self.ledger = LedgerWorker(ledger_path, broker_socket, broker_ca_file, self.log, self._reclaimed)
+        self.learning = Learning(history or HistoryRules(), policy, self.ledger, self.user, self._blocking, self.log)
 
     # -- process-wide instance -------------------------------------------------------------
 
@@ -205,7 +206,9 @@ class QuotaManager:
             return self._settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"))
         if not await self.ledger.available():
             return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {self.ledger.error}"))
-        quota = await self._learn(rec, quota)
+        quota, learned_from = await self.learning.at_start(rec, quota, self._views({}))
+        if learned_from:
+            self.event("learned", kernel_id, f"Quota {quota} learned from earlier runs ({learned_from}).")
         try:
             self.policy.check_quota(quota, self._views({}))
         except PolicyError as e:
@@ -394,49 +397,12 @@ class QuotaManager:
         Jupyter server lists is shut down instead."""
         return rec is not None and not self.holds_starts and rec.pid is not None
 
-    async def _learn(self, rec: KernelRecord, quota: Size) -> Size:
-        """What earlier runs of the kernel's notebook teach (shown, and told to the kernel), and the quota: the
-        learned one when the admin's policy says so and nothing more explicit chose it (history.learned_quota)."""
-        key, rec.learned_peak_mib, rec.learned_from = history_key(rec.path), None, None
-        if key is None or not self.history.kept:
-            return quota
-        try:
-            found = await self.ledger.on(
-                lambda ledger: lookup(ledger, self.user, rec.kernel_name, key, self.history, rec.kernel_id)
-            )
-        except LedgerError as e:  # history is advice: a kernel starts without it
-            self.log.info("jupyter-gpushare: no history for %r: %s", key, e)
-            return quota
-        got, limits, held = found or (None, None, 0)
-        if got is None:
-            return quota
-        rec.learned_peak_mib, rec.learned_from = got.peak_mib, got.source
-        if not self.history.enabled or rec.quota_source != "default":
-            return quota
-        learned = learned_quota(self.policy, got, self.history.margin, self._views({}), limits, held)
-        rec.quota, rec.quota_source = str(learned), "learned"
-        why = "a run that ran out of memory" if got.failed else f"peak {format_mib(got.peak_mib)}"
-        self.event("learned", rec.kernel_id, f"Quota {learned} learned from earlier runs ({why}).")
-        return learned
-
     async def remember_peak(self, kernel_id: str) -> None:
-        """Record the peak GPU memory of a kernel's process that held a reservation (the sampler's NVML reading,
-        CUDA context included) as it shuts down or restarts: once per process, and only a measured peak."""
-        rec, usage = self.records.get(kernel_id), self.kernel_usage(kernel_id)
-        key = history_key(rec.path) if rec is not None else None
-        if rec is None or rec.lease is None or key is None or usage is None or not self.history.kept:
-            return
-        if usage.pid != rec.pid or not usage.peak_mib or rec.recorded_pid == rec.pid:
-            return  # another process's reading, nothing measured (or nothing used), or recorded already
-        rec.recorded_pid = rec.pid
-        alloc, oom = await self._blocking(run_figures, report_dir(), kernel_id, rec.run_started)
-        peak, quota = int(usage.peak_mib), rec.lease.quota_mib
-        need = need_of(peak, alloc, quota, oom is not None, self.history.margin, self.policy.context_reserve_mib)
-        card = self._card(rec.lease.card_uuid)
-        run = Run(peak, min(need, card.total_mib) if card else need, oom is not None)
-        await self.ledger.quietly(
-            f"record_peak({kernel_id})", lambda ledger: ledger.record_peak(kernel_id, key, run, self.history)
-        )
+        """Record the peak of a kernel's process as it shuts down or restarts (Learning.at_stop)."""
+        rec = self.records.get(kernel_id)
+        if rec is not None:
+            card = self._card(rec.lease.card_uuid) if rec.lease else None
+            await self.learning.at_stop(rec, self.kernel_usage(kernel_id), card)
 
     def _reserve(self, ledger: Reservations, request: Request, wait: bool) -> Lease | Waiting:
         """On the ledger thread. Memory that processes without a reservation use is taken too: measured

@@ -120,7 +120,7 @@ class GpuShareProvisioner(LocalProvisioner):
         rec = manager.records.get(self.kernel_id)
         python = (self.kernel_spec.language or "").lower() == "python"
         peak = rec.learned_peak_mib if rec else None
-        most, learns = manager.max_quota_mib(grant), manager.history.enabled
+        most, learns = manager.max_quota_mib(grant), manager.learning.rules.enabled
         return kernel_env(grant, self.kernel_id, python, base, report_dir(), most, peak, learns)
 
     async def _pick_ports(self, **kwargs: Any) -> dict[str, Any]:
