@@ -29,7 +29,7 @@ from .queue import ServerQueue, Wait
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message
 from .reports import read_reports, remove_reports, report_dir
 from .settings import GpuShareApp
-from .views import host_view
+from .views import card_row, host_view
 
 T = TypeVar("T")
 QUEUE_POLL_S = 0.5
@@ -585,17 +585,11 @@ class QuotaManager:
             self._note_oom(kid, (report or {}).get("oom"))
         cards = []
         for card in self.cards:
-            mine = [lease for lease in leases if lease.card_uuid == card.uuid]  # (through a broker: and the others')
-            reserved = sum(lease.reserved_mib for lease in mine)
-            usable = self.policy.usable_mib(card.total_mib)
+            on_card = [lease for lease in leases if lease.card_uuid == card.uuid]  # (through a broker: others' too)
             cards.append(
                 {
-                    **card.to_dict(),
-                    "usable_mib": usable,
-                    "reserved_mib": reserved,
-                    "unreserved_mib": max(0, usable - reserved),
-                    "kernels": sum(not lease.anonymous for lease in mine),
-                    "allowed": self.policy.card_allowed(card.uuid, card.index),
+                    **card_row(card, on_card, self.policy),
+                    "kernels": sum(not lease.anonymous for lease in on_card),
                     "outside_mib": outside.get(card.uuid) if outside is not None else None,
                 }
             )

@@ -40,6 +40,20 @@ def anonymous_leases(leases: Sequence[Lease]) -> list[Lease]:
     return [Lease("", uuid, index, total, 0, "", "", ANONYMOUS, None, 0.0) for (uuid, index), total in totals.items()]
 
 
+def card_row(card: Card, on_card: Sequence[Lease], policy: Policy) -> dict[str, Any]:
+    """A card with what the leases ``on_card`` reserve on it, what is left for new kernels, and whether the admin
+    lets kernels use it."""
+    reserved = sum(lease.reserved_mib for lease in on_card)
+    usable = policy.usable_mib(card.total_mib)
+    return {
+        **card.to_dict(),
+        "usable_mib": usable,
+        "reserved_mib": reserved,
+        "unreserved_mib": max(0, usable - reserved),
+        "allowed": policy.card_allowed(card.uuid, card.index),
+    }
+
+
 def view_for(
     caller: Viewer,
     leases: Sequence[Lease],
@@ -60,18 +74,9 @@ def view_for(
     card_rows = []
     for card in cards:
         on_card = [lease for lease in leases if lease.card_uuid == card.uuid]
-        reserved = sum(lease.reserved_mib for lease in on_card)
         own = sum(lease.reserved_mib for lease in on_card if lease.user == caller.user)
-        usable = policy.usable_mib(card.total_mib)
-        row = {
-            **card.to_dict(),
-            "usable_mib": usable,
-            "reserved_mib": reserved,
-            "unreserved_mib": max(0, usable - reserved),
-            "mine_reserved_mib": own,
-            "others_reserved_mib": reserved - own,
-            "allowed": policy.card_allowed(card.uuid, card.index),
-        }
+        row = card_row(card, on_card, policy)
+        row.update(mine_reserved_mib=own, others_reserved_mib=row["reserved_mib"] - own)
         card_rows.append({**row, "segments": card_segments(row, own, by_user=True)})
     labels = {card.uuid: card.label for card in cards}
     kernels = [
