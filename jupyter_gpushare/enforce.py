@@ -258,8 +258,9 @@ class Enforcer:
         except Exception as e:
             self.log.warning("jupyter-gpushare: %s of kernel %s failed: %s", action, kid, e)
             self.manager.event(
-                "action-failed", kid, f"Could not {action} the kernel ({why}): {e}", action=action, **figures
-            )
+                "action-failed", kid, f"Could not {action} the kernel ({why}): {e}", code=f"action-failed-{action}",
+                action=action, **figures,
+            )  # fmt: skip
         finally:
             w = self._watch.get(kid)
             if w is not None:

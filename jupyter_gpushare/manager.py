@@ -203,7 +203,7 @@ class QuotaManager:
                 code="refused-closing",
             )
         if not self.cards:
-            return self._settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"))
+            return self._settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"), "no-gpu-none")
         if not await self.ledger.available():
             return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {self.ledger.error}"))
         quota, learned_from = await self.learning.at_start(rec, quota, self._views({}))
@@ -232,7 +232,13 @@ class QuotaManager:
             return Grant("queued") if hold else await self.granted(kernel_id)
         message = full_message(quota, got, self.policy.context_reserve_mib, waited=None)
         if self.policy.on_full == "cpu":
-            return self._settle(rec, Grant("cpu", reason=message + " This kernel was started without a GPU."))
+            return self._settle(
+                rec,
+                Grant("cpu", reason=message + " This kernel was started without a GPU."),
+                "no-gpu-full",
+                need_mib=got.need_mib,
+                free_mib=got.free_mib,
+            )
         raise self._refuse(
             kernel_id, message, keep=restarting, code="refused-no-room", need_mib=got.need_mib, free_mib=got.free_mib
         )
@@ -453,7 +459,10 @@ class QuotaManager:
         self._end_wait(wait)
         return rec
 
-    def _settle(self, rec: KernelRecord, grant: Grant) -> Grant:
+    def _settle(self, rec: KernelRecord, grant: Grant, why: str = "no-gpu-ledger", **figures: Any) -> Grant:
+        """The kernel's start is decided: it runs with its grant. ``why`` a kernel starts without a GPU (the code of
+        its 'no-gpu' event, with ``figures``): no-gpu-none (this server has none), no-gpu-ledger (no reservation
+        can be made now), no-gpu-full (the cards are full and the policy starts it without)."""
         rec.state = {"gpu": "running"}.get(grant.mode, grant.mode)
         rec.lease, rec.card, rec.reason, rec.position = grant.lease, grant.card, grant.reason, None
         if grant.mode == "gpu" and grant.lease:
@@ -465,7 +474,7 @@ class QuotaManager:
                 reserved_mib=grant.lease.reserved_mib,
             )
         elif grant.mode == "cpu":
-            self.event("no-gpu", rec.kernel_id, grant.reason or "")
+            self.event("no-gpu", rec.kernel_id, grant.reason or "", code=why, **figures)
         return grant
 
     def max_quota_mib(self, grant: Grant) -> int | None:

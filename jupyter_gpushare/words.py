@@ -67,6 +67,12 @@ CATALOGUE: dict[str, str] = {
     "event.refused-user-max-kernels": "Not started: you may run at most {max_kernels} GPU kernels at once.",
     "event.refused-user-max-kernels.one": "Not started: you may run only {max_kernels} GPU kernel at a time.",
     "event.refused-user-max-total": "Not started: your kernels hold {held_mib} of your {limit_mib}; it asks for {quota_mib}.",
+    "event.no-gpu-none": "Started without a GPU: this server has none.",
+    "event.no-gpu-ledger": "Started without a GPU: no GPU memory can be reserved now. The GPU panel says why.",
+    "event.no-gpu-full": "Started without a GPU: it needs {need_mib}, and the most unreserved on any card is {free_mib}.",
+    "event.action-failed-interrupt": "Could not interrupt it; the server log says why.",
+    "event.action-failed-restart": "Could not restart it; the server log says why.",
+    "event.action-failed-shutdown": "Could not shut it down; the server log says why.",
     "event.near-quota": "Uses {used_mib} of its {reserved_mib} reservation ({share_pct}%): free memory or ask for "
     "a larger quota.",
     "event.over-quota": "Uses {used_mib}, more than its {reserved_mib} reservation: free memory or ask for a larger "

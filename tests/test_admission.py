@@ -140,6 +140,11 @@ class TestWhenFull:
         rec = await gpushare.kernel(k3)
         assert rec["state"] == "cpu" and rec["card"] is None and rec["reserved_mib"] is None
         assert "No GPU has room" in rec["reason"] and "started without a GPU" in rec["reason"]
+        said = [e for e in (await gpushare.get("events"))["events"] if e["kind"] == "no-gpu"][-1]
+        assert (said["code"], said["severity"]) == ("no-gpu-full", "warning")
+        assert event_words(said["code"], said["params"]) == (
+            "Started without a GPU: it needs 4.5 GiB, and the most unreserved on any card is 1 GiB."
+        )
         env = await kernel_env(jp_serverapp, k3)
         assert env["CUDA_VISIBLE_DEVICES"] == "" and env["GPUSHARE_MODE"] == "cpu"
         assert await reserved(gpushare) == 2 * 4608

@@ -21,7 +21,7 @@ import yaml
 
 import jupyter_gpushare
 from jupyter_gpushare.policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
-from jupyter_gpushare.words import CATALOGUE, PLURALS, format_duration, render
+from jupyter_gpushare.words import CATALOGUE, PLURALS, SEVERITY, format_duration, render
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "labextension" / "src"
@@ -241,3 +241,15 @@ def test_a_rules_refusal_says_the_same_in_the_server_s_english_and_the_sidebar_s
     error = refused.value
     assert error.code == code and render(f"policy.{code}", error.params) == str(error)
     assert f"event.refused-{error.code}" in CATALOGUE  # and a short form for a kernel that did not start
+
+
+def test_every_event_code_the_server_gives_has_words():
+    """Each code passed to an event (``code="..."``, a no-gpu reason, a failed action) and each announced kind
+    that has no code of its own is in the catalogue: none reaches a notification as the server's English."""
+    source = "\n".join(p.read_text() for p in (ROOT / "jupyter_gpushare").glob("*.py"))
+    codes = set(re.findall(r'code="([a-z-]+)"', source)) | set(re.findall(r'"(no-gpu-[a-z]+)"', source))
+    codes |= {f"action-failed-{action}" for action in ("interrupt", "restart", "shutdown")}
+    assert {"refused-no-room", "refused-timeout", "no-gpu-full", "no-gpu-none", "no-gpu-ledger"} <= codes
+    assert sorted(code for code in codes if f"event.{code}" not in CATALOGUE) == []
+    always_coded = {"no-gpu", "action-failed"}  # (their events always carry one of the codes above)
+    assert sorted(k for k in SEVERITY if f"event.{k}" not in CATALOGUE and k not in always_coded) == []

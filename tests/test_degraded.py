@@ -24,6 +24,8 @@ class TestNoGpu:
         kid = await gpushare.start_kernel()
         rec = await gpushare.kernel(kid)
         assert rec["state"] == "cpu" and rec["reason"].startswith("No GPU: NVML could not start")
+        said = [e for e in (await gpushare.get("events"))["events"] if e["kind"] == "no-gpu"]
+        assert [e["code"] for e in said] == ["no-gpu-none"]
 
 
 class TestAutoWithoutGpu:

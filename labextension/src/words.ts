@@ -94,6 +94,22 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'event.refused-user-max-total': __(
       'Not started: your kernels hold {held_mib} of your {limit_mib}; it asks for {quota_mib}.'
     ),
+    'event.no-gpu-none': __('Started without a GPU: this server has none.'),
+    'event.no-gpu-ledger': __(
+      'Started without a GPU: no GPU memory can be reserved now. The GPU panel says why.'
+    ),
+    'event.no-gpu-full': __(
+      'Started without a GPU: it needs {need_mib}, and the most unreserved on any card is {free_mib}.'
+    ),
+    'event.action-failed-interrupt': __(
+      'Could not interrupt it; the server log says why.'
+    ),
+    'event.action-failed-restart': __(
+      'Could not restart it; the server log says why.'
+    ),
+    'event.action-failed-shutdown': __(
+      'Could not shut it down; the server log says why.'
+    ),
     'event.near-quota': __(
       'Uses {used_mib} of its {reserved_mib} reservation ({share_pct}%): free memory or ask for a larger quota.'
     ),
