@@ -88,9 +88,11 @@ def check_waiting(user: str, waiting: int, policy: Policy) -> None:
     if policy.max_waiting and waiting >= policy.max_waiting:
         who = f"User {user!r} has" if user else "You have"
         raise PolicyError(
-            f"{who} {waiting} kernels waiting for a GPU already, the most one user may have in line here. "
+            f"{who} {waiting} kernel{'' if waiting == 1 else 's'} waiting for a GPU already, the most one user may have in line here. "
             "Stop waiting on one of them (the banner's Stop waiting, or shut its kernel down), or wait until "
-            "one starts."
+            "one starts.",
+            "user-max-waiting",
+            waiting=waiting,
         )
 
 

@@ -73,6 +73,8 @@ CATALOGUE: dict[str, str] = {
     "event.action-failed-interrupt": "Could not interrupt it; the server log says why.",
     "event.action-failed-restart": "Could not restart it; the server log says why.",
     "event.action-failed-shutdown": "Could not shut it down; the server log says why.",
+    "event.refused-user-max-waiting": "Not started: you already have {waiting} kernels waiting for a GPU, the most allowed.",
+    "event.refused-user-max-waiting.one": "Not started: you already have {waiting} kernel waiting for a GPU, the most allowed.",
     "event.near-quota": "Uses {used_mib} of its {reserved_mib} reservation ({share_pct}%): free memory or ask for "
     "a larger quota.",
     "event.over-quota": "Uses {used_mib}, more than its {reserved_mib} reservation: free memory or ask for a larger "
@@ -100,6 +102,8 @@ CATALOGUE: dict[str, str] = {
     "policy.user-max-kernels": "You may run at most {max_kernels} GPU kernels at once and already run {kernels}. Shut down a kernel you no longer use, then start this one again.",
     "policy.user-max-kernels.one": "You may run only {max_kernels} GPU kernel at a time and already run {kernels}. Shut down a kernel you no longer use, then start this one again.",
     "policy.user-max-total": "You may hold at most {limit_mib} of GPU memory in all your kernels together; they hold {held_mib} and this one asks for {quota_mib}. Shut down a kernel you no longer use.",
+    "policy.user-max-waiting": "You have {waiting} kernels waiting for a GPU already, the most one user may have in line here. Stop waiting on one of them (the banner’s Stop waiting, or shut its kernel down), or wait until one starts.",
+    "policy.user-max-waiting.one": "You have {waiting} kernel waiting for a GPU already, the most one user may have in line here. Stop waiting on it (the banner’s Stop waiting, or shut its kernel down), or wait until it starts.",
     "limits.use": "You hold {held}.",
     "limits.total": "{quota_mib} of {max_total_mib}",
     "limits.kernels": "{kernels} of {max_kernels} GPU kernels",
@@ -157,6 +161,8 @@ PLURALS: dict[str, str] = {
     "limits.kernels": "max_kernels",
     "event.refused-user-max-kernels": "max_kernels",
     "policy.user-max-kernels": "max_kernels",
+    "event.refused-user-max-waiting": "waiting",
+    "policy.user-max-waiting": "waiting",
 }
 
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")

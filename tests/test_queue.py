@@ -12,6 +12,7 @@ import pytest
 
 from jupyter_gpushare.policy import CardView, Policy, PolicyError, Size
 from jupyter_gpushare.queue import Entry, Request, ServerQueue, check_waiting, choose_card
+from jupyter_gpushare.words import render
 
 GIB = 1024
 POLICY = Policy(context_reserve_mib=512, overtake_limit_s=300.0, max_waiting=3)
@@ -82,8 +83,15 @@ def test_the_admins_card_list_and_headroom_apply_to_everyone():
 
 def test_a_user_may_have_only_so_many_kernels_in_line():
     check_waiting("alice", 2, POLICY)
-    with pytest.raises(PolicyError, match="3 kernels waiting for a GPU already.*Stop waiting on one"):
+    with pytest.raises(PolicyError, match="3 kernels waiting for a GPU already.*Stop waiting on one") as refused:
         check_waiting("alice", 3, POLICY)
+    assert (refused.value.code, refused.value.params) == ("user-max-waiting", {"waiting": 3})
+    assert render("event.refused-user-max-waiting", refused.value.params) == (
+        "Not started: you already have 3 kernels waiting for a GPU, the most allowed."
+    )
+    with pytest.raises(PolicyError, match="has 1 kernel waiting") as one:
+        check_waiting("alice", 1, Policy(max_waiting=1))
+    assert render("policy.user-max-waiting", one.value.params).startswith("You have 1 kernel waiting for a GPU")
     check_waiting("alice", 500, Policy(max_waiting=0))  # 0: no cap
 
 

@@ -110,6 +110,12 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'event.action-failed-shutdown': __(
       'Could not shut it down; the server log says why.'
     ),
+    'event.refused-user-max-waiting': __(
+      'Not started: you already have {waiting} kernels waiting for a GPU, the most allowed.'
+    ),
+    'event.refused-user-max-waiting.one': __(
+      'Not started: you already have {waiting} kernel waiting for a GPU, the most allowed.'
+    ),
     'event.near-quota': __(
       'Uses {used_mib} of its {reserved_mib} reservation ({share_pct}%): free memory or ask for a larger quota.'
     ),
@@ -166,6 +172,12 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     ),
     'policy.user-max-total': __(
       'You may hold at most {limit_mib} of GPU memory in all your kernels together; they hold {held_mib} and this one asks for {quota_mib}. Shut down a kernel you no longer use.'
+    ),
+    'policy.user-max-waiting': __(
+      'You have {waiting} kernels waiting for a GPU already, the most one user may have in line here. Stop waiting on one of them (the banner’s Stop waiting, or shut its kernel down), or wait until one starts.'
+    ),
+    'policy.user-max-waiting.one': __(
+      'You have {waiting} kernel waiting for a GPU already, the most one user may have in line here. Stop waiting on it (the banner’s Stop waiting, or shut its kernel down), or wait until it starts.'
     ),
     'limits.use': __('You hold {held}.'),
     'limits.total': __('{quota_mib} of {max_total_mib}'),
@@ -494,7 +506,9 @@ export const PLURALS: Record<string, string> = {
   'event.group-ended': 'processes',
   'limits.kernels': 'max_kernels',
   'event.refused-user-max-kernels': 'max_kernels',
-  'policy.user-max-kernels': 'max_kernels'
+  'policy.user-max-kernels': 'max_kernels',
+  'event.refused-user-max-waiting': 'waiting',
+  'policy.user-max-waiting': 'waiting'
 };
 
 /** Whether every figure a part of a template names is known. */
