@@ -21,6 +21,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def running(pid: int) -> bool:
+    """Whether a process runs: not gone, and not a zombie waiting to be reaped (either may happen at any moment)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def wait_until(predicate, timeout: float = 30, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

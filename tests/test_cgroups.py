@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 from kernels import run_in_kernel
-from servers import wait_until
+from servers import running, wait_until
 
 from jupyter_gpushare.cgroups import NVIDIA_MAJOR, KernelCgroups, kernel_of
 from jupyter_gpushare.held import standin_command
@@ -97,7 +97,7 @@ def test_what_a_kernel_starts_stays_in_its_group_and_ends_with_it():
         proc.wait()
         assert psutil.pid_exists(daemon)  # the kernel is gone, what it started is not
         assert cgroups.remove(kid) == 3
-        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+        assert not any(running(p) for p in pids)
         assert all(not Path(g).parent.exists() for g in groups)
     finally:
         cgroups.remove(kid)

@@ -9,9 +9,8 @@ import subprocess
 import sys
 import textwrap
 
-import psutil
 import pytest
-from servers import ServerProcess, wait_until
+from servers import ServerProcess, running, wait_until
 from servers import SimulatedServer as Server
 
 pytestmark = pytest.mark.server  # starts jupyter servers as processes (README: the quick subset)
@@ -128,8 +127,8 @@ def test_sigkill_server_keeps_live_kernels_and_reclaims_dead_ones(tmp_path):
         assert reserved(first) == 2 * 2560
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait(10)
-        wait_until(lambda: not _running(pids[dies]), what="the ordinary kernel to exit with its server")
-        assert _running(pids[lives])
+        wait_until(lambda: not running(pids[dies]), what="the ordinary kernel to exit with its server")
+        assert running(pids[lives])
     finally:
         first.stop()
     second = Server(tmp_path).wait_ready()
@@ -143,13 +142,6 @@ def test_sigkill_server_keeps_live_kernels_and_reclaims_dead_ones(tmp_path):
         assert ("reclaimed", lives) in [(e["kind"], e["kernel_id"]) for e in events]
     finally:
         second.stop()
-
-
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def test_nbclient_kernels_get_quotas_outside_the_server(tmp_path):
