@@ -12,6 +12,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 TOKEN = "gpushare-test"
 
 
@@ -23,8 +25,6 @@ def free_port() -> int:
 
 def running(pid: int) -> bool:
     """Whether a process runs: not gone, and not a zombie waiting to be reaped (either may happen at any moment)."""
-    import psutil
-
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -76,8 +76,6 @@ class ServerProcess:
         Other children (JupyterLab may run npm or git) can exit at any moment: one that is gone,
         or a zombie not yet reaped, is not a kernel and is skipped.
         """
-        import psutil
-
         found = []
         for child in psutil.Process(self.proc.pid).children():
             try:
