@@ -59,8 +59,7 @@ export function limitsText(
     parts.push(say('ui.limits.kernel', { size: limitSize(limits.max_kernel) }));
   }
   if (isMeasured(limits.max_kernels)) {
-    const n = limits.max_kernels;
-    parts.push(say(n === 1 ? 'ui.limits.count_one' : 'ui.limits.count', { n }));
+    parts.push(say('ui.limits.count', { n: limits.max_kernels }));
   }
   return say('ui.limits.up_to', { parts: parts.join(', ') });
 }

@@ -69,7 +69,7 @@ function renderCard(card: ICard): VirtualElement {
     h.div(
       { className: `${C}-card-foot` },
       [
-        say(card.kernels === 1 ? 'ui.card.kernel' : 'ui.card.kernels', {
+        say('ui.card.kernels', {
           n: card.kernels
         }),
         measured
@@ -523,7 +523,7 @@ export function renderPanel(
     out.push(
       h.div(
         { className: `${C}-queue` },
-        say(waiting === 1 ? 'ui.queue.one' : 'ui.queue.many', {
+        say('ui.queue', {
           n: waiting,
           mine: mineWaiting || null
         })

@@ -231,8 +231,8 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.loading': __('Loading…'),
     'ui.retrying': __('Retrying…'),
     'ui.card.bar': __('{card}, {total_mib}: {parts}'),
-    'ui.card.kernel': __('{n} kernel on this card'),
     'ui.card.kernels': __('{n} kernels on this card'),
+    'ui.card.kernels.one': __('{n} kernel on this card'),
     'ui.card.measured': __(
       'in use (measured) {usage}, utilisation {utilisation}'
     ),
@@ -308,7 +308,7 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.queue.one': __(
       '{n} kernel waiting for a GPU on this host[ ({mine} of them yours)]'
     ),
-    'ui.queue.many': __(
+    'ui.queue': __(
       '{n} kernels waiting for a GPU on this host[ ({mine} of them yours)]'
     ),
     'ui.noquota.title': __('This notebook’s kernel has no GPU quota'),
@@ -380,8 +380,8 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.history.learned': __('Its quota was learned from earlier runs.'),
     'ui.limits.total': __('{size} in total'),
     'ui.limits.kernel': __('{size} per kernel'),
-    'ui.limits.count_one': __('{n} GPU kernel'),
     'ui.limits.count': __('{n} GPU kernels'),
+    'ui.limits.count.one': __('{n} GPU kernel'),
     'ui.limits.up_to': __('up to {parts}'),
     'ui.queue.kind': __('{kernel} kernel'),
     'ui.queue.kernel': __('kernel'),
@@ -508,7 +508,11 @@ export const PLURALS: Record<string, string> = {
   'event.refused-user-max-kernels': 'max_kernels',
   'policy.user-max-kernels': 'max_kernels',
   'event.refused-user-max-waiting': 'waiting',
-  'policy.user-max-waiting': 'waiting'
+  'policy.user-max-waiting': 'waiting',
+  // the sidebar's own
+  'ui.card.kernels': 'n',
+  'ui.queue': 'n',
+  'ui.limits.count': 'n'
 };
 
 /** Whether every figure a part of a template names is known. */
