@@ -183,6 +183,7 @@ def test_a_refusal_whose_code_is_not_well_formed_keeps_only_its_message(reply):
 
 
 def test_figures_that_are_not_plain_numbers_or_short_text_are_dropped():
-    params = {"least_mib": 256, "ok_text": "4GiB", "big": "x" * 41, "flag": True, "nested": {"a": 1}, "Bad Key": 1}
+    params = {"least_mib": 256, "ok_text": "4GiB", "big": "x" * 41, "flag": True, "nested": {"a": 1}, "Bad Key": 1,
+              "nan_mib": float("nan"), "inf_mib": float("inf"), "line-noise": 1}  # fmt: skip
     error = policy_error_from({"message": "m", "code": "quota-below-min", "params": params})
     assert error.params == {"least_mib": 256, "ok_text": "4GiB"}

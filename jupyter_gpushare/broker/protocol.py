@@ -11,6 +11,7 @@ a range or a length, and nothing a caller sends about who it is (user, uid, pid)
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -257,6 +258,14 @@ def policy_refusal(error: PolicyError) -> dict:
 
 
 _RULE_CODE = re.compile(r"[a-z][a-z-]{0,40}")
+_FIGURE_NAME = re.compile(r"[a-z][a-z_]{0,40}")
+
+
+def _figure(value: object) -> bool:
+    """A figure a browser may be shown: a finite number (not a bool) or short text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return math.isfinite(value)
+    return isinstance(value, str) and len(value) <= 40
 
 
 def policy_error_from(reply: dict) -> PolicyError:
@@ -266,12 +275,7 @@ def policy_error_from(reply: dict) -> PolicyError:
     message = str(reply.get("message", ""))[:2000]
     if not isinstance(code, str) or not _RULE_CODE.fullmatch(code) or not isinstance(params, dict):
         return PolicyError(message)
-    figures = {
-        k: v
-        for k, v in params.items()
-        if isinstance(k, str) and _RULE_CODE.fullmatch(k.replace("_", "-"))
-        and (isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, str) and len(v) <= 40)
-    }  # fmt: skip
+    figures = {k: v for k, v in params.items() if isinstance(k, str) and _FIGURE_NAME.fullmatch(k) and _figure(v)}
     return PolicyError(message, code, **figures)
 
 
