@@ -15,9 +15,12 @@ import _thread
 import os
 import sys
 import time
-import types  # (loaded at interpreter start: costs nothing)
 
 import _gpushare_env as env
+
+TYPE_CHECKING = False  # (typing is not imported in kernels: this module runs in every process)
+if TYPE_CHECKING:
+    import types
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 STATE: dict = {"frameworks": {}, "warnings": [], "views": [], "nested": {}}  # nested: see pulled_in_by
