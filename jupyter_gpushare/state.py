@@ -37,8 +37,9 @@ EVENT_FIELDS = ("time", "kind", "code", "kernel_id", "path")  # an event's own f
 
 
 def event_view(event: Mapping[str, Any]) -> dict[str, Any]:
-    """An event as the API sends it: its code (its kind, or which of its kind), its parameters (the figures behind it, and the English
-    ``message`` for logs and the CLI) and how it is announced (``severity``; null: only the panel shows it)."""
+    """An event as the API sends it: its code (its kind, or which of its kind), its parameters (the figures behind
+    it, and the English ``message`` for logs and the CLI; a figure not known is left out) and how it is announced
+    (``severity``; null: only the panel shows it)."""
     params = {k: v for k, v in event.items() if k not in EVENT_FIELDS and v is not None}
     kind = str(event.get("kind"))
     code = str(event.get("code") or kind)  # which refusal (manager._refuse), else the kind
