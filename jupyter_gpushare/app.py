@@ -98,7 +98,11 @@ class GpuShareExtension(ExtensionApp):
         settings = self.gpushare
         enforcer = Enforcer(manager, self.server.kernel_manager, settings.build_enforce_policy(), log=self.log)
         loop = self._server_loop()
-        sampler = Sampler(manager, settings.sample_interval, loop=loop, on_sample=enforcer.on_sample, log=self.log)
+
+        def on_sample(snap: Any) -> None:
+            sampler.hurry(enforcer.on_sample(snap))  # read often while a kernel is over its reservation
+
+        sampler = Sampler(manager, settings.sample_interval, loop=loop, on_sample=on_sample, log=self.log)
         manager.measured_by(
             sampler.latest_samples,
             lambda kernel_id: sampler.snapshot.kernels.get(kernel_id),

@@ -2,8 +2,10 @@
 
 Over quota: a kernel's process tree uses more than its reservation (quota + context reserve) when
 a framework cap was bypassed or a library allocated outside it. At ``near_ratio`` of the
-reservation the kernel is warned (state ``near_quota``); past the reservation it is ``over_quota``
-and, once it has stayed over for ``over_grace_s``, acted on as the admin configured.
+reservation the kernel is warned (state ``near_quota``); past the reservation it is ``over_quota``,
+and overuse.py's rules (the same as the root broker's) say when and how it is acted on: at once when
+it takes memory other kernels have reserved, else once it has been over for ``over_grace_s`` within a
+window of twice that; the child processes that hold the excess are stopped where that is enough.
 
 Idle: a kernel that holds a reservation, shows 0% GPU use, is not executing, and has had no
 activity for ``idle_timeout_s`` is warned (state ``idle``) and, when configured, shut down
@@ -19,14 +21,17 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .overuse import CardRoom, Excess, OverUseJudge, Verdict, card_room, over_use
 from .policy import EnforcePolicy, format_mib
-from .sampler import UsageSnapshot
+from .sampler import KernelUsage, UsageSnapshot
 
-REPEAT_MIN_S = 5.0  # least time between two actions on a kernel that stays over quota
+Judged = dict[str, tuple[Any, KernelUsage, dict[str, int]]]  # kernel id -> (record, usage, card uuid -> MiB)
 
 
 @dataclass
@@ -34,12 +39,10 @@ class _Watch:
     pid: int | None
     started: float
     near_warned: bool = False
-    over_since: float | None = None
-    acted_at: float | None = None
+    over_warned: bool = False
     gpu_active_at: float = 0.0
     idle_warned_at: float | None = None
     acting: bool = False
-    actions: int = 0  # taken in this over-quota episode ('protect': the first interrupts, the next restart)
 
 
 def _duration(seconds: float) -> str:
@@ -62,15 +65,19 @@ class Enforcer:
         self.policy = policy
         self.log = log or logging.getLogger("jupyter_gpushare")
         self.clock = clock
+        self.judge = OverUseJudge(policy.over_action, policy.over_grace_s)
         self.states: dict[str, str] = {}
         self.version = 0  # counts on_sample calls (the API caches its reply per version)
         self._watch: dict[str, _Watch] = {}
         self._tasks: set[asyncio.Task] = set()
 
-    def on_sample(self, snap: UsageSnapshot) -> None:
-        """Judge every kernel of this snapshot (called on the IOLoop, once per sampler tick)."""
+    def on_sample(self, snap: UsageSnapshot) -> bool:
+        """Judge every kernel of this snapshot (called on the IOLoop, once per sampler tick). Returns whether any
+        kernel is over its reservation (the sampler then reads the driver more often)."""
         now = self.clock()
         states: dict[str, str] = {}
+        judged: Judged = {}
+        uuids = {c.index: uuid for uuid, c in snap.cards.items()}
         for kid, rec in list(self.manager.records.items()):
             usage = snap.kernels.get(kid)
             if rec.state != "running" or rec.lease is None or usage is None:
@@ -78,54 +85,74 @@ class Enforcer:
             w = self._watch.get(kid)
             if w is None or w.pid != usage.pid:  # new kernel, or a restarted one: a fresh start
                 w = self._watch[kid] = _Watch(pid=usage.pid, started=now, gpu_active_at=now)
-            over = self._quota(kid, rec, usage, w, now, snap)
+                self.judge.forget(kid)
+            if usage.used_mib is not None and rec.lease.reserved_mib:
+                used: dict[str, int] = {}
+                for p in usage.processes:
+                    uuid = uuids.get(p.card_index, "")
+                    used[uuid] = used.get(uuid, 0) + (p.used_mib or 0)
+                judged[kid] = (rec, usage, used)
             idle = self._idle(kid, rec, usage, w, now)
-            state = over or idle  # over/near quota shows before idle
+            if idle:
+                states[kid] = idle
+        excesses = self._excesses(snap, judged, uuids)
+        for kid, (rec, usage, _) in judged.items():
+            state = self._quota(kid, rec, usage, excesses.get(kid))
             if state:
-                states[kid] = state
+                states[kid] = state  # over/near quota shows before idle
+        for verdict in self.judge.judge(now, list(excesses.values()), present=judged):
+            self._act_on(verdict, judged[verdict.kernel_id][0])
         for kid in [k for k in self._watch if k not in self.manager.records]:
             del self._watch[kid]
         self.states = states
         self.version += 1
+        return bool(excesses)
 
     # -- over quota ----------------------------------------------------------------------------
 
-    def _quota(self, kid: str, rec: Any, usage: Any, w: _Watch, now: float, snap: UsageSnapshot) -> str | None:
-        used, limit = usage.used_mib, rec.lease.reserved_mib
-        if used is None or not limit:
-            return None
-        action = self._action(rec, w, snap)
-        figures = {
-            "used_mib": used,
-            "reserved_mib": limit,
-            "quota_mib": rec.lease.quota_mib,
-            "pids": [p.pid for p in usage.processes],
-        }
-        if used > limit:
-            if w.over_since is None:
-                w.over_since = now
+    def _excesses(self, snap: UsageSnapshot, judged: Judged, uuids: dict[int, str]) -> dict[str, Excess]:
+        """The kernels over their reservations, with how much of that other kernels had reserved. Leases of other
+        servers (other users', through a broker) are not seen here: what they may still allocate is guessed at
+        its smallest, so no theft is imagined (the broker, which sees them all, judges them too)."""
+        rooms: dict[str, CardRoom] = {}
+        reserved_on = {c.get("uuid"): c.get("reserved_mib") or 0 for c in snap.quota.get("cards", ())}
+        for uuid, card in snap.cards.items():
+            seen = [
+                (kid, rec.lease.reserved_mib, used.get(uuid, 0))
+                for kid, (rec, _usage, used) in judged.items()
+                if rec.lease.card_uuid == uuid
+            ]
+            unseen = max(0, reserved_on.get(uuid, 0) - sum(reserved for _, reserved, _ in seen))
+            rooms[uuid] = card_room(card.free_mib, card.used_mib, seen, unseen)
+        out = {}
+        for kid, (rec, usage, used) in judged.items():
+            lease = rec.lease
+            over = over_use(lease.reserved_mib, lease.card_uuid, used)
+            if not over:
+                continue
+            stolen = sum(rooms[card].stolen(kid, mib) for card, mib in over.items() if card in rooms)
+            processes = tuple((p.pid, uuids.get(p.card_index, ""), p.used_mib or 0) for p in usage.processes)
+            shared = self._shared(lease.card_uuid, snap)
+            out[kid] = Excess(kid, lease.card_uuid, lease.reserved_mib, over, stolen, processes, usage.pid, shared)
+        return out
+
+    def _quota(self, kid: str, rec: Any, usage: KernelUsage, excess: Excess | None) -> str | None:
+        used, limit = usage.used_mib or 0, rec.lease.reserved_mib
+        w = self._watch[kid]
+        figures = self._figures(rec, usage)
+        if excess is not None:
+            if not w.over_warned:
+                w.over_warned = True
                 self.manager.event(
                     "over-quota",
                     kid,
                     f"The kernel's processes use {format_mib(used)} of GPU memory, more than its reservation of "
-                    f"{format_mib(limit)}. {self._consequence(action)}",
+                    f"{format_mib(limit)}. {self._consequence(excess)}",
                     **figures,
                 )
-            over_s = now - w.over_since
-            # Once per episode for 'notify'; otherwise again if still over after another grace period
-            # (an interrupt often frees nothing: the framework keeps its cache).
-            again = (
-                action != "notify"
-                and w.acted_at is not None
-                and now - w.acted_at >= max(self.policy.over_grace_s, REPEAT_MIN_S, 2 * snap.interval_s)
-            )
-            due = over_s >= self.policy.over_grace_s and (w.acted_at is None or again)
-            if due and not w.acting:
-                w.acted_at = now
-                w.actions += 1
-                self._act(kid, action, f"over quota for {over_s:.0f} s", dict(figures, over_s=round(over_s, 1)))
             return "over_quota"
-        w.over_since, w.acted_at, w.actions = None, None, 0
+        if kid not in self.judge.episodes():
+            w.over_warned = False  # a new episode is said again
         if self.policy.near_ratio and used >= self.policy.near_ratio * limit:
             if not w.near_warned:
                 w.near_warned = True
@@ -142,15 +169,14 @@ class Enforcer:
             w.near_warned = False
         return None
 
-    def _action(self, rec: Any, w: _Watch, snap: UsageSnapshot) -> str:
-        """The over-quota action for this kernel now. 'protect': on a card it shares, interrupt first, then
-        restart; alone on its card, notify (what it uses beyond its lease is counted as taken all the same)."""
-        action = self.policy.over_action
-        if action != "protect":
-            return action
-        if not self._shared(rec.lease.card_uuid, snap):
-            return "notify"
-        return "interrupt" if w.actions == 0 else "restart"
+    @staticmethod
+    def _figures(rec: Any, usage: KernelUsage) -> dict[str, Any]:
+        return {
+            "used_mib": usage.used_mib,
+            "reserved_mib": rec.lease.reserved_mib,
+            "quota_mib": rec.lease.quota_mib,
+            "pids": [p.pid for p in usage.processes],
+        }
 
     @staticmethod
     def _shared(card_uuid: str, snap: UsageSnapshot) -> bool:
@@ -161,18 +187,68 @@ class Enforcer:
             usage is not None and (usage.used_by_others_mib or 0) > 0
         )
 
-    def _consequence(self, action: str) -> str:
+    def _consequence(self, excess: Excess) -> str:
+        action = self.policy.over_action
         grace = f"{self.policy.over_grace_s:.0f} s"
+        if excess.stolen_mib and action != "notify":
+            return (
+                f"{format_mib(excess.stolen_mib)} of it is memory other kernels on its card have reserved, so it is "
+                "stopped at once: the processes that hold it, or else the kernel."
+            )
+        if action == "protect" and not excess.shared:
+            action = "notify"
         return {
             "notify": "Other kernels on the card may run out of memory; what it uses beyond its reservation is "
             "counted as taken, so new kernels wait.",
-            "interrupt": f"It will be interrupted if it stays over for {grace}, and restarted if it still holds "
-            "the memory after that, to protect the other kernels on its card."
-            if self.policy.over_action == "protect"
-            else f"It will be interrupted if it stays over for {grace}.",
+            "protect": f"If it stays over for {grace}, the processes that hold the excess are stopped, or the kernel "
+            "is interrupted, and restarted if that frees nothing, to protect the other kernels on its card. If it "
+            "takes memory they have reserved, that happens at once.",
+            "interrupt": f"It will be interrupted if it stays over for {grace}.",
             "restart": f"It will be restarted if it stays over for {grace}.",
             "shutdown": f"It will be shut down if it stays over for {grace}.",
         }[action]
+
+    def _act_on(self, verdict: Verdict, rec: Any) -> None:
+        excess = verdict.excess
+        figures = {
+            "used_mib": excess.used_mib,
+            "reserved_mib": rec.lease.reserved_mib,
+            "quota_mib": rec.lease.quota_mib,
+            "pids": sorted({pid for pid, _card, _mib in excess.processes}),
+            "over_s": verdict.over_s if verdict.why == "grace" else None,
+            "why": verdict.why,
+            "stolen_mib": excess.stolen_mib or None,
+        }
+        why = {
+            "theft": f"it took {format_mib(excess.stolen_mib)} that other kernels on its card have reserved",
+            "escalate": "it stayed over its reservation after the interrupt",
+            "grace": f"over quota for {verdict.over_s:.0f} s",
+        }[verdict.why]
+        if verdict.why == "theft" and verdict.action in ("stop", "restart"):
+            figures["code"] = f"over-quota-{verdict.action}-theft"
+        if verdict.action == "stop":
+            self._stop(verdict, why, figures)
+        else:
+            self._act(verdict.kernel_id, verdict.action, why, figures, now=verdict.why != "grace")
+
+    def _stop(self, verdict: Verdict, why: str, figures: dict) -> None:
+        """End the kernel's child processes that hold its excess; the kernel runs on."""
+        ended = []
+        for pid in verdict.pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                ended.append(pid)
+            except OSError as e:  # gone meanwhile
+                self.log.debug("jupyter-gpushare: stopping process %s of kernel %s: %s", pid, verdict.kernel_id, e)
+        self.manager.event(
+            "over-quota-stop",
+            verdict.kernel_id,
+            f"Ended {len(ended)} process(es) the kernel started ({ended}): {why}. The kernel runs on.",
+            action="stop",
+            processes=len(ended),
+            stopped=ended,
+            **figures,
+        )
 
     # -- idle ------------------------------------------------------------------------------------
 
@@ -225,7 +301,7 @@ class Enforcer:
 
     # -- actions -----------------------------------------------------------------------------------
 
-    def _act(self, kid: str, action: str, why: str, figures: dict, kind: str | None = None) -> None:
+    def _act(self, kid: str, action: str, why: str, figures: dict, kind: str | None = None, now: bool = False) -> None:
         kind = kind or f"over-quota-{action}"
         w = self._watch.get(kid)
         if action == "notify":
@@ -240,18 +316,19 @@ class Enforcer:
             return
         if w is not None:
             w.acting = True
-        task = asyncio.ensure_future(self._run_action(kid, action, why, figures, kind))
+        task = asyncio.ensure_future(self._run_action(kid, action, why, figures, kind, now))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_action(self, kid: str, action: str, why: str, figures: dict, kind: str) -> None:
+    async def _run_action(self, kid: str, action: str, why: str, figures: dict, kind: str, now: bool) -> None:
         verb = {"interrupt": "Interrupted", "restart": "Restarted", "shutdown": "Shut down"}[action]
         km = self.kernel_manager
         try:
-            call = {"interrupt": km.interrupt_kernel, "restart": km.restart_kernel, "shutdown": km.shutdown_kernel}[
-                action
-            ]
-            result = call(kid)
+            if action == "interrupt":
+                result = km.interrupt_kernel(kid)
+            else:  # memory others have reserved, or that an interrupt did not free: no graceful wait then
+                call = km.restart_kernel if action == "restart" else km.shutdown_kernel
+                result = call(kid, now=now)
             if inspect.isawaitable(result):
                 await result
             self.manager.event(kind, kid, f"{verb} the kernel: {why}.", action=action, **figures)

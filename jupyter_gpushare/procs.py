@@ -11,12 +11,13 @@ import os
 import pwd
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
 
 import psutil
 
 from .cgroups import kernel_of
+from .overuse import CardRoom, Excess, card_room, over_use
 
 if TYPE_CHECKING:
     from .gpu import DeviceSample
@@ -170,26 +171,22 @@ def unreserved_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> 
     out = dict(use.outside)
     by_id = {lease.kernel_id: lease for lease in leases}
     for kernel_id, cards in use.kernels.items():
-        for card, over in over_use(by_id[kernel_id], cards).items():
+        lease = by_id[kernel_id]
+        for card, over in over_use(lease.reserved_mib, lease.card_uuid, cards).items():
             out[card] = out.get(card, 0) + over
     return out
 
 
-def over_use(lease: Lease, cards: dict[str, int]) -> dict[str, int]:
-    """Per card, what a lease's processes use (``cards``: card uuid -> MiB) beyond the lease: past its
-    reservation on its card, all of it on any other; only cards with some."""
-    over = {card: used - (lease.reserved_mib if card == lease.card_uuid else 0) for card, used in cards.items()}
-    return {card: mib for card, mib in over.items() if mib > 0}
-
-
 @dataclass
 class LeaseUse:
-    """One reading split by lease: ``kernels`` kernel id -> card uuid -> MiB its processes use, ``pids`` kernel
-    id -> those processes, ``outside`` card uuid -> MiB of processes that hold no lease."""
+    """One reading split by lease: ``kernels`` kernel id -> card uuid -> MiB its processes use, ``processes``
+    kernel id -> (pid, card uuid, MiB) of each of them, ``outside`` card uuid -> MiB of processes that hold no
+    lease, and ``unleased`` those processes (pid, card uuid, MiB), but those in containers."""
 
     kernels: dict[str, dict[str, int]]
-    pids: dict[str, set[int]]
+    processes: dict[str, list[tuple[int, str, int]]]
     outside: dict[str, int]
+    unleased: list[tuple[int, str, int]] = field(default_factory=list)
 
 
 def lease_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> LeaseUse | None:
@@ -219,13 +216,49 @@ def lease_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> Lease
             if holder is not None:
                 cards = use.kernels.setdefault(holder.kernel_id, {})
                 cards[sample.card.uuid] = cards.get(sample.card.uuid, 0) + (p.used_mib or 0)
-                use.pids.setdefault(holder.kernel_id, set()).add(p.pid)
+                use.processes.setdefault(holder.kernel_id, []).append((p.pid, sample.card.uuid, p.used_mib or 0))
             elif pid_namespace_depth(p.pid) > own_depth:
                 in_containers += p.used_mib or 0
             else:
                 outside += p.used_mib or 0
+                use.unleased.append((p.pid, sample.card.uuid, p.used_mib or 0))
         use.outside[sample.card.uuid] = outside + max(0, in_containers - by_session.get(sample.card.uuid, 0))
     return use
+
+
+def lease_excesses(samples: Sequence[DeviceSample], leases: Sequence[Lease], use: LeaseUse) -> list[Excess]:
+    """Each lease over its lease on this reading (overuse.Excess), with how much of it other leases had reserved.
+
+    A lease whose kernel is alive is seen: what it may still allocate is its reservation less what its processes
+    use. One whose kernel is not (yet) known is not: what it may still allocate is taken to be its reservation
+    less every use on the card no seen lease accounts for (the smallest guess)."""
+    rooms: dict[str, CardRoom] = {}
+    for sample in samples:
+        on_card = [lease for lease in leases if lease.card_uuid == sample.card.uuid]
+        seen = [lease for lease in on_card if lease.kernel_id in use.kernels or (lease.kernel and lease.kernel.alive())]
+        rooms[sample.card.uuid] = card_room(
+            sample.free_mib,
+            sample.used_mib,
+            [
+                (lease.kernel_id, lease.reserved_mib, use.kernels.get(lease.kernel_id, {}).get(sample.card.uuid, 0))
+                for lease in seen
+            ],
+            sum(lease.reserved_mib for lease in on_card if lease not in seen),
+        )
+    out = []
+    for lease in leases:
+        over = over_use(lease.reserved_mib, lease.card_uuid, use.kernels.get(lease.kernel_id, {}))
+        if not over:
+            continue
+        stolen = sum(rooms[card].stolen(lease.kernel_id, mib) for card, mib in over.items() if card in rooms)
+        sharers = sum(1 for other in leases if other.card_uuid == lease.card_uuid)
+        shared = sharers > 1 or use.outside.get(lease.card_uuid, 0) > 0
+        kernel_pid = lease.kernel.pid if lease.kernel is not None else None
+        processes = tuple(use.processes.get(lease.kernel_id, ()))
+        out.append(
+            Excess(lease.kernel_id, lease.card_uuid, lease.reserved_mib, over, stolen, processes, kernel_pid, shared)
+        )
+    return out
 
 
 class ProcessTrees:

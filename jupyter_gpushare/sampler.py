@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import Any, Callable
 
 from .gpu import DeviceSample, GpuUnavailable
+from .overuse import FAST_INTERVAL_S
 from .procs import ProcessTrees
 from .settings import MIN_INTERVAL_S
 
@@ -155,6 +156,7 @@ class Sampler:
         self._seq = 0
         self._quota_ids: frozenset[str] = frozenset()
         self._quota_at = 0.0
+        self._hurried = False
 
     def latest_samples(self) -> tuple[DeviceSample, ...]:
         """The driver's last reading, if no older than a few intervals (else none: nothing is known)."""
@@ -178,6 +180,11 @@ class Sampler:
             self._thread.join(timeout)
         self._thread = None
 
+    def hurry(self, over: bool) -> None:
+        """Read every overuse.FAST_INTERVAL_S (if that is sooner) while ``over``: some kernel is over its
+        reservation, and a theft must be seen within a fraction of a second (the enforcer says so each tick)."""
+        self._hurried = bool(over)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
@@ -185,7 +192,8 @@ class Sampler:
                 self.tick()
             except Exception:  # keep sampling; say what broke once per kind of failure
                 self.log.exception("jupyter-gpushare: sampler tick failed")
-            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+            pace = min(self.interval_s, FAST_INTERVAL_S) if self._hurried else self.interval_s
+            self._stop.wait(max(0.0, pace - (time.monotonic() - started)))
 
     # -- one tick ------------------------------------------------------------------------------
 

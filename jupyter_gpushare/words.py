@@ -85,11 +85,21 @@ CATALOGUE: dict[str, str] = {
     "event.quota-requested": "Quota {quota} requested; it applies at the next restart.",
     "event.over-quota-notify": "Still over its {reserved_mib} reservation after {over_s}: free memory or ask for "
     "a larger quota.",
-    "event.over-quota-interrupt": "Interrupted: it used {used_mib}, over its {reserved_mib} reservation, for "
-    "{over_s}. Free memory or ask for a larger quota.",
-    "event.over-quota-restart": "Restarted: it used {used_mib}, over its {reserved_mib} reservation, for "
-    "{over_s}. Ask for a larger quota, then run it again.",
-    "event.over-quota-shutdown": "Shut down: it used {used_mib}, over its {reserved_mib} reservation, for {over_s}.",
+    "event.over-quota-interrupt": "Interrupted: it used {used_mib}, over its {reserved_mib} reservation[, for "
+    "{over_s}]. Free memory or ask for a larger quota.",
+    "event.over-quota-restart": "Restarted: it used {used_mib}, over its {reserved_mib} reservation[, for "
+    "{over_s}]. Ask for a larger quota, then run it again.",
+    "event.over-quota-restart-theft": "Restarted at once: it took {stolen_mib} of GPU memory other kernels had "
+    "reserved. Ask for a larger quota.",
+    "event.over-quota-stop": "Ended {processes} processes it started, which took it to {used_mib}, over its "
+    "{reserved_mib} reservation. It runs on.",
+    "event.over-quota-stop.one": "Ended {processes} process it started, which took it to {used_mib}, over its "
+    "{reserved_mib} reservation. It runs on.",
+    "event.over-quota-stop-theft": "Ended {processes} processes it started, which took {stolen_mib} other kernels "
+    "had reserved. It runs on.",
+    "event.over-quota-stop-theft.one": "Ended {processes} process it started, which took {stolen_mib} other kernels "
+    "had reserved. It runs on.",
+    "event.over-quota-shutdown": "Shut down: it used {used_mib}, over its {reserved_mib} reservation[, for {over_s}].",
     "event.idle-shutdown": "Shut down after {idle_s} without using the GPU; its {reserved_mib} went back to the "
     "others.",
     "event.group-ended": "{processes} processes it had started were still running and were ended with it.",
@@ -150,6 +160,7 @@ SEVERITY: dict[str, str] = {
     "over-quota-notify": "warning",
     "over-quota-interrupt": "warning",
     "over-quota-restart": "warning",
+    "over-quota-stop": "warning",
     "over-quota-shutdown": "warning",
     "idle-shutdown": "warning",
 }
@@ -158,6 +169,8 @@ SEVERITY: dict[str, str] = {
 # forms; a translation with more forms words the plural form as best it can). The sidebar's PLURALS is the same.
 PLURALS: dict[str, str] = {
     "event.group-ended": "processes",
+    "event.over-quota-stop": "processes",
+    "event.over-quota-stop-theft": "processes",
     "limits.kernels": "max_kernels",
     "event.refused-user-max-kernels": "max_kernels",
     "policy.user-max-kernels": "max_kernels",

@@ -77,9 +77,9 @@ class Operations:
         finally:
             self._ledger.owner = self._me
 
-    def _latest_samples(self) -> tuple[DeviceSample, ...]:
-        """The driver's per-process reading (ledger thread), at most SAMPLE_TTL_S old; none without a GPU."""
-        if time.monotonic() - self._sampled_at >= SAMPLE_TTL_S:
+    def _latest_samples(self, max_age_s: float = SAMPLE_TTL_S) -> tuple[DeviceSample, ...]:
+        """The driver's per-process reading, at most ``max_age_s`` old; none without a GPU."""
+        if time.monotonic() - self._sampled_at >= max_age_s * 0.9:
             try:
                 self._samples = tuple(self.backend.sample())
             except Exception as e:  # a lost card, no NVML: reservations alone then

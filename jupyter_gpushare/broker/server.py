@@ -35,6 +35,7 @@ from ..gpu import Card, DeviceSample
 from ..history import OthersBudget
 from ..hub import HubClient, HubError
 from ..ledger import Ledger, LedgerError, ProcessRef, SessionRef, host_clock
+from ..overuse import FAST_INTERVAL_S
 from ..policy import CardView, LimitRules, PolicyError, UserLimits, format_mib, parse_limits
 from ..procs import container_reason, proc_hidden_from_me
 from ..settings import settings_from
@@ -474,12 +475,14 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
                 self.log.exception("jupyter-gpushare broker: reclaiming failed")
 
     async def _watch(self) -> None:
-        """The over-quota watchdog (watchdog.py), on each reading of the driver."""
+        """The over-quota watchdog (watchdog.py), on each reading of the driver: every SAMPLE_TTL_S, and every
+        FAST_INTERVAL_S while a kernel is over its lease."""
         while True:
-            await asyncio.sleep(SAMPLE_TTL_S)
+            pace = FAST_INTERVAL_S if self.watchdog.hurry else SAMPLE_TTL_S
+            await asyncio.sleep(pace)
             try:
                 assert self._ledger is not None  # opened before the watch starts
-                self.watchdog.sweep(self._latest_samples(), self._ledger.leases())
+                self.watchdog.sweep(self._latest_samples(pace), self._ledger.leases())
             except Exception:
                 self.log.exception("jupyter-gpushare broker: the over-quota watchdog failed")
 

@@ -2,19 +2,21 @@
 
 A student's server runs its own over-quota policy (enforce.py), but the student controls that server: they
 can stop it, or start one without the extension's settings. The broker reads the driver itself, so here the
-same rule holds whatever the student does: each sweep finds every lease's processes (the kernel's cgroup, or
-its process tree; procs.lease_use) and what they use beyond the lease (past its reservation on its card, all
-of it on another card; procs.over_use). A kernel over for ``grace_s``:
+same rules (overuse.py) hold whatever the student does: each sweep finds every lease's processes (the kernel's
+cgroup, or its process tree; procs.lease_use), what they use beyond the lease, and how much of that other
+leases had reserved:
 
-- ``protect`` (the default): on a card other leases share, interrupt it (SIGINT to its process group), and if it
-  still holds the memory one grace later, end it: SIGKILL to its process group and to every process of it that
-  holds GPU memory. Its Jupyter server restarts it on the same reservation, as after any crash. Alone on its
-  card, it is only logged (its over-use is counted as taken in admission either way);
-- ``interrupt``: interrupt it, once per grace while it stays over; ``restart``: end it (as above);
-- ``notify``: log only.
+- memory taken from other kernels' reservations is acted on at once: the child processes that hold it are
+  ended (SIGKILL) where that is enough, else the kernel itself is ended (SIGKILL to its process group and to
+  every process of it on a GPU), and its Jupyter server restarts it on the same reservation, as after a crash;
+- other over-use keeps the grace (counted over a window of twice the grace), then ``protect`` (the default)
+  ends the children that hold it, or interrupts the kernel (SIGINT to its process group) and ends it if that
+  freed nothing; alone on its card, it is only logged (its over-use is counted as taken in admission either
+  way); ``interrupt``: interrupt it; ``restart``: end it (as above); ``notify``: log only.
 
 Every action is logged with the figures. Only processes the reading attributes to the lease are signalled, and
-the kernel only while its (pid, start time) is the one the lease recorded.
+the kernel only while its (pid, start time) is the one the lease recorded. While any kernel is over its lease,
+``hurry`` says to read the driver every overuse.FAST_INTERVAL_S.
 """
 
 from __future__ import annotations
@@ -24,22 +26,15 @@ import os
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Callable
 
 from ..gpu import DeviceSample
 from ..ledger import Lease
+from ..overuse import OverUseJudge, Verdict
 from ..policy import format_mib
-from ..procs import lease_use, over_use
+from ..procs import LeaseUse, lease_excesses, lease_use
 
 ACTIONS = ("protect", "notify", "interrupt", "restart")
-
-
-@dataclass
-class _Over:
-    since: float
-    acted_at: float | None = None
-    actions: int = 0
 
 
 class Watchdog:
@@ -56,45 +51,38 @@ class Watchdog:
             raise ValueError(f"over_quota_action {action!r}: one of {', '.join(ACTIONS)}")
         self.action, self.grace_s, self.log, self.clock = action, grace_s, log, clock
         self._signal_group, self._signal_process = signal_group, signal_process
-        self._over: dict[str, _Over] = {}
+        self.judge = OverUseJudge(action, grace_s)
+        self.hurry = False  # some kernel is over its lease: read the driver often
 
-    def sweep(self, samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> list[tuple[str, str]]:
-        """Judge every lease on one reading; (kernel id, action) for each action taken."""
-        use = lease_use(samples, leases)
+    def sweep(
+        self, samples: Sequence[DeviceSample], leases: Sequence[Lease], use: LeaseUse | None = None
+    ) -> list[tuple[str, str]]:
+        """Judge every lease on one reading; (kernel id, action) for each action taken. ``use``: the reading
+        already split by lease (procs.lease_use), if the caller has it."""
+        use = use if use is not None else lease_use(samples, leases)
         if use is None:
             return []
-        now, taken = self.clock(), []
-        per_card: dict[str, int] = {}
-        for lease in leases:
-            per_card[lease.card_uuid] = per_card.get(lease.card_uuid, 0) + 1
-        for lease in leases:
-            over = over_use(lease, use.kernels.get(lease.kernel_id, {}))
-            if not over:
-                self._over.pop(lease.kernel_id, None)
-                continue
-            state = self._over.setdefault(lease.kernel_id, _Over(since=now))
-            due = now - (state.acted_at if state.acted_at is not None else state.since) >= self.grace_s
-            if not due:
-                continue
-            action = self._choose(state, per_card.get(lease.card_uuid, 0) > 1)
-            state.acted_at, state.actions = now, state.actions + 1
-            self._act(lease, action, over, sorted(use.pids.get(lease.kernel_id, ())), now - state.since)
-            taken.append((lease.kernel_id, action))
-        for kernel_id in [k for k in self._over if k not in {lease.kernel_id for lease in leases}]:
-            del self._over[kernel_id]
+        excesses = lease_excesses(samples, leases, use)
+        self.hurry = bool(excesses)
+        by_id = {lease.kernel_id: lease for lease in leases}
+        taken = []
+        for verdict in self.judge.judge(self.clock(), excesses, present=by_id):
+            self._act(by_id[verdict.kernel_id], verdict)
+            taken.append((verdict.kernel_id, verdict.action))
         return taken
 
-    def _choose(self, state: _Over, shared: bool) -> str:
-        if self.action != "protect":
-            return self.action
-        if not shared:
-            return "notify"
-        return "interrupt" if state.actions == 0 else "restart"
-
-    def _act(self, lease: Lease, action: str, over: dict[str, int], pids: list[int], over_s: float) -> None:
-        figures = ", ".join(f"{format_mib(mib)} on {card}" for card, mib in over.items())
-        what = f"kernel {lease.kernel_id} of {lease.user} uses {figures} beyond its lease, for {over_s:.0f} s"
+    def _act(self, lease: Lease, verdict: Verdict) -> None:
+        excess = verdict.excess
+        figures = ", ".join(f"{format_mib(mib)} on {card}" for card, mib in excess.over.items())
+        what = f"kernel {lease.kernel_id} of {lease.user} uses {figures} beyond its lease"
+        if verdict.why == "theft":
+            what += f", {format_mib(excess.stolen_mib)} of it reserved by other kernels"
+        elif verdict.why == "escalate":
+            what += ", and the interrupt freed nothing"
+        else:
+            what += f", for {verdict.over_s:.0f} s"
         kernel = lease.kernel if lease.kernel is not None and lease.kernel.alive() else None
+        action = verdict.action
         if action == "notify" or (kernel is None and action == "interrupt"):
             self.log.warning("jupyter-gpushare broker: %s (over_quota_action %s: logged)", what, self.action)
             return
@@ -103,8 +91,16 @@ class Watchdog:
             self._signal(kernel.pid, signal.SIGINT, group=True)
             self.log.warning("jupyter-gpushare broker: %s: interrupted", what)
             return
+        if action == "stop":
+            for pid in verdict.pids:
+                self._signal(pid, signal.SIGKILL, group=False)
+            self.log.warning(
+                "jupyter-gpushare broker: %s: ended its processes %s that held it", what, list(verdict.pids)
+            )
+            return
         if kernel is not None:
             self._signal(kernel.pid, signal.SIGKILL, group=True)
+        pids = sorted({pid for pid, _card, _mib in excess.processes})
         for pid in pids:
             self._signal(pid, signal.SIGKILL, group=False)
         self.log.warning("jupyter-gpushare broker: %s: ended (processes %s); its server restarts it", what, pids)

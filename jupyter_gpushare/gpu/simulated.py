@@ -57,7 +57,7 @@ class SimulatedBackend(NvmlBackend):
                 mib, card = (int(x) for x in (raw or b"").split())
             except ValueError:
                 continue
-            if not psutil.pid_exists(pid):
+            if not _holds_memory(pid):
                 os.unlink(path)
             elif 0 <= mib <= 1 << 30 and 0 <= card < len(self.fake.devices):
                 claims[pid] = (mib, card)
@@ -67,3 +67,12 @@ class SimulatedBackend(NvmlBackend):
             self.fake.remove_process(pid)
             self.fake.add_process(pid, mib, card=card)
         self._claimed = set(claims)
+
+
+def _holds_memory(pid: int) -> bool:
+    """Whether a process could hold GPU memory: it exists and has not exited (the driver frees an exited process's
+    memory at once, before its parent reaps it)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

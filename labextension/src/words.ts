@@ -135,13 +135,28 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       'Still over its {reserved_mib} reservation after {over_s}: free memory or ask for a larger quota.'
     ),
     'event.over-quota-interrupt': __(
-      'Interrupted: it used {used_mib}, over its {reserved_mib} reservation, for {over_s}. Free memory or ask for a larger quota.'
+      'Interrupted: it used {used_mib}, over its {reserved_mib} reservation[, for {over_s}]. Free memory or ask for a larger quota.'
     ),
     'event.over-quota-restart': __(
-      'Restarted: it used {used_mib}, over its {reserved_mib} reservation, for {over_s}. Ask for a larger quota, then run it again.'
+      'Restarted: it used {used_mib}, over its {reserved_mib} reservation[, for {over_s}]. Ask for a larger quota, then run it again.'
+    ),
+    'event.over-quota-restart-theft': __(
+      'Restarted at once: it took {stolen_mib} of GPU memory other kernels had reserved. Ask for a larger quota.'
+    ),
+    'event.over-quota-stop': __(
+      'Ended {processes} processes it started, which took it to {used_mib}, over its {reserved_mib} reservation. It runs on.'
+    ),
+    'event.over-quota-stop.one': __(
+      'Ended {processes} process it started, which took it to {used_mib}, over its {reserved_mib} reservation. It runs on.'
+    ),
+    'event.over-quota-stop-theft': __(
+      'Ended {processes} processes it started, which took {stolen_mib} other kernels had reserved. It runs on.'
+    ),
+    'event.over-quota-stop-theft.one': __(
+      'Ended {processes} process it started, which took {stolen_mib} other kernels had reserved. It runs on.'
     ),
     'event.over-quota-shutdown': __(
-      'Shut down: it used {used_mib}, over its {reserved_mib} reservation, for {over_s}.'
+      'Shut down: it used {used_mib}, over its {reserved_mib} reservation[, for {over_s}].'
     ),
     'event.idle-shutdown': __(
       'Shut down after {idle_s} without using the GPU; its {reserved_mib} went back to the others.'
@@ -504,6 +519,8 @@ const PLACEHOLDER = /\{([a-z_]+)\}/g;
  */
 export const PLURALS: Record<string, string> = {
   'event.group-ended': 'processes',
+  'event.over-quota-stop': 'processes',
+  'event.over-quota-stop-theft': 'processes',
   'limits.kernels': 'max_kernels',
   'event.refused-user-max-kernels': 'max_kernels',
   'policy.user-max-kernels': 'max_kernels',
