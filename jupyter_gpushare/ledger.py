@@ -54,6 +54,7 @@ def host_clock() -> float:
 
 ALIVE_CACHE_S = 1.0  # how long a "still running" answer is trusted (a gone process stays gone)
 REAP_EVERY_S = 1.0  # reserve() reaps at most this often, and always before it answers "no room"
+ADOPTED = "(no kernel)"  # the kernelspec name of a lease the broker gave a process that held memory without one
 
 
 def _owner(row: sqlite3.Row) -> Owner:
@@ -85,6 +86,12 @@ class Lease:
     @property
     def reserved_mib(self) -> int:
         return self.quota_mib + self.reserve_mib
+
+    @property
+    def adopted(self) -> bool:
+        """A process that held memory without a lease, given one by the broker (Ledger.adopt): it is its own kernel,
+        in a process group it may share with others (a shell's job), so it is signalled alone."""
+        return self.kernel_name == ADOPTED
 
     @property
     def anonymous(self) -> bool:
@@ -422,6 +429,43 @@ class Ledger:
     def cancel_wait(self, kernel_id: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM waiters WHERE kernel_id=?", (kernel_id,))
+
+    def adopt(
+        self,
+        kernel_id: str,
+        user: str,
+        card: Card,
+        mib: int,
+        process: ProcessRef,
+        policy: Policy,
+        limits: UserLimits | None = None,
+    ) -> Lease | None:
+        """A lease for a process that already holds ``mib`` on ``card`` without one (the broker's unleased_action
+        'lease'): in ``user``'s name, owned by the process itself (reclaimed once it ends), if the card's
+        reservations leave room for it and ``limits`` allow it; None otherwise. It jumps no line: the memory is
+        in use already, and admission counted it as taken; this only names its holder."""
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
+            if row:
+                return _lease(row)
+            if self._reserved(db).get(card.uuid, 0) + mib > policy.usable_mib(card.total_mib):
+                return None
+            if limits is not None:
+                held = [r[0] for r in db.execute("SELECT quota_mib FROM leases WHERE user=?", (user,))]
+                try:
+                    limits.check(user, mib, card.total_mib, held)
+                except PolicyError:
+                    return None
+            db.execute(
+                "INSERT INTO leases (kernel_id, card_uuid, card_index, quota_mib, reserve_mib, user, kernel_name,"
+                " owner_pid, owner_start, owner_session, kernel_pid, kernel_start, created)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (kernel_id, card.uuid, card.index, mib, 0, user, ADOPTED, *_owner_columns(process), process.pid,
+                 process.start, time.time()),
+            )  # fmt: skip
+            lease = _lease(db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone())
+        self._known[kernel_id] = lease
+        return lease
 
     def attach(self, kernel_id: str, kernel: ProcessRef | None) -> None:
         """Record the kernel process that uses a lease (again after each restart)."""

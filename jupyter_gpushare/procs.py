@@ -226,25 +226,34 @@ def lease_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> Lease
     return use
 
 
-def lease_excesses(samples: Sequence[DeviceSample], leases: Sequence[Lease], use: LeaseUse) -> list[Excess]:
-    """Each lease over its lease on this reading (overuse.Excess), with how much of it other leases had reserved.
+def card_rooms(samples: Sequence[DeviceSample], leases: Sequence[Lease], use: LeaseUse) -> dict[str, CardRoom]:
+    """Each card's room on this reading (overuse.CardRoom): its free memory, and what its leases may still allocate.
 
     A lease whose kernel is alive is seen: what it may still allocate is its reservation less what its processes
     use. One whose kernel is not (yet) known is not: what it may still allocate is taken to be its reservation
-    less every use on the card no seen lease accounts for (the smallest guess)."""
+    less every use on the card that no seen lease accounts for and no process without a lease makes (the smallest
+    guess)."""
     rooms: dict[str, CardRoom] = {}
     for sample in samples:
-        on_card = [lease for lease in leases if lease.card_uuid == sample.card.uuid]
+        uuid = sample.card.uuid
+        on_card = [lease for lease in leases if lease.card_uuid == uuid]
         seen = [lease for lease in on_card if lease.kernel_id in use.kernels or (lease.kernel and lease.kernel.alive())]
-        rooms[sample.card.uuid] = card_room(
+        nobodys = sum(mib for _pid, card, mib in use.unleased if card == uuid)  # known to be no lease's
+        rooms[uuid] = card_room(
             sample.free_mib,
-            sample.used_mib,
+            None if sample.used_mib is None else max(0, sample.used_mib - nobodys),
             [
-                (lease.kernel_id, lease.reserved_mib, use.kernels.get(lease.kernel_id, {}).get(sample.card.uuid, 0))
+                (lease.kernel_id, lease.reserved_mib, use.kernels.get(lease.kernel_id, {}).get(uuid, 0))
                 for lease in seen
             ],
             sum(lease.reserved_mib for lease in on_card if lease not in seen),
         )
+    return rooms
+
+
+def lease_excesses(samples: Sequence[DeviceSample], leases: Sequence[Lease], use: LeaseUse) -> list[Excess]:
+    """Each lease over its lease on this reading (overuse.Excess), with how much of it other leases had reserved."""
+    rooms = card_rooms(samples, leases, use)
     out = []
     for lease in leases:
         over = over_use(lease.reserved_mib, lease.card_uuid, use.kernels.get(lease.kernel_id, {}))

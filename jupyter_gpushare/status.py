@@ -152,7 +152,23 @@ def format_status(view: dict[str, Any]) -> str:
         )  # fmt: skip
     else:
         out.append("(none)")
-    if view.get("outside"):
+    if view.get("unleased") is not None:  # the broker's own reading and what its policy does about each
+        out += [
+            "",
+            "GPU PROCESSES WITHOUT A RESERVATION (new kernels count their memory as taken; the broker's policy)",
+        ]
+        if view["unleased"]:
+            doing = {"leased": "given a lease", "judged": "ended after the grace", "listed": "listed"}
+            out.append(
+                _table(
+                    [(f"GPU {p['card_index']}", p["pid"], p["user"], mib(p["used_mib"]), mib(p["stolen_mib"]),
+                      doing.get(p["status"], p["status"]), p["kernel_id"] or "", p["command"]) for p in view["unleased"]],
+                    ("CARD", "PID", "USER", "IN USE", "OF RESERVED", "POLICY", "JUPYTER KERNEL", "COMMAND"),
+                )
+            )  # fmt: skip
+        else:
+            out.append("(none)")
+    elif view.get("outside"):
         out += ["", "GPU PROCESSES WITHOUT A RESERVATION (new kernels count their memory as taken)"]
         out.append(
             _table(

@@ -37,6 +37,7 @@ from .protocol import (
     lease_to_json,
     waiter_to_json,
 )
+from .unleased import UnleasedPolicy
 
 SAMPLE_TTL_S = 1.0  # the driver is read at most this often for what processes without a reservation use
 
@@ -54,6 +55,7 @@ class Operations:
     log_limited: LogLimiter
     _samples: tuple[DeviceSample, ...]  # the driver's last per-process reading
     _sampled_at: float  # when (time.monotonic())
+    unleased: UnleasedPolicy  # what is done about processes that use a card without a lease
 
     def limits_for(self, caller: Caller) -> UserLimits:
         """The caller's per-user limits (the broker's rules for their user and groups)."""
@@ -259,6 +261,8 @@ class Operations:
         view = view_for(caller, led.leases(), led.waiters(), self.cards, self.policy, self.limits_for(caller))
         # what notebooks taught: every user's for an admin, else the caller's own (nothing of others' files)
         view["notebooks"] = [n for n in led.notebooks(self.history) if caller.admin or n["user"] == caller.user]
+        if caller.admin:  # processes without a lease, with their user and command: admins only
+            view["unleased"] = list(self.unleased.current)
         return view
 
     def handle(self, caller: Caller, op: str, args: Any) -> Any:

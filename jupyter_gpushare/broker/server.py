@@ -29,15 +29,15 @@ from typing import Callable
 
 from jupyter_core.application import JupyterApp
 from traitlets import Any as AnyTrait
-from traitlets import Bool, Dict, Float, Int, List, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, Int, List, Unicode, default
 
 from ..gpu import Card, DeviceSample
 from ..history import OthersBudget
 from ..hub import HubClient, HubError
-from ..ledger import Ledger, LedgerError, ProcessRef, SessionRef, host_clock
+from ..ledger import Lease, Ledger, LedgerError, ProcessRef, SessionRef, host_clock
 from ..overuse import FAST_INTERVAL_S
 from ..policy import CardView, LimitRules, PolicyError, UserLimits, format_mib, parse_limits
-from ..procs import container_reason, proc_hidden_from_me
+from ..procs import container_reason, lease_use, proc_hidden_from_me
 from ..settings import settings_from
 from .connections import AUTH_TIMEOUT_S, Connections
 from .guard import Guard, LogLimiter, raise_fd_limit
@@ -52,6 +52,8 @@ from .protocol import (
     BrokerRefused,
     parse_tcp,
 )
+from .unleased import ACTIONS as UNLEASED_ACTIONS
+from .unleased import Unleased, UnleasedPolicy, adopted_size, find_unleased
 from .watchdog import Watchdog
 
 RESTART_HEAR_S = 5.0  # at start, kernels in line must call again within this (servers in line call every 0.5 s)
@@ -179,6 +181,32 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         "at least every GpuShareApp.reconcile_interval, 10 s); then they are reclaimed. Default: 60.",
     )
 
+    unleased_action = Enum(
+        list(UNLEASED_ACTIONS),
+        default_value="lease",
+        config=True,
+        help="What the broker does about a process that uses a card without a lease (a python in a terminal, a "
+        "kernel of a student's own kernelspec or of a server without the extension): 'lease' = give it a lease in "
+        "its user's name from that user's limits, sized at its use, so that it is judged like any kernel from then "
+        "on, or, where the card's reservations or the user's limits leave no room, as 'stop'; 'stop' = end it "
+        "(SIGKILL, the process alone) once it has used the card for unleased_grace, and at once when it takes "
+        "memory that kernels have reserved; 'notify' = log it once and list it for admins. Whatever the choice, "
+        "what it uses counts as taken when kernels are admitted. Default: 'lease'.",
+    )
+    unleased_grace = Float(
+        30.0,
+        config=True,
+        help="Seconds (within a window of twice that) a process without a lease may use a card before "
+        "unleased_action 'stop' ends it; memory that kernels have reserved gets no grace. Default: 30.",
+    )
+    unleased_exempt_users = List(
+        Unicode(),
+        default_value=["root"],
+        config=True,
+        help="Users whose processes without a lease are only listed, whatever unleased_action says (the admin's own "
+        "jobs, the driver's daemons). Default: ['root'].",
+    )
+
     max_connections_per_user = Int(
         64,
         config=True,
@@ -248,6 +276,9 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         # kernel down for its server: 'shutdown' ends it as 'restart' does, and its server restarts it).
         action = {"shutdown": "restart"}.get(shared.over_quota_action, shared.over_quota_action)
         self.watchdog = Watchdog(action, shared.over_quota_grace, self.log)
+        self.unleased = UnleasedPolicy(
+            self.unleased_action, self.unleased_grace, self.unleased_exempt_users, self.log, self._adopt
+        )
         self.backend = open_backend(shared.gpu_backend, shared.simulated_cards)
         self.cards: list[Card] = self.backend.cards()
         shared.check(self.policy, [CardView(c.uuid, c.index, c.total_mib) for c in self.cards])
@@ -475,16 +506,39 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
                 self.log.exception("jupyter-gpushare broker: reclaiming failed")
 
     async def _watch(self) -> None:
-        """The over-quota watchdog (watchdog.py), on each reading of the driver: every SAMPLE_TTL_S, and every
-        FAST_INTERVAL_S while a kernel is over its lease."""
+        """The over-quota watchdog (watchdog.py) and the policy on processes without a lease (unleased.py), on each
+        reading of the driver: every SAMPLE_TTL_S, and every FAST_INTERVAL_S while a kernel is over its lease or
+        a process without one is being judged."""
         while True:
-            pace = FAST_INTERVAL_S if self.watchdog.hurry else SAMPLE_TTL_S
+            judging = any(u["status"] == "judged" for u in self.unleased.current)
+            pace = FAST_INTERVAL_S if self.watchdog.hurry or judging else SAMPLE_TTL_S
             await asyncio.sleep(pace)
             try:
                 assert self._ledger is not None  # opened before the watch starts
-                self.watchdog.sweep(self._latest_samples(pace), self._ledger.leases())
+                self.watch_once(self._latest_samples(pace))
             except Exception:
                 self.log.exception("jupyter-gpushare broker: the over-quota watchdog failed")
+
+    def watch_once(self, samples: Sequence[DeviceSample]) -> None:
+        """One reading judged: every lease's over-use, then every process without a lease."""
+        assert self._ledger is not None
+        leases = self._ledger.leases()
+        use = lease_use(samples, leases)
+        if use is None:  # in a container ourselves: no process can be told from another
+            return
+        self.watchdog.sweep(samples, leases, use)
+        self.unleased.sweep(find_unleased(samples, leases, use))
+
+    def _adopt(self, u: Unleased) -> Lease | None:
+        """A lease for a process without one, from its user's limits (unleased_action 'lease')."""
+        assert self._ledger is not None
+        card = next((c for c in self.cards if c.uuid == u.card), None)
+        if card is None or u.uid is None or u.user is None:
+            return None
+        user, groups = user_and_groups(u.uid)
+        limits = self.limits_for(Caller(user, u.uid, groups))
+        process = ProcessRef(u.pid, u.start)
+        return self._ledger.adopt(u.key, user, card, adopted_size(u.used_mib), process, self.policy, limits)
 
     def start(self) -> None:
         os.umask(0o077)  # the ledger, its WAL and lock files: broker's user only

@@ -88,7 +88,7 @@ class Watchdog:
             return
         if action == "interrupt":
             assert kernel is not None  # (no kernel to interrupt: logged above)
-            self._signal(kernel.pid, signal.SIGINT, group=True)
+            self._signal(kernel.pid, signal.SIGINT, group=not lease.adopted)
             self.log.warning("jupyter-gpushare broker: %s: interrupted", what)
             return
         if action == "stop":
@@ -99,7 +99,7 @@ class Watchdog:
             )
             return
         if kernel is not None:
-            self._signal(kernel.pid, signal.SIGKILL, group=True)
+            self._signal(kernel.pid, signal.SIGKILL, group=not lease.adopted)
         pids = sorted({pid for pid, _card, _mib in excess.processes})
         for pid in pids:
             self._signal(pid, signal.SIGKILL, group=False)

@@ -1,0 +1,208 @@
+"""Every GPU process on the host is someone's: the processes that use a card without a lease, and what the admin's
+policy does about them.
+
+A student can start GPU work the broker never hears of: a ``python`` in a terminal, a kernel of her own
+kernelspec that names ``local-provisioner``, a server whose extension she turned off in her own config, a batch
+client without the provisioner. The broker reads the driver itself and sees them all: each such process is told
+by its user (uid), its command, and the Jupyter kernel it is when its command line names a connection file. What
+they use counts as taken in admission whatever the policy (procs.unreserved_use); ``unleased_action`` adds:
+
+- ``notify``: logged once, and listed for admins (``jupyter gpushare status``);
+- ``stop``: ended (SIGKILL, the process alone) once it has used the card for ``unleased_grace`` within a window of
+  twice that, and at once when it takes memory that leases have reserved (overuse.py's rules, as for kernels);
+- ``lease`` (the default): given a lease in its user's name, from that user's limits (Ledger.adopt), so that it
+  is judged like any kernel from then on; where the card's reservations or the user's limits leave no room for
+  it, it is treated as under ``stop``.
+
+The users of ``unleased_exempt_users`` (root, by default: the admin's own jobs, the driver's daemons) are only
+listed. Nothing in a student's config or environment reaches any of this: the broker runs as root.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pwd
+import re
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import psutil
+
+from ..gpu import DeviceSample
+from ..ledger import Lease
+from ..overuse import Excess, OverUseJudge
+from ..policy import format_mib
+from ..procs import LeaseUse, card_rooms
+
+ACTIONS = ("notify", "stop", "lease")
+ADOPT_MARGIN = 1.1  # a lease given to a process is its use now and a tenth more, in whole 256 MiB
+_CONNECTION_FILE = re.compile(r"kernel-([0-9A-Za-z._-]{1,100})\.json$")
+
+
+@dataclass(frozen=True)
+class Unleased:
+    """One process that uses a card without a lease, at one reading."""
+
+    pid: int
+    start: float  # its start time (psutil's create_time): with the pid, the process
+    card: str
+    card_index: int
+    used_mib: int
+    uid: int | None
+    user: str | None
+    command: str | None
+    kernel_id: str | None  # the Jupyter kernel it is, from its connection file's name
+    stolen_mib: int = 0  # how much of its use leases had reserved (the card's free memory is short by that much)
+
+    @property
+    def key(self) -> str:
+        """A name for the process that its pid alone would not make (pids are reused); also its lease's kernel id."""
+        return f"process-{self.pid}-{int(self.start * 100)}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _identify(pid: int) -> tuple[float, int | None, str | None, str | None, str | None] | None:
+    """(start time, uid, user, command, Jupyter kernel id) of a process, or None when it is gone."""
+    try:
+        proc = psutil.Process(pid)
+        start, uid = proc.create_time(), proc.uids().real
+        argv = proc.cmdline()
+    except psutil.Error:
+        return None
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    kernel = next((m.group(1) for arg in argv if (m := _CONNECTION_FILE.search(arg))), None)
+    return start, uid, user, " ".join(argv)[:200] or None, kernel
+
+
+def find_unleased(samples: Sequence[DeviceSample], leases: Sequence[Lease], use: LeaseUse) -> list[Unleased]:
+    """The processes of this reading that use a card without a lease (but those in containers), each with what it
+    takes of what leases have reserved: the card's shortfall, laid on its largest users first."""
+    rooms = card_rooms(samples, leases, use)
+    index = {s.card.uuid: s.card.index for s in samples}
+    found = []
+    short = {uuid: room.stolen("", 1 << 40) for uuid, room in rooms.items()}  # every lease counts as another's
+    for pid, card, mib in sorted(use.unleased, key=lambda p: -p[2]):
+        who = _identify(pid)
+        if who is None:
+            continue
+        stolen = min(mib, short.get(card, 0))
+        short[card] = short.get(card, 0) - stolen
+        found.append(Unleased(pid, who[0], card, index.get(card, -1), mib, *who[1:], stolen_mib=stolen))
+    return found
+
+
+class UnleasedPolicy:
+    """Applies ``unleased_action`` to each reading's unleased processes (``sweep``); ``current`` is the last
+    reading's list, with what is being done about each, for admins."""
+
+    def __init__(
+        self,
+        action: str,
+        grace_s: float,
+        exempt: Sequence[str],
+        log: logging.Logger,
+        adopt: Callable[[Unleased], Lease | None],
+        clock: Callable[[], float] = time.monotonic,
+        kill: Callable[[int, int], None] = os.kill,
+    ) -> None:
+        if action not in ACTIONS:
+            raise ValueError(f"unleased_action {action!r}: one of {', '.join(ACTIONS)}")
+        self.action, self.exempt, self.log, self.clock = action, set(exempt), log, clock
+        self._adopt, self._kill = adopt, kill
+        self.judge = OverUseJudge("notify" if action == "notify" else "restart", grace_s)
+        self.current: list[dict] = []
+        self._said: set[str] = set()
+        self._refused: set[str] = set()
+
+    def sweep(self, found: Sequence[Unleased]) -> list[tuple[int, str]]:
+        """One reading; (pid, what was done) for each process acted on: "lease", "stop" or "notify"."""
+        done: list[tuple[int, str]] = []
+        judged: list[Excess] = []
+        by_key: dict[str, Unleased] = {}
+        current = []
+        for u in found:
+            status = "listed"
+            if u.user in self.exempt:
+                self._say(u, "(its user is in unleased_exempt_users: listed only)")
+            elif self.action == "lease" and self._lease(u):
+                status = "leased"
+                done.append((u.pid, "lease"))
+            else:
+                by_key[u.key] = u
+                judged.append(
+                    Excess(u.key, u.card, 0, {u.card: u.used_mib}, u.stolen_mib, ((u.pid, u.card, u.used_mib),), u.pid)
+                )
+                status = "judged" if self.action != "notify" else "listed"
+                if self.action == "notify":
+                    self._say(u, "(unleased_action notify: counted as taken, listed for admins)")
+            current.append({**u.to_dict(), "status": status, "over_s": round(self.judge.over_s(u.key), 1)})
+        for verdict in self.judge.judge(self.clock(), judged):
+            u = by_key[verdict.kernel_id]
+            if verdict.action == "notify":
+                continue  # said above, once
+            try:
+                self._kill(u.pid, signal.SIGKILL)
+            except OSError as e:  # gone meanwhile
+                self.log.debug("jupyter-gpushare broker: ending process %s: %s", u.pid, e)
+                continue
+            why = (
+                f"it took {format_mib(u.stolen_mib)} that kernels have reserved"
+                if verdict.why == "theft"
+                else f"it used the GPU without a reservation for {verdict.over_s:.0f} s"
+            )
+            self.log.warning(
+                "jupyter-gpushare broker: %s: ended, %s (unleased_action %s)", self._who(u), why, self.action
+            )
+            done.append((u.pid, "stop"))
+        self.current = current
+        return done
+
+    def _lease(self, u: Unleased) -> bool:
+        lease = self._adopt(u)
+        if lease is not None:
+            if u.key not in self._said:
+                self._said.add(u.key)
+                self.log.warning(
+                    "jupyter-gpushare broker: %s: given a lease of %s in %s's name (unleased_action lease)",
+                    self._who(u), format_mib(lease.reserved_mib), u.user,
+                )  # fmt: skip
+            return True
+        if u.key not in self._refused:
+            self._refused.add(u.key)
+            self.log.warning(
+                "jupyter-gpushare broker: %s: no lease can be given (the card's reservations or %s's limits leave no "
+                "room); it is ended if it keeps the memory for the grace, or at once if it takes reserved memory",
+                self._who(u), u.user,
+            )  # fmt: skip
+        return False
+
+    def _say(self, u: Unleased, what: str) -> None:
+        if u.key not in self._said:
+            self._said.add(u.key)
+            self.log.warning("jupyter-gpushare broker: %s %s", self._who(u), what)
+        if len(self._said) > 4096:  # processes come and go: a bounded memory of them
+            self._said.clear()
+            self._refused.clear()
+
+    @staticmethod
+    def _who(u: Unleased) -> str:
+        kernel = f", Jupyter kernel {u.kernel_id}" if u.kernel_id else ""
+        return (
+            f"process {u.pid} of {u.user} ({u.command}{kernel}) uses {format_mib(u.used_mib)} on GPU {u.card_index} "
+            "without a reservation"
+        )
+
+
+def adopted_size(used_mib: int) -> int:
+    """The lease given to a process that uses ``used_mib``: a tenth more, in whole 256 MiB."""
+    return int(math.ceil(used_mib * ADOPT_MARGIN / 256) * 256)
