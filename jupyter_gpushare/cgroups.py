@@ -23,6 +23,7 @@ tree, and ``level`` says so (doctor, the API).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import re
@@ -83,6 +84,23 @@ def kernel_of(pid: int) -> str | None:
     return None
 
 
+def held_in_group(pid: int, kernel_id: str) -> tuple[bool, str | None]:
+    """How a process is held, read from outside it (the broker's view of a server's kernel): whether it is in its
+    kernel's own group, and whether the driver limits that group at allocation time ("dmem", else None)."""
+    if kernel_of(pid) != kernel_id:
+        return False, None
+    unified = _own_paths(pid).get("")
+    mount = next((m for m, fstype, _ in _mounts() if fstype == "cgroup2"), None)
+    if unified is None or mount is None:
+        return True, None
+    try:
+        with open(os.path.join(mount + unified.rstrip("/"), "dmem.max")) as f:
+            limited = any(len(x.split()) == 2 and x.startswith("nvidia/") and x.split()[1] != "max" for x in f)
+    except OSError:
+        limited = False
+    return True, "dmem" if limited else None
+
+
 _trusted: dict[str, bool] = {}
 
 
@@ -103,29 +121,62 @@ def _trusted_group(path: str) -> bool:
 @dataclass(frozen=True)
 class Level:
     """How this process holds its kernels' processes: ``tracking`` "cgroup" or "tree"; ``isolation`` whether
-    a kernel can be kept from opening cards outside its lease; ``reason`` what is missing, in words."""
+    a kernel can be kept from opening cards outside its lease; ``allocation`` how the driver limits a kernel's
+    group at allocation time ("dmem", or None: not here); ``reason`` what is missing, in words."""
 
     tracking: str
     isolation: bool
     reason: str | None = None
+    allocation: str | None = None
+    allocation_reason: str | None = None
 
     def to_dict(self) -> dict:
-        return {"tracking": self.tracking, "card_isolation": self.isolation, "reason": self.reason}
+        return {
+            "tracking": self.tracking,
+            "card_isolation": self.isolation,
+            "reason": self.reason,
+            "allocation": self.allocation,
+            "allocation_reason": self.allocation_reason,
+        }
 
 
 class KernelCgroups:
     """Creates, fills, restricts and removes the kernels' groups of this process."""
 
-    def __init__(self, enabled: bool = True, isolation: str = "auto") -> None:
+    def __init__(self, enabled: bool = True, isolation: str = "auto", dmem_root: str | None = None) -> None:
         """``isolation``: how cards are kept closed where both ways work: "auto" (an eBPF device program on the
-        unified hierarchy, else the v1 devices controller), "bpf" or "v1" (tests use these to try each)."""
+        unified hierarchy, else the v1 devices controller), "bpf" or "v1" (tests use these to try each).
+        ``dmem_root``: where the unified hierarchy's root is, for the driver's per-cgroup limits (default: where
+        it is mounted)."""
         self.bases: list[str] = []  # <mount><own cgroup>/gpushare-kernels, unified first
         self.devices: str | None = None  # the v1 devices controller's base, when it is the way cards are closed
         self.bpf: str | None = None  # the unified hierarchy's base, when device programs are the way
+        self.unified: str | None = None  # the unified hierarchy's base, where a kernel's dmem limit is written
+        self.dmem: DeviceMemoryLimits | None = None
         self._programs: dict[str, int] = {}  # kernel id -> its attached device program's fd
-        self.level = (
-            self._detect(isolation) if enabled else Level("tree", False, "kernel cgroups are off (kernel_cgroups)")
-        )
+        level = self._detect(isolation) if enabled else Level("tree", False, "kernel cgroups are off (kernel_cgroups)")
+        self.level = self._allocation(level, dmem_root)
+
+    def _allocation(self, level: Level, root: str | None) -> Level:
+        """The driver's per-cgroup limit, where this host has one for our kernels' groups (dmem)."""
+        if self.unified is None:
+            return dataclasses.replace(level, allocation_reason="kernels have no cgroup of their own here")
+        if root is None:
+            root = next((mount for mount, fstype, _ in _mounts() if fstype == "cgroup2"), "/sys/fs/cgroup")
+        limits = DeviceMemoryLimits(root)
+        missing = limits.enable(self.unified)
+        if missing is not None:
+            return dataclasses.replace(level, allocation_reason=missing)
+        self.dmem = limits
+        return dataclasses.replace(level, allocation="dmem")
+
+    def limit(self, kernel_id: str, pci_bus_id: str | None, mib: int | None) -> bool:
+        """The driver's hard limit on the kernel's group: ``mib`` on the card at ``pci_bus_id`` (None: no limit,
+        a kernel without a GPU, or one in line). True when the card now refuses the group's processes more."""
+        if self.dmem is None or self.unified is None:
+            return False
+        group = os.path.join(self.unified, kernel_id)
+        return self.dmem.set(group, pci_bus_id, mib)
 
     def _detect(self, isolation: str) -> Level:
         own = _own_paths()
@@ -152,7 +203,7 @@ class KernelCgroups:
             if key == "devices":
                 self.devices = base
             else:
-                unified = base
+                unified = self.unified = base
             if base not in self.bases:
                 self.bases.insert(0 if fstype == "cgroup2" else len(self.bases), base)
         if not self.bases:
@@ -283,6 +334,90 @@ class KernelCgroups:
             except OSError as e:
                 log.warning("jupyter-gpushare: the cgroup %s could not be removed: %s", d, e)
         return len(killed)
+
+
+# -- the driver's per-cgroup GPU memory limit (dmem) ---------------------------------------------------------
+
+
+class DeviceMemoryLimits:
+    """The NVIDIA driver's per-cgroup hard limit on GPU memory, through the Linux dmem controller (kernel 6.14+,
+    driver r615+). The driver registers each GPU as a region, ``nvidia/<domain:bus:device>.0/vidmem``, listed with
+    its size in the root's ``dmem.capacity``; a group's ``dmem.max`` holds ``<region> <bytes>``, and an allocation
+    by any process in the group (or below it) past that fails in the driver, whatever it calls. A process in no
+    limited group is not charged, so the limit goes on every kernel's own group. (On the driver's other backend,
+    its own accounting over the misc controller, limits are set only through NVML: not done here.)"""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def regions(self) -> dict[str, str]:
+        """The driver's regions by PCI bus id (upper case, ``00000000:01:00.0``): region name."""
+        found = {}
+        try:
+            with open(os.path.join(self.root, "dmem.capacity")) as f:
+                for line in f:
+                    name = line.split()[0] if line.split() else ""
+                    m = re.fullmatch(r"nvidia/([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})\.\d/vidmem", name)
+                    if m:
+                        found[_bus_id(m.group(1))] = name
+        except OSError:
+            pass
+        return found
+
+    def enable(self, base: str) -> str | None:
+        """Turn the dmem controller on for the groups under ``base`` (every group from the root down hands it on);
+        None when it is on, else why it cannot be, in words."""
+        if not self.regions():
+            return (
+                "the driver registers no GPU with the cgroup dmem controller here (it needs Linux 6.14+ and an NVIDIA "
+                f"driver r615+; {os.path.join(self.root, 'dmem.capacity')} lists no nvidia region)"
+            )
+        rel = os.path.relpath(base, self.root)
+        if rel.startswith(".."):
+            return f"the kernels' groups ({base}) are not under the cgroup root {self.root}"
+        path = self.root
+        for part in [*(p for p in rel.split(os.sep) if p not in ("", ".")), None]:
+            try:
+                with open(os.path.join(path, "cgroup.subtree_control")) as f:
+                    on = "dmem" in f.read().split()
+                if not on:
+                    _write(path, "cgroup.subtree_control", "+dmem")
+            except OSError as e:
+                return (
+                    f"the dmem controller cannot be turned on for {path} ({e.strerror or e}); a group that holds "
+                    "processes cannot hand it on: run the server in a sub-group of its delegated cgroup (systemd: "
+                    "Delegate=yes with DelegateSubgroup=server)"
+                )
+            if part is not None:
+                path = os.path.join(path, part)
+        return None
+
+    def set(self, group: str, pci_bus_id: str | None, mib: int | None) -> bool:
+        """Limit ``group`` to ``mib`` on the card at ``pci_bus_id`` (None: lift the limit on every card). True when
+        the group's dmem.max now says so."""
+        regions = self.regions()
+        if pci_bus_id is None or mib is None:
+            for region in regions.values():
+                _write(group, "dmem.max", f"{region} max")
+            return False
+        found = regions.get(_bus_id(pci_bus_id))
+        if found is None:
+            return False
+        region = found
+        for other in regions.values():  # a kernel restarted onto another card keeps no limit on the old one
+            if other != region:
+                _write(group, "dmem.max", f"{other} max")
+        limit = mib * 2**20
+        _write(group, "dmem.max", f"{region} {limit}")
+        with open(os.path.join(group, "dmem.max")) as f:
+            return any(line.split() == [region, str(limit)] for line in f)
+
+
+def _bus_id(text: str) -> str:
+    """A PCI bus id as the driver names its dmem regions: an 8-digit domain, upper case, without the function."""
+    text = text.upper().split(".")[0]
+    domain, rest = text.split(":", 1) if text.count(":") == 2 else ("0", text)
+    return f"{int(domain, 16):08X}:{rest}"
 
 
 # -- cgroup v2: an eBPF device program per kernel group ------------------------------------------------

@@ -24,6 +24,7 @@ from .history import HistoryRules, retry_quota_mib
 from .learning import Learning
 from .ledger import Lease, LedgerError, ProcessRef, Request, Reservations, Waiting
 from .ledger_worker import LedgerWorker
+from .levels import check_required, level_of
 from .policy import CardView, Policy, PolicyError, Size, format_mib
 from .queue import ServerQueue, Wait
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message
@@ -204,6 +205,10 @@ class QuotaManager:
             )
         if not self.cards:
             return self._settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"), "no-gpu-none")
+        try:
+            check_required(self.offered_level(), self.policy.required_level, self._missing())
+        except PolicyError as e:
+            raise self._refuse(kernel_id, str(e), keep=restarting, **_rule(e)) from e
         if not await self.ledger.available():
             return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {self.ledger.error}"))
         quota, learned_from = await self.learning.at_start(rec, quota, self._views({}))
@@ -620,7 +625,12 @@ class QuotaManager:
                 "error": self.ledger.error,
                 "replaced": self.ledger.replaced,
             },
-            "enforcement": {**self.cgroups.level.to_dict(), "watchdog": self.watchdog},
+            "enforcement": {
+                **self.cgroups.level.to_dict(),
+                "watchdog": self.watchdog,
+                "level": self.offered_level(),
+                "required": self.policy.required_level,
+            },
             "cards": cards,
             "kernels": [
                 {**r.to_dict(), "frameworks": (reports.get(r.kernel_id) or {}).get("frameworks")}
@@ -644,15 +654,39 @@ class QuotaManager:
             framework=framework, quota_mib=rec.lease.quota_mib, retry_mib=rec.retry_quota_mib,
         )  # fmt: skip
 
-    def held_by(self, frameworks: dict[str, Any] | None) -> dict[str, Any]:
+    def held_by(self, frameworks: dict[str, Any] | None, allocation: str | None = None) -> dict[str, Any]:
         """How a kernel is held, level by level: its frameworks' caps (None: it imported none), how its processes
-        are tracked (cgroup or process tree), whether it is kept from opening other cards, and the over-quota
-        policy (the watchdog)."""
+        are tracked (cgroup or process tree), whether it is kept from opening other cards, the over-quota policy
+        (the watchdog), how the card refuses it memory past its reservation (``allocation``: None, not), and its
+        enforcement level in one word (levels.py)."""
+        level = self.cgroups.level
         return {
             "caps": None if not frameworks else all(f.get("capped") for f in frameworks.values()),
-            **self.cgroups.level.to_dict(),
+            **level.to_dict(),
+            "allocation": allocation,
             "watchdog": self.watchdog,
+            "level": level_of(self._measures(), self.watchdog, level.tracking, allocation),
         }
+
+    def offered_level(self) -> str:
+        """The enforcement level this server gives a kernel it starts now (levels.py)."""
+        level = self.cgroups.level
+        return level_of(self._measures(), self.watchdog, level.tracking, level.allocation)
+
+    def _measures(self) -> bool:
+        """Whether the card's per-process use is read here (the watchdog's eyes)."""
+        return self.backend.kind in ("nvml", "simulated")
+
+    def _missing(self) -> str:
+        """What keeps this server's kernels from the next enforcement level, in words."""
+        level = self.cgroups.level
+        if not self._measures():
+            return f"per-process GPU use cannot be read ({self.backend.reason or self.backend.kind})"
+        if self.watchdog in (None, "notify"):
+            return "GpuShareApp.over_quota_action is 'notify': over-use is only reported"
+        if level.tracking != "cgroup":
+            return level.reason or "kernels are tracked by their process tree"
+        return level.allocation_reason or "the driver sets no per-cgroup limit here"
 
     # -- the kernels' cgroups ---------------------------------------------------------------------
 
@@ -661,15 +695,34 @@ class QuotaManager:
         the ``cgroup.procs`` files its first process enters. A group that cannot be made stops the start."""
         card = grant.card if grant is not None and grant.mode == "gpu" else None
         try:
-            return self.cgroups.create(kernel_id, card_minors(card))
+            groups = self.cgroups.create(kernel_id, card_minors(card))
+            if groups:
+                self._limit(kernel_id, grant)
+            return groups
         except OSError as e:
             raise QuotaUnavailable(f"The kernel's cgroup could not be made: {e}. Ask the admin.") from e
 
+    def _limit(self, kernel_id: str, grant: Grant | None) -> None:
+        """The driver's limit on the kernel's group (where the host has one): its reservation on its card, or
+        none (no GPU, or in line: its card stays closed anyway)."""
+        card = grant.card if grant is not None and grant.mode == "gpu" else None
+        lease = grant.lease if grant is not None and card is not None else None
+        if card is None or lease is None or card.simulated:
+            limited = self.cgroups.limit(kernel_id, None, None)
+        else:
+            limited = self.cgroups.limit(kernel_id, card.pci, lease.reserved_mib)
+            if self.cgroups.dmem is not None and not limited:
+                raise OSError(f"the driver's memory limit on {card.label} could not be set on its cgroup (dmem.max)")
+        rec = self.records.get(kernel_id)
+        if rec is not None:
+            rec.allocation_limit = "dmem" if limited else None
+
     async def open_cards(self, kernel_id: str, grant: Grant) -> None:
-        """A kernel that waited is granted: its group may now open its card."""
+        """A kernel that waited is granted: its group may now open its card, and the driver limits it."""
         if grant.mode == "gpu" and grant.card is not None:
             minors = card_minors(grant.card)
             await self._blocking(self.cgroups.allow, kernel_id, minors)
+            await self._blocking(self._limit, kernel_id, grant)
 
     async def end_groups(self, kernel_id: str, restart: bool) -> None:
         """The kernel's process is gone: end what is left in its groups (what it started and left behind) and,

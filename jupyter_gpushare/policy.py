@@ -179,6 +179,7 @@ class Policy:
     max_waiting: int = 10  # kernels one user may have in line; 0 = no cap
     kernel_quotas: dict[str, Size] = field(default_factory=dict)
     cards: tuple[str, ...] = ()
+    required_level: str = "none"  # levels.py: no kernel gets a GPU held less firmly than this
 
     def quota_for(self, kernel_name: str, language: str, requested: Size | None = None) -> Size | None:
         """The quota a kernel gets, or None when it reserves nothing (and then sees no GPU).

@@ -20,6 +20,7 @@ from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, d
 from traitlets.config import Config, LoggingConfigurable
 
 from .history import DAY_S, HistoryRules
+from .levels import REQUIRED_CHOICES
 from .policy import (
     DEFAULT_MIN_QUOTA_MIB,
     IDLE_ACTIONS,
@@ -133,6 +134,17 @@ class GpuShareApp(LoggingConfigurable):
         "program on its websocket): then it leaves the line and is shut down, with an event, so that no "
         "reservation is granted to a kernel nobody uses. A page reload reconnects within seconds. Default: 120. "
         "0 = never.",
+    )
+    required_enforcement = Enum(
+        list(REQUIRED_CHOICES),
+        default_value="none",
+        config=True,
+        help="The least enforcement level a kernel may get a GPU at; below it, the server and the broker refuse the "
+        "kernel a GPU and say why: 'caps' (its frameworks' caps only), 'watchdog' (memory beyond its lease is acted "
+        "on, its processes found by their process tree), 'cgroup' (every process it starts stays in its own cgroup), "
+        "'allocation' (the card refuses it memory past its lease: the NVIDIA driver's per-cgroup limit, r615+ with "
+        "the dmem controller). `jupyter gpushare doctor` and each kernel's 'held' say the level this host gives. "
+        "Default: 'none' (no level required).",
     )
     kernel_cgroups = Enum(
         ["auto", "off"],
@@ -413,6 +425,7 @@ class GpuShareApp(LoggingConfigurable):
             context_reserve_mib=sizes["context_reserve"].mib or 0,
             headroom=sizes["card_headroom"],
             on_full=self.on_full,
+            required_level=self.required_enforcement,
             queue_timeout_s=self.queue_timeout or float("inf"),
             overtake_limit_s=self.queue_overtake_limit,
             max_waiting=self.queue_max_per_user,

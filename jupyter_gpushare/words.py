@@ -66,6 +66,8 @@ CATALOGUE: dict[str, str] = {
     "event.refused-user-max-kernel": "Not started: one kernel of yours may hold at most {limit_mib}; it asks for {quota_mib}.",
     "event.refused-user-max-kernels": "Not started: you may run at most {max_kernels} GPU kernels at once.",
     "event.refused-user-max-kernels.one": "Not started: you may run only {max_kernels} GPU kernel at a time.",
+    "event.refused-level-below-required": "Not started: this host holds kernels at enforcement level {level}, "
+    "and the admin requires {required}.",
     "event.refused-user-max-total": "Not started: your kernels hold {held_mib} of your {limit_mib}; it asks for {quota_mib}.",
     "event.no-gpu-none": "Started without a GPU: this server has none.",
     "event.no-gpu-ledger": "Started without a GPU: no GPU memory can be reserved now. The GPU panel says why.",
@@ -111,6 +113,7 @@ CATALOGUE: dict[str, str] = {
     "policy.user-max-kernel": "You may give one kernel at most {limit_mib} of GPU memory; this one asks for {quota_mib}. Ask for at most {limit_mib}.",
     "policy.user-max-kernels": "You may run at most {max_kernels} GPU kernels at once and already run {kernels}. Shut down a kernel you no longer use, then start this one again.",
     "policy.user-max-kernels.one": "You may run only {max_kernels} GPU kernel at a time and already run {kernels}. Shut down a kernel you no longer use, then start this one again.",
+    "policy.level-below-required": "This host holds kernels at enforcement level {level}, and the admin requires {required}. Ask the admin: `jupyter gpushare doctor` says what is missing.",
     "policy.user-max-total": "You may hold at most {limit_mib} of GPU memory in all your kernels together; they hold {held_mib} and this one asks for {quota_mib}. Shut down a kernel you no longer use.",
     "policy.user-max-waiting": "You have {waiting} kernels waiting for a GPU already, the most one user may have in line here. Stop waiting on one of them (the banner’s Stop waiting, or shut its kernel down), or wait until one starts.",
     "policy.user-max-waiting.one": "You have {waiting} kernel waiting for a GPU already, the most one user may have in line here. Stop waiting on it (the banner’s Stop waiting, or shut its kernel down), or wait until it starts.",

@@ -9,6 +9,8 @@ checked.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,9 +19,11 @@ from typing import Any
 
 import psutil
 
+from ..cgroups import held_in_group
 from ..gpu import Card, DeviceSample, GpuBackend
 from ..history import HistoryRules, OthersBudget
 from ..ledger import Lease, Ledger, ProcessRef, Request, Waiter
+from ..levels import WHAT, below, level_of
 from ..policy import CardView, Policy, UserLimits, format_mib
 from ..views import ANONYMOUS, anonymous_leases, view_for
 from .guard import LogLimiter
@@ -38,6 +42,7 @@ from .protocol import (
     waiter_to_json,
 )
 from .unleased import UnleasedPolicy
+from .watchdog import Watchdog
 
 SAMPLE_TTL_S = 1.0  # the driver is read at most this often for what processes without a reservation use
 
@@ -56,6 +61,7 @@ class Operations:
     _samples: tuple[DeviceSample, ...]  # the driver's last per-process reading
     _sampled_at: float  # when (time.monotonic())
     unleased: UnleasedPolicy  # what is done about processes that use a card without a lease
+    watchdog: Watchdog  # the over-quota policy on every lease
 
     def limits_for(self, caller: Caller) -> UserLimits:
         """The caller's per-user limits (the broker's rules for their user and groups)."""
@@ -177,8 +183,33 @@ class Operations:
                     f"Process {args.pid} is not yours (uid {owner_uid}); only your own kernels can be attached."
                 )
             ref = ProcessRef.of(args.pid)
+            self._held_as_required(ledger, lease, args.pid)
         ledger.attach(args.kernel_id, ref)
         return None
+
+    def _held_as_required(self, ledger: Ledger, lease: Lease, pid: int) -> None:
+        """A kernel held below GpuShareApp.required_enforcement, as the broker reads it from /proc and the cgroup
+        filesystem (a student's server may say anything), loses its lease and its process: BrokerRefused says why."""
+        grouped, allocation = held_in_group(pid, lease.kernel_id)
+        level = level_of(True, self.watchdog.action, "cgroup" if grouped else "tree", allocation)
+        if not below(level, self.policy.required_level):
+            return
+        ledger.release(lease.kernel_id)
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except OSError:
+            pass
+        self.log_limited(
+            "below-required", logging.WARNING,
+            "%s's kernel %s (process %s) is held at the '%s' level, below the required '%s': ended, its lease released.",
+            lease.user, lease.kernel_id, pid, level, self.policy.required_level,
+        )  # fmt: skip
+        raise BrokerRefused(
+            f"This kernel is held at the '{level}' enforcement level ({WHAT[level]}), and the admin requires "
+            f"'{self.policy.required_level}' (GpuShareApp.required_enforcement): it was ended and its reservation "
+            "released. Its Jupyter server must run it in a cgroup of its own (GpuShareApp.kernel_cgroups = 'auto', "
+            "run as root or with a delegated cgroup subtree); `jupyter gpushare doctor` says what is missing."
+        )
 
     def _op_release(self, caller: Caller, args: KernelArgs) -> dict | None:
         ledger = self._ledger

@@ -21,6 +21,7 @@ class Card:
     simulated: bool = False
     mig_instance: int | None = None  # a MIG instance's GPU instance ID (nvidia-smi's "GI ID"); None: a whole GPU
     minor: int | None = None  # the GPU's device node, /dev/nvidia<minor> (of the whole GPU for a MIG instance)
+    pci: str | None = None  # its PCI bus id, e.g. "00000000:01:00.0" (the driver's per-cgroup limits name it so)
 
     @property
     def label(self) -> str:

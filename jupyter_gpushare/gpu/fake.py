@@ -148,6 +148,10 @@ class FakeNvml:
     def nvmlDeviceGetName(self, handle: FakeDevice) -> str:
         return self._dev(handle, "nvmlDeviceGetName").name
 
+    def nvmlDeviceGetPciInfo(self, handle: FakeDevice) -> SimpleNamespace:
+        index = self._dev(handle, "nvmlDeviceGetPciInfo").index
+        return SimpleNamespace(busId=f"00000000:{index + 0x18:02X}:00.0")
+
     def nvmlDeviceGetMinorNumber(self, handle: FakeDevice) -> int:
         return self._dev(handle, "nvmlDeviceGetMinorNumber").index  # /dev/nvidia<index>, as on most hosts
 

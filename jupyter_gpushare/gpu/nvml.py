@@ -88,8 +88,11 @@ class NvmlBackend(GpuBackend):
         total_mib: int,
         mig_instance: int | None = None,
         minor: int | None = None,
+        pci: str | None = None,
     ) -> Card:
-        return Card(index, uuid, name, total_mib, simulated=self.simulated, mig_instance=mig_instance, minor=minor)
+        return Card(
+            index, uuid, name, total_mib, simulated=self.simulated, mig_instance=mig_instance, minor=minor, pci=pci
+        )
 
     def cards(self) -> list[Card]:
         nv = self._init()
@@ -111,6 +114,10 @@ class NvmlBackend(GpuBackend):
                 minor: int | None = int(nv.nvmlDeviceGetMinorNumber(handle))
             except (nv.NVMLError, AttributeError, TypeError, ValueError):
                 minor = None  # (a driver without it: no card isolation by device node)
+            try:
+                pci: str | None = _text(nv.nvmlDeviceGetPciInfo(handle).busId)
+            except (nv.NVMLError, AttributeError, TypeError, ValueError):
+                pci = None
             if mig == []:
                 unusable.append(
                     f"GPU {i} is in MIG mode, but no MIG instance of it is visible here, and a GPU in MIG mode runs "
@@ -126,7 +133,7 @@ class NvmlBackend(GpuBackend):
                     continue
                 self._handles[uuid] = device
                 instance = None if mig is None else _gpu_instance(nv, device)
-                cards.append(self._make_card(i, uuid, name, int(total), instance, minor))
+                cards.append(self._make_card(i, uuid, name, int(total), instance, minor, pci if mig is None else None))
         if unusable and not cards:
             self.reason = " ".join(unusable)
         for text in unusable if cards else []:

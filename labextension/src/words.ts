@@ -91,6 +91,9 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'event.refused-user-max-kernels.one': __(
       'Not started: you may run only {max_kernels} GPU kernel at a time.'
     ),
+    'event.refused-level-below-required': __(
+      'Not started: this host holds kernels at enforcement level {level}, and the admin requires {required}.'
+    ),
     'event.refused-user-max-total': __(
       'Not started: your kernels hold {held_mib} of your {limit_mib}; it asks for {quota_mib}.'
     ),
@@ -184,6 +187,9 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     ),
     'policy.user-max-kernels.one': __(
       'You may run only {max_kernels} GPU kernel at a time and already run {kernels}. Shut down a kernel you no longer use, then start this one again.'
+    ),
+    'policy.level-below-required': __(
+      'This host holds kernels at enforcement level {level}, and the admin requires {required}. Ask the admin: `jupyter gpushare doctor` says what is missing.'
     ),
     'policy.user-max-total': __(
       'You may hold at most {limit_mib} of GPU memory in all your kernels together; they hold {held_mib} and this one asks for {quota_mib}. Shut down a kernel you no longer use.'
