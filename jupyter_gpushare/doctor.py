@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import time
@@ -19,8 +20,6 @@ from .ledger import LedgerError, check_ledger, read_notebooks
 from .ledger_file import SETTLE_S
 from .policy import CardView, PolicyError, format_mib
 from .settings import GpuShareApp, load_config, settings_from
-
-MIN_CGROUP_DRIVER = 615  # driver branch with per-cgroup GPU memory limits (nvmlDeviceSetMemoryLimits_v1)
 
 
 @dataclass
@@ -70,6 +69,7 @@ def diagnose(
     socket_path = socket_path or getattr(app, "broker_socket", "") or None
     if socket_path:
         findings += _broker_findings(socket_path, getattr(app, "broker_ca_file", ""))
+        findings += _users_kernels_findings(socket_path, getattr(app, "broker_ca_file", ""))
     else:
         findings.append(_no_broker_finding())
         if app is not None:
@@ -77,18 +77,55 @@ def diagnose(
             findings.append(_ledger_disk_finding(app.ledger_path))
             findings.append(_history_finding(app))
     findings += _tier_findings(driver, nvml_error, shared=bool(socket_path))
-    return findings + _cgroup_findings(getattr(app, "kernel_cgroups", "auto"))
+    return findings + _cgroup_findings(app, shared=bool(socket_path))
 
 
-def _cgroup_findings(setting: str) -> list[Finding]:
-    """How this user's kernels are tracked and isolated (cgroups.py), as this process finds the host."""
-    cgroups = KernelCgroups(enabled=setting == "auto")
+def _users_kernels_findings(socket_path: str, ca_file: str) -> list[Finding]:
+    """What every user's kernels get, as the broker reads them (an admin's view): the level of each running kernel."""
+    client = BrokerLedger(socket_path, timeout=5.0, ca_file=ca_file)
+    try:
+        view = client.view()
+    except (LedgerError, PolicyError):
+        return []  # said by the broker finding
+    finally:
+        client.close()
+    levels = view.get("levels")
+    if levels is None:
+        return [Finding("tier: users' kernels", "info", "Only an admin of the broker sees how other users' kernels are held.",
+                        "Run doctor as root, or as one of GpuShareBroker.admin_users.")]  # fmt: skip
+    if not levels:
+        return [Finding("tier: users' kernels", "info", "No kernel of any user runs now: start one and run doctor again to see how it is held.")]  # fmt: skip
+    counts: dict[str, list[str]] = {}
+    for kernel_id, held in sorted(levels.items()):
+        counts.setdefault(held["level"], []).append(f"{held['user']}'s {kernel_id[:8]}")
+    said = "; ".join(
+        f"{len(ks)} at '{lvl}' ({', '.join(ks[:5])}{', …' if len(ks) > 5 else ''})"
+        for lvl, ks in sorted(counts.items())
+    )
+    weak = [lvl for lvl in counts if lvl in ("caps", "watchdog")]
+    return [Finding("tier: users' kernels", "warn" if weak else "ok", f"As the broker reads them now: {said}.",
+                    "Kernels at 'watchdog' are tracked by their process tree only: their users' servers cannot make cgroups. "
+                    "Give each user's server a delegated cgroup subtree (systemd: Delegate=yes), or run the servers as root "
+                    "(docs/admin-guide.md, Enforcement levels)." if weak else "")]  # fmt: skip
+
+
+def _cgroup_findings(app: GpuShareApp | None, shared: bool) -> list[Finding]:
+    """How this user's kernels are tracked, isolated and limited (cgroups.py, levels.py), as this process finds the
+    host. With a broker, other users' servers run as themselves: their kernels are in _users_kernels_findings."""
+    cgroups = KernelCgroups(enabled=getattr(app, "kernel_cgroups", "auto") == "auto")
     level = cgroups.level
+    whose = f"this user's ({getpass.getuser()}) kernels" if shared else "the kernels"
     if level.tracking != "cgroup":
-        return [Finding("tier: kernel cgroups", "warn", f"Kernels are tracked by their process tree: {level.reason}.",
+        return [Finding("tier: kernel cgroups", "warn", f"{whose[0].upper()}{whose[1:]} are tracked by their process tree: {level.reason}.",
                         "Run the server as root or give its user a delegated cgroup subtree (systemd: Delegate=yes), "
                         "and keep GpuShareApp.kernel_cgroups = 'auto' (docs/admin-guide.md, Enforcement levels).")]  # fmt: skip
-    found = [Finding("tier: kernel cgroups", "ok", "Each kernel runs in a cgroup of its own: whatever it starts stays the kernel's.")]  # fmt: skip
+    found = [Finding("tier: kernel cgroups", "ok", f"Each of {whose} runs in a cgroup of its own: whatever it starts stays the kernel's.")]  # fmt: skip
+    if level.allocation:
+        found.append(Finding("tier: driver cgroup limits", "ok", "The NVIDIA driver limits each kernel's cgroup to its reservation (dmem): "
+                             "an allocation past it fails in the driver, whatever the kernel calls."))  # fmt: skip
+    else:
+        found.append(Finding("tier: driver cgroup limits", "info", f"No allocation-time limit: {level.allocation_reason}.",
+                             "NVIDIA r615+ drivers on Linux 6.14+ with the dmem controller limit each kernel's cgroup (docs/security.md)."))  # fmt: skip
     if level.isolation:
         way = "an eBPF device program on its cgroup" if cgroups.bpf else "the cgroup v1 devices controller"
         found.append(Finding("tier: card isolation", "ok", f"Each kernel may open only its own card ({way}); one without a GPU none."))  # fmt: skip
@@ -193,18 +230,6 @@ def _tier_findings(driver: str | None, nvml_error: str | None, shared: bool) -> 
     findings.append(Finding("tier: MPS", "info", f"nvidia-cuda-mps-control {'found at ' + mps if mps else 'not found'}; MPS is opt-in only "
                             "(a crashed client can take the card from everyone)."))  # fmt: skip
     findings.append(_ptrace_finding(shared))
-    try:
-        major = int((driver or "0").split(".")[0])
-    except ValueError:
-        major = 0
-    missing = [why for ok, why in ((major >= MIN_CGROUP_DRIVER, f"driver r{MIN_CGROUP_DRIVER}+ (have {driver or 'none'})"),
-                                   (os.path.exists("/sys/fs/cgroup/cgroup.controllers"), "cgroup v2"), (os.geteuid() == 0, "root")) if not ok]  # fmt: skip
-    if missing:
-        findings.append(Finding("tier: driver cgroup limits", "info", "Hard per-cgroup GPU memory limits are not available here: needs " + ", ".join(missing) + ".",
-                                "Upgrade the driver and use cgroup v2 to get hard limits (docs/admin-guide.md)."))  # fmt: skip
-    else:
-        findings.append(Finding("tier: driver cgroup limits", "info", f"Driver {driver}, cgroup v2 and root: the driver could hold hard per-cgroup GPU "
-                                "memory limits; jupyter-gpushare does not set them yet (docs/security.md).", ""))  # fmt: skip
     return findings
 
 

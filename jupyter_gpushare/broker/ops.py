@@ -190,8 +190,7 @@ class Operations:
     def _held_as_required(self, ledger: Ledger, lease: Lease, pid: int) -> None:
         """A kernel held below GpuShareApp.required_enforcement, as the broker reads it from /proc and the cgroup
         filesystem (a student's server may say anything), loses its lease and its process: BrokerRefused says why."""
-        grouped, allocation = held_in_group(pid, lease.kernel_id)
-        level = level_of(True, self.watchdog.action, "cgroup" if grouped else "tree", allocation)
+        level = self._level_of(pid, lease.kernel_id)
         if not below(level, self.policy.required_level):
             return
         ledger.release(lease.kernel_id)
@@ -292,9 +291,19 @@ class Operations:
         view = view_for(caller, led.leases(), led.waiters(), self.cards, self.policy, self.limits_for(caller))
         # what notebooks taught: every user's for an admin, else the caller's own (nothing of others' files)
         view["notebooks"] = [n for n in led.notebooks(self.history) if caller.admin or n["user"] == caller.user]
-        if caller.admin:  # processes without a lease, with their user and command: admins only
+        if caller.admin:  # processes without a lease, with their user and command, and how each kernel is held
             view["unleased"] = list(self.unleased.current)
+            view["levels"] = {
+                lease.kernel_id: {"user": lease.user, "level": self._level_of(lease.kernel.pid, lease.kernel_id)}
+                for lease in led.leases()
+                if lease.kernel is not None and lease.kernel.alive()
+            }
         return view
+
+    def _level_of(self, pid: int, kernel_id: str) -> str:
+        """A kernel's enforcement level as the broker reads it from /proc and the cgroup filesystem."""
+        grouped, allocation = held_in_group(pid, kernel_id)
+        return level_of(True, self.watchdog.action, "cgroup" if grouped else "tree", allocation)
 
     def handle(self, caller: Caller, op: str, args: Any) -> Any:
         """Carry out one request for ``caller``; runs on the ledger thread. ``args`` is the request's arguments,
