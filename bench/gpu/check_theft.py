@@ -12,8 +12,10 @@ rest of the card and sit idle with their CUDA context. For each way, a new test 
   cupy-raw  `cupy.cuda.runtime.malloc` in the kernel's own process (no allocator cap applies)
   daemon    a double-forked `env -i` PyTorch daemon in a session of its own (out of the kernel's process tree)
 
-and the neighbours allocate their reservation less 2 GiB at +5, +10 and +15 s after the attack starts, then let it
-go. A check that can fail: the victims allocate after the theft. Recorded per way: whether and when the attacker's
+and the neighbours allocate their reservation less 2 GiB at +5, +10 and +15 s after the attack starts, and hold it
+until +18 s, so that the three blocks and an unstopped theft do not fit on the card together. A check that can fail:
+the victims allocate after the theft, and ``--control`` (over_quota_action 'notify': nothing acts on the theft)
+shows that they then run out of memory. Recorded per way: whether and when the attacker's
 20 GiB was allocated, when it was gone from the card (NVML, every 0.1 s), what the kernel's events say, and each
 neighbour's allocation (ok, or its out-of-memory error). ``neighbour_oom`` counts the failed ones over all ways.
 """
@@ -69,7 +71,7 @@ got = {{"at": round(time.time() - {t0}, 2), "mib": {mib}}}
 try:
     y = torch.empty({mib} * 2**20, dtype=torch.uint8, device="cuda"); y.fill_(3); torch.cuda.synchronize()
     got["ok"] = True
-    time.sleep(1.0)
+    time.sleep(max(0.0, {until} - time.time()))  # held until the last neighbour has tried: the blocks add up
     del y
 except Exception as e:
     got["ok"] = False
@@ -96,7 +98,7 @@ def attack(server: Server, neighbours: list, neighbour_mib: int, way: str, work:
     log = work / f"{way}.log"
     t0 = time.time() + 1.0
     for i, nkc in enumerate(neighbours):
-        nkc.execute(NEIGHBOUR_ALLOC.format(at=t0 + OFFSETS[i], t0=t0, mib=neighbour_mib))
+        nkc.execute(NEIGHBOUR_ALLOC.format(at=t0 + OFFSETS[i], t0=t0, mib=neighbour_mib, until=t0 + max(OFFSETS) + 3))
     time.sleep(max(0.0, t0 - time.time()))
     prelude = f"ALLOC = {ALLOC.format(gib=ATTACK_GIB)!r}\nLOG = {str(log)!r}\nGIB = {ATTACK_GIB}\n"
     status, text = run(kc, prelude + WAYS[way])
@@ -163,6 +165,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--ways", default=",".join(WAYS))
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="the same with over_quota_action 'notify' (nothing acts on the theft): the neighbours must run out of "
+        "memory, or the check could not fail",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     if SIMULATE:
@@ -195,6 +203,9 @@ def main() -> int:
         "gpu_backend": "nvml", "ledger_path": str(work / "ledger.sqlite"), "default_quota": "4GiB",
         "on_full": "reject", "idle_timeout": 0, "kernel_quotas": {"neighbour": f"{neighbour_quota}MiB", "nogpu": "0MiB"},
     }  # fmt: skip
+    if args.control:
+        settings["over_quota_action"] = "notify"
+        result["settings"] = "control: over_quota_action notify (nothing acts on the theft); the rest defaults"
     if SIMULATE:
         settings.update(gpu_backend="simulated", simulated_cards=f"{total}MiB")
     server = Server(work, settings)
