@@ -254,14 +254,18 @@ function held(k: IKernel): VirtualElement | null {
   const parts = [
     say(how.tracking === 'cgroup' ? 'ui.held.cgroup' : 'ui.held.tree'),
     say(how.card_isolation ? 'ui.held.closed' : 'ui.held.open'),
+    how.allocation ? say('ui.held.allocation') : '',
     how.watchdog ? say('ui.held.watchdog', { action: how.watchdog }) : ''
   ].filter(Boolean);
   return h.div(
     {
       className: `${C}-held`,
-      title: say('ui.held.title', { reason: how.reason })
+      title: say('ui.held.title', {
+        parts: parts.join(' · '),
+        reason: how.reason
+      })
     },
-    say('ui.held', { parts: parts.join(' · ') })
+    say('ui.held', { level: say(`ui.level.${how.level ?? 'caps'}`) })
   );
 }
 

@@ -143,6 +143,10 @@ export interface IHeld {
   reason: string | null;
   /** The over-quota action (GpuShareApp.over_quota_action). */
   watchdog: 'notify' | 'interrupt' | 'restart' | 'shutdown' | 'protect' | null;
+  /** How the card refuses it memory past its reservation (dmem: the driver's per-cgroup limit). */
+  allocation?: 'dmem' | null;
+  /** The enforcement level in one word (docs/security.md). */
+  level?: 'caps' | 'watchdog' | 'cgroup' | 'allocation';
 }
 
 export interface IQueueEntry {

@@ -283,14 +283,19 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.fw.detail': __('[{detail} ](reported by the kernel)'),
     'ui.fw.capped': __('{name} capped[ {limit_mib}]'),
     'ui.fw.uncapped': __('{name} not capped'),
-    'ui.held': __('Held by the server: {parts}'),
+    'ui.held': __('Held to its quota by: {level}'),
+    'ui.level.caps': __('its frameworks’ caps only'),
+    'ui.level.watchdog': __('a watchdog'),
+    'ui.level.cgroup': __('a watchdog and its own cgroup'),
+    'ui.level.allocation': __('a limit at allocation'),
     'ui.held.cgroup': __('own cgroup'),
     'ui.held.tree': __('process tree'),
     'ui.held.closed': __('other cards closed'),
     'ui.held.open': __('other cards not closed'),
+    'ui.held.allocation': __('the driver’s limit'),
     'ui.held.watchdog': __('over quota: {action}'),
     'ui.held.title': __(
-      'How the server holds this kernel: whatever it starts stays counted as its own (cgroup) or only its process tree; whether it can open cards outside its reservation; what happens when it uses more than its reservation.[ {reason}.]'
+      'How the server holds this kernel: {parts}. Memory it takes from other kernels’ reservations is stopped at once; other use beyond its reservation after a grace.[ {reason}.]'
     ),
     'ui.kernel.waiting': __('waiting'),
     'ui.kernel.no_card': __('no card'),

@@ -462,9 +462,14 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await expect(
     item(page, 'nb1.ipynb').locator('.jp-gpushare-marker-quota')
   ).toBeVisible();
-  // and the entry says how the server holds the kernel (the API's `held`)
-  await expect(item(page, 'nb1.ipynb').locator('.jp-gpushare-held')).toHaveText(
-    /^Held by the server: (own cgroup|process tree) · other cards (not )?closed · over quota: \w+$/
+  // and the entry says how firmly the server holds the kernel (the API's `held.level`), the details in its title
+  const heldLine = item(page, 'nb1.ipynb').locator('.jp-gpushare-held');
+  await expect(heldLine).toHaveText(
+    /^Held to its quota by: (a watchdog|a watchdog and its own cgroup)$/
+  );
+  await expect(heldLine).toHaveAttribute(
+    'title',
+    /^How the server holds this kernel: (own cgroup|process tree) · other cards (not )?closed · over quota: \w+\./
   );
 
   // Rename nb1 while it runs, then open a new notebook under the old name: its status is its own.
