@@ -133,7 +133,12 @@ class GpuShareExtension(ExtensionApp):
             self.settings["kernel_websocket_connection_class"] = ours  # copied back into the server's
 
         def watchers(kernel_id: str) -> int:
-            return kernels.kernel_model(kernel_id).get("connections", 0) if kernel_id in kernels else 0
+            if kernel_id not in kernels:
+                return 0
+            try:
+                return kernels.kernel_model(kernel_id).get("connections", 0)
+            except TraitError:  # a kernel jupyter_server is still starting has no model yet (no last_activity)
+                return 0
 
         def has_session(kernel_id: str) -> bool:
             row = sessions.cursor.execute("SELECT 1 FROM session WHERE kernel_id=?", (kernel_id,)).fetchone()

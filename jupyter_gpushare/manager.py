@@ -298,19 +298,25 @@ class QuotaManager:
         """While kernels of this server wait: ask the ledger for each (a heartbeat too) every QUEUE_POLL_S, grant,
         and end the waits that end (queue.ServerQueue.due)."""
         while self.waiting.waits:
-            ask, ending = self.waiting.due(self.watchers)
-            ask = [w for w in ask if self._wanted(w)]
-            for wait in ending:
-                self._end_wait(wait)
-            if ask:
-                try:
-                    answers = await self.ledger.run(self._reserve_each, [w.request for w in ask])
-                except Exception as e:  # noqa: BLE001 (a bug must not leave every kernel waiting forever)
-                    self.log.exception("jupyter-gpushare: serving the queue failed")
-                    answers = [e] * len(ask)
-                for wait, got in zip(ask, answers):
-                    self._answer(wait, got)
+            try:
+                await self._serve_once()
+            except Exception:  # noqa: BLE001 (one bad turn must not leave every kernel waiting forever)
+                self.log.exception("jupyter-gpushare: serving the queue failed; trying again")
             await asyncio.sleep(QUEUE_POLL_S)
+
+    async def _serve_once(self) -> None:
+        ask, ending = self.waiting.due(self.watchers)
+        ask = [w for w in ask if self._wanted(w)]
+        for wait in ending:
+            self._end_wait(wait)
+        if ask:
+            try:
+                answers = await self.ledger.run(self._reserve_each, [w.request for w in ask])
+            except Exception as e:  # noqa: BLE001 (a bug must not leave every kernel waiting forever)
+                self.log.exception("jupyter-gpushare: serving the queue failed")
+                answers = [e] * len(ask)
+            for wait, got in zip(ask, answers):
+                self._answer(wait, got)
 
     def _wanted(self, wait: Wait) -> bool:
         """Whether to ask the ledger for this kernel now. One that no notebook or client wants for UNWANTED_S
