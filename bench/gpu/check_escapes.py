@@ -230,21 +230,26 @@ def attempt(server: Server, kid: str, name: str, code: str, gib: int, log: Path,
     return record
 
 
+def card_zero() -> tuple[int, str]:
+    """Card 0's memory in MiB and what it is (name, memory, driver), by NVML."""
+    if SIMULATE:
+        return 81559, "simulated (the plumbing only)"
+    import pynvml
+
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    total = pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20
+    text = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
+    return (
+        total,
+        f"{text(pynvml.nvmlDeviceGetName(h))} ({total} MiB), driver {text(pynvml.nvmlSystemGetDriverVersion())}",
+    )
+
+
 def main(out_dir: str) -> int:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if SIMULATE:
-        total, device = 81559, "simulated (the plumbing only)"
-    else:
-        import pynvml
-
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        total = pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20
-        text = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
-        device = (
-            f"{text(pynvml.nvmlDeviceGetName(h))} ({total} MiB), driver {text(pynvml.nvmlSystemGetDriverVersion())}"
-        )
+    total, device = card_zero()
     # The test kernel: 4 GiB + 640 MiB; the neighbours: the rest of the card less 1 GiB headroom, in four.
     neighbour_quota = (total - 1024 - (4096 + 640)) // NEIGHBOURS - 640 - 16
     result: dict = {

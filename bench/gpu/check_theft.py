@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_escapes import SIMULATE, Server, run  # noqa: E402
+from check_escapes import SIMULATE, Server, card_zero, run  # noqa: E402
 
 NEIGHBOURS = 3
 ATTACK_GIB = 20
@@ -173,18 +173,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     out = Path(args.out)
-    if SIMULATE:
-        total, device = 81559, "simulated (the plumbing only)"
-    else:
-        import pynvml
-
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        total = pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20
-        text = lambda v: v.decode() if isinstance(v, bytes) else v  # noqa: E731
-        device = (
-            f"{text(pynvml.nvmlDeviceGetName(h))} ({total} MiB), driver {text(pynvml.nvmlSystemGetDriverVersion())}"
-        )
+    total, device = card_zero()
     headroom, reserve = 1024, 640
     neighbour_quota = (total - headroom - (4096 + reserve)) // NEIGHBOURS - reserve - 16
     neighbour_mib = neighbour_quota + reserve - 2048  # their reservation less 2 GiB
