@@ -15,6 +15,7 @@ from traitlets import TraitError
 from .ledger import LedgerError
 from .manager import QuotaManager, build_manager
 from .policy import PolicyError
+from .provisioner import PROVISIONER_NAME
 from .settings import GpuShareApp, publish
 from .state import SCHEMA_FILE, STATE_SCHEMA, changed_kernels, notable
 
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
     from jupyter_server.serverapp import ServerApp
 
 ANNOUNCE_EVERY_S = 0.1  # how soon a change is announced on the event bus
-
-PROVISIONER_NAME = "gpushare-provisioner"
 
 
 class GpuShareExtension(ExtensionApp):
