@@ -12,10 +12,10 @@ from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import PeriodicCallback
 from traitlets import TraitError
 
+from .batch import PROVISIONER_NAME
 from .ledger import LedgerError
 from .manager import QuotaManager, build_manager
 from .policy import PolicyError
-from .provisioner import PROVISIONER_NAME
 from .settings import GpuShareApp, publish
 from .state import SCHEMA_FILE, STATE_SCHEMA, changed_kernels, notable
 

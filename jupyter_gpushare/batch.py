@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Awaitable
 from typing import Any, Protocol, TypeVar
 
+from jupyter_client.provisioning import KernelProvisionerFactory
 from traitlets.config import Application, Config
 
 from .ledger import Waiting
@@ -34,6 +35,10 @@ from .policy import format_mib
 from .records import KernelRecord
 
 T = TypeVar("T")
+# Our entry point's name (pyproject.toml): every program's default provisioner, through this variable, which the
+# wheel's jupyter_gpushare_provisioner.pth sets unless it is set (and the server extension, for its server).
+PROVISIONER_NAME = "gpushare-provisioner"
+DEFAULT_ENV = KernelProvisionerFactory.default_provisioner_name_env  # JUPYTER_DEFAULT_PROVISIONER_NAME
 PROGRESS_EVERY_S = 15.0  # a kernel in line says where it stands at least this often, changed or not
 EXIT_GRACE_S = 2.0  # how long an exiting program waits for the kernels it still holds to end before it ends them
 

@@ -26,10 +26,19 @@ import time
 from typing import Any
 
 from jupyter_client.connect import LocalPortCache, port_names
-from jupyter_client.provisioning import KernelProvisionerFactory, LocalProvisioner
+from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Bool, Unicode
 
-from . import batch
+from .batch import (
+    DEFAULT_ENV,
+    PROVISIONER_NAME,
+    StoppedWaiting,
+    WaitProgress,
+    end_at_exit,
+    program_config,
+    said,
+    until_ctrl_c,
+)
 from .held import HeldStart, standin_command
 from .kernel_env import PEAK_BEFORE, kernel_env
 from .manager import QuotaManager, build_manager
@@ -38,8 +47,6 @@ from .records import Grant, QuotaUnavailable
 from .reports import report_dir
 from .settings import load_config, settings_from
 
-PROVISIONER_NAME = "gpushare-provisioner"  # our entry point's name (pyproject.toml), the one every program defaults to
-DEFAULT_ENV = KernelProvisionerFactory.default_provisioner_name_env  # JUPYTER_DEFAULT_PROVISIONER_NAME
 WAITING = "Waiting for a GPU"  # how the server's kernel model's reason begins while a kernel is in line
 
 
@@ -73,12 +80,12 @@ class GpuShareProvisioner(LocalProvisioner):
         manager = QuotaManager.current()
         if manager is None:  # outside a Jupyter server (nbclient, papermill, `jupyter execute`): the same settings
             # The server's files, then this program's own config and command line (batch.program_config).
-            program, name = batch.program_config(self.config)
+            program, name = program_config(self.config)
             config, sources = load_config(over=program)
             if name:
                 sources.append(f"the options of {name}")
             manager = build_manager(settings_from(config), self.log)
-            manager.on_wait = batch.WaitProgress()
+            manager.on_wait = WaitProgress()
             self.log.info("jupyter-gpushare: settings from %s", ", ".join(sources) or "no config file (the defaults)")
             QuotaManager.install(manager)
         return manager
@@ -138,10 +145,10 @@ class GpuShareProvisioner(LocalProvisioner):
         if manager.holds_starts:
             return await admitting
         try:
-            return await batch.until_ctrl_c(admitting)
-        except batch.StoppedWaiting:
+            return await until_ctrl_c(admitting)
+        except StoppedWaiting:
             await manager.release(self.kernel_id, "Ctrl-C", said=True)
-            raise batch.said(
+            raise said(
                 f"kernel {self.kernel_id[:8]} ({self._kernel_name}) stopped waiting for a GPU (Ctrl-C): "
                 "it left the line and was not started.",
             ) from None
@@ -258,7 +265,7 @@ class GpuShareProvisioner(LocalProvisioner):
         if self._held is None:
             await manager.attach(self.kernel_id, self.pid)
         if not manager.holds_starts:  # a program, not a server: what it does not clean up is given back at its exit
-            batch.end_at_exit(self)
+            end_at_exit(self)
         if self._ports_renewed:
             self._ports_renewed = False
             self._watch_activity_on_new_ports()

@@ -26,10 +26,9 @@ import pytest
 from multiuser import Broker, needs_root
 from servers import wait_until
 
-from jupyter_gpushare.batch import PROGRESS_EVERY_S
+from jupyter_gpushare.batch import DEFAULT_ENV, PROGRESS_EVERY_S, PROVISIONER_NAME
 from jupyter_gpushare.broker import DEFAULT_SOCKET
 from jupyter_gpushare.ledger import Ledger
-from jupyter_gpushare.provisioner import DEFAULT_ENV, PROVISIONER_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOW = "import os; print(os.environ.get('GPUSHARE_MODE'), os.environ.get('GPUSHARE_QUOTA_MIB'))"
