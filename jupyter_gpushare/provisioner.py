@@ -23,10 +23,11 @@ import socket
 import subprocess
 import sys
 import time
+from importlib.metadata import entry_points
 from typing import Any
 
 from jupyter_client.connect import LocalPortCache, port_names
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning import KernelProvisionerFactory, LocalProvisioner
 from traitlets import Bool, Unicode
 
 from .batch import (
@@ -95,6 +96,9 @@ class GpuShareProvisioner(LocalProvisioner):
         return getattr(self.parent, "kernel_name", "") or self.kernel_spec.display_name
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        chosen = self._chosen_default()
+        if chosen is not None:
+            return await self._hand_over(chosen, **kwargs)
         manager = self._manager()
         language = (self.kernel_spec.language or "").lower()
         rec = manager.record(self.kernel_id, self._kernel_name, language)
@@ -136,6 +140,37 @@ class GpuShareProvisioner(LocalProvisioner):
             await self._release("failed to start")
             raise
         return kwargs
+
+    def _chosen_default(self) -> str | None:
+        """Another default provisioner chosen in the config of the program that starts this kernel outside a server
+        (``c.KernelProvisionerFactory.default_provisioner_name``), when we are only its default (its kernelspec
+        names no provisioner): jupyter_client gives the factory of a KernelManager without a parent (nbclient's) no
+        config, so the choice reached it only through JUPYTER_DEFAULT_PROVISIONER_NAME, which the .pth set."""
+        if "provisioner_name" in self.kernel_spec.metadata.get("kernel_provisioner", {}):
+            return None
+        manager = QuotaManager.current()
+        if manager is not None and manager.holds_starts:
+            return None  # a server: its factory has the server's config
+        config, _ = program_config(self.config)
+        section = config["KernelProvisionerFactory"] if "KernelProvisionerFactory" in config else {}
+        name = section.get("default_provisioner_name")
+        return name if isinstance(name, str) and name and name != PROVISIONER_NAME else None
+
+    async def _hand_over(self, name: str, **kwargs: Any) -> dict[str, Any]:
+        """Let the provisioner ``name`` (the program's chosen default) start the kernel instead: the KernelManager
+        uses whichever provisioner it holds for the launch and everything after."""
+        found = entry_points(group=KernelProvisionerFactory.GROUP_NAME, name=name)
+        if not found:
+            installed = sorted(ep.name for ep in entry_points(group=KernelProvisionerFactory.GROUP_NAME))
+            raise ValueError(
+                f"KernelProvisionerFactory.default_provisioner_name = {name!r} names no installed kernel provisioner "
+                f"(installed: {', '.join(installed)}). Install it, or remove the setting."
+            )
+        km = self.parent
+        assert km is not None  # (the KernelManager that created this provisioner)
+        other = next(iter(found)).load()(kernel_id=self.kernel_id, kernel_spec=self.kernel_spec, parent=km)
+        km.provisioner = other
+        return await other.pre_launch(**kwargs)
 
     async def _admit(self, manager: QuotaManager, language: str, requested: Size | None) -> Grant:
         """The kernel's grant. In a server a kernel in line is admitted later (``_admit_held``); outside one the

@@ -112,6 +112,13 @@ def test_a_default_chosen_in_the_environment_is_kept(user):
     assert shown(tmp_path / "out.ipynb") == "None None"  # jupyter_client's own provisioner: no reservation
     assert "jupyter-gpushare" not in out.stderr
 
+    # Chosen in the program's config instead (which jupyter_client does not give nbclient's provisioner factory).
+    out = run(user[1], "jupyter", "execute", *CARD, "--KernelProvisionerFactory.default_provisioner_name=local-provisioner",
+              f"--GpuShareApp.ledger_path={ledger}", "--output", "out", "nb.ipynb", cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert shown(tmp_path / "out.ipynb") == "None None"
+    assert not ledger.exists()
+
 
 def test_a_kernel_of_another_language_reserves_nothing(user):
     tmp_path, env, ledger = user
