@@ -60,7 +60,8 @@ def run(python: Path, src: Path, workdir: Path, gpushare: bool, timeout: float =
     config.mkdir(parents=True, exist_ok=True)
     ledger = run_dir / "ledger.sqlite"
     ledger.unlink(missing_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_DEFAULT_PROVISIONER_NAME"}
+    # Without: jupyter_client's own default, named (the wheel's .pth would otherwise make ours the default).
+    env = {**os.environ, "JUPYTER_DEFAULT_PROVISIONER_NAME": "local-provisioner"}
     env.update(
         JUPYTER_CONFIG_DIR=str(config),
         JUPYTER_DATA_DIR=str(run_dir / "data"),

@@ -12,6 +12,7 @@ from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import PeriodicCallback
 from traitlets import TraitError
 
+from .batch import PROVISIONER_NAME
 from .ledger import LedgerError
 from .manager import QuotaManager, build_manager
 from .policy import PolicyError
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
     from jupyter_server.serverapp import ServerApp
 
 ANNOUNCE_EVERY_S = 0.1  # how soon a change is announced on the event bus
-
-PROVISIONER_NAME = "gpushare-provisioner"
 
 
 class GpuShareExtension(ExtensionApp):

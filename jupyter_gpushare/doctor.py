@@ -213,8 +213,10 @@ def _broker_findings(socket_path: str, ca_file: str) -> list[Finding]:
 
 def _no_broker_finding() -> Finding:
     if os.path.exists(DEFAULT_SOCKET):
-        return Finding("broker", "warn", f"A broker socket exists at {DEFAULT_SOCKET}, but this server does not use it.",
-                       f"Set c.GpuShareApp.broker_socket = '{DEFAULT_SOCKET}' so this host's users share one ledger.")  # fmt: skip
+        return Finding("broker", "warn", f"A broker socket exists at {DEFAULT_SOCKET}, but this server does not use it "
+                       "(GpuShareApp.broker_socket is set to '', or the broker started after the server).",
+                       f"Remove broker_socket = '' (it then defaults to {DEFAULT_SOCKET}), or restart the server, so "
+                       "this host's users share one ledger.")  # fmt: skip
     return Finding("broker", "info", "No broker configured: this user's servers share their own ledger file.",
                    "On a host with several users, run a broker (docs/multi-user.md).")  # fmt: skip
 

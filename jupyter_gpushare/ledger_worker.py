@@ -55,13 +55,7 @@ class LedgerWorker:
     def _open(self) -> None:
         """Open the ledger (or the broker's client); on failure say why and try again later (``ensure``)."""
         try:
-            ledger: Reservations
-            if self.broker_socket:  # many users on this host: their broker owns the ledger
-                ledger = BrokerLedger(
-                    self.broker_socket, ca_file=self.broker_ca_file, on_state=lambda e: setattr(self, "error", e)
-                )
-            else:
-                ledger = Ledger(self.path)
+            ledger = self._connect(on_state=lambda e: setattr(self, "error", e))
             self._ledger = ledger
             reclaimed = ledger.reap()
         except LedgerError as e:
@@ -78,6 +72,13 @@ class LedgerWorker:
             self.log.warning("jupyter-gpushare: the GPU ledger %s can be used again.", self.path)
         self.error, self._retry_after = None, RETRY_S[0]
         self.on_reclaimed(reclaimed)
+
+    def _connect(self, on_state: Callable[[str | None], None] | None = None) -> Reservations:
+        """A new connection to the ledger: the file, or the host's broker (many users on this host: their broker
+        owns the ledger; ``on_state`` is told when it goes down or comes back)."""
+        if self.broker_socket:
+            return BrokerLedger(self.broker_socket, ca_file=self.broker_ca_file, on_state=on_state)
+        return Ledger(self.path)
 
     def ensure(self) -> bool:
         """Whether a ledger is open, opening it again when its back-off has passed."""
@@ -135,6 +136,15 @@ class LedgerWorker:
             self._thread.submit(run)
         except RuntimeError:  # closed
             pass
+
+    def at_exit(self, call: Callable[[Reservations], T]) -> T:
+        """``call`` on a ledger connection of its own, in this thread, for a program that exits: the interpreter
+        stops the ledger's thread before atexit handlers run. LedgerError is the caller's."""
+        ledger = self._connect()
+        try:
+            return call(ledger)
+        finally:
+            ledger.close()
 
     def close(self) -> None:
         if self._ledger is not None:

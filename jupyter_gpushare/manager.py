@@ -94,7 +94,7 @@ class QuotaManager:
         self.may_grant: Callable[[str], bool] = lambda kernel_id: True
         # Shut down a kernel whose wait ended without a grant (its session too), as its server does.
         self.end_kernel: Callable[[str], None] = lambda kernel_id: None
-        # Told when a kernel's place in line changes (the kernel model's reason, nbclient's progress on stderr).
+        # Told of a kernel's place in line at each answer of the ledger (nbclient's progress on stderr, batch.py).
         self.on_wait: Callable[[KernelRecord, Waiting], None] | None = None
         # What the card says, where a sampler reads it (``measured_by`` sets this and the two below).
         self.latest_samples: Callable[[], Sequence[DeviceSample]] = tuple
@@ -149,15 +149,17 @@ class QuotaManager:
 
     # -- admission -----------------------------------------------------------------------------
 
-    def event(self, kind: str, kernel_id: str | None, message: str, **figures: Any) -> None:
-        """Record an event for the API (``/api/gpushare/events``) and the log, with the figures behind it and the
-        kernel's notebook (``path``), so that a notification can name it even once the kernel is gone."""
+    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None:
+        """Record an event for the API (``/api/gpushare/events``) and (unless not ``logged``) the log, with the
+        figures behind it and the kernel's notebook (``path``), so that a notification can name it even once the
+        kernel is gone."""
         rec = self.records.get(kernel_id) if kernel_id else None
         path = figures.pop("path", None) or (rec.path if rec else None)
         self.events.append(
             {"time": time.time(), "kind": kind, "kernel_id": kernel_id, "path": path, "message": message, **figures}
         )
-        self.log.info("gpushare %s %s: %s", kind, kernel_id or "", message)
+        if logged:
+            self.log.info("gpushare %s %s: %s", kind, kernel_id or "", message)
 
     def usage_targets(self) -> list[tuple[str, int | None, str | None]]:
         """(kernel id, root pid, card uuid) of every kernel record; safe to call from any thread."""
@@ -289,9 +291,8 @@ class QuotaManager:
         return await asyncio.shield(wait.result)
 
     def _update_wait(self, rec: KernelRecord, got: Waiting) -> None:
-        changed = rec.position != got.position
         rec.position, rec.need_mib, rec.free_mib = got.position, got.need_mib, got.free_mib
-        if self.on_wait is not None and (changed or got.reason):
+        if self.on_wait is not None:
             self.on_wait(rec, got)
 
     async def _serve_line(self) -> None:
@@ -509,9 +510,9 @@ class QuotaManager:
         if rec.lease is not None:
             await self.ledger.quietly(f"attach({kernel_id})", lambda ledger: ledger.attach(kernel_id, ref))
 
-    async def release(self, kernel_id: str, why: str = "shut down", forget: bool = True) -> None:
+    async def release(self, kernel_id: str, why: str = "shut down", forget: bool = True, said: bool = False) -> None:
         """Give a kernel's reservation back, or its place in line (idempotent), and, unless it restarts, forget its
-        record."""
+        record. ``said``: the caller told the user itself (Ctrl-C outside a server): the event is not logged too."""
         self._leave_line(kernel_id, why)
         await self.remember_peak(kernel_id)
         rec = self.records.pop(kernel_id, None) if forget else self.records.get(kernel_id)
@@ -531,7 +532,27 @@ class QuotaManager:
                 reserved_mib=lease.reserved_mib,
             )
         elif rec is not None and rec.state == "queued":
-            self.event("cancelled", kernel_id, f"Stopped waiting for a GPU ({why}).", path=rec.path)
+            self.event("cancelled", kernel_id, f"Stopped waiting for a GPU ({why}).", path=rec.path, logged=not said)
+
+    def end_at_exit(self, kernel_id: str) -> None:
+        """Give a kernel's reservation back as this program exits (batch.end_at_exit), its process gone: now, in
+        this thread. By then the interpreter has stopped every executor's thread, the ledger's too, so this uses a
+        ledger connection of its own; a failure is logged (what is left is reclaimed once its holders are gone)."""
+        self.records.pop(kernel_id, None)
+        try:
+            self.cgroups.remove(kernel_id, False)
+            lease = self.ledger.at_exit(lambda ledger: ledger.release(kernel_id))
+            remove_reports(report_dir(), kernel_id)
+        except (LedgerError, OSError) as e:
+            self.log.warning("jupyter-gpushare: kernel %s's reservation was not given back at exit: %s", kernel_id, e)
+            return
+        if lease is not None:
+            self.event(
+                "released",
+                kernel_id,
+                f"Released {format_mib(lease.reserved_mib)} (its program exited).",
+                reserved_mib=lease.reserved_mib,
+            )
 
     async def reconcile(self, known: set[str] | None = None) -> None:
         """Release this process's leases for kernels it no longer has, and reclaim the dead. Raises LedgerError

@@ -1,8 +1,13 @@
 """Kernel launch hook: reserve -> environment -> launch -> keep across restarts -> release.
 
-The server extension makes it the server's default provisioner at start (app.py: jupyter_server reads
-no other setting from the config file the wheel ships), and JUPYTER_DEFAULT_PROVISIONER_NAME makes it
-nbclient's and papermill's, so every kernel gets a quota with no kernelspec edited. The reservation is decided only in ``cleanup(restart)``, which is the one call that gets
+It is the default provisioner of every jupyter_client program of the environment it is installed in: the wheel's
+``jupyter_gpushare_provisioner.pth`` sets JUPYTER_DEFAULT_PROVISIONER_NAME unless it is set (nbclient, papermill,
+``jupyter execute``, nbconvert, ``jupyter console``), and the server extension makes it the server's default
+(app.py), so every kernel gets a quota with no kernelspec edited. Outside a server it reads the server's config
+files and the running program's own options (``_manager``), says on stderr where a kernel stands while it waits,
+gives its place up on Ctrl-C, and gives back what a program that exits did not (``end_at_exit``).
+
+The reservation is decided only in ``cleanup(restart)``, which is the one call that gets
 the right restart flag (jupyter_client#1061). The kernel's ports are held from the moment they are
 picked (Linux), and a kernel that dies before it was stable is restarted on new ones, keeping its
 reservation (docs/jupyter-client-port-reuse.md).
@@ -11,22 +16,35 @@ reservation (docs/jupyter-client-port-reuse.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import socket
+import subprocess
 import sys
 import time
+from importlib.metadata import entry_points
 from typing import Any
 
 from jupyter_client.connect import LocalPortCache, port_names
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning import KernelProvisionerFactory, LocalProvisioner
 from traitlets import Bool, Unicode
 
+from .batch import (
+    DEFAULT_ENV,
+    PROVISIONER_NAME,
+    StoppedWaiting,
+    WaitProgress,
+    end_at_exit,
+    program_config,
+    said,
+    until_ctrl_c,
+)
 from .held import HeldStart, standin_command
 from .kernel_env import PEAK_BEFORE, kernel_env
-from .ledger import Waiting
 from .manager import QuotaManager, build_manager
-from .policy import PolicyError, format_mib, parse_size
-from .records import Grant, KernelRecord, QuotaUnavailable
+from .policy import PolicyError, Size, format_mib, parse_size
+from .records import Grant, QuotaUnavailable
 from .reports import report_dir
 from .settings import load_config, settings_from
 
@@ -62,9 +80,13 @@ class GpuShareProvisioner(LocalProvisioner):
     def _manager(self) -> QuotaManager:
         manager = QuotaManager.current()
         if manager is None:  # outside a Jupyter server (nbclient, papermill, `jupyter execute`): the same settings
-            config, sources = load_config(over=self.config)  # the server's files, then this program's own config
+            # The server's files, then this program's own config and command line (batch.program_config).
+            program, name = program_config(self.config)
+            config, sources = load_config(over=program)
+            if name:
+                sources.append(f"the options of {name}")
             manager = build_manager(settings_from(config), self.log)
-            manager.on_wait = _progress_on_stderr
+            manager.on_wait = WaitProgress()
             self.log.info("jupyter-gpushare: settings from %s", ", ".join(sources) or "no config file (the defaults)")
             QuotaManager.install(manager)
         return manager
@@ -74,6 +96,9 @@ class GpuShareProvisioner(LocalProvisioner):
         return getattr(self.parent, "kernel_name", "") or self.kernel_spec.display_name
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        chosen = self._chosen_default()
+        if chosen is not None:
+            return await self._hand_over(chosen, **kwargs)
         manager = self._manager()
         language = (self.kernel_spec.language or "").lower()
         rec = manager.record(self.kernel_id, self._kernel_name, language)
@@ -89,9 +114,7 @@ class GpuShareProvisioner(LocalProvisioner):
                 await manager.release(self.kernel_id, "quota changed", forget=False)
             try:
                 requested = parse_size(self.quota, f"{self._kernel_name} kernelspec quota") if self.quota else None
-                self._grant = await manager.admit(
-                    self.kernel_id, self._kernel_name, language, requested, hold=manager.holds_starts
-                )
+                self._grant = await self._admit(manager, language, requested)
             except PolicyError as e:
                 self._forget_failed_start()
                 raise QuotaUnavailable(str(e), status=400) from e
@@ -103,6 +126,11 @@ class GpuShareProvisioner(LocalProvisioner):
             # connect to them at once, and it binds them once granted).
             kwargs = await self._pick_ports(**kwargs)  # after this, kwargs["env"] always exists
             kwargs["env"].pop(PEAK_BEFORE, None)  # only this notebook's own history, never the server's
+            if kwargs["env"].get(DEFAULT_ENV) == PROVISIONER_NAME:
+                # Not inherited: a kernel of another Python environment, without this package, would find no
+                # kernelspec at all (jupyter_client hides them all when the default provisioner is missing). A
+                # kernel of this environment sets it again itself (jupyter_gpushare_provisioner.pth).
+                del kwargs["env"][DEFAULT_ENV]
             assert self._grant is not None  # (admitted above, or kept from before the restart)
             if self._grant.mode == "queued":
                 self._held = HeldStart()
@@ -112,6 +140,53 @@ class GpuShareProvisioner(LocalProvisioner):
             await self._release("failed to start")
             raise
         return kwargs
+
+    def _chosen_default(self) -> str | None:
+        """Another default provisioner chosen in the config of the program that starts this kernel outside a server
+        (``c.KernelProvisionerFactory.default_provisioner_name``), when we are only its default (its kernelspec
+        names no provisioner): jupyter_client gives the factory of a KernelManager without a parent (nbclient's) no
+        config, so the choice reached it only through JUPYTER_DEFAULT_PROVISIONER_NAME, which the .pth set."""
+        if "provisioner_name" in self.kernel_spec.metadata.get("kernel_provisioner", {}):
+            return None
+        manager = QuotaManager.current()
+        if manager is not None and manager.holds_starts:
+            return None  # a server: its factory has the server's config
+        config, _ = program_config(self.config)
+        section = config["KernelProvisionerFactory"] if "KernelProvisionerFactory" in config else {}
+        name = section.get("default_provisioner_name")
+        return name if isinstance(name, str) and name and name != PROVISIONER_NAME else None
+
+    async def _hand_over(self, name: str, **kwargs: Any) -> dict[str, Any]:
+        """Let the provisioner ``name`` (the program's chosen default) start the kernel instead: the KernelManager
+        uses whichever provisioner it holds for the launch and everything after."""
+        found = entry_points(group=KernelProvisionerFactory.GROUP_NAME, name=name)
+        if not found:
+            installed = sorted(ep.name for ep in entry_points(group=KernelProvisionerFactory.GROUP_NAME))
+            raise ValueError(
+                f"KernelProvisionerFactory.default_provisioner_name = {name!r} names no installed kernel provisioner "
+                f"(installed: {', '.join(installed)}). Install it, or remove the setting."
+            )
+        km = self.parent
+        assert km is not None  # (the KernelManager that created this provisioner)
+        other = next(iter(found)).load()(kernel_id=self.kernel_id, kernel_spec=self.kernel_spec, parent=km)
+        km.provisioner = other
+        return await other.pre_launch(**kwargs)
+
+    async def _admit(self, manager: QuotaManager, language: str, requested: Size | None) -> Grant:
+        """The kernel's grant. In a server a kernel in line is admitted later (``_admit_held``); outside one the
+        start waits here for its GPU, and Ctrl-C takes it out of line, says so in one line, and ends the program
+        (a KeyboardInterrupt without a traceback, batch.said)."""
+        admitting = manager.admit(self.kernel_id, self._kernel_name, language, requested, hold=manager.holds_starts)
+        if manager.holds_starts:
+            return await admitting
+        try:
+            return await until_ctrl_c(admitting)
+        except StoppedWaiting:
+            await manager.release(self.kernel_id, "Ctrl-C", said=True)
+            raise said(
+                f"kernel {self.kernel_id[:8]} ({self._kernel_name}) stopped waiting for a GPU (Ctrl-C): "
+                "it left the line and was not started.",
+            ) from None
 
     def _kernel_env(self, base: dict[str, str]) -> dict[str, str]:
         """What the grant adds to the kernel's environment ``base``: its card, quota and framework caps."""
@@ -221,8 +296,11 @@ class GpuShareProvisioner(LocalProvisioner):
 
     async def post_launch(self, **kwargs: Any) -> None:
         await super().post_launch(**kwargs)
+        manager = self._manager()
         if self._held is None:
-            await self._manager().attach(self.kernel_id, self.pid)
+            await manager.attach(self.kernel_id, self.pid)
+        if not manager.holds_starts:  # a program, not a server: what it does not clean up is given back at its exit
+            end_at_exit(self)
         if self._ports_renewed:
             self._ports_renewed = False
             self._watch_activity_on_new_ports()
@@ -298,25 +376,35 @@ class GpuShareProvisioner(LocalProvisioner):
         else:
             await self._release("shut down")
 
+    def end_at_exit(self, deadline: float) -> None:
+        """The program exits while this kernel still holds its reservation (``jupyter console`` asks its kernel to
+        shut down and exits without cleanup()): wait until ``deadline`` for the kernel to end (it was asked to, or
+        ipykernel sees its parent gone), end it then, and give the reservation back (batch.end_at_exit)."""
+        manager = QuotaManager.current()
+        rec = manager.records.get(self.kernel_id) if manager is not None else None
+        if manager is None or rec is None or rec.lease is None:
+            return  # cleaned up already, or nothing reserved
+        process = self.process
+        if process is not None and process.poll() is None:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):  # (it ended meanwhile)
+                    if self.pgid and self.pgid != os.getpgrp():  # its own session: the kernel and its children
+                        os.killpg(self.pgid, signal.SIGKILL)
+                    else:
+                        process.kill()
+                process.wait(5)
+        _close(self._ports)
+        self._ports = ()
+        manager.end_at_exit(self.kernel_id)
+
     async def _release(self, why: str) -> None:
         self._grant = None
         self._stop_holding()
         _close(self._ports)
         self._ports = ()
         await self._manager().release(self.kernel_id, why)
-
-
-def _progress_on_stderr(rec: KernelRecord, got: Waiting) -> None:
-    """A kernel started outside a Jupyter server (nbclient, papermill) waits for its GPU inside its start: say where
-    it stands, each time that changes, on the program's stderr (it has no other place to say it)."""
-    left = f", at most {max(0, round(rec.wait_until - time.time()))} s more" if rec.wait_until else ""
-    reason = f" ({got.reason})" if got.reason else ""
-    sys.stderr.write(
-        f"jupyter-gpushare: kernel {rec.kernel_id[:8]} ({rec.path or rec.kernel_name}) waits for a GPU: "
-        f"#{got.position} in line, needs {format_mib(got.need_mib)}, {format_mib(got.free_mib)} unreserved now"
-        f"{left}{reason}.\n"
-    )
-    sys.stderr.flush()
 
 
 def _hold_ports(ip: str) -> tuple[socket.socket, ...]:

@@ -279,8 +279,10 @@ class GpuShareApp(LoggingConfigurable):
         "'/run/jupyter-gpushare/broker.sock', or 'tcp://host:port' ('tls://host:port' when the broker has "
         "GpuShareBroker.tcp_certfile) for a server in a container, which then identifies itself with its "
         "$JUPYTERHUB_API_TOKEN. When set, reservations go through the broker, which "
-        "owns the host's ledger and applies per-user limits, and ledger_path is not used. Default: '' = no "
-        "broker: this server uses ledger_path itself.",
+        "owns the host's ledger and applies per-user limits, and ledger_path is not used. Default: the broker's "
+        "default socket, '/run/jupyter-gpushare/broker.sock', when it exists on this host (so that every program "
+        "finds this host's broker with nothing set: a server, a student's `jupyter execute` in a terminal), else "
+        "'' = no broker: this server uses ledger_path itself. Set '' to use ledger_path even so.",
     )
     broker_ca_file = Unicode(
         "",
@@ -288,6 +290,12 @@ class GpuShareApp(LoggingConfigurable):
         help="PEM file of the CA that signed the broker's TLS certificate (GpuShareBroker.tcp_certfile), for "
         "broker_socket = 'tls://host:port'. Default: '' = the system's trusted CAs.",
     )
+
+    @default("broker_socket")
+    def _default_broker_socket(self) -> str:
+        from .broker.protocol import DEFAULT_SOCKET
+
+        return DEFAULT_SOCKET if os.path.exists(DEFAULT_SOCKET) else ""
 
     @default("ledger_path")
     def _default_ledger_path(self) -> str:

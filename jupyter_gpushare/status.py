@@ -11,7 +11,6 @@ from typing import Any
 
 from .broker.client import BrokerLedger
 from .broker.identity import Caller
-from .broker.protocol import DEFAULT_SOCKET
 from .ledger import read_ledger, read_notebooks
 from .policy import format_mib
 from .procs import describe, tree_pids
@@ -66,7 +65,7 @@ def gather_status(app: GpuShareApp, socket_path: str | None = None, ledger_path:
 
     backend = open_backend(app.gpu_backend, app.simulated_cards)
     if ledger_path is None and socket_path is None:
-        socket_path = app.broker_socket or (DEFAULT_SOCKET if os.path.exists(DEFAULT_SOCKET) else None)
+        socket_path = app.broker_socket or None  # (the default socket when it exists: GpuShareApp.broker_socket)
     if socket_path and ledger_path is None:
         client = BrokerLedger(socket_path, ca_file=app.broker_ca_file)
         try:
