@@ -209,6 +209,9 @@ class Enforcer:
         }[action]
 
     def _act_on(self, verdict: Verdict, rec: Any) -> None:
+        w = self._watch.get(verdict.kernel_id)
+        if w is not None and w.acting:  # a restart still under way: the judge asks again if it is still needed
+            return
         excess = verdict.excess
         figures = {
             "used_mib": excess.used_mib,

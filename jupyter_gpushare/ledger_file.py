@@ -126,7 +126,12 @@ class LedgerFile:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._open_lock()
-            self._open_db()
+            self._lock_held()  # one process at a time turns a new file to WAL: SQLite does not wait for that
+            try:
+                self._open_db()
+            finally:
+                assert self._lock is not None
+                fcntl.flock(self._lock, fcntl.LOCK_UN)
             with self.tx():
                 self._create_schema()
         except LedgerError:

@@ -8,6 +8,7 @@ import random
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -360,3 +361,26 @@ def test_a_broker_back_from_a_crash_hears_from_waiters_within_seconds(tmp_path):
     time.sleep(0.4)
     broker.reap()
     assert [w.kernel_id for w in broker.waiters()] == ["w-live"]
+
+
+OPEN_AT = """
+import sys, time
+from jupyter_gpushare.ledger import Ledger
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+Ledger(sys.argv[1]).close()
+"""
+
+
+def test_servers_that_create_a_new_ledger_at_once_all_open_it(tmp_path):
+    """Two servers of a user started together (seen in a test, 2 runs in 10): the second's first open of the new
+    file raised "database is locked" (SQLite does not wait to turn a new file to WAL), and its kernels started
+    without a GPU. Sixteen processes now open a new file at the same instant, five times: every one opens it."""
+    for attempt in range(5):
+        path = tmp_path / f"new-{attempt}" / "ledger.sqlite"
+        at = str(time.time() + 1.5)
+        procs = [
+            subprocess.Popen([sys.executable, "-c", OPEN_AT, str(path), at], stderr=subprocess.PIPE, text=True)
+            for _ in range(16)
+        ]
+        failed = [p.stderr.read()[-300:] for p in procs if p.wait(60) != 0]
+        assert failed == [], failed
