@@ -25,15 +25,16 @@ import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from .attribution import unreserved_use
 from .gpu import Card, DeviceSample
 from .history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Learned, Run, choose_peak, notebooks
+from .leases import ADOPTED, Lease, Waiter, Waiting
 from .ledger_file import PEAK_COLUMNS, LedgerError, LedgerFile, check_ledger, open_readonly
 from .policy import CardView, Policy, PolicyError, Size, UserLimits, parse_size
-from .procs import Owner, ProcessRef, SessionRef, unreserved_use
+from .procs import Owner, ProcessRef, SessionRef
 from .queue import Entry, Request, check_waiting, choose_card
 
 __all__ = [
@@ -54,7 +55,6 @@ def host_clock() -> float:
 
 ALIVE_CACHE_S = 1.0  # how long a "still running" answer is trusted (a gone process stays gone)
 REAP_EVERY_S = 1.0  # reserve() reaps at most this often, and always before it answers "no room"
-ADOPTED = "(no kernel)"  # the kernelspec name of a lease the broker gave a process that held memory without one
 
 
 def _owner(row: sqlite3.Row) -> Owner:
@@ -68,60 +68,6 @@ def _owner_columns(owner: Owner) -> tuple[int, float, str | None]:
     if isinstance(owner, SessionRef):
         return 0, 0.0, owner.id
     return owner.pid, owner.start, None
-
-
-@dataclass(frozen=True)
-class Lease:
-    kernel_id: str
-    card_uuid: str
-    card_index: int
-    quota_mib: int
-    reserve_mib: int
-    user: str
-    kernel_name: str
-    owner: Owner
-    kernel: ProcessRef | None
-    created: float
-
-    @property
-    def reserved_mib(self) -> int:
-        return self.quota_mib + self.reserve_mib
-
-    @property
-    def adopted(self) -> bool:
-        """A process that held memory without a lease, given one by the broker (Ledger.adopt): it is its own kernel,
-        in a process group it may share with others (a shell's job), so it is signalled alone."""
-        return self.kernel_name == ADOPTED
-
-    @property
-    def anonymous(self) -> bool:
-        """Other users' reservations on a card, folded into one nameless lease (views.anonymous_leases)."""
-        return not self.kernel_id
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """Not admitted (yet): where the request stands and why."""
-
-    kernel_id: str
-    position: int  # 1 = next in line
-    need_mib: int  # quota + context reserve on the card that fits best, 0 if none could
-    free_mib: int  # the most room on any allowed card: unreserved, less what processes without a reservation use
-    ahead: int  # waiters before this one
-    outside_mib: int = 0  # what processes without a reservation use on the allowed cards, together
-    reason: str = ""  # why nothing is granted now although room may be free (the ledger is settling)
-    expired: bool = False  # it waited as long as the policy lets kernels wait, and left the queue
-
-
-@dataclass(frozen=True)
-class Waiter:
-    ticket: int
-    kernel_id: str
-    quota: str
-    user: str
-    kernel_name: str
-    owner: Owner
-    created: float
 
 
 class Reservations(Protocol):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable
 from .policy import CardView, Policy, PolicyError, Size
 
 if TYPE_CHECKING:
-    from .ledger import Waiting
+    from .leases import Waiting
 
 
 @dataclass(frozen=True)

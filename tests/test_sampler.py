@@ -15,12 +15,12 @@ import time
 
 import pytest
 
+from jupyter_gpushare.attribution import unreserved_use
 from jupyter_gpushare.gpu import FakeNvml, NoGpuBackend, SimulatedBackend
 from jupyter_gpushare.gpu.nvml import NvmlBackend
 from jupyter_gpushare.ledger import Lease, Ledger, ProcessRef, Request, SessionRef
 from jupyter_gpushare.manager import QuotaManager
 from jupyter_gpushare.policy import Policy, Size
-from jupyter_gpushare.procs import unreserved_use
 from jupyter_gpushare.sampler import Sampler
 
 TREE = (

@@ -36,10 +36,10 @@ import websocket  # noqa: E402  (websocket-client, a jupyter_server dependency)
 from servers import TOKEN, wait_until  # noqa: E402
 from test_broker import Broker, UserServer, ensure_user, remove_user, root_traversable  # noqa: E402
 
+from jupyter_gpushare.attribution import unreserved_use  # noqa: E402
 from jupyter_gpushare.gpu import SimulatedBackend  # noqa: E402
 from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
 from jupyter_gpushare.ledger import read_ledger  # noqa: E402
-from jupyter_gpushare.procs import unreserved_use  # noqa: E402
 
 SMOKE = os.environ.get("GPUSHARE_CHECK_SMOKE") == "1"  # the plumbing on a simulated 40 GiB card, no GPU
 NVML = {"gpu_backend": "simulated", "simulated_cards": "40GiB"} if SMOKE else {"gpu_backend": "nvml"}

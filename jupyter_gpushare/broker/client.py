@@ -18,9 +18,10 @@ from typing import Any, Callable
 
 from ..gpu import Card
 from ..history import HistoryRules, Learned, Run
+from ..leases import lease_from_json, waiter_from_json
 from ..ledger import Lease, LedgerError, ProcessRef, Request, Waiter, Waiting
 from ..policy import Policy, UserLimits, parse_limits
-from .protocol import HUB_TOKEN_ENV, MAX_LINE, is_tcp, lease_from_json, parse_tcp, policy_error_from, waiter_from_json
+from .protocol import HUB_TOKEN_ENV, MAX_LINE, is_tcp, parse_tcp, policy_error_from
 
 log = logging.getLogger("jupyter_gpushare.broker")
 

@@ -22,6 +22,7 @@ import psutil
 from ..cgroups import held_in_group
 from ..gpu import Card, DeviceSample, GpuBackend
 from ..history import HistoryRules, OthersBudget
+from ..leases import lease_to_json, waiter_to_json
 from ..ledger import Lease, Ledger, ProcessRef, Request, Waiter
 from ..levels import WHAT, below, level_of
 from ..policy import CardView, Policy, UserLimits, format_mib
@@ -38,8 +39,6 @@ from .protocol import (
     RecordPeakArgs,
     ReserveArgs,
     decode_request,
-    lease_to_json,
-    waiter_to_json,
 )
 from .unleased import UnleasedPolicy
 from .watchdog import Watchdog

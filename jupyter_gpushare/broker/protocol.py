@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..history import MAX_PATH, MAX_PEAK_MIB, PATH, Run
-from ..ledger import Lease, Owner, ProcessRef, SessionRef, Waiter
 from ..policy import PolicyError, Size
 
 DEFAULT_SOCKET = "/run/jupyter-gpushare/broker.sock"
@@ -280,64 +279,3 @@ def policy_error_from(reply: dict) -> PolicyError:
 
 
 # -- leases and waiters on the wire ------------------------------------------------------------------------
-
-
-def owner_to_json(owner: Owner) -> dict:
-    if isinstance(owner, SessionRef):
-        return {"session": owner.id}
-    return {"pid": owner.pid, "start": owner.start}
-
-
-def owner_from_json(d: dict) -> Owner:
-    return SessionRef(d["session"]) if "session" in d else ProcessRef(d["pid"], d["start"])
-
-
-def lease_to_json(lease: Lease) -> dict:
-    kernel = lease.kernel
-    return {
-        "kernel_id": lease.kernel_id,
-        "card_uuid": lease.card_uuid,
-        "card_index": lease.card_index,
-        "quota_mib": lease.quota_mib,
-        "reserve_mib": lease.reserve_mib,
-        "reserved_mib": lease.reserved_mib,
-        "user": lease.user,
-        "kernel_name": lease.kernel_name,
-        "owner": owner_to_json(lease.owner),
-        "kernel": {"pid": kernel.pid, "start": kernel.start} if kernel else None,
-        "created": lease.created,
-    }
-
-
-def lease_from_json(d: dict) -> Lease:
-    kernel = d.get("kernel")
-    return Lease(
-        kernel_id=d["kernel_id"],
-        card_uuid=d["card_uuid"],
-        card_index=d["card_index"],
-        quota_mib=d["quota_mib"],
-        reserve_mib=d["reserve_mib"],
-        user=d["user"],
-        kernel_name=d["kernel_name"],
-        owner=owner_from_json(d["owner"]),
-        kernel=ProcessRef(**kernel) if kernel else None,
-        created=d["created"],
-    )
-
-
-def waiter_to_json(w: Waiter) -> dict:
-    return {
-        "ticket": w.ticket,
-        "kernel_id": w.kernel_id,
-        "quota": w.quota,
-        "user": w.user,
-        "kernel_name": w.kernel_name,
-        "owner": owner_to_json(w.owner),
-        "created": w.created,
-    }
-
-
-def waiter_from_json(d: dict) -> Waiter:
-    return Waiter(
-        d["ticket"], d["kernel_id"], d["quota"], d["user"], d["kernel_name"], owner_from_json(d["owner"]), d["created"]
-    )

@@ -31,13 +31,14 @@ from jupyter_core.application import JupyterApp
 from traitlets import Any as AnyTrait
 from traitlets import Bool, Dict, Enum, Float, Int, List, Unicode, default
 
+from ..attribution import lease_use
 from ..gpu import Card, DeviceSample
 from ..history import OthersBudget
 from ..hub import HubClient, HubError
 from ..ledger import Lease, Ledger, LedgerError, ProcessRef, SessionRef, host_clock
 from ..overuse import FAST_INTERVAL_S
 from ..policy import CardView, LimitRules, PolicyError, UserLimits, format_mib, parse_limits
-from ..procs import container_reason, lease_use, proc_hidden_from_me
+from ..procs import container_reason, proc_hidden_from_me
 from ..settings import settings_from
 from .connections import AUTH_TIMEOUT_S, Connections
 from .guard import Guard, LogLimiter, raise_fd_limit

@@ -28,11 +28,11 @@ import time
 from collections.abc import Sequence
 from typing import Callable
 
+from ..attribution import LeaseUse, lease_excesses, lease_use
 from ..gpu import DeviceSample
 from ..ledger import Lease
 from ..overuse import OverUseJudge, Verdict
 from ..policy import format_mib
-from ..procs import LeaseUse, lease_excesses, lease_use
 
 ACTIONS = ("protect", "notify", "interrupt", "restart")
 
