@@ -60,7 +60,7 @@ class GpuShareHandler(APIHandler):
         """A kernel record with its measured use and policy state, from the cached snapshot."""
         enforcer = self.settings.get("gpushare_enforcer")
         view = kernel_view(rec.to_dict(), self.usage, enforcer.states.get(rec.kernel_id) if enforcer else None)
-        view["held"] = self.settings["gpushare_manager"].held_by(view["frameworks"], rec.allocation_limit)
+        view["held"] = self.settings["gpushare_manager"].holding.held(rec.kernel_id, view["frameworks"])
         return view
 
     def json_body(self) -> dict:

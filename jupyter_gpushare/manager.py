@@ -17,14 +17,15 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, ClassVar, TypeVar
 
-from .cgroups import MAX_MINOR, KernelCgroups
+from .cgroups import KernelCgroups
 from .gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
 from .gpu.simulated import SimulatedBackend
 from .history import HistoryRules, retry_quota_mib
+from .holding import Holding
 from .learning import Learning
 from .ledger import Lease, LedgerError, ProcessRef, Request, Reservations, Waiting
 from .ledger_worker import LedgerWorker
-from .levels import check_required, level_of
+from .levels import check_required
 from .policy import CardView, Policy, PolicyError, Size, format_mib
 from .queue import ServerQueue, Wait
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message
@@ -35,17 +36,6 @@ from .views import card_row, host_view
 T = TypeVar("T")
 QUEUE_POLL_S = 0.5
 UNWANTED_S = 3.0  # a kernel in line that nothing wants (no session, no client) this long gives its place up
-
-
-def card_minors(card: Card | None) -> list[int] | None:
-    """The NVIDIA device nodes a kernel's group may open: its card's. None (no NVIDIA device) without a card, or
-    on a simulated card without a device node; every card's where the driver does not say a real card's minor
-    number (no isolation by device node there, rather than a kernel that cannot open its own card)."""
-    if card is None:
-        return None
-    if card.minor is not None:
-        return [card.minor]
-    return None if card.simulated else list(range(MAX_MINOR + 1))
 
 
 class QuotaManager:
@@ -100,10 +90,7 @@ class QuotaManager:
         self.latest_samples: Callable[[], Sequence[DeviceSample]] = tuple
         self.kernel_usage: Callable[[str], Any] = lambda kernel_id: None
         self.cards: list[Card] = list_cards(backend) if cards is None else cards
-        self.cgroups = cgroups or KernelCgroups(enabled=False)
-        self.watchdog: str | None = None
-        if self.cgroups.devices is not None and any(c.minor is None for c in self.cards):
-            self.cgroups.no_isolation("the driver does not give the cards' device numbers (nvmlDeviceGetMinorNumber)")
+        self.holding = Holding(cgroups or KernelCgroups(enabled=False), backend, self.cards, self._blocking, self.event)
         self.ledger = LedgerWorker(ledger_path, broker_socket, broker_ca_file, self.log, self._reclaimed)
         self.learning = Learning(history or HistoryRules(), policy, self.ledger, self.user, self._blocking, self.log)
 
@@ -134,7 +121,7 @@ class QuotaManager:
         reading, for what processes that hold no reservation use; ``kernel_usage``, a kernel's last reading
         (sampler.KernelUsage), whose peak is recorded when it stops; ``watchdog``, the over-quota action its
         enforcer applies (shown with each kernel)."""
-        self.latest_samples, self.kernel_usage, self.watchdog = latest_samples, kernel_usage, watchdog
+        self.latest_samples, self.kernel_usage, self.holding.watchdog = latest_samples, kernel_usage, watchdog
 
     def hold_starts(
         self,
@@ -208,7 +195,7 @@ class QuotaManager:
         if not self.cards:
             return self._settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"), "no-gpu-none")
         try:
-            check_required(self.offered_level(), self.policy.required_level, self._missing())
+            check_required(self.holding.level(), self.policy.required_level, self.holding.missing())
         except PolicyError as e:
             raise self._refuse(kernel_id, str(e), keep=restarting, **_rule(e)) from e
         if not await self.ledger.available():
@@ -540,7 +527,7 @@ class QuotaManager:
         ledger connection of its own; a failure is logged (what is left is reclaimed once its holders are gone)."""
         self.records.pop(kernel_id, None)
         try:
-            self.cgroups.remove(kernel_id, False)
+            self.holding.cgroups.remove(kernel_id, False)
             lease = self.ledger.at_exit(lambda ledger: ledger.release(kernel_id))
             remove_reports(report_dir(), kernel_id)
         except (LedgerError, OSError) as e:
@@ -652,12 +639,7 @@ class QuotaManager:
                 "error": self.ledger.error,
                 "replaced": self.ledger.replaced,
             },
-            "enforcement": {
-                **self.cgroups.level.to_dict(),
-                "watchdog": self.watchdog,
-                "level": self.offered_level(),
-                "required": self.policy.required_level,
-            },
+            "enforcement": self.holding.enforcement(self.policy.required_level),
             "cards": cards,
             "kernels": [
                 {**r.to_dict(), "frameworks": (reports.get(r.kernel_id) or {}).get("frameworks")}
@@ -680,90 +662,6 @@ class QuotaManager:
             f"{format_mib(rec.retry_quota_mib)} to run it with more.",
             framework=framework, quota_mib=rec.lease.quota_mib, retry_mib=rec.retry_quota_mib,
         )  # fmt: skip
-
-    def held_by(self, frameworks: dict[str, Any] | None, allocation: str | None = None) -> dict[str, Any]:
-        """How a kernel is held, level by level: its frameworks' caps (None: it imported none), how its processes
-        are tracked (cgroup or process tree), whether it is kept from opening other cards, the over-quota policy
-        (the watchdog), how the card refuses it memory past its reservation (``allocation``: None, not), and its
-        enforcement level in one word (levels.py)."""
-        level = self.cgroups.level
-        return {
-            "caps": None if not frameworks else all(f.get("capped") for f in frameworks.values()),
-            **level.to_dict(),
-            "allocation": allocation,
-            "watchdog": self.watchdog,
-            "level": level_of(self._measures(), self.watchdog, level.tracking, allocation),
-        }
-
-    def offered_level(self) -> str:
-        """The enforcement level this server gives a kernel it starts now (levels.py)."""
-        level = self.cgroups.level
-        return level_of(self._measures(), self.watchdog, level.tracking, level.allocation)
-
-    def _measures(self) -> bool:
-        """Whether the card's per-process use is read here (the watchdog's eyes)."""
-        return self.backend.kind in ("nvml", "simulated")
-
-    def _missing(self) -> str:
-        """What keeps this server's kernels from the next enforcement level, in words."""
-        level = self.cgroups.level
-        if not self._measures():
-            return f"per-process GPU use cannot be read ({self.backend.reason or self.backend.kind})"
-        if self.watchdog in (None, "notify"):
-            return "GpuShareApp.over_quota_action is 'notify': over-use is only reported"
-        if level.tracking != "cgroup":
-            return level.reason or "kernels are tracked by their process tree"
-        return level.allocation_reason or "the driver sets no per-cgroup limit here"
-
-    # -- the kernels' cgroups ---------------------------------------------------------------------
-
-    def kernel_groups(self, kernel_id: str, grant: Grant | None) -> list[str]:
-        """The kernel's cgroups, made and limited to its grant's card (to none while it waits, or without a GPU);
-        the ``cgroup.procs`` files its first process enters. A group that cannot be made stops the start."""
-        card = grant.card if grant is not None and grant.mode == "gpu" else None
-        try:
-            groups = self.cgroups.create(kernel_id, card_minors(card))
-            if groups:
-                self._limit(kernel_id, grant)
-            return groups
-        except OSError as e:
-            raise QuotaUnavailable(f"The kernel's cgroup could not be made: {e}. Ask the admin.") from e
-
-    def _limit(self, kernel_id: str, grant: Grant | None) -> None:
-        """The driver's limit on the kernel's group (where the host has one): its reservation on its card, or
-        none (no GPU, or in line: its card stays closed anyway)."""
-        card = grant.card if grant is not None and grant.mode == "gpu" else None
-        lease = grant.lease if grant is not None and card is not None else None
-        if card is None or lease is None or card.simulated:
-            limited = self.cgroups.limit(kernel_id, None, None)
-        else:
-            limited = self.cgroups.limit(kernel_id, card.pci, lease.reserved_mib)
-            if self.cgroups.dmem is not None and not limited:
-                raise OSError(f"the driver's memory limit on {card.label} could not be set on its cgroup (dmem.max)")
-        rec = self.records.get(kernel_id)
-        if rec is not None:
-            rec.allocation_limit = "dmem" if limited else None
-
-    async def open_cards(self, kernel_id: str, grant: Grant) -> None:
-        """A kernel that waited is granted: its group may now open its card, and the driver limits it."""
-        if grant.mode == "gpu" and grant.card is not None:
-            minors = card_minors(grant.card)
-            await self._blocking(self.cgroups.allow, kernel_id, minors)
-            await self._blocking(self._limit, kernel_id, grant)
-
-    async def end_groups(self, kernel_id: str, restart: bool) -> None:
-        """The kernel's process is gone: end what is left in its groups (what it started and left behind) and,
-        unless it restarts, remove them."""
-        killed = await self._blocking(self.cgroups.remove, kernel_id, restart)
-        if killed:
-            processes, were = ("process", "was") if killed == 1 else ("processes", "were")
-            self.event(
-                "group-ended",
-                kernel_id,
-                f"{killed} {processes} the kernel had started {were} still running after it "
-                f"{'restarted' if restart else 'shut down'}, and {were} ended.",
-                processes=killed,
-            )
 
     def close(self) -> None:
         if self._serving is not None:

@@ -236,7 +236,7 @@ class GpuShareProvisioner(LocalProvisioner):
         try:
             # Its cgroups (cgroups.py), entered before it runs: none of its card while it waits (and none without
             # a GPU). The stand-in enters them, then waits or becomes the kernel at once.
-            groups = self._manager().kernel_groups(self.kernel_id, None if held is not None else self._grant)
+            groups = self._manager().holding.groups(self.kernel_id, None if held is not None else self._grant)
             if held is not None:  # in line: a stand-in now, the kernel once granted (held.py)
                 cmd, kwargs = held.command(cmd, kwargs, groups)
             elif groups:
@@ -271,7 +271,7 @@ class GpuShareProvisioner(LocalProvisioner):
                 manager.end_kernel(self.kernel_id)
             return
         try:
-            await manager.open_cards(self.kernel_id, self._grant)
+            await manager.holding.open_cards(self.kernel_id, self._grant)
             await held.release(self._kernel_env(held.env))
         except Exception:
             self.log.exception("jupyter-gpushare: kernel %s could not be started after its wait", self.kernel_id)
@@ -370,7 +370,7 @@ class GpuShareProvisioner(LocalProvisioner):
     async def cleanup(self, restart: bool = False) -> None:
         self._stop_holding()
         await super().cleanup(restart=restart)
-        await self._manager().end_groups(self.kernel_id, restart)
+        await self._manager().holding.end(self.kernel_id, restart)
         if restart:  # the process that ran is gone: its peak is history (a shutdown records it in release)
             await self._manager().remember_peak(self.kernel_id)
         else:

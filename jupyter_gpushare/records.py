@@ -103,7 +103,6 @@ class KernelRecord:
     run_started: float | None = None  # when the kernel process was created (its run's reports start after)
     oom: str | None = None  # the framework that ran out of memory in this process (its report says so)
     retry_quota_mib: int | None = None  # then: the quota to restart with (history.retry_quota_mib)
-    allocation_limit: str | None = None  # how the card refuses it memory past its reservation ("dmem"), if it does
 
     def _pending(self) -> dict[str, Any]:
         """The quota asked for, for people and in MiB on its card (a share before the kernel has a card: null)."""

@@ -236,7 +236,7 @@ def test_a_card_without_a_device_minor_is_never_a_bad_device_rule():
     device to open; a real card of unknown minor is not isolated by device node rather than made unusable."""
     from jupyter_gpushare.cgroups import MAX_MINOR, device_program
     from jupyter_gpushare.gpu import Card
-    from jupyter_gpushare.manager import card_minors
+    from jupyter_gpushare.holding import card_minors
 
     assert card_minors(None) is None
     assert card_minors(Card(0, "GPU-sim", "Simulated GPU", 10240, simulated=True)) is None
