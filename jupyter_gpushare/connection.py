@@ -49,7 +49,7 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
     def connect(self) -> asyncio.Future[None] | None:  # type: ignore[override]
         if self._held is None:
             return super().connect()
-        # Counted as a client at once: a kernel in line that someone watches stays in line (QuotaManager.watchers).
+        # Counted as a client at once: a kernel in line that someone watches stays in line (Line.watchers).
         self.multi_kernel_manager.notify_connect(self.kernel_id)
         ZMQChannelsWebsocketConnection._open_sockets.add(self)
         self._joining = asyncio.ensure_future(self._join_when_started(self._held))

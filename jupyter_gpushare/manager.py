@@ -26,16 +26,14 @@ from .learning import Learning
 from .ledger import Lease, LedgerError, ProcessRef, Request, Reservations, Waiting
 from .ledger_worker import LedgerWorker
 from .levels import check_required
+from .line import Line
 from .policy import CardView, Policy, PolicyError, Size, format_mib
-from .queue import ServerQueue, Wait
-from .records import Grant, KernelRecord, QuotaUnavailable, full_message
+from .records import Grant, KernelRecord, QuotaUnavailable, full_message, rule_figures
 from .reports import read_reports, remove_reports, report_dir
 from .settings import GpuShareApp
 from .views import card_row, host_view
 
 T = TypeVar("T")
-QUEUE_POLL_S = 0.5
-UNWANTED_S = 3.0  # a kernel in line that nothing wants (no session, no client) this long gives its place up
 
 
 class QuotaManager:
@@ -71,27 +69,19 @@ class QuotaManager:
         # executor: a forked child inherits that one without its threads, and would wait on it forever.
         self._work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpushare-work")
         self.closing = False  # the server is shutting down: no new kernel is admitted
-        self.waiting = ServerQueue(policy.queue_timeout_s, unwatched_s)  # this server's kernels in the host's line
-        self._serving: asyncio.Future | None = None  # the task that serves the line while anyone waits
         # A Jupyter server lists a kernel in line at once and launches its process when it is granted
         # (``hold_starts`` sets this and the three below); nbclient and papermill wait for the grant before the
         # kernel starts.
         self.holds_starts = False
-        # How many clients are connected to a kernel (None: not known here); a kernel in line with none for
-        # ``unwatched_s`` leaves it.
-        self.watchers: Callable[[str], int | None] = lambda kernel_id: None
-        # Whether a kernel in line may be granted now: only a kernel some notebook or client still wants.
-        self.may_grant: Callable[[str], bool] = lambda kernel_id: True
         # Shut down a kernel whose wait ended without a grant (its session too), as its server does.
         self.end_kernel: Callable[[str], None] = lambda kernel_id: None
-        # Told of a kernel's place in line at each answer of the ledger (nbclient's progress on stderr, batch.py).
-        self.on_wait: Callable[[KernelRecord, Waiting], None] | None = None
         # What the card says, where a sampler reads it (``measured_by`` sets this and the two below).
         self.latest_samples: Callable[[], Sequence[DeviceSample]] = tuple
         self.kernel_usage: Callable[[str], Any] = lambda kernel_id: None
         self.cards: list[Card] = list_cards(backend) if cards is None else cards
         self.holding = Holding(cgroups or KernelCgroups(enabled=False), backend, self.cards, self._blocking, self.event)
         self.ledger = LedgerWorker(ledger_path, broker_socket, broker_ca_file, self.log, self._reclaimed)
+        self.line = Line(self, self.ledger, policy.queue_timeout_s, unwatched_s, self.log)  # its kernels in line
         self.learning = Learning(history or HistoryRules(), policy, self.ledger, self.user, self._blocking, self.log)
 
     # -- process-wide instance -------------------------------------------------------------
@@ -132,7 +122,8 @@ class QuotaManager:
         """A Jupyter server's way of starting kernels (app.py): a kernel in line is listed at once and launched when
         granted; ``watchers`` says how many clients a kernel has, ``may_grant`` whether one still wants it, and
         ``end_kernel`` shuts down (with its session) a kernel whose wait ended without a grant."""
-        self.holds_starts, self.watchers, self.may_grant, self.end_kernel = True, watchers, may_grant, end_kernel
+        self.holds_starts, self.end_kernel = True, end_kernel
+        self.line.watchers, self.line.may_grant = watchers, may_grant
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -177,8 +168,8 @@ class QuotaManager:
             requested, rec.pending_quota, rec.quota_source = rec.pending_quota, None, "requested"
         quota = self.policy.quota_for(kernel_name, language, requested)
         if quota is None:
-            self._leave_line(kernel_id, "it reserves no GPU memory now")
-            return self._settle(
+            self.line.leave(kernel_id, "it reserves no GPU memory now")
+            return self.settle(
                 rec,
                 Grant(
                     "none",
@@ -187,217 +178,57 @@ class QuotaManager:
             )
         rec.quota = str(quota)
         if self.closing:
-            raise self._refuse(
+            raise self.refuse(
                 kernel_id,
                 "The Jupyter server is shutting down; start the kernel again once it is back.",
                 code="refused-closing",
             )
         if not self.cards:
-            return self._settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"), "no-gpu-none")
+            return self.settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"), "no-gpu-none")
         try:
             check_required(self.holding.level(), self.policy.required_level, self.holding.missing())
         except PolicyError as e:
-            raise self._refuse(kernel_id, str(e), keep=restarting, **_rule(e)) from e
+            raise self.refuse(kernel_id, str(e), keep=restarting, **rule_figures(e)) from e
         if not await self.ledger.available():
-            return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {self.ledger.error}"))
+            return self.settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {self.ledger.error}"))
         quota, learned_from = await self.learning.at_start(rec, quota, self._views({}))
         if learned_from:
             self.event("learned", kernel_id, f"Quota {quota} learned from earlier runs ({learned_from}).")
         try:
             self.policy.check_quota(quota, self._views({}))
         except PolicyError as e:
-            raise self._refuse(kernel_id, str(e), status=400, keep=restarting, **_rule(e)) from e
+            raise self.refuse(kernel_id, str(e), status=400, keep=restarting, **rule_figures(e)) from e
         request = Request(kernel_id, quota, self.user, kernel_name)
-        wait = self.waiting.waits.get(kernel_id)
+        wait = self.line.waiting(kernel_id)
         if wait is not None and wait.request == request and wait.ending is None:
-            return Grant("queued") if hold else await self.granted(kernel_id)  # still in line: keep its place
+            return Grant("queued") if hold else await self.line.granted(kernel_id)  # still in line: keep its place
         queue = self.policy.on_full == "queue"
         try:
-            got = await self.ledger.run(self.ledger.must, lambda ledger: self._reserve(ledger, request, queue))
+            got = await self.ledger.run(self.ledger.must, lambda ledger: self.reserve(ledger, request, queue))
         except LedgerError as e:  # the broker is down, the disk is full: start without a GPU, say why
-            return self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {e}"))
+            return self.settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {e}"))
         except PolicyError as e:  # a per-user limit the broker enforces, or too many kernels in line
-            raise self._refuse(kernel_id, str(e), status=400, keep=restarting, **_rule(e)) from e
+            raise self.refuse(kernel_id, str(e), status=400, keep=restarting, **rule_figures(e)) from e
         if isinstance(got, Lease):
-            self._leave_line(kernel_id, "it was admitted")
-            return self._settle(rec, Grant("gpu", lease=got, card=self._card(got.card_uuid)))
+            self.line.leave(kernel_id, "it was admitted")
+            return self.settle(rec, Grant("gpu", lease=got, card=self.card(got.card_uuid)))
         if queue:
-            self._join_line(rec, request, got)
-            return Grant("queued") if hold else await self.granted(kernel_id)
+            self.line.join(rec, request, got)
+            return Grant("queued") if hold else await self.line.granted(kernel_id)
         message = full_message(quota, got, self.policy.context_reserve_mib, waited=None)
         if self.policy.on_full == "cpu":
-            return self._settle(
+            return self.settle(
                 rec,
                 Grant("cpu", reason=message + " This kernel was started without a GPU."),
                 "no-gpu-full",
                 need_mib=got.need_mib,
                 free_mib=got.free_mib,
             )
-        raise self._refuse(
+        raise self.refuse(
             kernel_id, message, keep=restarting, code="refused-no-room", need_mib=got.need_mib, free_mib=got.free_mib
         )
 
-    # -- the line (queue.py decides who ends when; the ledger decides who is granted) ---------------------------
-
-    def _join_line(self, rec: KernelRecord, request: Request, got: Waiting) -> None:
-        self._leave_line(request.kernel_id, "it asked for another quota")
-        self.waiting.join(request).last = got
-        rec.state, rec.queued_since = "queued", time.time()
-        rec.wait_until = (
-            time.time() + self.policy.queue_timeout_s if self.policy.queue_timeout_s < float("inf") else None
-        )
-        self._update_wait(rec, got)
-        self.event(
-            "queued",
-            request.kernel_id,
-            got.reason or f"Waiting for {format_mib(got.need_mib)} of GPU memory; position {got.position}.",
-            position=got.position,
-            need_mib=got.need_mib,
-        )
-        if self._serving is None or self._serving.done():
-            self._serving = asyncio.ensure_future(self._serve_line())
-
-    def _leave_line(self, kernel_id: str, why: str) -> None:
-        """Take a kernel out of line without granting it (it no longer asks, or asks for something else)."""
-        wait = self.waiting.leave(kernel_id)
-        if wait is not None and not wait.result.done():
-            wait.result.cancel()
-            self._cancel_wait(kernel_id)
-
-    def _cancel_wait(self, kernel_id: str) -> None:
-        """Take the kernel out of the host's line, not waiting (a wait not cancelled goes stale without heartbeats
-        and is dropped)."""
-        self.ledger.later(f"cancel_wait({kernel_id})", lambda ledger: ledger.cancel_wait(kernel_id))
-
-    async def granted(self, kernel_id: str) -> Grant:
-        """Wait until a kernel in line is granted its reservation (or starts without a GPU); QuotaUnavailable when
-        its wait ends without one, asyncio.CancelledError when it is taken out of line (shut down, another quota)."""
-        wait = self.waiting.waits.get(kernel_id)
-        if wait is None:
-            raise asyncio.CancelledError(f"kernel {kernel_id} is not in line")
-        return await asyncio.shield(wait.result)
-
-    def _update_wait(self, rec: KernelRecord, got: Waiting) -> None:
-        rec.position, rec.need_mib, rec.free_mib = got.position, got.need_mib, got.free_mib
-        if self.on_wait is not None:
-            self.on_wait(rec, got)
-
-    async def _serve_line(self) -> None:
-        """While kernels of this server wait: ask the ledger for each (a heartbeat too) every QUEUE_POLL_S, grant,
-        and end the waits that end (queue.ServerQueue.due)."""
-        while self.waiting.waits:
-            try:
-                await self._serve_once()
-            except Exception:  # noqa: BLE001 (one bad turn must not leave every kernel waiting forever)
-                self.log.exception("jupyter-gpushare: serving the queue failed; trying again")
-            await asyncio.sleep(QUEUE_POLL_S)
-
-    async def _serve_once(self) -> None:
-        ask, ending = self.waiting.due(self.watchers)
-        ask = [w for w in ask if self._wanted(w)]
-        for wait in ending:
-            self._end_wait(wait)
-        if ask:
-            try:
-                answers = await self.ledger.run(self._reserve_each, [w.request for w in ask])
-            except Exception as e:  # noqa: BLE001 (a bug must not leave every kernel waiting forever)
-                self.log.exception("jupyter-gpushare: serving the queue failed")
-                answers = [e] * len(ask)
-            for wait, got in zip(ask, answers):
-                self._answer(wait, got)
-
-    def _wanted(self, wait: Wait) -> bool:
-        """Whether to ask the ledger for this kernel now. One that no notebook or client wants for UNWANTED_S
-        steps out of the host's line, so that it holds no one up; it joins again, at the back, once wanted."""
-        if self.may_grant(wait.kernel_id):
-            wait.unwanted_since = None
-            if wait.stepped_out:
-                wait.stepped_out = False
-                self.log.info("jupyter-gpushare: kernel %s is wanted again and joins the line", wait.kernel_id)
-            return True
-        now = time.monotonic()
-        if wait.unwanted_since is None:
-            wait.unwanted_since = now
-        elif now - wait.unwanted_since >= UNWANTED_S and not wait.stepped_out:
-            wait.stepped_out = True
-            self._cancel_wait(wait.kernel_id)
-        return False
-
-    def _reserve_each(self, requests: list[Request]) -> list[Lease | Waiting | Exception]:
-        """On the ledger thread: one reserve per kernel in line, each answer or error on its own."""
-
-        def reserve(request: Request) -> Lease | Waiting:
-            return self.ledger.must(lambda ledger: self._reserve(ledger, request, True))
-
-        answers: list[Lease | Waiting | Exception] = []
-        for request in requests:
-            try:
-                answers.append(reserve(request))
-            except (LedgerError, PolicyError) as e:
-                answers.append(e)
-        return answers
-
-    def _answer(self, wait: Wait, got: Lease | Waiting | Exception) -> None:
-        """What the ledger said of a kernel in line."""
-        rec = self.records.get(wait.kernel_id)
-        if wait.result.done() or rec is None:
-            self.waiting.leave(wait.kernel_id)
-            return
-        if isinstance(got, Lease):
-            self.waiting.leave(wait.kernel_id)
-            waited = round(time.time() - (rec.queued_since or time.time()))
-            self.event("admitted", wait.kernel_id, f"Admitted after waiting {waited} s.", waited_s=waited)
-            wait.result.set_result(self._settle(rec, Grant("gpu", lease=got, card=self._card(got.card_uuid))))
-        elif isinstance(got, LedgerError):  # the broker is down, the disk is full: start without a GPU, say why
-            self.waiting.leave(wait.kernel_id)
-            wait.result.set_result(self._settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {got}")))
-        elif isinstance(got, Exception):
-            self.waiting.leave(wait.kernel_id)
-            status, rule = (400, _rule(got)) if isinstance(got, PolicyError) else (503, {})
-            wait.result.set_exception(
-                self._refuse(wait.kernel_id, str(got), status=status, keep=self._keeps(rec), **rule)
-            )
-        elif got.expired:
-            self.waiting.end(wait.kernel_id, "timeout")
-            rec.need_mib, rec.free_mib = got.need_mib, got.free_mib
-            self._end_wait(wait, got)
-        else:
-            wait.last = got
-            self._update_wait(rec, got)
-
-    def _end_wait(self, wait: Wait, got: Waiting | None = None) -> None:
-        """A wait that ends without a grant: the start is refused (and the kernel shut down by its owner) with why."""
-        self.waiting.leave(wait.kernel_id)
-        if wait.result.done():
-            return
-        self._cancel_wait(wait.kernel_id)
-        rec = self.records.get(wait.kernel_id)
-        if wait.ending == "timeout":
-            shown = got or wait.last or Waiting(wait.kernel_id, 1, 0, 0, 0)
-            waited = rec.queued_since if rec else None
-            message = full_message(wait.request.quota, shown, self.policy.context_reserve_mib, waited=waited)
-            error = self._refuse(
-                wait.kernel_id, message, keep=self._keeps(rec), code="refused-timeout",
-                need_mib=shown.need_mib, free_mib=shown.free_mib,
-                waited_s=round(time.time() - waited) if waited else None,
-            )  # fmt: skip
-        elif wait.ending == "unwatched":
-            error = self._refuse(
-                wait.kernel_id,
-                f"Stopped waiting for a GPU: no notebook or program was connected to this kernel for "
-                f"{self.waiting.unwatched_s:.0f} s, so it was shut down before it could hold memory for no one. "
-                "Open the notebook and run a cell to start it again.",
-                status=409, keep=False, kind="cancelled", code="cancelled-unwatched",
-                unwatched_s=round(self.waiting.unwatched_s),
-            )  # fmt: skip
-        elif wait.ending == "closing":
-            error = self._refuse(wait.kernel_id, "Stopped waiting for a GPU: the Jupyter server is shutting down.", status=409, code="refused-closing")  # fmt: skip
-        else:
-            why = wait.why or "the start was cancelled"
-            error = self._refuse(wait.kernel_id, f"Stopped waiting for a GPU: {why}.", status=409, kind="cancelled")
-        wait.result.set_exception(error)
-
-    def _keeps(self, rec: KernelRecord | None) -> bool:
+    def keeps(self, rec: KernelRecord | None) -> bool:
         """Whether a refused kernel stays listed as 'failed' (a restart of a kernel nbclient holds); a kernel a
         Jupyter server lists is shut down instead."""
         return rec is not None and not self.holds_starts and rec.pid is not None
@@ -406,16 +237,16 @@ class QuotaManager:
         """Record the peak of a kernel's process as it shuts down or restarts (Learning.at_stop)."""
         rec = self.records.get(kernel_id)
         if rec is not None:
-            card = self._card(rec.lease.card_uuid) if rec.lease else None
+            card = self.card(rec.lease.card_uuid) if rec.lease else None
             await self.learning.at_stop(rec, self.kernel_usage(kernel_id), card)
 
-    def _reserve(self, ledger: Reservations, request: Request, wait: bool) -> Lease | Waiting:
+    def reserve(self, ledger: Reservations, request: Request, wait: bool) -> Lease | Waiting:
         """On the ledger thread. Memory that processes without a reservation use is taken too: measured
         here against the ledger's leases, or by the broker itself, which sees every user's."""
         outside = ledger.outside(self.latest_samples())
         return ledger.reserve(request, self.policy, self.cards, wait, outside=outside)
 
-    def _refuse(
+    def refuse(
         self,
         kernel_id: str,
         message: str,
@@ -442,23 +273,19 @@ class QuotaManager:
     async def stop_admitting(self) -> None:
         """The server is shutting down: refuse new starts and end every wait in line (their kernels are shut down
         with the server's)."""
-        self.closing = self.waiting.closing = True
-        for wait in list(self.waiting.waits.values()):
-            self.waiting.end(wait.kernel_id, "closing")
-            self._end_wait(wait)
+        self.closing = True
+        self.line.close()
 
     def cancel_start(self, kernel_id: str, why: str = "its owner stopped it") -> KernelRecord:
         """Stop a queued kernel's wait: its start is refused with a 'cancelled' event (and the server shuts it down)."""
         rec = self.records[kernel_id]
-        wait = self.waiting.end(kernel_id, "cancelled", why)
-        if wait is None:
+        if not self.line.cancel(kernel_id, why):
             raise PolicyError(
                 f"Kernel {kernel_id} is not waiting for a GPU (it is {rec.state}); shut it down with DELETE /api/kernels/{kernel_id}."
             )
-        self._end_wait(wait)
         return rec
 
-    def _settle(self, rec: KernelRecord, grant: Grant, why: str = "no-gpu-ledger", **figures: Any) -> Grant:
+    def settle(self, rec: KernelRecord, grant: Grant, why: str = "no-gpu-ledger", **figures: Any) -> Grant:
         """The kernel's start is decided: it runs with its grant. ``why`` a kernel starts without a GPU (the code of
         its 'no-gpu' event, with ``figures``): no-gpu-none (this server has none), no-gpu-ledger (no reservation
         can be made now), no-gpu-full (the cards are full and the policy starts it without)."""
@@ -480,7 +307,7 @@ class QuotaManager:
         """The largest quota this kernel could be given on its card (for the in-kernel OOM note)."""
         return None if grant.card is None else self.policy.largest_quota_mib(grant.card.total_mib)
 
-    def _card(self, uuid: str) -> Card | None:
+    def card(self, uuid: str) -> Card | None:
         return next((c for c in self.cards if c.uuid == uuid), None)
 
     def _views(self, reserved: dict[str, int]) -> list[CardView]:
@@ -500,7 +327,7 @@ class QuotaManager:
     async def release(self, kernel_id: str, why: str = "shut down", forget: bool = True, said: bool = False) -> None:
         """Give a kernel's reservation back, or its place in line (idempotent), and, unless it restarts, forget its
         record. ``said``: the caller told the user itself (Ctrl-C outside a server): the event is not logged too."""
-        self._leave_line(kernel_id, why)
+        self.line.leave(kernel_id, why)
         await self.remember_peak(kernel_id)
         rec = self.records.pop(kernel_id, None) if forget else self.records.get(kernel_id)
         if rec is not None and not forget:
@@ -664,15 +491,9 @@ class QuotaManager:
         )  # fmt: skip
 
     def close(self) -> None:
-        if self._serving is not None:
-            self._serving.cancel()
+        self.line.stop()
         self.ledger.close()
         self._work.shutdown(wait=False)
-
-
-def _rule(error: PolicyError) -> dict[str, Any]:
-    """The code and figures of the rule that refused a kernel (``_refuse``'s), where the rule has a code."""
-    return {"code": f"refused-{error.code}", **error.params} if error.code else {}
 
 
 _inherited: list[QuotaManager] = []  # a forked child's copies of its parent's managers: kept, never used

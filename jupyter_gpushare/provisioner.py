@@ -86,7 +86,7 @@ class GpuShareProvisioner(LocalProvisioner):
             if name:
                 sources.append(f"the options of {name}")
             manager = build_manager(settings_from(config), self.log)
-            manager.on_wait = WaitProgress()
+            manager.line.on_wait = WaitProgress()
             self.log.info("jupyter-gpushare: settings from %s", ", ".join(sources) or "no config file (the defaults)")
             QuotaManager.install(manager)
         return manager
@@ -257,7 +257,7 @@ class GpuShareProvisioner(LocalProvisioner):
         """Wait for the held kernel's grant, then turn its stand-in into the kernel; or, if its wait ends without
         one, have the server shut it down (the manager said why, in an event)."""
         manager = self._manager()
-        granted = asyncio.ensure_future(manager.granted(self.kernel_id))
+        granted = asyncio.ensure_future(manager.line.granted(self.kernel_id))
         try:
             while not granted.done():  # the kernel model's reason follows its place in line
                 self._describe_wait()

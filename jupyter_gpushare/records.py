@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 from tornado import web
 
 from .gpu import Card
-from .ledger import Lease, Waiting
-from .policy import Size, format_mib
+from .leases import Lease, Waiting
+from .policy import PolicyError, Size, format_mib
 
 WHAT_TO_DO = (
     "Shut down a kernel you no longer use (Kernel > Shut Down Kernel), ask for a smaller quota, or try again later."
@@ -148,3 +148,8 @@ class KernelRecord:
             if self.oom
             else None,
         }
+
+
+def rule_figures(error: PolicyError) -> dict[str, Any]:
+    """The code and figures of the rule that refused a kernel (QuotaManager.refuse), where the rule has a code."""
+    return {"code": f"refused-{error.code}", **error.params} if error.code else {}

@@ -42,7 +42,7 @@ def event_view(event: Mapping[str, Any]) -> dict[str, Any]:
     (``severity``; null: only the panel shows it)."""
     params = {k: v for k, v in event.items() if k not in EVENT_FIELDS and v is not None}
     kind = str(event.get("kind"))
-    code = str(event.get("code") or kind)  # which refusal (manager._refuse), else the kind
+    code = str(event.get("code") or kind)  # which refusal (QuotaManager.refuse), else the kind
     return {**event, "code": code, "params": params, "severity": SEVERITY.get(kind)}
 
 

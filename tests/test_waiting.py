@@ -180,7 +180,7 @@ async def test_no_reservation_goes_to_a_kernel_without_a_notebook_or_a_client(gp
     sessions = await full_card(gpushare)
     nobody = await gpushare.start_kernel()  # in line first, but nothing wants it
     _, wanted = await gpushare.open_notebook("wanted.ipynb")
-    # The kernel nobody wants steps out of the host's line after manager.UNWANTED_S (3 s), so that it holds up
+    # The kernel nobody wants steps out of the host's line after line.UNWANTED_S (3 s), so that it holds up
     # no one: the notebook's kernel behind it is admitted as soon as room is freed.
     await asyncio.sleep(4)
     await gpushare.close_notebook(sessions[0])
@@ -229,7 +229,7 @@ async def test_the_line_is_served_on_after_a_turn_that_failed(gpushare, jp_serve
     sessions = await full_card(gpushare)
     _, waiting = await gpushare.open_notebook("next.ipynb")
     manager = jp_serverapp.web_app.settings["gpushare_manager"]
-    watchers, failed = manager.watchers, []
+    watchers, failed = manager.line.watchers, []
 
     def flaky(kernel_id: str):
         if len(failed) < 3:
@@ -237,7 +237,7 @@ async def test_the_line_is_served_on_after_a_turn_that_failed(gpushare, jp_serve
             raise RuntimeError("a kernel's model is not there yet")
         return watchers(kernel_id)
 
-    manager.watchers = flaky
+    manager.line.watchers = flaky
     await gpushare.wait_for(lambda: _failed(failed), what="a failed turn")
     await gpushare.close_notebook(sessions[0])
     await gpushare.wait_for(lambda: _state(gpushare, waiting, "running"), timeout=60, what="admitted after it")
