@@ -31,7 +31,7 @@ from .policy import CardView, Policy, PolicyError, Size, format_mib
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message, rule_figures
 from .reports import read_reports, remove_reports, report_dir
 from .settings import GpuShareApp
-from .views import card_row, host_view
+from .views import host_view, server_view
 
 T = TypeVar("T")
 
@@ -438,41 +438,17 @@ class QuotaManager:
         leases, waiters, outside = read or ([], [], None)
         for kid, report in reports.items():
             self._note_oom(kid, (report or {}).get("oom"))
-        cards = []
-        for card in self.cards:
-            on_card = [lease for lease in leases if lease.card_uuid == card.uuid]  # (through a broker: others' too)
-            cards.append(
-                {
-                    **card_row(card, on_card, self.policy),
-                    "kernels": sum(not lease.anonymous for lease in on_card),
-                    "outside_mib": outside.get(card.uuid) if outside is not None else None,
-                }
-            )
-        queue = [
-            {
-                "position": i + 1,
-                "kernel_id": w.kernel_id if w.kernel_id in self.records else None,
-                "mine": w.kernel_id in self.records,
-                "quota": w.quota,
-                "waited_s": round(time.time() - w.created, 1),
-            }
-            for i, w in enumerate(waiters)
-        ]
+        ledger = {
+            "path": None if self.ledger.broker_socket else self.ledger.path,
+            "broker": self.ledger.broker_socket,
+            "error": self.ledger.error,
+            "replaced": self.ledger.replaced,
+        }
         return {
             **self.backend.describe(),
-            "ledger": {
-                "path": None if self.ledger.broker_socket else self.ledger.path,
-                "broker": self.ledger.broker_socket,
-                "error": self.ledger.error,
-                "replaced": self.ledger.replaced,
-            },
+            "ledger": ledger,
             "enforcement": self.holding.enforcement(self.policy.required_level),
-            "cards": cards,
-            "kernels": [
-                {**r.to_dict(), "frameworks": (reports.get(r.kernel_id) or {}).get("frameworks")}
-                for r in self.records.values()
-            ],
-            "queue": queue,
+            **server_view(self.cards, self.policy, leases, waiters, outside, list(self.records.values()), reports),
         }
 
     def _note_oom(self, kernel_id: str, framework: str | None) -> None:

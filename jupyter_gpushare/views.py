@@ -7,13 +7,14 @@ an admin sees everything.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .gpu import Card
 from .ledger import Lease, ProcessRef, Reservations, Waiter
 from .policy import Policy, Size, UserLimits
+from .records import KernelRecord
 from .sampler import UsageSnapshot
 from .state import card_segments
 
@@ -215,3 +216,40 @@ def config_view(p: Policy) -> dict[str, Any]:
         "on_full": p.on_full,
         "queue_timeout_s": None if p.queue_timeout_s == float("inf") else p.queue_timeout_s,
     }
+
+
+def server_view(
+    cards: Sequence[Card],
+    policy: Policy,
+    leases: Sequence[Lease],
+    waiters: Sequence[Waiter],
+    outside: Mapping[str, int] | None,
+    records: Sequence[KernelRecord],
+    reports: Mapping[str, Any],
+) -> dict[str, Any]:
+    """A server's cards (with what every lease it may see reserves on them, and what processes without a lease
+    use), its own kernels (``records``, with their frameworks' reports), and the host's line, in which only its
+    own kernels are named."""
+    mine = {r.kernel_id for r in records}
+    rows = []
+    for card in cards:
+        on_card = [lease for lease in leases if lease.card_uuid == card.uuid]  # (through a broker: others' too)
+        rows.append(
+            {
+                **card_row(card, on_card, policy),
+                "kernels": sum(not lease.anonymous for lease in on_card),
+                "outside_mib": outside.get(card.uuid) if outside is not None else None,
+            }
+        )
+    queue = [
+        {
+            "position": i + 1,
+            "kernel_id": w.kernel_id if w.kernel_id in mine else None,
+            "mine": w.kernel_id in mine,
+            "quota": w.quota,
+            "waited_s": round(time.time() - w.created, 1),
+        }
+        for i, w in enumerate(waiters)
+    ]
+    kernels = [{**r.to_dict(), "frameworks": (reports.get(r.kernel_id) or {}).get("frameworks")} for r in records]
+    return {"cards": rows, "kernels": kernels, "queue": queue}
