@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from jupyter_client.provisioning import KernelProvisionerFactory
 from jupyter_server.extension.application import ExtensionApp
-from tornado.ioloop import PeriodicCallback
 from traitlets import TraitError
 
 from .batch import PROVISIONER_NAME
@@ -17,12 +16,55 @@ from .ledger import LedgerError
 from .manager import QuotaManager, build_manager
 from .policy import PolicyError
 from .settings import GpuShareApp, publish
-from .state import SCHEMA_FILE, STATE_SCHEMA, changed_kernels, notable
+from .state import SCHEMA_FILE, STATE_SCHEMA
 
 if TYPE_CHECKING:
     from jupyter_server.serverapp import ServerApp
 
 ANNOUNCE_EVERY_S = 0.1  # how soon a change is announced on the event bus
+
+
+class Announcer:
+    """Says on the server's event bus (STATE_SCHEMA) that the state changed in a way a person would notice, and
+    for which kernels, within ANNOUNCE_EVERY_S of the change, so that browsers read GET /api/gpushare/state then
+    instead of polling fast. The parts that change the state say so as they do it (``changed``: the kernels'
+    registry and the enforcer); nothing compares snapshots. Changes within one interval go out together."""
+
+    def __init__(self, events: Any) -> None:
+        self.events = events
+        if events is not None:
+            events.register_event_schema(SCHEMA_FILE)
+        self._pending: set[str] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self.count = 0
+
+    def changed(self, kernel_id: str | None) -> None:
+        """A change a person would notice, of ``kernel_id``'s (None: of no one kernel). Any thread."""
+        if self.events is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # from another thread: onto the loop first
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self.changed, kernel_id)
+            return
+        self._loop = loop
+        if kernel_id:
+            self._pending.add(kernel_id)
+        if self._handle is None:
+            self._handle = loop.call_later(ANNOUNCE_EVERY_S, self._announce)
+
+    def _announce(self) -> None:
+        self._handle = None
+        kernel_ids, self._pending = sorted(self._pending), set()
+        self.count += 1
+        self.events.emit(schema_id=STATE_SCHEMA, data={"version": str(self.count), "kernel_ids": kernel_ids})
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 class GpuShareExtension(ExtensionApp):
@@ -65,7 +107,8 @@ class GpuShareExtension(ExtensionApp):
 
     def _initialize(self) -> None:
         self.gpushare = settings = GpuShareApp(parent=self)
-        manager = build_manager(settings, self.log)
+        self.announcer = Announcer(getattr(self.serverapp, "event_logger", None))
+        manager = build_manager(settings, self.log, on_change=self.announcer.changed)
         QuotaManager.install(manager)
         self.settings["gpushare_manager"] = manager
         self._published = publish(settings)  # for this user's `jupyter gpushare status` and `doctor`
@@ -73,7 +116,6 @@ class GpuShareExtension(ExtensionApp):
         self._hold_waiting_kernels(manager)
         self._make_default_provisioner()
         self._start_reconciling()
-        self._announce_changes(manager)
         info = manager.backend.describe()
         if manager.backend.simulated:
             self.log.warning(
@@ -95,7 +137,10 @@ class GpuShareExtension(ExtensionApp):
         from .sampler import Sampler
 
         settings = self.gpushare
-        enforcer = Enforcer(manager, self.server.kernel_manager, settings.build_enforce_policy(), log=self.log)
+        enforcer = Enforcer(
+            manager, self.server.kernel_manager, settings.build_enforce_policy(), log=self.log,
+            on_change=self.announcer.changed,
+        )  # fmt: skip
         loop = self._server_loop()
 
         def on_sample(snap: Any) -> None:
@@ -164,26 +209,6 @@ class GpuShareExtension(ExtensionApp):
             end_kernel=end_kernel,
         )
 
-    def _announce_changes(self, manager: QuotaManager) -> None:
-        """Say on the server's event bus (STATE_SCHEMA) when the state changes in a way a person would notice,
-        within ANNOUNCE_EVERY_S, so that browsers read GET /api/gpushare/state then instead of polling fast."""
-        events = getattr(self.serverapp, "event_logger", None)
-        if events is None:
-            return
-        events.register_event_schema(SCHEMA_FILE)
-        enforcer = self.settings["gpushare_enforcer"]
-        last: dict[str, Any] = {"key": notable({}, {}, ()), "count": 0}
-
-        def check() -> None:
-            key = notable(manager.records, enforcer.states, manager.events)
-            if key != last["key"]:
-                kernel_ids = changed_kernels(last["key"], key)
-                last.update(key=key, count=last["count"] + 1)
-                events.emit(schema_id=STATE_SCHEMA, data={"version": str(last["count"]), "kernel_ids": kernel_ids})
-
-        self._announcer = PeriodicCallback(check, ANNOUNCE_EVERY_S * 1000)
-        self._announcer.start()
-
     def _make_default_provisioner(self) -> None:
         """Give every kernel without a provisioner stanza ours, unless the admin chose another.
 
@@ -251,8 +276,8 @@ class GpuShareExtension(ExtensionApp):
         task = getattr(self, "_reconcile_task", None)
         if task:
             task.cancel()
-        if getattr(self, "_announcer", None) is not None:
-            self._announcer.stop()
+        if getattr(self, "announcer", None) is not None:
+            self.announcer.stop()
         if getattr(self, "_published", None):
             with contextlib.suppress(OSError):
                 os.unlink(self._published)

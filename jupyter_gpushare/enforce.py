@@ -59,12 +59,15 @@ class Enforcer:
         policy: EnforcePolicy,
         log: logging.Logger | None = None,
         clock: Callable[[], float] = time.time,
+        on_change: Callable[[str | None], None] | None = None,
     ) -> None:
+        """``on_change``: told of each kernel whose judged state (near or over quota, idle) changes."""
         self.manager = manager
         self.kernel_manager = kernel_manager
         self.policy = policy
         self.log = log or logging.getLogger("jupyter_gpushare")
         self.clock = clock
+        self._on_change = on_change or (lambda kernel_id: None)
         self.judge = OverUseJudge(policy.over_action, policy.over_grace_s)
         self.states: dict[str, str] = {}
         self.version = 0  # counts on_sample calls (the API caches its reply per version)
@@ -104,6 +107,8 @@ class Enforcer:
             self._act_on(verdict, judged[verdict.kernel_id][0])
         for kid in [k for k in self._watch if k not in self.manager.records]:
             del self._watch[kid]
+        for kid in sorted({k for k in states.keys() | self.states.keys() if states.get(k) != self.states.get(k)}):
+            self._on_change(kid)
         self.states = states
         self.version += 1
         return bool(excesses)

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, Callable
 
 from .gpu import Card
-from .history import HistoryRules, Run, history_key, learned_quota, lookup, need_of
+from .history import HistoryRules, Run, history_key, learned_quota, lookup, need_of, retry_quota_mib
 from .ledger import LedgerError
 from .ledger_worker import LedgerWorker
 from .policy import CardView, Policy, Size, format_mib
@@ -31,10 +31,12 @@ class Learning:
         user: str,
         blocking: Callable[..., Awaitable[Any]],
         log: logging.Logger,
+        event: Callable[..., None],
     ):
-        """``blocking``: runs a blocking function off the IOLoop (reading a kernel's reports)."""
-        self.rules, self.policy, self.ledger, self.user, self.blocking, self.log = (
-            rules, policy, ledger, user, blocking, log
+        """``blocking``: runs a blocking function off the IOLoop (reading a kernel's reports); ``event``: records an
+        event (QuotaManager.event)."""
+        self.rules, self.policy, self.ledger, self.user, self.blocking, self.log, self.event = (
+            rules, policy, ledger, user, blocking, log, event
         )  # fmt: skip
 
     async def at_start(self, rec: KernelRecord, quota: Size, cards: Sequence[CardView]) -> tuple[Size, str | None]:
@@ -79,3 +81,17 @@ class Learning:
         await self.ledger.quietly(
             f"record_peak({kernel_id})", lambda ledger: ledger.record_peak(kernel_id, key, run, self.rules)
         )
+
+    def at_oom(self, rec: KernelRecord, framework: str | None) -> None:
+        """A kernel's report says a framework ran out of memory: offer the quota to restart with (the sidebar's
+        "Restart with ..."; the notebook learns it too, at_stop)."""
+        if framework is None or rec.oom == framework or rec.lease is None or rec.card is None:
+            return
+        most = self.policy.largest_quota_mib(rec.card.total_mib)
+        rec.oom, rec.retry_quota_mib = framework, min(retry_quota_mib(rec.lease.quota_mib), most)
+        self.event(
+            "out-of-memory", rec.kernel_id,
+            f"{framework} ran out of memory at a quota of {format_mib(rec.lease.quota_mib)}; restart with "
+            f"{format_mib(rec.retry_quota_mib)} to run it with more.",
+            framework=framework, quota_mib=rec.lease.quota_mib, retry_mib=rec.retry_quota_mib,
+        )  # fmt: skip

@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 from .cgroups import KernelCgroups
 from .gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
 from .gpu.simulated import SimulatedBackend
-from .history import HistoryRules, retry_quota_mib
+from .history import HistoryRules
 from .holding import Holding
 from .learning import Learning
 from .ledger import Lease, LedgerError, ProcessRef, Request, Reservations, Waiting
@@ -53,17 +53,21 @@ class QuotaManager:
         cards: list[Card] | None = None,
         unwatched_s: float = 0.0,
         cgroups: KernelCgroups | None = None,
+        on_change: Callable[[str | None], None] | None = None,
     ):
         """``broker_socket``: reserve through the host's broker (broker.py) instead of the ledger file;
         ``broker_ca_file``: the CA of its TLS certificate ('tls://' sockets); ``history``: quotas learned from
         earlier runs (history.py); ``cards``: the backend's, when the caller has just listed them; ``unwatched_s``: a
         kernel in line with no client connected for this long leaves it (0: never; see ``watchers``); ``cgroups``: the
-        kernels' cgroups (cgroups.py; None: none, kernels are tracked by their process tree)."""
+        kernels' cgroups (cgroups.py; None: none, kernels are tracked by their process tree); ``on_change``: told at once of
+        every change a person would notice (a kernel's state, quota or place in line, a kernel listed or gone, an
+        event), with the kernel's id (None: no one kernel's), to say so on the server's event bus (app.Announcer)."""
         self.policy = policy
         self.backend = backend
         self.log = log or logging.getLogger("jupyter_gpushare")
         self.user = getpass.getuser()
         self.records: dict[str, KernelRecord] = {}
+        self._on_change: Callable[[str | None], None] = on_change or (lambda kernel_id: None)
         self.events: collections.deque[dict] = collections.deque(maxlen=500)
         # Blocking work that is not the ledger's (kernels' reports, their cgroups). Not the loop's default
         # executor: a forked child inherits that one without its threads, and would wait on it forever.
@@ -82,7 +86,9 @@ class QuotaManager:
         self.holding = Holding(cgroups or KernelCgroups(enabled=False), backend, self.cards, self._blocking, self.event)
         self.ledger = LedgerWorker(ledger_path, broker_socket, broker_ca_file, self.log, self._reclaimed)
         self.line = Line(self, self.ledger, policy.queue_timeout_s, unwatched_s, self.log)  # its kernels in line
-        self.learning = Learning(history or HistoryRules(), policy, self.ledger, self.user, self._blocking, self.log)
+        self.learning = Learning(
+            history or HistoryRules(), policy, self.ledger, self.user, self._blocking, self.log, self.event
+        )
 
     # -- process-wide instance -------------------------------------------------------------
 
@@ -136,6 +142,7 @@ class QuotaManager:
         self.events.append(
             {"time": time.time(), "kind": kind, "kernel_id": kernel_id, "path": path, "message": message, **figures}
         )
+        self._on_change(kernel_id)
         if logged:
             self.log.info("gpushare %s %s: %s", kind, kernel_id or "", message)
 
@@ -147,7 +154,17 @@ class QuotaManager:
     def record(self, kernel_id: str, kernel_name: str = "", language: str = "") -> KernelRecord:
         rec = self.records.get(kernel_id)
         if rec is None:
-            rec = self.records[kernel_id] = KernelRecord(kernel_id, kernel_name, language, self.user)
+            rec = self.records[kernel_id] = KernelRecord(
+                kernel_id, kernel_name, language, self.user, on_change=self._on_change
+            )
+            self._on_change(kernel_id)
+        return rec
+
+    def forget(self, kernel_id: str) -> KernelRecord | None:
+        """The kernel is gone from this server: its record goes, and the change is said."""
+        rec = self.records.pop(kernel_id, None)
+        if rec is not None:
+            self._on_change(kernel_id)
         return rec
 
     async def admit(
@@ -261,7 +278,7 @@ class QuotaManager:
         is 'refused', or 'cancelled' for a wait its owner stopped; ``code`` (words.CATALOGUE's ``event.<code>``,
         with ``figures``) says which refusal, where the sidebar words it itself (else the kind, with the
         English ``message``)."""
-        rec = self.records.get(kernel_id) if keep else self.records.pop(kernel_id, None)
+        rec = self.records.get(kernel_id) if keep else self.forget(kernel_id)
         if rec is not None and keep:
             rec.state, rec.lease, rec.card, rec.position = "failed", None, None, None
             rec.reason = f"The kernel could not start again: {message} Shut it down, or start it with another quota."
@@ -329,7 +346,7 @@ class QuotaManager:
         record. ``said``: the caller told the user itself (Ctrl-C outside a server): the event is not logged too."""
         self.line.leave(kernel_id, why)
         await self.remember_peak(kernel_id)
-        rec = self.records.pop(kernel_id, None) if forget else self.records.get(kernel_id)
+        rec = self.forget(kernel_id) if forget else self.records.get(kernel_id)
         if rec is not None and not forget:
             rec.lease = None
         try:
@@ -352,7 +369,7 @@ class QuotaManager:
         """Give a kernel's reservation back as this program exits (batch.end_at_exit), its process gone: now, in
         this thread. By then the interpreter has stopped every executor's thread, the ledger's too, so this uses a
         ledger connection of its own; a failure is logged (what is left is reclaimed once its holders are gone)."""
-        self.records.pop(kernel_id, None)
+        self.forget(kernel_id)
         try:
             self.holding.cgroups.remove(kernel_id, False)
             lease = self.ledger.at_exit(lambda ledger: ledger.release(kernel_id))
@@ -437,7 +454,9 @@ class QuotaManager:
         read, reports = await asyncio.gather(self.ledger.on(read_ledger), self._blocking(read_kernel_reports))
         leases, waiters, outside = read or ([], [], None)
         for kid, report in reports.items():
-            self._note_oom(kid, (report or {}).get("oom"))
+            rec = self.records.get(kid)
+            if rec is not None:
+                self.learning.at_oom(rec, (report or {}).get("oom"))
         ledger = {
             "path": None if self.ledger.broker_socket else self.ledger.path,
             "broker": self.ledger.broker_socket,
@@ -450,21 +469,6 @@ class QuotaManager:
             "enforcement": self.holding.enforcement(self.policy.required_level),
             **server_view(self.cards, self.policy, leases, waiters, outside, list(self.records.values()), reports),
         }
-
-    def _note_oom(self, kernel_id: str, framework: str | None) -> None:
-        """A kernel's report says a framework ran out of memory: offer the quota to restart with (the sidebar's
-        "Restart with ..."; the notebook learns it too, remember_peak)."""
-        rec = self.records.get(kernel_id)
-        if rec is None or framework is None or rec.oom == framework or rec.lease is None or rec.card is None:
-            return
-        most = self.policy.largest_quota_mib(rec.card.total_mib)
-        rec.oom, rec.retry_quota_mib = framework, min(retry_quota_mib(rec.lease.quota_mib), most)
-        self.event(
-            "out-of-memory", kernel_id,
-            f"{framework} ran out of memory at a quota of {format_mib(rec.lease.quota_mib)}; restart with "
-            f"{format_mib(rec.retry_quota_mib)} to run it with more.",
-            framework=framework, quota_mib=rec.lease.quota_mib, retry_mib=rec.retry_quota_mib,
-        )  # fmt: skip
 
     def close(self) -> None:
         self.line.stop()
@@ -507,7 +511,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_the_parents_manager)
 
 
-def build_manager(settings: GpuShareApp, log: logging.Logger | None = None) -> QuotaManager:
+def build_manager(
+    settings: GpuShareApp, log: logging.Logger | None = None, on_change: Callable[[str | None], None] | None = None
+) -> QuotaManager:
     """A QuotaManager from the admin's settings, after they are checked as a whole against this host's cards
     (PolicyError names the settings and the fix)."""
     policy = settings.build_policy()
@@ -527,4 +533,5 @@ def build_manager(settings: GpuShareApp, log: logging.Logger | None = None) -> Q
         cards=cards,
         unwatched_s=settings.queue_unwatched_timeout,
         cgroups=KernelCgroups(enabled=settings.kernel_cgroups == "auto"),
+        on_change=on_change,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from tornado import web
 
@@ -72,10 +72,18 @@ class KernelRecord:
     """What the API says of one kernel of this process."""
 
     changes: ClassVar[int] = 0  # bumped on every field assignment: lets the API reuse an encoded reply
+    NOTABLE: ClassVar[frozenset[str]] = frozenset({"state", "quota", "pending_quota", "position"})
 
     def __setattr__(self, name: str, value: Any) -> None:
+        """Every change counts (``changes``); one a person would notice (``NOTABLE``: its state, quota, place in
+        line) is said at once to ``on_change``, the registry's (QuotaManager's), with the kernel's id."""
+        before = self.__dict__.get(name, value)
         object.__setattr__(self, name, value)
         KernelRecord.changes += 1
+        if name in self.NOTABLE and before != value:
+            on_change = self.__dict__.get("on_change")
+            if on_change is not None:
+                on_change(self.kernel_id)
 
     kernel_id: str
     kernel_name: str
@@ -103,6 +111,7 @@ class KernelRecord:
     run_started: float | None = None  # when the kernel process was created (its run's reports start after)
     oom: str | None = None  # the framework that ran out of memory in this process (its report says so)
     retry_quota_mib: int | None = None  # then: the quota to restart with (history.retry_quota_mib)
+    on_change: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
     def _pending(self) -> dict[str, Any]:
         """The quota asked for, for people and in MiB on its card (a share before the kernel has a card: null)."""

@@ -132,20 +132,3 @@ def build_state(
     body = json.dumps(state, sort_keys=True, default=str)
     state["version"] = hashlib.sha1(body.encode()).hexdigest()[:16]
     return state
-
-
-def notable(records: Mapping[str, Any], judged: Mapping[str, str], events: Sequence[Mapping[str, Any]]) -> tuple:
-    """What a person would notice changing: each kernel's state, quota and place in line, the policy's
-    judgments, the newest event. A new value is announced on the event bus (measured use is not: it
-    changes every reading and is polled while someone looks)."""
-    kernels = tuple(sorted((kid, r.state, r.quota, r.pending_quota, r.position) for kid, r in records.items()))
-    return kernels, tuple(sorted(judged.items())), (len(events), events[-1]["time"] if events else None)
-
-
-def changed_kernels(old: tuple, new: tuple) -> list[str]:
-    """The kernels whose state, quota, place in line or judgment differ between two ``notable`` keys."""
-    out: set[str] = set()
-    for part in (0, 1):  # the records, the judgments
-        before, after = {t[0]: t for t in old[part]}, {t[0]: t for t in new[part]}
-        out |= {kid for kid in before.keys() | after.keys() if before.get(kid) != after.get(kid)}
-    return sorted(out)
