@@ -25,13 +25,14 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from .overuse import CardRoom, Excess, OverUseJudge, Verdict, card_room, over_use
 from .policy import EnforcePolicy, format_mib
 from .sampler import KernelUsage, UsageSnapshot
 
 Judged = dict[str, tuple[Any, KernelUsage, dict[str, int]]]  # kernel id -> (record, usage, card uuid -> MiB)
+Judgment = Literal["near_quota", "over_quota", "idle"]  # (the API's Kernel.state, where the policies judge it)
 
 
 @dataclass
@@ -69,7 +70,7 @@ class Enforcer:
         self.clock = clock
         self._on_change = on_change or (lambda kernel_id: None)
         self.judge = OverUseJudge(policy.over_action, policy.over_grace_s)
-        self.states: dict[str, str] = {}
+        self.states: dict[str, Judgment] = {}
         self.version = 0  # counts on_sample calls (the API caches its reply per version)
         self._watch: dict[str, _Watch] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -78,7 +79,7 @@ class Enforcer:
         """Judge every kernel of this snapshot (called on the IOLoop, once per sampler tick). Returns whether any
         kernel is over its reservation (the sampler then reads the driver more often)."""
         now = self.clock()
-        states: dict[str, str] = {}
+        states: dict[str, Judgment] = {}
         judged: Judged = {}
         uuids = {c.index: uuid for uuid, c in snap.cards.items()}
         for kid, rec in list(self.manager.records.items()):
@@ -141,7 +142,7 @@ class Enforcer:
             out[kid] = Excess(kid, lease.card_uuid, lease.reserved_mib, over, stolen, processes, usage.pid, shared)
         return out
 
-    def _quota(self, kid: str, rec: Any, usage: KernelUsage, excess: Excess | None) -> str | None:
+    def _quota(self, kid: str, rec: Any, usage: KernelUsage, excess: Excess | None) -> Judgment | None:
         used, limit = usage.used_mib or 0, rec.lease.reserved_mib
         w = self._watch[kid]
         figures = self._figures(rec, usage)
@@ -260,7 +261,7 @@ class Enforcer:
 
     # -- idle ------------------------------------------------------------------------------------
 
-    def _idle(self, kid: str, rec: Any, usage: Any, w: _Watch, now: float) -> str | None:
+    def _idle(self, kid: str, rec: Any, usage: Any, w: _Watch, now: float) -> Judgment | None:
         if not self.policy.idle_timeout_s:
             return None
         kernel = self._kernel(kid)

@@ -306,7 +306,7 @@ class QuotaManager:
         """The kernel's start is decided: it runs with its grant. ``why`` a kernel starts without a GPU (the code of
         its 'no-gpu' event, with ``figures``): no-gpu-none (this server has none), no-gpu-ledger (no reservation
         can be made now), no-gpu-full (the cards are full and the policy starts it without)."""
-        rec.state = {"gpu": "running"}.get(grant.mode, grant.mode)
+        rec.state = "running" if grant.mode == "gpu" else grant.mode
         rec.lease, rec.card, rec.reason, rec.position = grant.lease, grant.card, grant.reason, None
         if grant.mode == "gpu" and grant.lease:
             self.event(

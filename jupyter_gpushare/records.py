@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Literal
 
 from tornado import web
 
@@ -56,12 +56,16 @@ def full_message(quota: Size, got: Waiting, reserve_mib: int, waited: float | No
     return f"{text} {WHAT_TO_DO}"
 
 
+KernelState = Literal["starting", "queued", "running", "cpu", "none", "failed"]  # (the API's Kernel.state)
+GrantMode = Literal["gpu", "cpu", "none", "queued"]
+
+
 @dataclass
 class Grant:
     """What a kernel got: a GPU reservation, a start without GPU (``cpu``), no quota at all (``none``), or a place
     in line (``queued``: the reservation comes later, from ``QuotaManager.granted``)."""
 
-    mode: str
+    mode: GrantMode
     lease: Lease | None = None
     card: Card | None = None
     reason: str | None = None
@@ -89,7 +93,7 @@ class KernelRecord:
     kernel_name: str
     language: str
     user: str
-    state: str = "starting"  # starting | queued | running | cpu | none | failed (a restart was refused)
+    state: KernelState = "starting"  # 'failed': a restart was refused
     quota: str | None = None  # requested (or default) quota
     pending_quota: Size | None = None  # applied at the next restart
     lease: Lease | None = None

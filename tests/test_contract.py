@@ -255,3 +255,15 @@ def test_every_event_code_the_server_gives_has_words():
     assert sorted(code for code in codes if f"event.{code}" not in CATALOGUE) == []
     always_coded = {"no-gpu", "action-failed"}  # (their events always carry one of the codes above)
     assert sorted(k for k in SEVERITY if f"event.{k}" not in CATALOGUE and k not in always_coded) == []
+
+
+def test_the_kernel_states_the_server_keeps_are_the_apis():
+    """A kernel's state is a record's (records.KernelState) or, while it runs, the policies' judgment of it
+    (enforce.Judgment): together they are the API's enum, no more and no less."""
+    from typing import get_args
+
+    from jupyter_gpushare.enforce import Judgment
+    from jupyter_gpushare.records import KernelState
+
+    props, _ = schema_fields(SPEC["components"]["schemas"]["Kernel"])
+    assert set(get_args(KernelState)) | set(get_args(Judgment)) == set(_resolve(props["state"])["enum"])
