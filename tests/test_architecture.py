@@ -39,7 +39,9 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):  # (imports only type checkers run count too: a type-only cycle is a tangle all the same)
+    for node in ast.walk(
+        tree
+    ):  # (imports only type checkers run count too: a type-only cycle is a tangle all the same)
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):

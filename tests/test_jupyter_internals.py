@@ -27,8 +27,8 @@ from __future__ import annotations
 import inspect
 
 from jupyter_client.manager import AsyncKernelManager
-from jupyter_core import utils
 from jupyter_client.multikernelmanager import AsyncMultiKernelManager
+from jupyter_core import utils
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 
