@@ -130,10 +130,11 @@ async def test_restarting_or_interrupting_a_waiting_kernel_keeps_its_place(gpush
     assert await gpushare.state_of(k2) == "queued"
 
 
-async def test_a_second_restart_while_one_runs_is_refused_with_409(gpushare, jp_fetch):
+async def test_a_second_restart_while_one_runs_is_refused_with_409(gpushare, jp_fetch, jp_serverapp):
     _, kid = await gpushare.open_notebook("busy.ipynb")
     first = asyncio.ensure_future(jp_fetch("api", "kernels", kid, "restart", method="POST", body="{}"))
-    await asyncio.sleep(0.05)
+    restarting = jp_serverapp.web_app.settings.setdefault("gpushare_restarting", set())
+    await gpushare.wait_for(lambda: _true(kid in restarting), what="the first restart under way")  # (not a sleep)
     with pytest.raises(HTTPClientError) as e:
         await jp_fetch("api", "kernels", kid, "restart", method="POST", body="{}")
     assert e.value.code == 409 and "restarting already" in json.loads(e.value.response.body)["message"]
@@ -245,3 +246,7 @@ async def test_the_line_is_served_on_after_a_turn_that_failed(gpushare, jp_serve
 
 async def _failed(failed: list) -> bool:
     return len(failed) >= 3
+
+
+async def _true(value: bool) -> bool:
+    return value
