@@ -46,8 +46,8 @@ RESERVE_MIB = 512
 
 def client(where: dict, seed: int, ops: int, rounds: int, barrier, start, tally, lock, peak, out) -> None:
     from jupyter_gpushare.broker import BrokerLedger
-    from jupyter_gpushare.ledger import Lease, Request
-    from jupyter_gpushare.policy import Size
+    from jupyter_gpushare.core.policy import Size
+    from jupyter_gpushare.ledger.ledger import Lease, Request
 
     rng = random.Random(seed)
     ledger = BrokerLedger(**where)
@@ -139,7 +139,7 @@ def start_broker(base: str, extra: str = "") -> tuple[subprocess.Popen, str]:
             + textwrap.dedent(extra)
         )
     broker = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_gpushare.cli", "broker", f"--config={config}"], stderr=subprocess.DEVNULL
+        [sys.executable, "-m", "jupyter_gpushare.cli.main", "broker", f"--config={config}"], stderr=subprocess.DEVNULL
     )
     deadline = time.monotonic() + 60
     while True:
@@ -222,7 +222,7 @@ def measure(where: dict, admin_sock: str, args) -> dict:
 
 
 def hub_for_tokens(base: str):
-    """A real JupyterHub (tests/test_hub.py's, with its proxy), a token of one of its users and the
+    """A real JupyterHub (tests/host/test_hub.py's, with its proxy), a token of one of its users and the
     broker's own token; RuntimeError with the reason when no Hub can run here."""
     tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
     sys.path.insert(0, tests)

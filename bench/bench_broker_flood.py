@@ -59,8 +59,8 @@ def as_user(name: str) -> None:
 def victim(sock: str, cycles: int, out) -> None:
     as_user(VICTIM)
     from jupyter_gpushare.broker import BrokerLedger
-    from jupyter_gpushare.ledger import Lease, Request
-    from jupyter_gpushare.policy import Size
+    from jupyter_gpushare.core.policy import Size
+    from jupyter_gpushare.ledger.ledger import Lease, Request
 
     ledger = BrokerLedger(sock)
     ledger.hello()
@@ -207,7 +207,7 @@ def main() -> None:
     )
     log = open(base / "broker.log", "w+")
     broker = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_gpushare.cli", "broker", f"--config={base / 'config.py'}"],
+        [sys.executable, "-m", "jupyter_gpushare.cli.main", "broker", f"--config={base / 'config.py'}"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:

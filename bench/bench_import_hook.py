@@ -27,10 +27,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from jupyter_gpushare.gpu import Card  # noqa: E402
-from jupyter_gpushare.kernel_env import BOOTSTRAP_DIR, kernel_env  # noqa: E402
-from jupyter_gpushare.ledger import Lease, ProcessRef  # noqa: E402
-from jupyter_gpushare.records import Grant  # noqa: E402
+from jupyter_gpushare.host.gpu import Card  # noqa: E402
+from jupyter_gpushare.launch.kernel_env import BOOTSTRAP_DIR, kernel_env  # noqa: E402
+from jupyter_gpushare.ledger.ledger import Lease, ProcessRef  # noqa: E402
+from jupyter_gpushare.server.records import Grant  # noqa: E402
 
 QUOTA = 4096
 PROBE = """

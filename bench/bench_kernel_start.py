@@ -24,7 +24,7 @@ from jupyter_client import AsyncKernelManager
 from jupyter_client.provisioning import KernelProvisionerFactory
 from traitlets.config import Config
 
-from jupyter_gpushare.manager import QuotaManager
+from jupyter_gpushare.server.manager import QuotaManager
 
 
 async def start_once(provisioner: str, config: Config) -> float:

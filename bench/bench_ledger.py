@@ -20,9 +20,9 @@ import tempfile
 import time
 from datetime import datetime, timezone
 
-from jupyter_gpushare.gpu import Card
-from jupyter_gpushare.ledger import Lease, Ledger, Request
-from jupyter_gpushare.policy import Policy, Size
+from jupyter_gpushare.core.policy import Policy, Size
+from jupyter_gpushare.host.gpu import Card
+from jupyter_gpushare.ledger.ledger import Lease, Ledger, Request
 
 CARDS = [Card(0, "GPU-0", "sim", 81920, True), Card(1, "GPU-1", "sim", 81920, True)]
 POLICY = Policy(context_reserve_mib=640)

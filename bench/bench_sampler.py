@@ -100,10 +100,10 @@ def fill(manager, trees) -> None:
 
 
 def bench_tick(trees) -> dict:
-    from jupyter_gpushare.gpu import SimulatedBackend
-    from jupyter_gpushare.manager import QuotaManager
-    from jupyter_gpushare.policy import Policy, Size
-    from jupyter_gpushare.sampler import Sampler
+    from jupyter_gpushare.core.policy import Policy, Size
+    from jupyter_gpushare.host.gpu import SimulatedBackend
+    from jupyter_gpushare.server.manager import QuotaManager
+    from jupyter_gpushare.server.sampler import Sampler
 
     d = tempfile.mkdtemp()
     manager = QuotaManager(
@@ -176,7 +176,7 @@ async def phase(url: str) -> dict:
 async def bench_server(trees) -> dict:
     from jupyter_server.serverapp import ServerApp
 
-    from jupyter_gpushare.manager import QuotaManager
+    from jupyter_gpushare.server.manager import QuotaManager
 
     root = tempfile.mkdtemp()
     os.environ["JUPYTER_RUNTIME_DIR"] = tempfile.mkdtemp()

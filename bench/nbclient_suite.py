@@ -5,7 +5,7 @@ nbclient (and papermill on it) starts kernels through jupyter_client, also from 
 inherited the parent's manager and its SQLite connection. Its suite is a real program's tests, not ours.
 
     python bench/nbclient_suite.py OUT.json [--runs 1]    # both ways, side by side: the time ratio
-Used by tests/test_nbclient_suite.py (with the provisioner only).
+Used by tests/launch/test_nbclient_suite.py (with the provisioner only).
 
 The suite's source comes from the nbclient sdist of the installed version (pip download: nbclient's wheel
 has no tests); its test-only dependencies go into a virtualenv that sees this environment's packages, so
@@ -84,7 +84,7 @@ def run(python: Path, src: Path, workdir: Path, gpushare: bool, timeout: float =
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)", text)}
     leases = reaped = None
     if gpushare and ledger.exists():
-        from jupyter_gpushare.ledger import Ledger
+        from jupyter_gpushare.ledger.ledger import Ledger
 
         # a kernel the suite leaves running (cleanup_kc=False) ends soon after the suite's process (ipykernel
         # polls its parent); its lease is then a dead holder's, which the next reservation reaps. What is

@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 
 def _jupyter_server_extension_points():
-    from .app import GpuShareExtension
+    from .server.app import GpuShareExtension
 
     return [{"module": "jupyter_gpushare", "app": GpuShareExtension}]
 

@@ -1,4 +1,4 @@
-"""The REST API's published schema (jupyter_gpushare/api/openapi.yaml), for checking real replies against it."""
+"""The REST API's published schema (jupyter_gpushare/server/api/openapi.yaml), for checking real replies against it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from openapi_schema_validator import OAS30Validator, validate
 
 import jupyter_gpushare
 
-SPEC = yaml.safe_load((Path(jupyter_gpushare.__file__).parent / "api" / "openapi.yaml").read_text())
+SPEC = yaml.safe_load((Path(jupyter_gpushare.__file__).parent / "server" / "api" / "openapi.yaml").read_text())
 
 
 def conforms(instance, schema_name: str) -> None:

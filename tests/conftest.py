@@ -5,25 +5,34 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import pytest
 from jupyter_client.provisioning import KernelProvisionerFactory
 
-from jupyter_gpushare.manager import QuotaManager
+from jupyter_gpushare.server.manager import QuotaManager
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
-BROWSER_MODULES = {"test_ui.py", "test_notebook7.py", "test_browser_check.py"}  # drive Chromium
+# The tests mirror the package: tests/<folder>/ tests jupyter_gpushare/<folder>/ (and tests/ui/ the sidebar in a
+# browser). Markers by folder, then by what a test needs (setup.cfg lists them; the README's quick subset leaves
+# them out).
+FOLDER_MARKERS = {
+    "ui": "browser",  # drives JupyterLab or Notebook 7 in Chromium
+    "bootstrap": "kernel",  # real frameworks imported in real kernel processes
+    "launch": "kernel",  # real kernels and the real programs that start them (jupyter execute, papermill, …)
+}
 SERVER_FIXTURES = {"jp_serverapp", "jp_fetch", "gpushare"}  # a real jupyter-server in the test's process
 
 
 def pytest_collection_modifyitems(items):
-    """Markers by what a test needs (setup.cfg lists them; README's quick subset leaves them out): ``browser``
-    for the modules that drive Chromium, ``root`` for tests skipped unless run as root (Unix users, cgroups,
-    mounts, namespaces), ``server`` for tests that run a jupyter-server in their process."""
+    """``browser`` and ``kernel`` by folder (FOLDER_MARKERS), ``root`` for tests skipped unless run as root (Unix
+    users, cgroups, mounts, namespaces), ``server`` for tests that run a jupyter-server in their process."""
+    tests = Path(__file__).resolve().parent
     for item in items:
-        if item.path.name in BROWSER_MODULES:
-            item.add_marker(pytest.mark.browser)
+        folder = item.path.resolve().relative_to(tests).parts[0]
+        if folder in FOLDER_MARKERS:
+            item.add_marker(FOLDER_MARKERS[folder])
         if any("root" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")):
             item.add_marker(pytest.mark.root)
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -153,7 +162,7 @@ def broker_in_process(tmp_path, cards: str = "10GiB"):
 def inproc(tmp_path):
     """A broker's request handling without its socket: callers are given, not read from a socket."""
     from jupyter_gpushare.broker import Caller
-    from jupyter_gpushare.ledger import ProcessRef
+    from jupyter_gpushare.ledger.ledger import ProcessRef
 
     broker = broker_in_process(tmp_path)
     me = ProcessRef.me()

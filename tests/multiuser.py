@@ -109,7 +109,7 @@ class Broker:
     def start(self) -> Broker:
         self.log = open(self.base / "broker.log", "a+")
         self.proc = subprocess.Popen(
-            [*self.prefix, sys.executable, "-m", "jupyter_gpushare.cli", "broker", f"--config={self.config}"],
+            [*self.prefix, sys.executable, "-m", "jupyter_gpushare.cli.main", "broker", f"--config={self.config}"],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # stop() signals the group: the broker, also under a prefix

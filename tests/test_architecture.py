@@ -98,6 +98,43 @@ def test_no_module_imports_one_that_imports_it_back():
     assert cycles(graph) == []
 
 
+# The package's folders, lowest first (docs/architecture.md draws them). A module imports its own folder and the
+# folders below it, never one above: the rules know nothing of the host, the host nothing of the ledger, the
+# ledger nothing of the broker or a server, and so on up to the command line.
+LAYERS = ("core", "host", "ledger", "config", "broker", "server", "launch", "cli")
+
+
+def layer_of(name: str) -> str | None:
+    """A module's folder ('jupyter_gpushare.ledger.view' -> 'ledger'); None for the package's own __init__."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for name, deps in graph.items():
+        here = layer_of(name)
+        if here is None:
+            continue
+        for dep in deps:
+            there = layer_of(dep)
+            if there is not None and LAYERS.index(there) > LAYERS.index(here):
+                found.append(f"{name} -> {dep}")
+    return sorted(found)
+
+
+def test_every_module_sits_in_a_layer_and_imports_none_above_it():
+    known = modules()
+    assert {layer_of(name) for name in known} - {None} == set(LAYERS)  # no module at the package's root
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    assert upward_imports(graph) == []
+
+
+def test_the_layer_rule_finds_an_upward_import():
+    graph = {"p.core.policy": {"p.server.app"}, "p.server.app": {"p.core.policy"}, "p.cli.main": {"p.host.procs"}}
+    assert upward_imports(graph) == ["p.core.policy -> p.server.app"]
+
+
 def test_no_bootstrap_module_imports_one_that_imports_it_back():
     """The bootstrap's modules are top-level names in the kernel (its folder is on PYTHONPATH): the hooks sit on
     the report, and the module that installs them on the hooks, never the other way round."""

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpushare.broker import GpuShareBroker
-from jupyter_gpushare.provisioner import GpuShareProvisioner
-from jupyter_gpushare.settings import GpuShareApp
+from jupyter_gpushare.config.settings import GpuShareApp
+from jupyter_gpushare.launch.provisioner import GpuShareProvisioner
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,9 +10,9 @@ from importlib.metadata import EntryPoint
 
 from jupyter_client.provisioning import KernelProvisionerFactory
 
-from jupyter_gpushare.gpu import GpuBackend
-from jupyter_gpushare.manager import QuotaManager
-from jupyter_gpushare.policy import Policy, Size
+from jupyter_gpushare.core.policy import Policy, Size
+from jupyter_gpushare.host.gpu import GpuBackend
+from jupyter_gpushare.server.manager import QuotaManager
 
 SMOKE = os.environ.get("GPUSHARE_CHECK_SMOKE") == "1"  # the plumbing only, on a simulated card, no GPU
 
@@ -57,7 +57,7 @@ def install_quota_manager(backend: GpuBackend, quota_mib: int, reserve_mib: int)
     factory = KernelProvisionerFactory.instance()
     factory.provisioners["gpushare-provisioner"] = EntryPoint(
         name="gpushare-provisioner",
-        value="jupyter_gpushare.provisioner:GpuShareProvisioner",
+        value="jupyter_gpushare.launch.provisioner:GpuShareProvisioner",
         group="jupyter_client.kernel_provisioners",
     )
     factory.default_provisioner_name = "gpushare-provisioner"

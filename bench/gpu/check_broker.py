@@ -36,10 +36,10 @@ import websocket  # noqa: E402  (websocket-client, a jupyter_server dependency)
 from servers import TOKEN, wait_until  # noqa: E402
 from test_broker import Broker, UserServer, ensure_user, remove_user, root_traversable  # noqa: E402
 
-from jupyter_gpushare.attribution import unreserved_use  # noqa: E402
-from jupyter_gpushare.gpu import SimulatedBackend  # noqa: E402
-from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
-from jupyter_gpushare.ledger import read_ledger  # noqa: E402
+from jupyter_gpushare.host.gpu import SimulatedBackend  # noqa: E402
+from jupyter_gpushare.host.gpu.nvml import NvmlBackend  # noqa: E402
+from jupyter_gpushare.ledger.attribution import unreserved_use  # noqa: E402
+from jupyter_gpushare.ledger.ledger import read_ledger  # noqa: E402
 
 SMOKE = os.environ.get("GPUSHARE_CHECK_SMOKE") == "1"  # the plumbing on a simulated 40 GiB card, no GPU
 NVML = {"gpu_backend": "simulated", "simulated_cards": "40GiB"} if SMOKE else {"gpu_backend": "nvml"}
@@ -131,7 +131,7 @@ def main(path: str) -> int:
         checks["alice's view: bob's total as others"] = sum(c["others_reserved_mib"] for c in host["cards"]) > 0
         time.sleep(2)  # a sampler tick
         status = subprocess.run(
-            [sys.executable, "-m", "jupyter_gpushare.cli", "status", "--json", "--socket", broker.socket],
+            [sys.executable, "-m", "jupyter_gpushare.cli.main", "status", "--json", "--socket", broker.socket],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         result["status"] = json.loads(status.stdout) if status.returncode == 0 else status.stderr

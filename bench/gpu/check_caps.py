@@ -30,9 +30,9 @@ import pynvml  # noqa: E402
 from _manager import SMOKE, check_header, install_quota_manager  # noqa: E402
 from jupyter_client.manager import AsyncKernelManager  # noqa: E402
 
-from jupyter_gpushare.gpu import SimulatedBackend  # noqa: E402
-from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
-from jupyter_gpushare.reports import report_dir  # noqa: E402
+from jupyter_gpushare.host.gpu import SimulatedBackend  # noqa: E402
+from jupyter_gpushare.host.gpu.nvml import NvmlBackend  # noqa: E402
+from jupyter_gpushare.host.reports import report_dir  # noqa: E402
 
 QUOTA_MIB = 4096
 RESERVE_MIB = 1024
@@ -208,7 +208,7 @@ async def main(path: str) -> int:
             entry.get("capped") is True and entry.get("limit_mib") == QUOTA_MIB
         )
 
-    from jupyter_gpushare.reports import read_reports
+    from jupyter_gpushare.host.reports import read_reports
 
     for fw, (km, _) in kernels.items():
         result["kernels"][fw]["report"] = read_reports(report_dir(), km.kernel_id)

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 
 import pynvml
 
-from jupyter_gpushare.gpu.nvml import NvmlBackend
+from jupyter_gpushare.host.gpu.nvml import NvmlBackend
 
 HOLD = "import torch, time; x = torch.ones(2 * 2**30 // 4, device='cuda'); print('ready', flush=True); time.sleep(60)"
 

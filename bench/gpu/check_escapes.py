@@ -260,7 +260,7 @@ def main(out_dir: str) -> int:
         "neighbour_quota_mib": neighbour_quota,
         "attempts": [],
     }
-    from jupyter_gpushare.doctor import diagnose
+    from jupyter_gpushare.cli.doctor import diagnose
 
     result["doctor"] = [f.to_dict() for f in diagnose() if f.check.startswith("tier")]
     work = Path(tempfile.mkdtemp(prefix="escapes-"))

@@ -34,11 +34,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench" / "study")]
 from harness import HEADROOM_MIB, sizing_for  # noqa: E402
 from jobs import job_code  # noqa: E402
 
-from jupyter_gpushare.gpu import Card  # noqa: E402
-from jupyter_gpushare.history import ALLOCATOR_MARGIN  # noqa: E402
-from jupyter_gpushare.kernel_env import kernel_env  # noqa: E402
-from jupyter_gpushare.ledger import Lease  # noqa: E402
-from jupyter_gpushare.records import Grant  # noqa: E402
+from jupyter_gpushare.core.history import ALLOCATOR_MARGIN  # noqa: E402
+from jupyter_gpushare.host.gpu import Card  # noqa: E402
+from jupyter_gpushare.launch.kernel_env import kernel_env  # noqa: E402
+from jupyter_gpushare.ledger.ledger import Lease  # noqa: E402
+from jupyter_gpushare.server.records import Grant  # noqa: E402
 
 RATIOS = (1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.4, 1.5, 1.75)
 RESERVE_MIB = 640  # the study's context reserve

@@ -39,9 +39,9 @@ from _manager import install_quota_manager  # noqa: E402
 from check_usage import execute, nvml_by_pid  # noqa: E402
 from jupyter_client.multikernelmanager import AsyncMultiKernelManager  # noqa: E402
 
-from jupyter_gpushare.attribution import unreserved_use  # noqa: E402
-from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
-from jupyter_gpushare.sampler import Sampler  # noqa: E402
+from jupyter_gpushare.host.gpu.nvml import NvmlBackend  # noqa: E402
+from jupyter_gpushare.ledger.attribution import unreserved_use  # noqa: E402
+from jupyter_gpushare.server.sampler import Sampler  # noqa: E402
 
 QUOTA_MIB, RESERVE_MIB = 30 * 1024, 1024
 INTERVAL_S = 0.5

@@ -42,8 +42,8 @@ from _manager import SMOKE, check_header, install_quota_manager  # noqa: E402
 from check_caps import execute, nvml_used_by_pid, tree_pids  # noqa: E402
 from jupyter_client.manager import AsyncKernelManager  # noqa: E402
 
-from jupyter_gpushare.gpu import SimulatedBackend  # noqa: E402
-from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
+from jupyter_gpushare.host.gpu import SimulatedBackend  # noqa: E402
+from jupyter_gpushare.host.gpu.nvml import NvmlBackend  # noqa: E402
 
 QUOTA_MIB = 4096
 RESERVE_MIB = 1024

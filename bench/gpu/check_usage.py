@@ -35,12 +35,12 @@ import pynvml  # noqa: E402
 from _manager import install_quota_manager  # noqa: E402
 from jupyter_client.multikernelmanager import AsyncMultiKernelManager  # noqa: E402
 
-from jupyter_gpushare.enforce import Enforcer  # noqa: E402
-from jupyter_gpushare.gpu import SimulatedBackend  # noqa: E402
-from jupyter_gpushare.gpu.nvml import NvmlBackend  # noqa: E402
-from jupyter_gpushare.policy import EnforcePolicy  # noqa: E402
-from jupyter_gpushare.sampler import Sampler  # noqa: E402
-from jupyter_gpushare.views import kernel_view  # noqa: E402
+from jupyter_gpushare.core.policy import EnforcePolicy  # noqa: E402
+from jupyter_gpushare.host.gpu import SimulatedBackend  # noqa: E402
+from jupyter_gpushare.host.gpu.nvml import NvmlBackend  # noqa: E402
+from jupyter_gpushare.server.enforce import Enforcer  # noqa: E402
+from jupyter_gpushare.server.sampler import Sampler  # noqa: E402
+from jupyter_gpushare.server.views import kernel_view  # noqa: E402
 
 QUOTA_MIB, RESERVE_MIB = 2048, 1024
 INTERVAL_S = 0.5

@@ -11,7 +11,7 @@ fi
 d=/tmp/site/jupyter_gpushare-0.1.0.dist-info
 mkdir -p "$d"
 printf 'Metadata-Version: 2.1\nName: jupyter-gpushare\nVersion: 0.1.0\n' > "$d/METADATA"
-printf '[jupyter_client.kernel_provisioners]\ngpushare-provisioner = jupyter_gpushare.provisioner:GpuShareProvisioner\n' > "$d/entry_points.txt"
+printf '[jupyter_client.kernel_provisioners]\ngpushare-provisioner = jupyter_gpushare.launch.provisioner:GpuShareProvisioner\n' > "$d/entry_points.txt"
 export PYTHONPATH="$PWD:/tmp/site"
 # The server extension, enabled as the wheel's jupyter_server_config.d file enables it on install.
 mkdir -p /tmp/site/etc/jupyter/jupyter_server_config.d

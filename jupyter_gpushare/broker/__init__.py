@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..procs import container_reason
+from ..host.procs import container_reason
 from .client import BrokerLedger
 from .identity import Caller
 from .protocol import DEFAULT_LEDGER, DEFAULT_SOCKET, BrokerRefused, is_tcp, parse_tcp

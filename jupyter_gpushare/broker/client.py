@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..gpu import Card
-from ..history import HistoryRules, Learned, Run
-from ..leases import lease_from_json, waiter_from_json
-from ..ledger import Lease, LedgerError, ProcessRef, Request, Waiter, Waiting
-from ..policy import Policy, UserLimits, parse_limits
+from ..core.history import HistoryRules, Learned, Run
+from ..core.policy import Policy, UserLimits, parse_limits
+from ..host.gpu import Card
+from ..ledger.leases import lease_from_json, waiter_from_json
+from ..ledger.ledger import Lease, LedgerError, ProcessRef, Request, Waiter, Waiting
 from .protocol import HUB_TOKEN_ENV, MAX_LINE, is_tcp, parse_tcp, policy_error_from
 
 log = logging.getLogger("jupyter_gpushare.broker")

@@ -15,8 +15,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from ..ledger import LedgerError
-from ..policy import PolicyError
+from ..core.policy import PolicyError
+from ..ledger.ledger import LedgerError
 from .guard import Guard, LogLimiter
 from .identity import Caller, peer_credentials
 from .paths import untrusted_dir

@@ -15,7 +15,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from ..procs import Owner, ProcessRef, SessionRef
+from ..host.procs import Owner, ProcessRef, SessionRef
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,14 @@ from typing import Any
 
 import psutil
 
-from ..cgroups import held_in_group
-from ..gpu import Card, DeviceSample, GpuBackend
-from ..history import HistoryRules, OthersBudget
-from ..leases import lease_to_json, waiter_to_json
-from ..ledger import Lease, Ledger, ProcessRef, Request, Waiter
-from ..levels import WHAT, below, level_of
-from ..policy import CardView, Policy, UserLimits, format_mib
-from ..views import ANONYMOUS, anonymous_leases, view_for
+from ..core.history import HistoryRules, OthersBudget
+from ..core.levels import WHAT, below, level_of
+from ..core.policy import CardView, Policy, UserLimits, format_mib
+from ..host.cgroups import held_in_group
+from ..host.gpu import Card, DeviceSample, GpuBackend
+from ..ledger.leases import lease_to_json, waiter_to_json
+from ..ledger.ledger import Lease, Ledger, ProcessRef, Request, Waiter
+from ..ledger.view import ANONYMOUS, anonymous_leases, view_for
 from .guard import LogLimiter
 from .identity import Caller
 from .protocol import (

@@ -17,11 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..history import MAX_PATH, MAX_PEAK_MIB, PATH, Run
-from ..policy import PolicyError, Size
+from ..core.addresses import DEFAULT_LEDGER, DEFAULT_SOCKET, is_tcp, parse_tcp  # noqa: F401  (the broker's names)
+from ..core.history import MAX_PATH, MAX_PEAK_MIB, PATH, Run
+from ..core.policy import PolicyError, Size
 
-DEFAULT_SOCKET = "/run/jupyter-gpushare/broker.sock"
-DEFAULT_LEDGER = "/var/lib/jupyter-gpushare/ledger.sqlite"
 MAX_LINE = (
     64 << 10
 )  # bytes of one request line (a real one is under 1 KB; a server's keep list of 1,000 kernels ~40 KB)
@@ -34,22 +33,6 @@ MAX_CARDS, MAX_KEEP = 64, 1_000  # cards a kernel may be placed on; kernels one 
 
 class BrokerRefused(RuntimeError):
     """A request the broker will not carry out for this caller (not theirs, bad arguments)."""
-
-
-# -- addresses ---------------------------------------------------------------------------------------
-
-
-def is_tcp(address: str) -> bool:
-    return address.startswith(("tcp://", "tls://"))
-
-
-def parse_tcp(address: str, what: str) -> tuple[str, int]:
-    """'host:port' (or 'tcp://host:port', 'tls://host:port') -> (host, port); ValueError that names ``what``."""
-    rest = address.removeprefix("tcp://").removeprefix("tls://")
-    host, _, port = rest.rpartition(":")
-    if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{what} = {address!r} is not host:port; e.g. 'tcp://gpushare-broker.jhub.svc:8765'.")
-    return host.strip("[]"), int(port)
 
 
 # -- typed requests --------------------------------------------------------------------------------------

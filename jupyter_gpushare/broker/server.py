@@ -31,15 +31,15 @@ from jupyter_core.application import JupyterApp
 from traitlets import Any as AnyTrait
 from traitlets import Bool, Dict, Enum, Float, Int, List, Unicode, default
 
-from ..attribution import lease_use
-from ..gpu import Card, DeviceSample
-from ..history import OthersBudget
-from ..hub import HubClient, HubError
-from ..ledger import Lease, Ledger, LedgerError, ProcessRef, SessionRef, host_clock
-from ..overuse import FAST_INTERVAL_S
-from ..policy import CardView, LimitRules, PolicyError, UserLimits, format_mib, parse_limits
-from ..procs import container_reason, proc_hidden_from_me
-from ..settings import settings_from
+from ..config.settings import settings_from
+from ..core.history import OthersBudget
+from ..core.overuse import FAST_INTERVAL_S
+from ..core.policy import CardView, LimitRules, PolicyError, UserLimits, format_mib, parse_limits
+from ..host.gpu import Card, DeviceSample
+from ..host.hub import HubClient, HubError
+from ..host.procs import container_reason, proc_hidden_from_me
+from ..ledger.attribution import lease_use
+from ..ledger.ledger import Lease, Ledger, LedgerError, ProcessRef, SessionRef, host_clock
 from .connections import AUTH_TIMEOUT_S, Connections
 from .guard import Guard, LogLimiter, raise_fd_limit
 from .identity import Caller, user_and_groups
@@ -268,7 +268,7 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
 
     def setup(self) -> None:
         """Build policy, limits and cards from config (PolicyError names the bad setting)."""
-        from ..gpu import open_backend
+        from ..host.gpu import open_backend
 
         shared = settings_from(self.config)  # the same placement rules (c.GpuShareApp.*) as a single server
         self.policy = shared.build_policy()

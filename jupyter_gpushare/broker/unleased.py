@@ -33,11 +33,11 @@ from typing import Callable
 
 import psutil
 
-from ..attribution import LeaseUse, card_rooms
-from ..gpu import DeviceSample
-from ..ledger import Lease
-from ..overuse import Excess, OverUseJudge
-from ..policy import format_mib
+from ..core.overuse import Excess, OverUseJudge
+from ..core.policy import format_mib
+from ..host.gpu import DeviceSample
+from ..ledger.attribution import LeaseUse, card_rooms
+from ..ledger.ledger import Lease
 
 ACTIONS = ("notify", "stop", "lease")
 ADOPT_MARGIN = 1.1  # a lease given to a process is its use now and a tenth more, in whole 256 MiB

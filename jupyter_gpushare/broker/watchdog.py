@@ -28,11 +28,11 @@ import time
 from collections.abc import Sequence
 from typing import Callable
 
-from ..attribution import LeaseUse, lease_excesses, lease_use
-from ..gpu import DeviceSample
-from ..ledger import Lease
-from ..overuse import OverUseJudge, Verdict
-from ..policy import format_mib
+from ..core.overuse import OverUseJudge, Verdict
+from ..core.policy import format_mib
+from ..host.gpu import DeviceSample
+from ..ledger.attribution import LeaseUse, lease_excesses, lease_use
+from ..ledger.ledger import Lease
 
 ACTIONS = ("protect", "notify", "interrupt", "restart")
 

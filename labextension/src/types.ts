@@ -1,5 +1,5 @@
 /**
- * Shapes of the /api/gpushare/ replies (jupyter_gpushare/api/openapi.yaml).
+ * Shapes of the /api/gpushare/ replies (jupyter_gpushare/server/api/openapi.yaml).
  *
  * Fields marked "sampler" come from the NVML usage sampler; they are absent or
  * null until it measures them, and the UI then says "usage not measured yet".

@@ -1,7 +1,7 @@
 /**
  * The words of the sidebar, worded once: every sentence the server judges is a
- * code with figures (jupyter_gpushare/words.py, whose English catalogue this one
- * must match: tests/test_contract.py checks it), worded here through
+ * code with figures (jupyter_gpushare/core/words.py, whose English catalogue this one
+ * must match: tests/server/test_contract.py checks it), worded here through
  * JupyterLab's translator, so a translation changes the panel, the banner, the
  * status bar and the notifications at once.
  *

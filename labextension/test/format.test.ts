@@ -13,7 +13,7 @@ import {
 } from '../src/format';
 import { say } from '../src/words';
 
-// The same table as the server's (tests/test_contract.py): one rule for sizes and times, on both sides
+// The same table as the server's (tests/server/test_contract.py): one rule for sizes and times, on both sides
 const CASES = JSON.parse(
   readFileSync(join(__dirname, '..', '..', 'test', 'format-cases.json'), 'utf8')
 ) as {

@@ -1,4 +1,4 @@
-// Notebook 7 smoke check (run by tests/test_notebook7.py): open a notebook page in Debian's
+// Notebook 7 smoke check (run by tests/ui/test_notebook7.py): open a notebook page in Debian's
 // Chromium, and check that the extension activates without errors, the kernel gets its quota,
 // and the GPU panel opens. Prints one JSON line; exits non-zero on failure.
 const { chromium } = require('playwright-core');

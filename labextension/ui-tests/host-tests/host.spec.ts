@@ -3,7 +3,7 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 
-// Run by tests/test_ui.py::test_host_view_through_a_broker, which starts a broker on a simulated
+// Run by tests/ui/test_ui.py::test_host_view_through_a_broker, which starts a broker on a simulated
 // 10 GiB card (2 GiB quota + 512 MiB context reserve per kernel, at most 4 GiB of quotas per
 // user) and the servers of three Unix users:
 //   other   – a kernel of a notebook, and a second one waiting in the host queue;
@@ -14,7 +14,7 @@ import * as path from 'path';
 const env = (name: string): string => {
   const v = process.env[name];
   if (!v) {
-    throw new Error(`${name} is not set: run this from tests/test_ui.py`);
+    throw new Error(`${name} is not set: run this from tests/ui/test_ui.py`);
   }
   return v;
 };

@@ -1,0 +1,432 @@
+"""Kernel launch hook: reserve -> environment -> launch -> keep across restarts -> release.
+
+It is the default provisioner of every jupyter_client program of the environment it is installed in: the wheel's
+``jupyter_gpushare_provisioner.pth`` sets JUPYTER_DEFAULT_PROVISIONER_NAME unless it is set (nbclient, papermill,
+``jupyter execute``, nbconvert, ``jupyter console``), and the server extension makes it the server's default
+(app.py), so every kernel gets a quota with no kernelspec edited. Outside a server it reads the server's config
+files and the running program's own options (``_manager``), says on stderr where a kernel stands while it waits,
+gives its place up on Ctrl-C, and gives back what a program that exits did not (``end_at_exit``).
+
+The reservation is decided only in ``cleanup(restart)``, which is the one call that gets
+the right restart flag (jupyter_client#1061). The kernel's ports are held from the moment they are
+picked (Linux), and a kernel that dies before it was stable is restarted on new ones, keeping its
+reservation (docs/jupyter-client-port-reuse.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib.metadata import entry_points
+from typing import Any
+
+from jupyter_client.connect import LocalPortCache, port_names
+from jupyter_client.provisioning import KernelProvisionerFactory, LocalProvisioner
+from traitlets import Bool, Unicode
+
+from ..config.settings import load_config, settings_from
+from ..core.addresses import PROVISIONER_NAME
+from ..core.policy import PolicyError, Size, format_mib, parse_size
+from ..host.reports import report_dir
+from ..server.manager import QuotaManager, build_manager
+from ..server.records import Grant, QuotaUnavailable
+from .batch import (
+    DEFAULT_ENV,
+    StoppedWaiting,
+    WaitProgress,
+    end_at_exit,
+    program_config,
+    said,
+    until_ctrl_c,
+)
+from .held import HeldStart, standin_command
+from .kernel_env import PEAK_BEFORE, kernel_env
+
+WAITING = "Waiting for a GPU"  # how the server's kernel model's reason begins while a kernel is in line
+
+
+class GpuShareProvisioner(LocalProvisioner):
+    """A LocalProvisioner that holds a GPU reservation for its kernel."""
+
+    quota = Unicode(
+        "",
+        config=True,
+        help="GPU memory quota for kernels of this kernelspec ('8GiB', '25%'); set it in the kernelspec's "
+        "metadata.kernel_provisioner.config. Empty (default): the server's GpuShareApp.default_quota.",
+    )
+
+    hold_ports = Bool(
+        True,
+        config=True,
+        help="Linux, tcp transport: keep each of the kernel's ports bound by the server (SO_REUSEADDR, never "
+        "listening) from the moment it is picked until the kernel shuts down, so that no other socket's bind(0) or "
+        "connect() is given it before the kernel binds it; the kernel's listener (SO_REUSEADDR, as libzmq's) still "
+        "binds it. Default True. False: ports are only free when picked, as in jupyter_client. No effect elsewhere.",
+    )
+
+    _grant: Grant | None = None
+    _watching_death = False
+    _ports_renewed = False
+    _ports: tuple[socket.socket, ...] = ()  # the kernel's ports, held bound from their pick to its shutdown
+    _held: HeldStart | None = None
+    _admitting: asyncio.Future | None = None
+
+    def _manager(self) -> QuotaManager:
+        manager = QuotaManager.current()
+        if manager is None:  # outside a Jupyter server (nbclient, papermill, `jupyter execute`): the same settings
+            # The server's files, then this program's own config and command line (batch.program_config).
+            program, name = program_config(self.config)
+            config, sources = load_config(over=program)
+            if name:
+                sources.append(f"the options of {name}")
+            manager = build_manager(settings_from(config), self.log)
+            manager.line.on_wait = WaitProgress()
+            self.log.info("jupyter-gpushare: settings from %s", ", ".join(sources) or "no config file (the defaults)")
+            QuotaManager.install(manager)
+        return manager
+
+    @property
+    def _kernel_name(self) -> str:
+        return getattr(self.parent, "kernel_name", "") or self.kernel_spec.display_name
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        chosen = self._chosen_default()
+        if chosen is not None:
+            return await self._hand_over(chosen, **kwargs)
+        manager = self._manager()
+        language = (self.kernel_spec.language or "").lower()
+        rec = manager.record(self.kernel_id, self._kernel_name, language)
+        rec.path = self._notebook_path((kwargs.get("env") or {}).get("JPY_SESSION_NAME")) or rec.path
+        keep = (
+            self._grant is not None
+            and self._grant.mode == "gpu"
+            and rec.pending_quota is None
+            and rec.lease is not None
+        )
+        if not keep:
+            if self._grant is not None and self._grant.mode == "gpu":
+                await manager.release(self.kernel_id, "quota changed", forget=False)
+            try:
+                requested = parse_size(self.quota, f"{self._kernel_name} kernelspec quota") if self.quota else None
+                self._grant = await self._admit(manager, language, requested)
+            except PolicyError as e:
+                self._forget_failed_start()
+                raise QuotaUnavailable(str(e), status=400) from e
+            except BaseException:
+                self._forget_failed_start()
+                raise
+        try:
+            # Ports are picked only now, once admitted or in line (a kernel in line holds them: its clients may
+            # connect to them at once, and it binds them once granted).
+            kwargs = await self._pick_ports(**kwargs)  # after this, kwargs["env"] always exists
+            kwargs["env"].pop(PEAK_BEFORE, None)  # only this notebook's own history, never the server's
+            if kwargs["env"].get(DEFAULT_ENV) == PROVISIONER_NAME:
+                # Not inherited: a kernel of another Python environment, without this package, would find no
+                # kernelspec at all (jupyter_client hides them all when the default provisioner is missing). A
+                # kernel of this environment sets it again itself (jupyter_gpushare_provisioner.pth).
+                del kwargs["env"][DEFAULT_ENV]
+            assert self._grant is not None  # (admitted above, or kept from before the restart)
+            if self._grant.mode == "queued":
+                self._held = HeldStart()
+            else:
+                kwargs["env"].update(self._kernel_env(kwargs["env"]))
+        except BaseException:
+            await self._release("failed to start")
+            raise
+        return kwargs
+
+    def _chosen_default(self) -> str | None:
+        """Another default provisioner chosen in the config of the program that starts this kernel outside a server
+        (``c.KernelProvisionerFactory.default_provisioner_name``), when we are only its default (its kernelspec
+        names no provisioner): jupyter_client gives the factory of a KernelManager without a parent (nbclient's) no
+        config, so the choice reached it only through JUPYTER_DEFAULT_PROVISIONER_NAME, which the .pth set."""
+        if "provisioner_name" in self.kernel_spec.metadata.get("kernel_provisioner", {}):
+            return None
+        manager = QuotaManager.current()
+        if manager is not None and manager.holds_starts:
+            return None  # a server: its factory has the server's config
+        config, _ = program_config(self.config)
+        section = config["KernelProvisionerFactory"] if "KernelProvisionerFactory" in config else {}
+        name = section.get("default_provisioner_name")
+        return name if isinstance(name, str) and name and name != PROVISIONER_NAME else None
+
+    async def _hand_over(self, name: str, **kwargs: Any) -> dict[str, Any]:
+        """Let the provisioner ``name`` (the program's chosen default) start the kernel instead: the KernelManager
+        uses whichever provisioner it holds for the launch and everything after."""
+        found = entry_points(group=KernelProvisionerFactory.GROUP_NAME, name=name)
+        if not found:
+            installed = sorted(ep.name for ep in entry_points(group=KernelProvisionerFactory.GROUP_NAME))
+            raise ValueError(
+                f"KernelProvisionerFactory.default_provisioner_name = {name!r} names no installed kernel provisioner "
+                f"(installed: {', '.join(installed)}). Install it, or remove the setting."
+            )
+        km = self.parent
+        assert km is not None  # (the KernelManager that created this provisioner)
+        other = next(iter(found)).load()(kernel_id=self.kernel_id, kernel_spec=self.kernel_spec, parent=km)
+        km.provisioner = other
+        return await other.pre_launch(**kwargs)
+
+    async def _admit(self, manager: QuotaManager, language: str, requested: Size | None) -> Grant:
+        """The kernel's grant. In a server a kernel in line is admitted later (``_admit_held``); outside one the
+        start waits here for its GPU, and Ctrl-C takes it out of line, says so in one line, and ends the program
+        (a KeyboardInterrupt without a traceback, batch.said)."""
+        admitting = manager.admit(self.kernel_id, self._kernel_name, language, requested, hold=manager.holds_starts)
+        if manager.holds_starts:
+            return await admitting
+        try:
+            return await until_ctrl_c(admitting)
+        except StoppedWaiting:
+            await manager.release(self.kernel_id, "Ctrl-C", said=True)
+            raise said(
+                f"kernel {self.kernel_id[:8]} ({self._kernel_name}) stopped waiting for a GPU (Ctrl-C): "
+                "it left the line and was not started.",
+            ) from None
+
+    def _kernel_env(self, base: dict[str, str]) -> dict[str, str]:
+        """What the grant adds to the kernel's environment ``base``: its card, quota and framework caps."""
+        manager, grant = self._manager(), self._grant
+        assert grant is not None
+        rec = manager.records.get(self.kernel_id)
+        python = (self.kernel_spec.language or "").lower() == "python"
+        peak = rec.learned_peak_mib if rec else None
+        most, learns = manager.max_quota_mib(grant), manager.learning.rules.enabled
+        return kernel_env(grant, self.kernel_id, python, base, report_dir(), most, peak, learns)
+
+    async def _pick_ports(self, **kwargs: Any) -> dict[str, Any]:
+        """LocalProvisioner's pre_launch, with ports held (``hold_ports``) and renewed when asked.
+
+        LocalProvisioner picks and caches the ports before the KernelManager records which of its
+        ports are random, so ``cleanup_random_ports()`` finds none and every restart reuses the
+        first ports, even the restarter's "new random ports" for a kernel that died before it was
+        stable: one whose port another socket took dies on it again, up to the restart limit.
+        Recording them first lets ``restart_kernel(newports=True)`` zero them; fresh ones are then
+        picked here while the old ones are still held or marked used, so none comes back.
+        """
+        km = self.parent
+        stale_ports: list[int] = []
+        stale_held: tuple[socket.socket, ...] = ()
+        try:
+            if km is not None and km.cache_ports and self.ports_cached and not all(km.ports):
+                info: dict[str, Any] = dict(self.connection_info)
+                stale_ports = [info[name] for name in port_names]
+                stale_held, self.ports_cached = self._ports, False
+            if km is not None and km.cache_ports and not self.ports_cached:
+                km._record_random_port_names()  # a no-op after the first start
+                if self.hold_ports and km.transport == "tcp" and sys.platform.startswith("linux"):
+                    self._ports = _hold_ports(km.ip)
+                    for name, sock in zip(port_names, self._ports):
+                        setattr(km, name, sock.getsockname()[1])
+                    self.ports_cached = True  # LocalProvisioner then writes km's ports as they are
+            kwargs = await super().pre_launch(**kwargs)
+            self._ports_renewed = bool(stale_ports)
+            return kwargs
+        finally:
+            _close(stale_held)
+            for port in stale_ports:
+                LocalPortCache.instance().return_port(port)
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any):
+        held = self._held
+        try:
+            # Its cgroups (cgroups.py), entered before it runs: none of its card while it waits (and none without
+            # a GPU). The stand-in enters them, then waits or becomes the kernel at once.
+            groups = self._manager().holding.groups(self.kernel_id, None if held is not None else self._grant)
+            if held is not None:  # in line: a stand-in now, the kernel once granted (held.py)
+                cmd, kwargs = held.command(cmd, kwargs, groups)
+            elif groups:
+                cmd = standin_command(groups, "-", cmd)
+            info = await super().launch_kernel(cmd, **kwargs)
+        except BaseException:
+            if held is not None:
+                held.end()
+            await self._release("failed to launch")  # a failed Popen never reaches cleanup()
+            self._forget_failed_start()
+            raise
+        if held is not None:
+            held.launched()
+            self._admitting = asyncio.ensure_future(self._admit_held(held))
+        return info
+
+    async def _admit_held(self, held: HeldStart) -> None:
+        """Wait for the held kernel's grant, then turn its stand-in into the kernel; or, if its wait ends without
+        one, have the server shut it down (the manager said why, in an event)."""
+        manager = self._manager()
+        granted = asyncio.ensure_future(manager.line.granted(self.kernel_id))
+        try:
+            while not granted.done():  # the kernel model's reason follows its place in line
+                self._describe_wait()
+                await asyncio.wait([granted], timeout=1.0)
+            self._grant = granted.result()
+        except asyncio.CancelledError:  # shut down, restarted, or taken out of line for another quota
+            granted.cancel()
+            return
+        except QuotaUnavailable:  # the server shuts it down (its shut-down ends the stand-in), unless it closes
+            if not manager.closing:  # and shuts every kernel down itself
+                manager.end_kernel(self.kernel_id)
+            return
+        try:
+            await manager.holding.open_cards(self.kernel_id, self._grant)
+            await held.release(self._kernel_env(held.env))
+        except Exception:
+            self.log.exception("jupyter-gpushare: kernel %s could not be started after its wait", self.kernel_id)
+            held.end()
+            return
+        finally:
+            self._describe_wait(done=True)
+        if held is self._held:
+            self._held = None
+        await manager.attach(self.kernel_id, self.pid)
+
+    def _describe_wait(self, done: bool = False) -> None:
+        """What the server's kernel model says of a kernel in line (its ``reason``), for every Jupyter client."""
+        km, rec = self.parent, self._manager().records.get(self.kernel_id)
+        if km is None or not hasattr(km, "execution_state"):
+            return
+        if done or rec is None or rec.state != "queued":
+            if str(getattr(km, "reason", "")).startswith(WAITING):
+                km.reason = ""
+            return
+        km.reason = f"{WAITING}: #{rec.position} in line, needs {format_mib(rec.need_mib or 0)}"
+
+    async def post_launch(self, **kwargs: Any) -> None:
+        await super().post_launch(**kwargs)
+        manager = self._manager()
+        if self._held is None:
+            await manager.attach(self.kernel_id, self.pid)
+        if not manager.holds_starts:  # a program, not a server: what it does not clean up is given back at its exit
+            end_at_exit(self)
+        if self._ports_renewed:
+            self._ports_renewed = False
+            self._watch_activity_on_new_ports()
+        parent = self.parent
+        if not self._watching_death and parent is not None and hasattr(parent, "add_restart_callback"):
+            # Past the restart limit the server drops the kernel without cleanup(): release then.
+            parent.add_restart_callback(self._kernel_died, "dead")
+            self._watching_death = True
+
+    @property
+    def held(self) -> HeldStart | None:
+        """The kernel's start while it waits for its grant (None once it runs, or when it never waited)."""
+        return self._held
+
+    async def shutdown_requested(self, restart: bool = False) -> None:
+        await super().shutdown_requested(restart=restart)
+        self._stop_holding()
+
+    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
+        # A stand-in has nothing to save: it exits as soon as its pipe closes (shutdown_requested).
+        return min(recommended, 1.0) if self._held is not None else recommended
+
+    def _stop_holding(self) -> None:
+        """The kernel shuts down (or restarts) while in line: end its stand-in. A restart launches a new one,
+        which keeps the kernel's place in line (QuotaManager.admit)."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.end()
+        if self._admitting is not None:
+            self._admitting.cancel()
+            self._admitting = None
+
+    def _watch_activity_on_new_ports(self) -> None:
+        """Point jupyter_server's activity watch (execution state, culling) at the kernel's new iopub port.
+
+        jupyter_server reconnects it after its own restart_kernel only. Left on the old port, the
+        state stays 'starting', and every new websocket's nudge waits for it until
+        kernel_info_timeout, then closes.
+        """
+        multi = getattr(self.parent, "parent", None)
+        stream = getattr(self.parent, "_activity_stream", None)
+        if stream is None or multi is None or not hasattr(multi, "start_watching_activity"):
+            return  # not a jupyter_server kernel, or not watched yet
+        stream.close()
+        multi.start_watching_activity(self.kernel_id)
+
+    def _notebook_path(self, session_name: str | None) -> str | None:
+        """The session's notebook, relative to the server's root (as JupyterLab opens it)."""
+        root = getattr(getattr(self.parent, "parent", None), "root_dir", None)
+        if not session_name or not root:
+            return session_name
+        rel = os.path.relpath(session_name, root)
+        return session_name if rel.startswith("..") else rel.replace(os.sep, "/")
+
+    def _forget_failed_start(self) -> None:
+        """jupyter_client keeps a kernel whose start failed in ``_pending_kernels``, and the server's
+        shutdown then fails on it (404). Drop it once the failure has propagated."""
+        multi = getattr(self.parent, "parent", None)
+        pending = getattr(multi, "_pending_kernels", None)
+        if isinstance(pending, dict):
+            kernel_id = self.kernel_id
+            asyncio.get_running_loop().call_soon(lambda: pending.pop(kernel_id, None))
+
+    def _kernel_died(self) -> None:
+        asyncio.ensure_future(self._release("died past its restart limit"))
+
+    async def cleanup(self, restart: bool = False) -> None:
+        self._stop_holding()
+        await super().cleanup(restart=restart)
+        await self._manager().holding.end(self.kernel_id, restart)
+        if restart:  # the process that ran is gone: its peak is history (a shutdown records it in release)
+            await self._manager().remember_peak(self.kernel_id)
+        else:
+            await self._release("shut down")
+
+    def end_at_exit(self, deadline: float) -> None:
+        """The program exits while this kernel still holds its reservation (``jupyter console`` asks its kernel to
+        shut down and exits without cleanup()): wait until ``deadline`` for the kernel to end (it was asked to, or
+        ipykernel sees its parent gone), end it then, and give the reservation back (batch.end_at_exit)."""
+        manager = QuotaManager.current()
+        rec = manager.records.get(self.kernel_id) if manager is not None else None
+        if manager is None or rec is None or rec.lease is None:
+            return  # cleaned up already, or nothing reserved
+        process = self.process
+        if process is not None and process.poll() is None:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):  # (it ended meanwhile)
+                    if self.pgid and self.pgid != os.getpgrp():  # its own session: the kernel and its children
+                        os.killpg(self.pgid, signal.SIGKILL)
+                    else:
+                        process.kill()
+                process.wait(5)
+        _close(self._ports)
+        self._ports = ()
+        manager.end_at_exit(self.kernel_id)
+
+    async def _release(self, why: str) -> None:
+        self._grant = None
+        self._stop_holding()
+        _close(self._ports)
+        self._ports = ()
+        await self._manager().release(self.kernel_id, why)
+
+
+def _hold_ports(ip: str) -> tuple[socket.socket, ...]:
+    """Five ports the OS picks free, each kept bound (not listening) by a socket of ours.
+
+    Linux gives a port with a bound socket to no bind(0) or connect() (ipykernel binds one with
+    bind(0) for its IOPub pipe: in a start storm, that is what took another kernel's port), yet
+    lets a listener bind it when both sockets set SO_REUSEADDR and ours never listens.
+    """
+    held: list[socket.socket] = []
+    try:
+        for _ in port_names:
+            sock = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
+            held.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((ip, 0))
+    except BaseException:
+        _close(held)
+        raise
+    return tuple(held)
+
+
+def _close(socks: tuple[socket.socket, ...] | list[socket.socket]) -> None:
+    for sock in socks:
+        sock.close()

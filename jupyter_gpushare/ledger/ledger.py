@@ -1,0 +1,596 @@
+"""Host-wide GPU reservations in SQLite: the only code that writes the ledger.
+
+One row per kernel that holds GPU memory (``leases``) and one per kernel waiting for room
+(``waiters``, FIFO by ticket). Every change runs in one ``BEGIN IMMEDIATE`` transaction, so
+processes sharing the file never overbook a card. WAL mode with ``synchronous=NORMAL``: a commit
+survives the crash of any process; only a crash of the whole OS can lose the last commits, and
+then every kernel they describe is gone too.
+
+Leases name two processes, each as (pid, start time) so a reused pid is not mistaken for the
+original: the owner (the Jupyter server or nbclient process that reserved) and the kernel.
+A lease whose owner and kernel are both gone is reclaimed by whoever next opens a transaction;
+leases of a live owner are released by that owner (see manager.py).
+
+A server the broker cannot see as a process (in a container, identified by its JupyterHub token)
+owns its leases through a session instead (``sessions``): alive while it keeps calling the broker
+before ``expires``; its leases name no kernel process (the server releases those of kernels it no
+longer has), and they are reclaimed once the session expires.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sqlite3
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Protocol
+
+from ..core.history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Learned, Run, choose_peak, notebooks
+from ..core.policy import CardView, Policy, PolicyError, Size, UserLimits, parse_size
+from ..host.gpu import Card, DeviceSample
+from ..host.procs import Owner, ProcessRef, SessionRef
+from .attribution import unreserved_use
+from .file import PEAK_COLUMNS, LedgerError, LedgerFile, check_ledger, open_readonly
+from .leases import ADOPTED, Lease, Waiter, Waiting
+from .queue import Entry, Request, check_waiting, choose_card
+
+__all__ = [
+    "Lease", "Ledger", "LedgerError", "Owner", "ProcessRef", "Request", "SessionRef", "Waiter", "Waiting",
+    "check_ledger", "read_ledger",
+]  # fmt: skip
+
+WAITER_STALE_S = 30.0  # a waiter not heard from for this long has been abandoned
+LEGACY_S, LEGACY_SESSION_S = 1e8, 60.0  # a host-clock value this far ahead was written on the wall clock
+
+
+def host_clock() -> float:
+    """Seconds on a clock that every process of this host shares and no one steps (CLOCK_BOOTTIME: monotonic,
+    counting suspend). Session expiries and waiters' heartbeats are kept on it, so a step of the wall clock
+    neither reclaims a live server's leases nor keeps a dead one's."""
+    return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
+
+
+ALIVE_CACHE_S = 1.0  # how long a "still running" answer is trusted (a gone process stays gone)
+REAP_EVERY_S = 1.0  # reserve() reaps at most this often, and always before it answers "no room"
+
+
+def _owner(row: sqlite3.Row) -> Owner:
+    if "owner_session" in row.keys() and row["owner_session"]:  # (read_ledger may read a schema-1 file)
+        return SessionRef(row["owner_session"])
+    return ProcessRef(row["owner_pid"], row["owner_start"])
+
+
+def _owner_columns(owner: Owner) -> tuple[int, float, str | None]:
+    """(owner_pid, owner_start, owner_session) for a row."""
+    if isinstance(owner, SessionRef):
+        return 0, 0.0, owner.id
+    return owner.pid, owner.start, None
+
+
+class Reservations(Protocol):
+    """What the manager needs of a ledger, whichever it has: this user's ledger file (``Ledger``) or the host's
+    broker (``broker.client.BrokerLedger``). The manager never asks which."""
+
+    @property
+    def replaced(self) -> str | None:
+        """What happened the last time the ledger's file was removed under this process, or None."""
+
+    def reserve(
+        self,
+        req: Request,
+        policy: Policy,
+        cards: Sequence[Card],
+        wait: bool,
+        limits: UserLimits | None = None,
+        outside: Mapping[str, int] | None = None,
+    ) -> Lease | Waiting: ...
+
+    def outside(self, samples: Sequence[DeviceSample], leases: Sequence[Lease] | None = None) -> dict[str, int] | None:
+        """Per card, what processes that hold no reservation use; None where this process cannot tell (the
+        broker measures it itself). ``leases``: the ledger's, when the caller has just read them."""
+        ...
+
+    def caller(self) -> tuple[str | None, bool, UserLimits | None]:
+        """Who this process reserves as: (user, or None for this process's own; whether it sees everyone's
+        kernels; its per-user limits, None where there are none)."""
+        ...
+
+    def record_peak(self, kernel_id: str, path: str, run: Run, rules: HistoryRules) -> bool:
+        """Remember the run (peak, quota it teaches, failed) of the kernel process that holds ``kernel_id``'s lease, for the lease's user and
+        kernelspec and the notebook ``path``; False when there is no such lease (or no history is kept)."""
+        ...
+
+    def learned_peak(self, user: str, kernel_name: str, path: str, rules: HistoryRules) -> Learned | None:
+        """What earlier runs of a notebook teach ``user`` (history.choose_peak). Through the broker, the broker's
+        rules apply and the user is the caller."""
+        ...
+
+    def cancel_wait(self, kernel_id: str) -> None: ...
+    def attach(self, kernel_id: str, kernel: ProcessRef | None) -> None: ...
+    def release(self, kernel_id: str) -> Lease | None: ...
+    def release_owned_except(self, keep: set[str]) -> list[Lease]: ...
+    def reap(self) -> list[Lease]: ...
+    def leases(self) -> list[Lease]: ...
+    def get(self, kernel_id: str) -> Lease | None: ...
+    def waiters(self) -> list[Waiter]: ...
+    def close(self) -> None: ...
+
+
+def _waiter(r: sqlite3.Row) -> Waiter:
+    try:
+        quota = str(parse_size(r["quota"]))
+    except PolicyError:
+        quota = str(r["quota"])[:40]
+    return Waiter(r["ticket"], r["kernel_id"], quota, r["user"], r["kernel_name"], _owner(r), r["created"])
+
+
+def _exact(quota: Size) -> str:
+    """A quota as the ledger keeps it for kernels in line: exact, and read back by parse_size."""
+    if quota.percent is not None:
+        return f"{quota.percent:.9f}".rstrip("0").rstrip(".") + "%"
+    return f"{quota.mib}MiB"
+
+
+def _before(line: Sequence[Entry], mine: Entry | None) -> list[Entry]:
+    """The kernels ahead of ``mine`` in line (all of them for a request not in line)."""
+    return [e for e in line if mine is None or e.ticket < mine.ticket]
+
+
+def _lease(row: sqlite3.Row) -> Lease:
+    kernel = ProcessRef(row["kernel_pid"], row["kernel_start"]) if row["kernel_pid"] else None
+    return Lease(
+        kernel_id=row["kernel_id"],
+        card_uuid=row["card_uuid"],
+        card_index=row["card_index"],
+        quota_mib=row["quota_mib"],
+        reserve_mib=row["reserve_mib"],
+        user=row["user"],
+        kernel_name=row["kernel_name"],
+        owner=_owner(row),
+        kernel=kernel,
+        created=row["created"],
+    )
+
+
+class Ledger:
+    """Reservations in one SQLite file, shared by every process that opens it.
+
+    Not thread-safe: use one Ledger per thread (the manager keeps one on a worker thread).
+    """
+
+    def __init__(self, path: str | os.PathLike, owner: Owner | None = None):
+        self.path = Path(path)
+        self.owner = owner or ProcessRef.me()
+        self._alive_until: dict[ProcessRef, float] = {}
+        self._last_reap = 0.0
+        self._dead: set[ProcessRef] = set()
+        # Every lease this process last saw or wrote: what it enters again if the file is re-created.
+        self._known: dict[str, Lease] = {}
+        self._file = LedgerFile(path, on_replaced=self._enter_known)
+        with self._file.read() as db:
+            self._seen(db.execute("SELECT * FROM leases").fetchall())
+
+    @property
+    def replaced(self) -> str | None:
+        """What happened the last time the file was removed or replaced under this process, or None."""
+        return self._file.replaced
+
+    def outside(self, samples: Sequence[DeviceSample], leases: Sequence[Lease] | None = None) -> dict[str, int]:
+        """Per card, what processes in no lease's kernel tree use (procs.unreserved_use)."""
+        return unreserved_use(samples, self.leases() if leases is None else leases)
+
+    def caller(self) -> tuple[None, bool, None]:
+        """This user's own file: everything in it is theirs, and no per-user limits apply."""
+        return None, True, None
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return self._file.tx()
+
+    def _seen(self, rows: list[sqlite3.Row]) -> list[Lease]:
+        """The whole leases table as just read: remembered for a re-creation."""
+        leases = [_lease(r) for r in rows]
+        self._known = {lease.kernel_id: lease for lease in leases}
+        return leases
+
+    def _enter_known(self, db: sqlite3.Connection) -> int:
+        """Enter the leases this process knew into a re-created file (inside its first transaction)."""
+        for lease in self._known.values():
+            kernel = lease.kernel
+            db.execute(
+                "INSERT OR IGNORE INTO leases (kernel_id, card_uuid, card_index, quota_mib, reserve_mib, user, "
+                "kernel_name, owner_pid, owner_start, owner_session, kernel_pid, kernel_start, created) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    lease.kernel_id, lease.card_uuid, lease.card_index, lease.quota_mib, lease.reserve_mib, lease.user,
+                    lease.kernel_name, *_owner_columns(lease.owner), kernel.pid if kernel else None,
+                    kernel.start if kernel else None, lease.created,
+                ),
+            )  # fmt: skip
+        return len(self._known)
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def leases(self) -> list[Lease]:
+        with self._file.read() as db:
+            return sorted(self._seen(db.execute("SELECT * FROM leases").fetchall()), key=lambda x: x.created)
+
+    def get(self, kernel_id: str) -> Lease | None:
+        with self._file.read() as db:
+            row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
+        return _lease(row) if row else None
+
+    def waiters(self) -> list[Waiter]:
+        with self._file.read() as db:
+            return [_waiter(r) for r in db.execute("SELECT * FROM waiters ORDER BY ticket")]
+
+    def reserved_by_card(self) -> dict[str, int]:
+        with self._file.read() as db:
+            return self._reserved(db)
+
+    # -- changes ---------------------------------------------------------------------------
+
+    def reserve(
+        self,
+        req: Request,
+        policy: Policy,
+        cards: Sequence[Card],
+        wait: bool,
+        limits: UserLimits | None = None,
+        outside: Mapping[str, int] | None = None,
+    ) -> Lease | Waiting:
+        """Reserve room for a kernel on the best-fitting card, in the queue's order (queue.py).
+
+        With ``wait`` the request keeps its place in the queue until admitted or cancelled (call again to retry;
+        each call is a heartbeat), for at most ``policy.queue_timeout_s``: past it, the place is given up and the
+        answer says ``expired``. Without ``wait``, a request that cannot be admitted now is not queued.
+        Kernels ahead in line are served first where they fit; one that fits now passes those that do not
+        (backfill), except kernels that have waited ``policy.overtake_limit_s``, whose cards are kept for them.
+        Idempotent: a kernel that already holds a lease gets it back.
+        ``cards``: the cards this request may use (all of the caller's). ``limits``: the user's other leases and
+        kernels in line (same ``req.user``) are checked in the same transaction, so no two concurrent starts of
+        one user pass a per-user limit together; PolicyError says which limit, and also refuses a user's kernel
+        past ``policy.max_waiting`` in line. ``outside`` (card uuid -> MiB, ``sampler.unreserved_use``) is what
+        processes that hold no reservation use: it is taken as well.
+        """
+        now = time.time()
+        uuids = sorted(c.uuid for c in cards)
+        with self._tx() as db:
+            reaped = now - self._last_reap >= REAP_EVERY_S
+            if reaped:
+                self._reap(db, now)
+            row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone()
+            if row:
+                return _lease(row)
+            settling = self._file.settle_until(db) - now
+            line = self._line(db)
+            mine = next((e for e in line if e.kernel_id == req.kernel_id), None)
+            views = self._views(db, cards, outside)
+            if mine is not None and wait and now - mine.created >= policy.queue_timeout_s:
+                db.execute("DELETE FROM waiters WHERE kernel_id=?", (req.kernel_id,))
+                return self._waiting(req, policy, views, len(_before(line, mine)), expired=True)
+            if limits is not None:  # before queueing: a request over a limit never waits
+                held = self._held_by(db, req.user, req.kernel_id, line, cards)
+                biggest = max((c.total_mib for c in cards if policy.card_allowed(c.uuid, c.index)), default=0)
+                limits.check(req.user, req.quota.resolve(biggest), biggest, held)
+            entry = mine or Entry(0, req.kernel_id, req.quota, req.user, now, frozenset(uuids))
+            card = choose_card(entry, _before(line, mine), views, policy, now) if settling <= 0 else None
+            if card is None and not reaped and settling <= 0:  # room held by kernels that are gone is room
+                self._reap(db, now)
+                line = self._line(db)
+                mine = next((e for e in line if e.kernel_id == req.kernel_id), None)
+                views = self._views(db, cards, outside)
+                card = choose_card(entry, _before(line, mine), views, policy, now)
+            if card is None:
+                if wait and mine is None:
+                    check_waiting(req.user, sum(e.user == req.user for e in line), policy)
+                    db.execute(
+                        "INSERT INTO waiters (kernel_id, quota, user, kernel_name, owner_pid, owner_start, owner_session,"
+                        " created, heartbeat, cards) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                        (req.kernel_id, _exact(req.quota), req.user, req.kernel_name, *_owner_columns(self.owner), now,
+                         host_clock(), ",".join(uuids)),
+                    )  # fmt: skip
+                elif wait:
+                    db.execute("UPDATE waiters SET heartbeat=? WHERE kernel_id=?", (host_clock(), req.kernel_id))
+                reason = (
+                    f"The GPU ledger {self.path} was removed or replaced while Jupyter servers used it; every "
+                    f"server enters its kernels' reservations again, and new reservations resume in "
+                    f"{settling:.0f} s."
+                    if settling > 0
+                    else ""
+                )
+                return self._waiting(req, policy, views, len(_before(line, mine)), reason=reason)
+            quota_mib = req.quota.resolve(card.total_mib)
+            if limits is not None:  # exact now that the card (and so a percentage's size) is known
+                limits.check(req.user, quota_mib, card.total_mib, held)
+            db.execute(
+                "INSERT INTO leases (kernel_id, card_uuid, card_index, quota_mib, reserve_mib, user, kernel_name,"
+                " owner_pid, owner_start, owner_session, created) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    req.kernel_id,
+                    card.uuid,
+                    card.index,
+                    quota_mib,
+                    policy.context_reserve_mib,
+                    req.user,
+                    req.kernel_name,
+                    *_owner_columns(self.owner),
+                    now,
+                ),
+            )
+            db.execute("DELETE FROM waiters WHERE kernel_id=?", (req.kernel_id,))
+            lease = _lease(db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone())
+        self._known[lease.kernel_id] = lease
+        return lease
+
+    @staticmethod
+    def _waiting(
+        req: Request, policy: Policy, views: Sequence[CardView], ahead: int, reason: str = "", expired: bool = False
+    ) -> Waiting:
+        allowed = [v for v in views if policy.card_allowed(v.uuid, v.index)]
+        fitting = [
+            policy.need_mib(req.quota, v.total_mib)
+            for v in allowed
+            if policy.need_mib(req.quota, v.total_mib) <= policy.usable_mib(v.total_mib)
+        ]
+        return Waiting(
+            kernel_id=req.kernel_id,
+            position=ahead + 1,
+            need_mib=min(fitting, default=0),
+            free_mib=max(0, max((v.room_mib(policy) for v in allowed), default=0)),
+            ahead=ahead,
+            outside_mib=sum(v.outside_mib for v in allowed),
+            reason=reason,
+            expired=expired,
+        )
+
+    @staticmethod
+    def _line(db: sqlite3.Connection) -> list[Entry]:
+        """The queue, in order; a row whose quota cannot be read (never written by this code) holds no one back."""
+        line = []
+        for r in db.execute("SELECT * FROM waiters ORDER BY ticket"):
+            try:
+                quota = parse_size(r["quota"], "a waiter's quota")
+            except PolicyError:
+                continue
+            cards = frozenset(filter(None, (r["cards"] or "").split(",")))
+            line.append(Entry(r["ticket"], r["kernel_id"], quota, r["user"], r["created"], cards))
+        return line
+
+    @staticmethod
+    def _held_by(
+        db: sqlite3.Connection, user: str, kernel_id: str, line: Sequence[Entry], cards: Sequence[Card]
+    ) -> list[int]:
+        """The quotas a user holds (leases) and asks for (kernels in line, on the largest card), but for
+        ``kernel_id``'s own: what per-user limits count."""
+        held = [r[0] for r in db.execute("SELECT quota_mib FROM leases WHERE user=?", (user,))]
+        biggest = max((c.total_mib for c in cards), default=0)
+        return held + [e.quota.resolve(biggest) for e in line if e.user == user and e.kernel_id != kernel_id]
+
+    def cancel_wait(self, kernel_id: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM waiters WHERE kernel_id=?", (kernel_id,))
+
+    def adopt(
+        self,
+        kernel_id: str,
+        user: str,
+        card: Card,
+        mib: int,
+        process: ProcessRef,
+        policy: Policy,
+        limits: UserLimits | None = None,
+    ) -> Lease | None:
+        """A lease for a process that already holds ``mib`` on ``card`` without one (the broker's unleased_action
+        'lease'): in ``user``'s name, owned by the process itself (reclaimed once it ends), if the card's
+        reservations leave room for it and ``limits`` allow it; None otherwise. It jumps no line: the memory is
+        in use already, and admission counted it as taken; this only names its holder."""
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
+            if row:
+                return _lease(row)
+            if self._reserved(db).get(card.uuid, 0) + mib > policy.usable_mib(card.total_mib):
+                return None
+            if limits is not None:
+                held = [r[0] for r in db.execute("SELECT quota_mib FROM leases WHERE user=?", (user,))]
+                try:
+                    limits.check(user, mib, card.total_mib, held)
+                except PolicyError:
+                    return None
+            db.execute(
+                "INSERT INTO leases (kernel_id, card_uuid, card_index, quota_mib, reserve_mib, user, kernel_name,"
+                " owner_pid, owner_start, owner_session, kernel_pid, kernel_start, created)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (kernel_id, card.uuid, card.index, mib, 0, user, ADOPTED, *_owner_columns(process), process.pid,
+                 process.start, time.time()),
+            )  # fmt: skip
+            lease = _lease(db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone())
+        self._known[kernel_id] = lease
+        return lease
+
+    def attach(self, kernel_id: str, kernel: ProcessRef | None) -> None:
+        """Record the kernel process that uses a lease (again after each restart)."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE leases SET kernel_pid=?, kernel_start=? WHERE kernel_id=?",
+                (kernel.pid if kernel else None, kernel.start if kernel else None, kernel_id),
+            )
+        if kernel_id in self._known:
+            self._known[kernel_id] = dataclasses.replace(self._known[kernel_id], kernel=kernel)
+
+    def release(self, kernel_id: str) -> Lease | None:
+        """Give a kernel's reservation back. Idempotent: None when it held none."""
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
+            db.execute("DELETE FROM leases WHERE kernel_id=?", (kernel_id,))
+            db.execute("DELETE FROM waiters WHERE kernel_id=?", (kernel_id,))
+        self._known.pop(kernel_id, None)
+        return _lease(row) if row else None
+
+    def release_owned_except(self, keep: set[str]) -> list[Lease]:
+        """Release this owner's leases for kernels it no longer knows (died past the restart limit)."""
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT * FROM leases WHERE owner_pid=? AND owner_start=? AND owner_session IS ?",
+                _owner_columns(self.owner),
+            ).fetchall()
+            gone = [_lease(r) for r in rows if r["kernel_id"] not in keep]
+            db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in gone])
+        for lease in gone:
+            self._known.pop(lease.kernel_id, None)
+        return gone
+
+    def record_peak(self, kernel_id: str, path: str, run: Run, rules: HistoryRules) -> bool:
+        """Remember a run's figures (one row per kernel process: a second call for the same process replaces it),
+        then forget runs past the rules' age and the row bounds (history.RUNS_KEPT, ROWS_PER_USER, MAX_ROWS)."""
+        if not rules.kept:
+            return False
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
+            if row is None:
+                return False
+            lease = _lease(row)
+            key = f"{lease.kernel.pid}:{lease.kernel.start}" if lease.kernel else ""
+            db.execute(
+                f"INSERT OR REPLACE INTO peaks ({PEAK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (kernel_id, key, lease.user, lease.kernel_name, path, run.peak_mib, lease.reserved_mib, now)
+                + (run.need_mib, int(run.failed)),
+            )
+            db.execute("DELETE FROM peaks WHERE recorded < ?", (now - rules.max_age_s,))
+            newest = "SELECT rowid FROM peaks WHERE {} ORDER BY recorded DESC LIMIT -1 OFFSET ?"
+            db.execute(
+                f"DELETE FROM peaks WHERE rowid IN ({newest.format('user=? AND kernel_name=? AND path=?')})",
+                (lease.user, lease.kernel_name, path, RUNS_KEPT),
+            )
+            db.execute(f"DELETE FROM peaks WHERE rowid IN ({newest.format('user=?')})", (lease.user, ROWS_PER_USER))
+            db.execute(f"DELETE FROM peaks WHERE rowid IN ({newest.format('1')})", (MAX_ROWS,))
+        return True
+
+    def learned_peak(self, user: str, kernel_name: str, path: str, rules: HistoryRules) -> Learned | None:
+        if not rules.kept:
+            return None
+        with self._file.read() as db:
+            rows = db.execute(
+                "SELECT user, peak_mib, need_mib, failed, recorded FROM peaks"
+                " WHERE kernel_name=? AND path=? AND recorded >= ?",
+                (kernel_name, path, time.time() - rules.max_age_s),
+            ).fetchall()
+        return choose_peak([(r[0], Run(r[1], r[2], bool(r[3])), r[4]) for r in rows], user, rules)
+
+    def notebooks(self, rules: HistoryRules) -> list[dict]:
+        """Every user's notebooks with recorded runs, and what they teach (history.notebooks), within the age."""
+        with self._file.read() as db:
+            return _notebooks(db, time.time() - rules.max_age_s)
+
+    def touch_session(self, session: SessionRef, user: str, expires: float) -> None:
+        """Open or extend a session: its leases live until ``expires`` unless touched again."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO sessions (id, user, expires) VALUES (?,?,?)"
+                " ON CONFLICT(id) DO UPDATE SET expires=max(expires, excluded.expires)",
+                (session.id, user, expires),
+            )
+
+    def extend_sessions(self, until: float) -> None:
+        """Give every session until ``until`` to call again (a broker that was down could not be called)."""
+        with self._tx() as db:
+            db.execute("UPDATE sessions SET expires=? WHERE expires < ?", (until, until))
+
+    def hear_waiters_within(self, seconds: float) -> None:
+        """Every kernel in line must call again within ``seconds`` or leave it (a broker back from a crash: the
+        waiters of servers that died meanwhile would otherwise head the line until WAITER_STALE_S)."""
+        with self._tx() as db:
+            db.execute("UPDATE waiters SET heartbeat=min(heartbeat, ?)", (host_clock() - WAITER_STALE_S + seconds,))
+
+    def reap(self) -> list[Lease]:
+        """Reclaim leases whose owner and kernel are both gone, and abandoned waiters."""
+        with self._tx() as db:
+            return self._reap(db, time.time())
+
+    def _alive(self, proc: Owner, sessions: set[str]) -> bool:
+        if proc == self.owner:
+            return True
+        if isinstance(proc, SessionRef):
+            return proc.id in sessions
+        if proc in self._dead:
+            return False
+        now = time.monotonic()
+        if self._alive_until.get(proc, 0) > now:
+            return True
+        if proc.alive():
+            self._alive_until[proc] = now + ALIVE_CACHE_S
+            return True
+        self._alive_until.pop(proc, None)
+        self._dead.add(proc)
+        return False
+
+    def _views(
+        self, db: sqlite3.Connection, cards: Sequence[Card], outside: Mapping[str, int] | None = None
+    ) -> list[CardView]:
+        reserved, outside = self._reserved(db), outside or {}
+        return [CardView(c.uuid, c.index, c.total_mib, reserved.get(c.uuid, 0), outside.get(c.uuid, 0)) for c in cards]
+
+    def _reap(self, db: sqlite3.Connection, now: float) -> list[Lease]:
+        self._last_reap = now
+        tick = host_clock()
+        # Rows an older version wrote on the wall clock (far ahead of the host clock): from now on, host clock.
+        db.execute("UPDATE sessions SET expires=? WHERE expires > ?", (tick + LEGACY_SESSION_S, tick + LEGACY_S))
+        db.execute("UPDATE waiters SET heartbeat=? WHERE heartbeat > ?", (tick, tick + LEGACY_S))
+        db.execute("DELETE FROM sessions WHERE expires < ?", (tick,))
+        sessions = {r[0] for r in db.execute("SELECT id FROM sessions")}
+        dead = [
+            lease
+            for lease in self._seen(db.execute("SELECT * FROM leases").fetchall())
+            if not self._alive(lease.owner, sessions)
+            and (lease.kernel is None or not self._alive(lease.kernel, sessions))
+        ]
+        db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in dead])
+        for lease in dead:
+            self._known.pop(lease.kernel_id, None)
+        for row in db.execute("SELECT * FROM waiters").fetchall():
+            if tick - row["heartbeat"] > WAITER_STALE_S or not self._alive(_owner(row), sessions):
+                db.execute("DELETE FROM waiters WHERE ticket=?", (row["ticket"],))
+        return dead
+
+    @staticmethod
+    def _reserved(db: sqlite3.Connection) -> dict[str, int]:
+        rows = db.execute("SELECT card_uuid, SUM(quota_mib + reserve_mib) FROM leases GROUP BY card_uuid")
+        return {uuid: int(total) for uuid, total in rows}
+
+
+# -- read-only access (status and doctor) ------------------------------------------------------------
+
+
+def _notebooks(db: sqlite3.Connection, since: float) -> list[dict]:
+    rows = db.execute(
+        "SELECT user, kernel_name, path, peak_mib, need_mib, failed, recorded FROM peaks WHERE recorded >= ?", (since,)
+    ).fetchall()
+    return notebooks((r[0], r[1], r[2], Run(r[3], r[4], bool(r[5])), r[6]) for r in rows)
+
+
+def read_notebooks(path: str | os.PathLike, rules: HistoryRules) -> list[dict]:
+    """The notebooks with recorded runs in a ledger file, read without writing to it ([] before any was)."""
+    db = open_readonly(path)
+    try:
+        return _notebooks(db, time.time() - rules.max_age_s)
+    except sqlite3.OperationalError:  # a file without the peaks table (or its newer columns)
+        return []
+    finally:
+        db.close()
+
+
+def read_ledger(path: str | os.PathLike) -> tuple[list[Lease], list[Waiter]]:
+    """Leases and waiters of a ledger file, read without writing to it (no reaping)."""
+    db = open_readonly(path)
+    try:
+        leases = [_lease(r) for r in db.execute("SELECT * FROM leases ORDER BY created")]
+        waiters = [_waiter(r) for r in db.execute("SELECT * FROM waiters ORDER BY ticket")]
+        return leases, waiters
+    finally:
+        db.close()

@@ -1,0 +1,195 @@
+"""The host's queue of kernels waiting for GPU room: who is served first, and who may pass whom.
+
+Pure rules, no I/O: the ledger applies them inside its transaction (``Ledger.reserve``), to the waiters of
+every server of the host, so every server and the broker order the line the same way.
+
+- **In order, per card.** Kernels are served in the order they joined the line (their ticket). A kernel
+  ahead in line that fits now takes its room first (it is granted at its next call, within half a second).
+- **Backfill.** A kernel ahead that does not fit now does not hold back one behind it that fits: a
+  2 GiB kernel is not kept waiting behind a 20 GiB one while the card has 5 GiB unreserved, and a kernel
+  that may use only card 0 (a container's) holds no one back on card 1.
+- **Aging.** A kernel that has waited ``Policy.overtake_limit_s`` is no longer passed: the cards it could
+  use are kept for it (nothing new is placed there) until it fits, so a large kernel is never starved by
+  a stream of small ones.
+- **Caps.** One user may have at most ``Policy.max_waiting`` kernels in line (``check_waiting``); waiting
+  kernels also count against the broker's per-user limits (the ledger adds their quotas to what the user
+  holds), so no one can queue past ``max_kernels`` or ``max_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from ..core.policy import CardView, Policy, PolicyError, Size
+
+if TYPE_CHECKING:
+    from .leases import Waiting
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One kernel in line (or asking to join it): what it asks for, where it may go, since when."""
+
+    ticket: int
+    kernel_id: str
+    quota: Size
+    user: str = ""
+    created: float = 0.0  # when it joined the line (the ledger's clock)
+    cards: frozenset[str] = field(default_factory=frozenset)  # the only cards it may use; empty: any allowed card
+
+
+def usable_cards(entry: Entry, views: Sequence[CardView], policy: Policy) -> list[CardView]:
+    """The cards ``entry`` could ever be placed on: allowed by the admin (and its own card list), and big enough
+    for its quota and the CUDA context reserve once empty."""
+    return [
+        v
+        for v in views
+        if policy.card_allowed(v.uuid, v.index)
+        and (not entry.cards or v.uuid in entry.cards)
+        and policy.need_mib(entry.quota, v.total_mib) <= policy.usable_mib(v.total_mib)
+    ]
+
+
+def choose_card(
+    entry: Entry, ahead: Sequence[Entry], views: Sequence[CardView], policy: Policy, now: float
+) -> CardView | None:
+    """The card to place ``entry`` on now, or None while it must wait.
+
+    ``ahead``: the kernels before it in line (lower tickets), in order. Each that fits now takes its room first;
+    each that does not fit and has waited ``policy.overtake_limit_s`` or more keeps every card it could use.
+    ``entry`` gets the best-fitting card of what is left (``Policy.place``).
+    """
+    taken: dict[str, int] = {}  # card uuid -> room given to kernels ahead in this pass
+    kept: set[str] = set()  # cards kept for a kernel ahead that has waited its turn out
+
+    def left(cards: Sequence[CardView]) -> list[CardView]:
+        return [
+            CardView(v.uuid, v.index, v.total_mib, v.reserved_mib + taken.get(v.uuid, 0), v.outside_mib)
+            for v in cards
+            if v.uuid not in kept
+        ]
+
+    for other in ahead:
+        cards = usable_cards(other, views, policy)
+        card = policy.place(other.quota, left(cards))
+        if card is not None:
+            taken[card.uuid] = taken.get(card.uuid, 0) + policy.need_mib(other.quota, card.total_mib)
+        elif now - other.created >= policy.overtake_limit_s:
+            kept.update(v.uuid for v in cards)
+    return policy.place(entry.quota, left(usable_cards(entry, views, policy)))
+
+
+def check_waiting(user: str, waiting: int, policy: Policy) -> None:
+    """Refuse a new kernel in line for a user who already has ``waiting`` kernels in it, at the cap."""
+    if policy.max_waiting and waiting >= policy.max_waiting:
+        who = f"User {user!r} has" if user else "You have"
+        raise PolicyError(
+            f"{who} {waiting} kernel{'' if waiting == 1 else 's'} waiting for a GPU already, the most one user may have in line here. "
+            "Stop waiting on one of them (the banner's Stop waiting, or shut its kernel down), or wait until "
+            "one starts.",
+            "user-max-waiting",
+            waiting=waiting,
+        )
+
+
+# -- this server's kernels in line -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a kernel asks the ledger for."""
+
+    kernel_id: str
+    quota: Size
+    user: str = ""
+    kernel_name: str = ""
+
+
+ENDINGS = ("cancelled", "timeout", "unwatched", "closing")  # why a wait ends without a grant (Wait.ending)
+
+
+@dataclass
+class Wait:
+    """One of this server's kernels in line: since when (monotonic), until when, and how it ends."""
+
+    request: Request
+    since: float
+    deadline: float
+    result: asyncio.Future  # the Grant, or the QuotaUnavailable that ends the wait
+    unwatched_since: float | None = None  # no client connected since then
+    ending: str | None = None  # one of ENDINGS, once decided
+    why: str = ""  # for 'cancelled': what stopped it
+    last: Waiting | None = None  # the ledger's last answer
+    unwanted_since: float | None = None  # no notebook and no client wants it since then (QuotaManager.may_grant)
+    stepped_out: bool = False  # its place in the host's line was given up while nothing wanted it
+
+    @property
+    def kernel_id(self) -> str:
+        return self.request.kernel_id
+
+
+class ServerQueue:
+    """The kernels of this server that wait in the host's line, and when each stops waiting.
+
+    The ledger decides who is granted (``choose_card``); this decides, at each tick, which waits to ask it about
+    and which end now: cancelled (its owner stopped it, or it was shut down), past ``timeout_s``, unwatched (no
+    client connected for ``unwatched_s``), or the server is closing. ``clock`` is monotonic: a change of the wall
+    clock neither ends nor prolongs a wait.
+    """
+
+    def __init__(self, timeout_s: float, unwatched_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
+        self.timeout_s = timeout_s
+        self.unwatched_s = unwatched_s
+        self.clock = clock
+        self.waits: dict[str, Wait] = {}
+        self.closing = False
+
+    def join(self, request: Request) -> Wait:
+        """Put a kernel in line, or keep its place: the same kernel asking for the same quota again (a restart
+        while it waits, a reload) is the same wait."""
+        old = self.waits.get(request.kernel_id)
+        if old is not None and old.request == request and old.ending is None:
+            return old
+        if old is not None:
+            self.end(old.kernel_id, "cancelled", "it asked for another quota")
+        now = self.clock()
+        wait = Wait(request, now, now + self.timeout_s, asyncio.get_running_loop().create_future())
+        self.waits[request.kernel_id] = wait
+        return wait
+
+    def end(self, kernel_id: str, ending: str, why: str = "") -> Wait | None:
+        """Mark a wait as ending (the next ``due`` reports it); None if the kernel is not in line."""
+        wait = self.waits.get(kernel_id)
+        if wait is not None and wait.ending is None:
+            wait.ending, wait.why = ending, why
+        return wait
+
+    def leave(self, kernel_id: str) -> Wait | None:
+        """Take a kernel out of line (granted, or its ending handled)."""
+        return self.waits.pop(kernel_id, None)
+
+    def due(self, watchers: Callable[[str], int | None] = lambda kernel_id: None) -> tuple[list[Wait], list[Wait]]:
+        """(waits to ask the ledger about now, waits that end now). ``watchers(kernel_id)``: how many clients are
+        connected to the kernel, None where that does not apply (a kernel started by nbclient is its client)."""
+        now = self.clock()
+        ask: list[Wait] = []
+        ending: list[Wait] = []
+        for wait in list(self.waits.values()):
+            if wait.ending is None and self.closing:
+                wait.ending = "closing"
+            elif wait.ending is None and now >= wait.deadline:
+                wait.ending = "timeout"
+            elif wait.ending is None and self.unwatched_s:
+                count = watchers(wait.kernel_id)
+                if count is None or count > 0:
+                    wait.unwatched_since = None
+                elif wait.unwatched_since is None:
+                    wait.unwatched_since = now
+                elif now - wait.unwatched_since >= self.unwatched_s:
+                    wait.ending = "unwatched"
+            (ask if wait.ending is None else ending).append(wait)
+        return ask, ending

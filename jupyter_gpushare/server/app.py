@@ -1,0 +1,290 @@
+"""The server extension: wiring, and start/stop of background work. Its settings are ``settings.GpuShareApp``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import TYPE_CHECKING, Any
+
+from jupyter_client.provisioning import KernelProvisionerFactory
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import TraitError
+
+from ..config.settings import GpuShareApp, publish
+from ..core.addresses import PROVISIONER_NAME
+from ..core.policy import PolicyError
+from ..ledger.ledger import LedgerError
+from .manager import QuotaManager, build_manager
+from .state import SCHEMA_FILE, STATE_SCHEMA
+
+if TYPE_CHECKING:
+    from jupyter_server.serverapp import ServerApp
+
+ANNOUNCE_EVERY_S = 0.1  # how soon a change is announced on the event bus
+
+
+class Announcer:
+    """Says on the server's event bus (STATE_SCHEMA) that the state changed in a way a person would notice, and
+    for which kernels, within ANNOUNCE_EVERY_S of the change, so that browsers read GET /api/gpushare/state then
+    instead of polling fast. The parts that change the state say so as they do it (``changed``: the kernels'
+    registry and the enforcer); nothing compares snapshots. Changes within one interval go out together."""
+
+    def __init__(self, events: Any) -> None:
+        self.events = events
+        if events is not None:
+            events.register_event_schema(SCHEMA_FILE)
+        self._pending: set[str] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self.count = 0
+
+    def changed(self, kernel_id: str | None) -> None:
+        """A change a person would notice, of ``kernel_id``'s (None: of no one kernel). Any thread."""
+        if self.events is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # from another thread: onto the loop first
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self.changed, kernel_id)
+            return
+        self._loop = loop
+        if kernel_id:
+            self._pending.add(kernel_id)
+        if self._handle is None:
+            self._handle = loop.call_later(ANNOUNCE_EVERY_S, self._announce)
+
+    def _announce(self) -> None:
+        self._handle = None
+        kernel_ids, self._pending = sorted(self._pending), set()
+        self.count += 1
+        self.events.emit(schema_id=STATE_SCHEMA, data={"version": str(self.count), "kernel_ids": kernel_ids})
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+class GpuShareExtension(ExtensionApp):
+    """GPU memory quotas for notebook kernels on a shared GPU server: the jupyter-server extension.
+
+    Admins configure it as ``c.GpuShareApp.*`` (settings.py), which this reads from the server's config,
+    command line included. A bad setting, or settings that cannot work together on this host's cards,
+    stop the server at start with the setting's name and a fix: a server that ran on without its
+    extension would run every kernel without a quota.
+    """
+
+    name = "jupyter_gpushare"
+    load_other_extensions = True
+    classes = [GpuShareApp]
+
+    @property
+    def server(self) -> ServerApp:
+        """The jupyter-server this extension was loaded into (set before any of the methods below run)."""
+        assert self.serverapp is not None
+        return self.serverapp
+
+    def _fail(self, why: str) -> None:
+        self.log.critical("jupyter-gpushare cannot start: %s", why)
+        raise SystemExit(f"jupyter-gpushare: cannot start: {why}")
+
+    def initialize_settings(self) -> None:
+        """Everything the extension runs on. Any failure here stops the server with the reason: jupyter-server
+        would log a warning and run on without the extension, every kernel with every GPU and no quota."""
+        try:
+            self._initialize()
+        except (PolicyError, TraitError) as e:
+            self._fail(str(e))
+        except Exception as e:  # noqa: BLE001 (fail closed, whatever it was)
+            self.log.exception("jupyter-gpushare: the extension could not be set up")
+            self._fail(
+                f"the extension could not be set up ({type(e).__name__}: {e}). Without it every kernel would start "
+                "with every GPU and no quota, so the server stops. Check the GpuShareApp options (each given once) "
+                "and `jupyter gpushare doctor`."
+            )
+
+    def _initialize(self) -> None:
+        self.gpushare = settings = GpuShareApp(parent=self)
+        self.announcer = Announcer(getattr(self.serverapp, "event_logger", None))
+        manager = build_manager(settings, self.log, on_change=self.announcer.changed)
+        QuotaManager.install(manager)
+        self.settings["gpushare_manager"] = manager
+        self._published = publish(settings)  # for this user's `jupyter gpushare status` and `doctor`
+        self._make_sampler(manager)
+        self._hold_waiting_kernels(manager)
+        self._make_default_provisioner()
+        self._start_reconciling()
+        info = manager.backend.describe()
+        if manager.backend.simulated:
+            self.log.warning(
+                "jupyter-gpushare: SIMULATED cards %s (no real GPU memory).", [c.total_mib for c in manager.cards]
+            )
+        elif not manager.cards:
+            self.log.warning("jupyter-gpushare: no GPU (%s). Kernels start without one.", info["reason"])
+        else:
+            self.log.info(
+                "jupyter-gpushare: cards %s; ledger %s",
+                [f"{c.index}:{c.name}" for c in manager.cards],
+                settings.broker_socket or settings.ledger_path,
+            )
+
+    def _make_sampler(self, manager: QuotaManager) -> None:
+        """The sampler thread (started with the server) and the policies it feeds."""
+        from . import metrics
+        from .enforce import Enforcer
+        from .sampler import Sampler
+
+        settings = self.gpushare
+        enforcer = Enforcer(
+            manager, self.server.kernel_manager, settings.build_enforce_policy(), log=self.log,
+            on_change=self.announcer.changed,
+        )  # fmt: skip
+        loop = self._server_loop()
+
+        def on_sample(snap: Any) -> None:
+            sampler.hurry(enforcer.on_sample(snap))  # read often while a kernel is over its reservation
+
+        sampler = Sampler(manager, settings.sample_interval, loop=loop, on_sample=on_sample, log=self.log)
+        manager.measured_by(
+            sampler.latest_samples,
+            lambda kernel_id: sampler.snapshot.kernels.get(kernel_id),
+            enforcer.policy.over_action,
+        )
+        self.settings["gpushare_sampler"] = sampler
+        self.settings["gpushare_enforcer"] = enforcer
+        metrics.install(sampler, enforcer)
+        # Started here, not in the start hook: embedders and test fixtures do not always run that hook.
+        sampler.start()
+
+    def _hold_waiting_kernels(self, manager: QuotaManager) -> None:
+        """A kernel that waits for a GPU is listed at once, its process launched when it is granted (held.py); its
+        websockets open at once (connection.py). It is granted only while a notebook or client wants it, and
+        leaves the line when none has been connected for queue_unwatched_timeout."""
+        from .connection import waiting_connection_class
+
+        kernels, sessions = self.server.kernel_manager, self.server.session_manager
+        configured = self.settings.get("kernel_websocket_connection_class")  # (a copy of the server's settings)
+        ours = waiting_connection_class(configured) if configured is not None else None
+        if ours is None:
+            self.log.warning(
+                "jupyter-gpushare: kernel websockets use %s, so a websocket to a kernel that waits for a GPU waits "
+                "up to kernel_info_timeout before it opens.",
+                configured,
+            )
+        else:
+            self.settings["kernel_websocket_connection_class"] = ours  # copied back into the server's
+
+        def watchers(kernel_id: str) -> int:
+            if kernel_id not in kernels:
+                return 0
+            try:
+                return kernels.kernel_model(kernel_id).get("connections", 0)
+            except TraitError:  # a kernel jupyter_server is still starting has no model yet (no last_activity)
+                return 0
+
+        def has_session(kernel_id: str) -> bool:
+            row = sessions.cursor.execute("SELECT 1 FROM session WHERE kernel_id=?", (kernel_id,)).fetchone()
+            return row is not None
+
+        async def end(kernel_id: str) -> None:
+            try:
+                found = [
+                    s["id"] for s in await sessions.list_sessions() if (s.get("kernel") or {}).get("id") == kernel_id
+                ]
+                for session_id in found:
+                    await sessions.delete_session(session_id)
+                if kernel_id in kernels:
+                    await kernels.shutdown_kernel(kernel_id, now=True)
+            except Exception:
+                self.log.exception("jupyter-gpushare: kernel %s, whose wait ended, could not be shut down", kernel_id)
+
+        def end_kernel(kernel_id: str) -> None:
+            asyncio.ensure_future(end(kernel_id))
+
+        manager.hold_starts(
+            watchers=watchers,
+            may_grant=lambda kernel_id: kernel_id in kernels and (watchers(kernel_id) > 0 or has_session(kernel_id)),
+            end_kernel=end_kernel,
+        )
+
+    def _make_default_provisioner(self) -> None:
+        """Give every kernel without a provisioner stanza ours, unless the admin chose another.
+
+        (jupyter_server reads only ``jpserver_extensions`` from jupyter_server_config.d files, so the
+        wheel cannot ship this setting as config.)
+        """
+        kpf = KernelProvisionerFactory.instance(parent=self.server.kernel_manager)
+        chosen = "default_provisioner_name" in self.server.config.get("KernelProvisionerFactory", {})
+        if chosen or os.environ.get(KernelProvisionerFactory.default_provisioner_name_env):
+            if kpf.default_provisioner_name != PROVISIONER_NAME:
+                self.log.warning(
+                    "jupyter-gpushare: the default kernel provisioner is %r, so kernels get no GPU quota unless "
+                    "their kernelspec names %r.",
+                    kpf.default_provisioner_name,
+                    PROVISIONER_NAME,
+                )
+            return
+        kpf.default_provisioner_name = PROVISIONER_NAME
+
+    def initialize_handlers(self) -> None:
+        from .handlers import handlers
+
+        self.handlers.extend(handlers)
+
+    def _server_loop(self) -> asyncio.AbstractEventLoop | None:
+        try:
+            return asyncio.get_running_loop()
+        except RuntimeError:  # `jupyter lab`: the server's loop exists but does not run yet
+            return getattr(getattr(self.serverapp, "io_loop", None), "asyncio_loop", None)
+
+    def _start_reconciling(self) -> None:
+        """The periodic reconcile task, once there is a loop to run it (test fixtures do not always run the start
+        hook, so it is tried at set-up too)."""
+        loop = self._server_loop()
+        if getattr(self, "_reconcile_task", None) is None and loop is not None:
+            self._reconcile_task = loop.create_task(self._reconcile_forever())
+
+    async def _start_jupyter_server_extension(self, serverapp) -> None:
+        self._start_reconciling()
+        self.settings["gpushare_sampler"].loop = asyncio.get_running_loop()
+
+    async def _reconcile_forever(self) -> None:
+        manager = self.settings["gpushare_manager"]
+        failing = None
+        while True:
+            await asyncio.sleep(self.gpushare.reconcile_interval)
+            kernels = self.server.kernel_manager
+            try:
+                await manager.reconcile(known={*kernels.list_kernel_ids(), *getattr(kernels, "_pending_kernels", {})})
+                failing = None
+            except LedgerError as e:  # a full disk, a broker that is down: said once, tried again every interval
+                if str(e) != failing:
+                    self.log.warning("jupyter-gpushare: reconcile failed: %s", e)
+                failing = str(e)
+            except Exception:
+                self.log.exception("jupyter-gpushare: reconcile failed")
+
+    async def stop_extension(self) -> None:
+        # Kernels are shut down after extensions (ServerApp._cleanup): keep the manager and its
+        # ledger open so their releases still land. Queued starts end first (a pending start would
+        # hold up the kernels' shutdown); the periodic task stops.
+        manager = self.settings.get("gpushare_manager")
+        if manager is not None:
+            await manager.stop_admitting()
+        task = getattr(self, "_reconcile_task", None)
+        if task:
+            task.cancel()
+        if getattr(self, "announcer", None) is not None:
+            self.announcer.stop()
+        if getattr(self, "_published", None):
+            with contextlib.suppress(OSError):
+                os.unlink(self._published)
+        sampler = self.settings.get("gpushare_sampler")
+        if sampler is not None:
+            from . import metrics
+
+            metrics.uninstall(sampler)
+            sampler.stop()
+            await self.settings["gpushare_enforcer"].close()

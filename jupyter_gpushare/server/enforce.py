@@ -1,0 +1,357 @@
+"""Over-quota and idle-GPU policies, applied to each sampler snapshot on the IOLoop.
+
+Over quota: a kernel's process tree uses more than its reservation (quota + context reserve) when
+a framework cap was bypassed or a library allocated outside it. At ``near_ratio`` of the
+reservation the kernel is warned (state ``near_quota``); past the reservation it is ``over_quota``,
+and overuse.py's rules (the same as the root broker's) say when and how it is acted on: at once when
+it takes memory other kernels have reserved, else once it has been over for ``over_grace_s`` within a
+window of twice that; the child processes that hold the excess are stopped where that is enough.
+
+Idle: a kernel that holds a reservation, shows 0% GPU use, is not executing, and has had no
+activity for ``idle_timeout_s`` is warned (state ``idle``) and, when configured, shut down
+``idle_shutdown_delay_s`` later to give its memory back.
+
+Every warning and action is an event (``/api/gpushare/events``) with the figures behind it.
+Decisions need only the snapshot and the kernel manager's in-memory state, so they run on the
+IOLoop (where the kernel manager lives); actions are coroutines of the server's kernel manager.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+from ..core.overuse import CardRoom, Excess, OverUseJudge, Verdict, card_room, over_use
+from ..core.policy import EnforcePolicy, format_mib
+from .sampler import KernelUsage, UsageSnapshot
+
+Judged = dict[str, tuple[Any, KernelUsage, dict[str, int]]]  # kernel id -> (record, usage, card uuid -> MiB)
+Judgment = Literal["near_quota", "over_quota", "idle"]  # (the API's Kernel.state, where the policies judge it)
+
+
+@dataclass
+class _Watch:
+    pid: int | None
+    started: float
+    near_warned: bool = False
+    over_warned: bool = False
+    gpu_active_at: float = 0.0
+    idle_warned_at: float | None = None
+    acting: bool = False
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+class Enforcer:
+    """Applies the policies; ``states`` (kernel id -> near_quota | over_quota | idle) is read by the API."""
+
+    def __init__(
+        self,
+        manager: Any,
+        kernel_manager: Any,
+        policy: EnforcePolicy,
+        log: logging.Logger | None = None,
+        clock: Callable[[], float] = time.time,
+        on_change: Callable[[str | None], None] | None = None,
+    ) -> None:
+        """``on_change``: told of each kernel whose judged state (near or over quota, idle) changes."""
+        self.manager = manager
+        self.kernel_manager = kernel_manager
+        self.policy = policy
+        self.log = log or logging.getLogger("jupyter_gpushare")
+        self.clock = clock
+        self._on_change = on_change or (lambda kernel_id: None)
+        self.judge = OverUseJudge(policy.over_action, policy.over_grace_s)
+        self.states: dict[str, Judgment] = {}
+        self.version = 0  # counts on_sample calls (the API caches its reply per version)
+        self._watch: dict[str, _Watch] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    def on_sample(self, snap: UsageSnapshot) -> bool:
+        """Judge every kernel of this snapshot (called on the IOLoop, once per sampler tick). Returns whether any
+        kernel is over its reservation (the sampler then reads the driver more often)."""
+        now = self.clock()
+        states: dict[str, Judgment] = {}
+        judged: Judged = {}
+        uuids = {c.index: uuid for uuid, c in snap.cards.items()}
+        for kid, rec in list(self.manager.records.items()):
+            usage = snap.kernels.get(kid)
+            if rec.state != "running" or rec.lease is None or usage is None:
+                continue
+            w = self._watch.get(kid)
+            if w is None or w.pid != usage.pid:  # new kernel, or a restarted one: a fresh start
+                w = self._watch[kid] = _Watch(pid=usage.pid, started=now, gpu_active_at=now)
+                self.judge.forget(kid)
+            if usage.used_mib is not None and rec.lease.reserved_mib:
+                used: dict[str, int] = {}
+                for p in usage.processes:
+                    uuid = uuids.get(p.card_index, "")
+                    used[uuid] = used.get(uuid, 0) + (p.used_mib or 0)
+                judged[kid] = (rec, usage, used)
+            idle = self._idle(kid, rec, usage, w, now)
+            if idle:
+                states[kid] = idle
+        excesses = self._excesses(snap, judged, uuids)
+        for kid, (rec, usage, _) in judged.items():
+            state = self._quota(kid, rec, usage, excesses.get(kid))
+            if state:
+                states[kid] = state  # over/near quota shows before idle
+        for verdict in self.judge.judge(now, list(excesses.values()), present=judged):
+            self._act_on(verdict, judged[verdict.kernel_id][0])
+        for kid in [k for k in self._watch if k not in self.manager.records]:
+            del self._watch[kid]
+        for kid in sorted({k for k in states.keys() | self.states.keys() if states.get(k) != self.states.get(k)}):
+            self._on_change(kid)
+        self.states = states
+        self.version += 1
+        return bool(excesses)
+
+    # -- over quota ----------------------------------------------------------------------------
+
+    def _excesses(self, snap: UsageSnapshot, judged: Judged, uuids: dict[int, str]) -> dict[str, Excess]:
+        """The kernels over their reservations, with how much of that other kernels had reserved. Leases of other
+        servers (other users', through a broker) are not seen here: what they may still allocate is guessed at
+        its smallest, so no theft is imagined (the broker, which sees them all, judges them too)."""
+        rooms: dict[str, CardRoom] = {}
+        reserved_on = {c.get("uuid"): c.get("reserved_mib") or 0 for c in snap.quota.get("cards", ())}
+        for uuid, card in snap.cards.items():
+            seen = [
+                (kid, rec.lease.reserved_mib, used.get(uuid, 0))
+                for kid, (rec, _usage, used) in judged.items()
+                if rec.lease.card_uuid == uuid
+            ]
+            unseen = max(0, reserved_on.get(uuid, 0) - sum(reserved for _, reserved, _ in seen))
+            rooms[uuid] = card_room(card.free_mib, card.used_mib, seen, unseen)
+        out = {}
+        for kid, (rec, usage, used) in judged.items():
+            lease = rec.lease
+            over = over_use(lease.reserved_mib, lease.card_uuid, used)
+            if not over:
+                continue
+            stolen = sum(rooms[card].stolen(kid, mib) for card, mib in over.items() if card in rooms)
+            processes = tuple((p.pid, uuids.get(p.card_index, ""), p.used_mib or 0) for p in usage.processes)
+            shared = self._shared(lease.card_uuid, snap)
+            out[kid] = Excess(kid, lease.card_uuid, lease.reserved_mib, over, stolen, processes, usage.pid, shared)
+        return out
+
+    def _quota(self, kid: str, rec: Any, usage: KernelUsage, excess: Excess | None) -> Judgment | None:
+        used, limit = usage.used_mib or 0, rec.lease.reserved_mib
+        w = self._watch[kid]
+        figures = self._figures(rec, usage)
+        if excess is not None:
+            if not w.over_warned:
+                w.over_warned = True
+                self.manager.event(
+                    "over-quota",
+                    kid,
+                    f"The kernel's processes use {format_mib(used)} of GPU memory, more than its reservation of "
+                    f"{format_mib(limit)}. {self._consequence(excess)}",
+                    **figures,
+                )
+            return "over_quota"
+        if kid not in self.judge.episodes():
+            w.over_warned = False  # a new episode is said again
+        if self.policy.near_ratio and used >= self.policy.near_ratio * limit:
+            if not w.near_warned:
+                w.near_warned = True
+                self.manager.event(
+                    "near-quota",
+                    kid,
+                    f"The kernel's processes use {format_mib(used)} of its {format_mib(limit)} reservation "
+                    f"({100 * used / limit:.0f}%). Free memory (del tensors, empty caches) or ask for a larger quota.",
+                    share_pct=round(100 * used / limit),
+                    **figures,
+                )
+            return "near_quota"
+        if used < 0.95 * self.policy.near_ratio * limit:  # a little hysteresis against flapping warnings
+            w.near_warned = False
+        return None
+
+    @staticmethod
+    def _figures(rec: Any, usage: KernelUsage) -> dict[str, Any]:
+        return {
+            "used_mib": usage.used_mib,
+            "reserved_mib": rec.lease.reserved_mib,
+            "quota_mib": rec.lease.quota_mib,
+            "pids": [p.pid for p in usage.processes],
+        }
+
+    @staticmethod
+    def _shared(card_uuid: str, snap: UsageSnapshot) -> bool:
+        """Whether other kernels hold reservations on the card, or other processes use it."""
+        card = next((c for c in snap.quota.get("cards", ()) if c.get("uuid") == card_uuid), None)
+        usage = snap.cards.get(card_uuid)
+        return (card is not None and card.get("kernels", 0) > 1) or (
+            usage is not None and (usage.used_by_others_mib or 0) > 0
+        )
+
+    def _consequence(self, excess: Excess) -> str:
+        action = self.policy.over_action
+        grace = f"{self.policy.over_grace_s:.0f} s"
+        if excess.stolen_mib and action != "notify":
+            return (
+                f"{format_mib(excess.stolen_mib)} of it is memory other kernels on its card have reserved, so it is "
+                "stopped at once: the processes that hold it, or else the kernel."
+            )
+        if action == "protect" and not excess.shared:
+            action = "notify"
+        return {
+            "notify": "Other kernels on the card may run out of memory; what it uses beyond its reservation is "
+            "counted as taken, so new kernels wait.",
+            "protect": f"If it stays over for {grace}, the processes that hold the excess are stopped, or the kernel "
+            "is interrupted, and restarted if that frees nothing, to protect the other kernels on its card. If it "
+            "takes memory they have reserved, that happens at once.",
+            "interrupt": f"It will be interrupted if it stays over for {grace}.",
+            "restart": f"It will be restarted if it stays over for {grace}.",
+            "shutdown": f"It will be shut down if it stays over for {grace}.",
+        }[action]
+
+    def _act_on(self, verdict: Verdict, rec: Any) -> None:
+        w = self._watch.get(verdict.kernel_id)
+        if w is not None and w.acting:  # a restart still under way: the judge asks again if it is still needed
+            return
+        excess = verdict.excess
+        figures = {
+            "used_mib": excess.used_mib,
+            "reserved_mib": rec.lease.reserved_mib,
+            "quota_mib": rec.lease.quota_mib,
+            "pids": sorted({pid for pid, _card, _mib in excess.processes}),
+            "over_s": verdict.over_s if verdict.why == "grace" else None,
+            "why": verdict.why,
+            "stolen_mib": excess.stolen_mib or None,
+        }
+        why = {
+            "theft": f"it took {format_mib(excess.stolen_mib)} that other kernels on its card have reserved",
+            "escalate": "it stayed over its reservation after the interrupt",
+            "grace": f"over quota for {verdict.over_s:.0f} s",
+        }[verdict.why]
+        if verdict.why == "theft" and verdict.action in ("stop", "restart"):
+            figures["code"] = f"over-quota-{verdict.action}-theft"
+        if verdict.action == "stop":
+            self._stop(verdict, why, figures)
+        else:
+            self._act(verdict.kernel_id, verdict.action, why, figures, now=verdict.why != "grace")
+
+    def _stop(self, verdict: Verdict, why: str, figures: dict) -> None:
+        """End the kernel's child processes that hold its excess; the kernel runs on."""
+        ended = []
+        for pid in verdict.pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                ended.append(pid)
+            except OSError as e:  # gone meanwhile
+                self.log.debug("jupyter-gpushare: stopping process %s of kernel %s: %s", pid, verdict.kernel_id, e)
+        self.manager.event(
+            "over-quota-stop",
+            verdict.kernel_id,
+            f"Ended {len(ended)} process(es) the kernel started ({ended}): {why}. The kernel runs on.",
+            action="stop",
+            processes=len(ended),
+            stopped=ended,
+            **figures,
+        )
+
+    # -- idle ------------------------------------------------------------------------------------
+
+    def _idle(self, kid: str, rec: Any, usage: Any, w: _Watch, now: float) -> Judgment | None:
+        if not self.policy.idle_timeout_s:
+            return None
+        kernel = self._kernel(kid)
+        execution = getattr(kernel, "execution_state", None)
+        if (usage.utilization or 0) > 0 or execution == "busy":
+            w.gpu_active_at = now  # a running cell is never idle, even with 0% GPU
+        last = getattr(kernel, "last_activity", None)
+        last_ts = last.timestamp() if last is not None and hasattr(last, "timestamp") else 0.0
+        idle_for = now - max(last_ts, w.gpu_active_at, w.started)
+        if idle_for < self.policy.idle_timeout_s:
+            w.idle_warned_at = None
+            return None
+        figures = {
+            "idle_s": round(idle_for, 1),
+            "reserved_mib": rec.lease.reserved_mib,
+            "used_mib": usage.used_mib,
+            "execution_state": execution,
+        }
+        if w.idle_warned_at is None:
+            w.idle_warned_at = now
+            then = (
+                f" It will be shut down in {self.policy.idle_shutdown_delay_s:.0f} s unless it runs something."
+                if self.policy.idle_action == "shutdown"
+                else ""
+            )
+            self.manager.event(
+                "idle",
+                kid,
+                f"The kernel holds {format_mib(rec.lease.reserved_mib)} of GPU memory and has not used the GPU or run "
+                f"anything for {_duration(idle_for)}.{then} Shut it down when you are done to give the memory back.",
+                **figures,
+            )
+        elif (
+            self.policy.idle_action == "shutdown"
+            and now - w.idle_warned_at >= self.policy.idle_shutdown_delay_s
+            and not w.acting
+        ):
+            self._act(kid, "shutdown", f"idle for {idle_for:.0f} s", figures, kind="idle-shutdown")
+        return "idle"
+
+    def _kernel(self, kid: str) -> Any:
+        try:
+            return self.kernel_manager.get_kernel(kid)
+        except Exception:
+            return None
+
+    # -- actions -----------------------------------------------------------------------------------
+
+    def _act(self, kid: str, action: str, why: str, figures: dict, kind: str | None = None, now: bool = False) -> None:
+        kind = kind or f"over-quota-{action}"
+        w = self._watch.get(kid)
+        if action == "notify":
+            self.manager.event(
+                kind,
+                kid,
+                f"Over its reservation ({why}). Free memory or ask for a larger quota: a neighbour may run out of memory, "
+                "and new kernels wait for what it holds beyond its reservation.",
+                action=action,
+                **figures,
+            )
+            return
+        if w is not None:
+            w.acting = True
+        task = asyncio.ensure_future(self._run_action(kid, action, why, figures, kind, now))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_action(self, kid: str, action: str, why: str, figures: dict, kind: str, now: bool) -> None:
+        verb = {"interrupt": "Interrupted", "restart": "Restarted", "shutdown": "Shut down"}[action]
+        km = self.kernel_manager
+        try:
+            if action == "interrupt":
+                result = km.interrupt_kernel(kid)
+            else:  # memory others have reserved, or that an interrupt did not free: no graceful wait then
+                call = km.restart_kernel if action == "restart" else km.shutdown_kernel
+                result = call(kid, now=now)
+            if inspect.isawaitable(result):
+                await result
+            self.manager.event(kind, kid, f"{verb} the kernel: {why}.", action=action, **figures)
+        except Exception as e:
+            self.log.warning("jupyter-gpushare: %s of kernel %s failed: %s", action, kid, e)
+            self.manager.event(
+                "action-failed", kid, f"Could not {action} the kernel ({why}): {e}", code=f"action-failed-{action}",
+                action=action, **figures,
+            )  # fmt: skip
+        finally:
+            w = self._watch.get(kid)
+            if w is not None:
+                w.acting = False
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()

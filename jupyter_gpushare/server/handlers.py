@@ -1,0 +1,274 @@
+"""Thin REST handlers under /api/gpushare/ (documented in api/openapi.yaml)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from jupyter_client.jsonutil import json_default
+from jupyter_core.utils import ensure_async
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.services.kernels.handlers import KernelActionHandler, _kernel_id_regex
+from tornado import web
+
+from ..core.policy import PolicyError, parse_size
+from ..ledger.ledger import LedgerError
+from .manager import QuotaManager
+from .records import KernelRecord
+from .sampler import UsageSnapshot
+from .state import build_state, event_view
+from .views import card_view, config_view, kernel_view
+
+QUOTA_TTL_S = 2.0  # the ledger's reservations in /state are re-read at least this often (and on every record change)
+
+API = r"/api/gpushare"
+AUTH_RESOURCE = "gpushare"
+
+
+class GpuShareHandler(APIHandler):
+    auth_resource = AUTH_RESOURCE
+
+    @property
+    def manager(self) -> QuotaManager:
+        return self.settings["gpushare_manager"]
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Jupyter's JSON error, with the message as written: tornado doubles every '%' of a message given
+        without arguments ("0%%"), and jupyter-server sends it on as is. An error raised from a PolicyError
+        with a code carries that code and its figures too."""
+        error = (kwargs.get("exc_info") or (None, None))[1]
+        if isinstance(error, web.HTTPError) and error.log_message:
+            body = {"message": error.log_message % error.args, "reason": error.reason}
+            rule = error.__cause__
+            if isinstance(rule, PolicyError) and rule.code:  # the rule and its figures: the sidebar words it
+                body.update(code=rule.code, params=rule.params)
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps(body))
+            return
+        super().write_error(status_code, **kwargs)
+
+    @property
+    def usage(self) -> UsageSnapshot:
+        """The sampler's latest snapshot (an empty one before the first tick)."""
+        sampler = self.settings.get("gpushare_sampler")
+        return sampler.snapshot if sampler is not None else UsageSnapshot()
+
+    def kernel(self, rec) -> dict:
+        """A kernel record with its measured use and policy state, from the cached snapshot."""
+        enforcer = self.settings.get("gpushare_enforcer")
+        view = kernel_view(rec.to_dict(), self.usage, enforcer.states.get(rec.kernel_id) if enforcer else None)
+        view["held"] = self.settings["gpushare_manager"].holding.held(rec.kernel_id, view["frameworks"])
+        return view
+
+    def json_body(self) -> dict:
+        """The request body as a JSON object, or a 400 that says what is wrong with it."""
+        try:
+            body = json.loads(self.request.body or b"null")
+        except ValueError as e:
+            raise web.HTTPError(400, f'The request body is not JSON ({e}). Send e.g. {{"quota": "6GiB"}}.') from e
+        except RecursionError as e:  # nested deeper than Python's parser goes: no real body is
+            raise web.HTTPError(400, 'The request body is nested too deeply. Send e.g. {"quota": "6GiB"}.') from e
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, 'The request body must be a JSON object, e.g. {"quota": "6GiB"}.')
+        return body
+
+
+class CardsHandler(GpuShareHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        snap = await self.manager.snapshot()  # reservations as the ledger has them now
+        usage = self.usage
+        reply = {k: snap[k] for k in ("backend", "simulated", "reason", "ledger")}
+        self.finish({**reply, "cards": [card_view(c, usage) for c in snap["cards"]], "sampler": usage.status()})
+
+
+class KernelsHandler(GpuShareHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        # Served from memory: the records as they are now, with the last reading of their use. The
+        # encoded reply is reused while neither the reading nor any record has changed (pollers).
+        records = list(self.manager.records.values())
+        enforcer = self.settings.get("gpushare_enforcer")
+        usage = self.usage
+        key = (usage.seq, enforcer.version if enforcer else None, KernelRecord.changes, tuple(self.manager.records))
+        cache = self.settings.setdefault("gpushare_kernels_cache", {})
+        if cache.get("key") != key:
+            cache["body"] = json.dumps({"kernels": [self.kernel(rec) for rec in records]})
+            cache["key"] = key
+        self.set_header("Content-Type", "application/json")
+        self.finish(cache["body"])
+
+
+class KernelHandler(GpuShareHandler):
+    def _record(self, kernel_id: str):
+        rec = self.manager.records.get(kernel_id)
+        if rec is None:
+            raise web.HTTPError(404, f"No kernel {kernel_id} holds or waits for a GPU quota on this server.")
+        return rec
+
+    @web.authenticated
+    @authorized
+    async def get(self, kernel_id: str) -> None:
+        self.finish(self.kernel(self._record(kernel_id)))
+
+    @web.authenticated
+    @authorized
+    async def patch(self, kernel_id: str) -> None:
+        self._record(kernel_id)
+        body = self.json_body()
+        unknown = set(body) - {"quota"}
+        if unknown or "quota" not in body:
+            raise web.HTTPError(
+                400, f'Send {{"quota": "<size>"}}, e.g. {{"quota": "6GiB"}}; got fields {sorted(body)}.'
+            )
+        try:
+            rec = await self.manager.request_quota(kernel_id, parse_size(body["quota"], "quota"))
+        except PolicyError as e:
+            raise web.HTTPError(400, str(e)) from e
+        self.finish(self.kernel(rec))
+
+    @web.authenticated
+    @authorized
+    async def delete(self, kernel_id: str) -> None:
+        """Stop a queued kernel's wait (a running kernel is shut down through /api/kernels)."""
+        self._record(kernel_id)
+        try:
+            rec = self.manager.cancel_start(kernel_id)
+        except PolicyError as e:
+            raise web.HTTPError(409, str(e)) from e
+        self.set_status(202)
+        self.finish(self.kernel(rec))
+
+
+class HostHandler(GpuShareHandler):
+    """Every server's reservations on this host, as this server's user may see them: own kernels in
+    detail, other users as anonymous totals per card (admins see all; see broker.view_for)."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        try:
+            view = await self.manager.host_view()
+        except LedgerError as e:
+            raise web.HTTPError(503, str(e)) from e
+        if view is None:
+            raise web.HTTPError(503, self.manager.ledger.error or "No ledger is open on this server.")
+        self.finish(view)
+
+
+class QueueHandler(GpuShareHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        snap = await self.manager.snapshot()
+        self.finish({"queue": snap["queue"]})
+
+
+class EventsHandler(GpuShareHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        try:
+            since = float(self.get_argument("since", "0"))
+        except ValueError as e:
+            raise web.HTTPError(400, "'since' must be a Unix time in seconds, e.g. since=1700000000.5.") from e
+        self.finish({"events": [event_view(e) for e in self.manager.events if e["time"] > since]})
+
+
+class ConfigHandler(GpuShareHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.finish(config_view(self.manager.policy))
+
+
+class StateHandler(GpuShareHandler):
+    """Everything the sidebar, the status bar and the notifications show, in one reply (state.py). Its ETag is
+    the state's version: an unchanged state is answered 304 with no body."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        manager, usage = self.manager, self.usage
+        cache = self.settings.setdefault("gpushare_state_cache", {})
+        if cache.get("key") != KernelRecord.changes or time.monotonic() - cache.get("at", 0.0) > QUOTA_TTL_S:
+            cache.update(key=KernelRecord.changes, at=time.monotonic(), quota=await manager.snapshot())
+        assert self.serverapp is not None  # (a handler of the server's own app)
+        sessions = await self.serverapp.session_manager.list_sessions()
+        state = build_state(
+            cache["quota"],
+            [self.kernel(rec) for rec in list(manager.records.values())],
+            {uuid: card.figures() for uuid, card in usage.cards.items()},
+            {s["kernel"]["id"]: s["path"] for s in sessions if s.get("kernel")},
+            manager.events,
+            config_view(manager.policy),
+            usage.status(),
+        )
+        etag = f'"{state["version"]}"'
+        self.set_header("ETag", etag)
+        self.set_header("Cache-Control", "no-cache")
+        if etag in (self.request.headers.get("If-None-Match") or ""):
+            self.set_status(304)
+            self.finish()
+            return
+        self.finish(state)
+
+
+class KernelRestartHandler(KernelActionHandler):
+    """jupyter_server's ``POST /api/kernels/<id>/restart``, but a restart that would hold the request open answers
+    as soon as the kernel is back in Jupyter's hands: the restart of a kernel that waits for a GPU (it keeps its place
+    in line), or of one whose new quota may have to wait (it joins the line). jupyter_server's restart waits for the
+    kernel to answer, up to kernel_info_timeout, and a kernel in line cannot. A second restart of a kernel that is
+    restarting is refused with 409, not left to fail inside jupyter_client."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str, action: str) -> None:
+        restarting: set[str] = self.settings.setdefault("gpushare_restarting", set())
+        if kernel_id in restarting:
+            raise web.HTTPError(409, f"Kernel {kernel_id} is restarting already; wait until it has restarted.")
+        manager: QuotaManager = self.settings["gpushare_manager"]
+        rec = manager.records.get(kernel_id)
+        km = self.kernel_manager
+        restarting.add(kernel_id)
+        try:
+            if rec is None or (rec.state != "queued" and rec.pending_quota is None):
+                return await super().post(kernel_id, action)  # type: ignore[misc]  # (async, typed Awaitable | None)
+            kernel = km.get_kernel(kernel_id)
+            before = getattr(kernel.provisioner, "held", None)
+            restart = asyncio.ensure_future(km.restart_kernel(kernel_id))
+            restart.add_done_callback(lambda task: task.cancelled() or task.exception())  # logged by jupyter_server
+            while not restart.done() and not _held_anew(kernel, before):
+                await asyncio.sleep(0.05)
+            failed = restart.exception() if restart.done() else None
+            if isinstance(failed, web.HTTPError):  # refused (QuotaUnavailable): its status and its reason
+                raise failed
+            if failed is not None:
+                raise web.HTTPError(500, "Exception restarting kernel") from failed
+            self.finish(json.dumps(await ensure_async(km.kernel_model(kernel_id)), default=json_default))
+        finally:
+            restarting.discard(kernel_id)
+
+
+def _held_anew(kernel, before: object) -> bool:
+    """Whether a restarting kernel is back in line: a new stand-in launched (held.py)."""
+    held = getattr(getattr(kernel, "provisioner", None), "held", None)
+    return held is not None and held is not before and held.launched_at is not None
+
+
+handlers = [
+    (rf"{API}/cards", CardsHandler),
+    (rf"{API}/kernels", KernelsHandler),
+    (rf"{API}/kernels/([^/]+)", KernelHandler),
+    (rf"{API}/host", HostHandler),
+    (rf"{API}/queue", QueueHandler),
+    (rf"{API}/events", EventsHandler),
+    (rf"{API}/config", ConfigHandler),
+    (rf"{API}/state", StateHandler),
+    (rf"/api/kernels/{_kernel_id_regex}/(?P<action>restart)", KernelRestartHandler),
+]

@@ -1,0 +1,253 @@
+"""This server's kernels in the host's line, and how each wait ends.
+
+A kernel the ledger cannot place now joins the line (``join``); while any of this server's kernels wait, the
+line asks the ledger for each every QUEUE_POLL_S (a heartbeat too), and hands each answer to the kernels'
+registry (QuotaManager): granted, refused, or still waiting at its place. ``queue.ServerQueue`` decides when a
+wait ends without a grant (cancelled, past the timeout, unwatched, the server closing); the ledger decides who is
+granted (``queue.choose_card``). One that no notebook or client wants steps out of the host's line after
+UNWANTED_S, so that it holds no one up, and joins again at the back once wanted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, Protocol
+
+from ..core.policy import Policy, PolicyError, format_mib
+from ..host.gpu import Card
+from ..ledger.file import LedgerError
+from ..ledger.leases import Lease, Waiting
+from ..ledger.ledger import Reservations
+from ..ledger.queue import Request, ServerQueue, Wait
+from .ledger_worker import LedgerWorker
+from .records import Grant, KernelRecord, QuotaUnavailable, full_message, rule_figures
+
+QUEUE_POLL_S = 0.5
+UNWANTED_S = 3.0  # a kernel in line that nothing wants (no session, no client) this long gives its place up
+
+
+class Registry(Protocol):
+    """What the line needs of the kernels' registry (QuotaManager): their records, and what becomes of each."""
+
+    policy: Policy
+    records: dict[str, KernelRecord]
+
+    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None: ...
+    def settle(self, rec: KernelRecord, grant: Grant, why: str = ..., **figures: Any) -> Grant: ...
+    def refuse(self, kernel_id: str, message: str, status: int = ..., keep: bool = ..., kind: str = ...,
+               code: str | None = ..., **figures: Any) -> QuotaUnavailable: ...  # fmt: skip
+    def keeps(self, rec: KernelRecord | None) -> bool: ...
+    def card(self, uuid: str) -> Card | None: ...
+    def reserve(self, ledger: Reservations, request: Request, wait: bool) -> Lease | Waiting: ...
+
+
+class Line:
+    """This server's waits and the task that serves them. A Jupyter server says (``held_by``) how many clients a
+    kernel has and whether one still wants it; ``on_wait`` hears each answer of the ledger to a kernel in line
+    (nbclient's progress on stderr, batch.py)."""
+
+    def __init__(
+        self, kernels: Registry, ledger: LedgerWorker, timeout_s: float, unwatched_s: float, log: logging.Logger
+    ) -> None:
+        self.kernels, self.ledger, self.log = kernels, ledger, log
+        self.queue = ServerQueue(timeout_s, unwatched_s)
+        self._serving: asyncio.Future | None = None  # the task that serves the line while anyone waits
+        # How many clients are connected to a kernel (None: not known here); a kernel in line with none for
+        # ``unwatched_s`` leaves it.
+        self.watchers: Callable[[str], int | None] = lambda kernel_id: None
+        # Whether a kernel in line may be granted now: only a kernel some notebook or client still wants.
+        self.may_grant: Callable[[str], bool] = lambda kernel_id: True
+        self.on_wait: Callable[[KernelRecord, Waiting], None] | None = None
+
+    def waiting(self, kernel_id: str) -> Wait | None:
+        return self.queue.waits.get(kernel_id)
+
+    def close(self) -> list[Wait]:
+        """The server is closing: every wait ends (their kernels are shut down with the server's)."""
+        self.queue.closing = True
+        waits = list(self.queue.waits.values())
+        for wait in waits:
+            self.queue.end(wait.kernel_id, "closing")
+            self.end_wait(wait)
+        return waits
+
+    def cancel(self, kernel_id: str, why: str) -> bool:
+        """Stop a kernel's wait (its start is refused, 'cancelled'); False when it is not in line."""
+        wait = self.queue.end(kernel_id, "cancelled", why)
+        if wait is None:
+            return False
+        self.end_wait(wait)
+        return True
+
+    def stop(self) -> None:
+        if self._serving is not None:
+            self._serving.cancel()
+
+    def join(self, rec: KernelRecord, request: Request, got: Waiting) -> None:
+        """A kernel the ledger answered with a place in line joins this server's waits (or keeps its place)."""
+        self.leave(request.kernel_id, "it asked for another quota")
+        self.queue.join(request).last = got
+        rec.state, rec.queued_since = "queued", time.time()
+        rec.wait_until = (
+            time.time() + self.kernels.policy.queue_timeout_s
+            if self.kernels.policy.queue_timeout_s < float("inf")
+            else None
+        )
+        self._update(rec, got)
+        self.kernels.event(
+            "queued",
+            request.kernel_id,
+            got.reason or f"Waiting for {format_mib(got.need_mib)} of GPU memory; position {got.position}.",
+            position=got.position,
+            need_mib=got.need_mib,
+        )
+        if self._serving is None or self._serving.done():
+            self._serving = asyncio.ensure_future(self._serve())
+
+    def leave(self, kernel_id: str, why: str) -> None:
+        """Take a kernel out of line without granting it (it no longer asks, or asks for something else)."""
+        wait = self.queue.leave(kernel_id)
+        if wait is not None and not wait.result.done():
+            wait.result.cancel()
+            self._cancel_wait(kernel_id)
+
+    def _cancel_wait(self, kernel_id: str) -> None:
+        """Take the kernel out of the host's line, not waiting (a wait not cancelled goes stale without heartbeats
+        and is dropped)."""
+        self.ledger.later(f"cancel_wait({kernel_id})", lambda ledger: ledger.cancel_wait(kernel_id))
+
+    async def granted(self, kernel_id: str) -> Grant:
+        """Wait until a kernel in line is granted its reservation (or starts without a GPU); QuotaUnavailable when
+        its wait ends without one, asyncio.CancelledError when it is taken out of line (shut down, another quota)."""
+        wait = self.queue.waits.get(kernel_id)
+        if wait is None:
+            raise asyncio.CancelledError(f"kernel {kernel_id} is not in line")
+        return await asyncio.shield(wait.result)
+
+    def _update(self, rec: KernelRecord, got: Waiting) -> None:
+        rec.position, rec.need_mib, rec.free_mib = got.position, got.need_mib, got.free_mib
+        if self.on_wait is not None:
+            self.on_wait(rec, got)
+
+    async def _serve(self) -> None:
+        """While kernels of this server wait: ask the ledger for each (a heartbeat too) every QUEUE_POLL_S, grant,
+        and end the waits that end (queue.ServerQueue.due)."""
+        while self.queue.waits:
+            try:
+                await self._serve_once()
+            except Exception:  # noqa: BLE001 (one bad turn must not leave every kernel waiting forever)
+                self.log.exception("jupyter-gpushare: serving the queue failed; trying again")
+            await asyncio.sleep(QUEUE_POLL_S)
+
+    async def _serve_once(self) -> None:
+        ask, ending = self.queue.due(self.watchers)
+        ask = [w for w in ask if self._wanted(w)]
+        for wait in ending:
+            self.end_wait(wait)
+        if ask:
+            try:
+                answers = await self.ledger.run(self._reserve_each, [w.request for w in ask])
+            except Exception as e:  # noqa: BLE001 (a bug must not leave every kernel waiting forever)
+                self.log.exception("jupyter-gpushare: serving the queue failed")
+                answers = [e] * len(ask)
+            for wait, got in zip(ask, answers):
+                self._answer(wait, got)
+
+    def _wanted(self, wait: Wait) -> bool:
+        """Whether to ask the ledger for this kernel now. One that no notebook or client wants for UNWANTED_S
+        steps out of the host's line, so that it holds no one up; it joins again, at the back, once wanted."""
+        if self.may_grant(wait.kernel_id):
+            wait.unwanted_since = None
+            if wait.stepped_out:
+                wait.stepped_out = False
+                self.log.info("jupyter-gpushare: kernel %s is wanted again and joins the line", wait.kernel_id)
+            return True
+        now = time.monotonic()
+        if wait.unwanted_since is None:
+            wait.unwanted_since = now
+        elif now - wait.unwanted_since >= UNWANTED_S and not wait.stepped_out:
+            wait.stepped_out = True
+            self._cancel_wait(wait.kernel_id)
+        return False
+
+    def _reserve_each(self, requests: list[Request]) -> list[Lease | Waiting | Exception]:
+        """On the ledger thread: one reserve per kernel in line, each answer or error on its own."""
+
+        def reserve(request: Request) -> Lease | Waiting:
+            return self.ledger.must(lambda ledger: self.kernels.reserve(ledger, request, True))
+
+        answers: list[Lease | Waiting | Exception] = []
+        for request in requests:
+            try:
+                answers.append(reserve(request))
+            except (LedgerError, PolicyError) as e:
+                answers.append(e)
+        return answers
+
+    def _answer(self, wait: Wait, got: Lease | Waiting | Exception) -> None:
+        """What the ledger said of a kernel in line."""
+        rec = self.kernels.records.get(wait.kernel_id)
+        if wait.result.done() or rec is None:
+            self.queue.leave(wait.kernel_id)
+            return
+        if isinstance(got, Lease):
+            self.queue.leave(wait.kernel_id)
+            waited = round(time.time() - (rec.queued_since or time.time()))
+            self.kernels.event("admitted", wait.kernel_id, f"Admitted after waiting {waited} s.", waited_s=waited)
+            wait.result.set_result(
+                self.kernels.settle(rec, Grant("gpu", lease=got, card=self.kernels.card(got.card_uuid)))
+            )
+        elif isinstance(got, LedgerError):  # the broker is down, the disk is full: start without a GPU, say why
+            self.queue.leave(wait.kernel_id)
+            wait.result.set_result(
+                self.kernels.settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {got}"))
+            )
+        elif isinstance(got, Exception):
+            self.queue.leave(wait.kernel_id)
+            status, rule = (400, rule_figures(got)) if isinstance(got, PolicyError) else (503, {})
+            wait.result.set_exception(
+                self.kernels.refuse(wait.kernel_id, str(got), status=status, keep=self.kernels.keeps(rec), **rule)
+            )
+        elif got.expired:
+            self.queue.end(wait.kernel_id, "timeout")
+            rec.need_mib, rec.free_mib = got.need_mib, got.free_mib
+            self.end_wait(wait, got)
+        else:
+            wait.last = got
+            self._update(rec, got)
+
+    def end_wait(self, wait: Wait, got: Waiting | None = None) -> None:
+        """A wait that ends without a grant: the start is refused (and the kernel shut down by its owner) with why."""
+        self.queue.leave(wait.kernel_id)
+        if wait.result.done():
+            return
+        self._cancel_wait(wait.kernel_id)
+        rec = self.kernels.records.get(wait.kernel_id)
+        if wait.ending == "timeout":
+            shown = got or wait.last or Waiting(wait.kernel_id, 1, 0, 0, 0)
+            waited = rec.queued_since if rec else None
+            message = full_message(wait.request.quota, shown, self.kernels.policy.context_reserve_mib, waited=waited)
+            error = self.kernels.refuse(
+                wait.kernel_id, message, keep=self.kernels.keeps(rec), code="refused-timeout",
+                need_mib=shown.need_mib, free_mib=shown.free_mib,
+                waited_s=round(time.time() - waited) if waited else None,
+            )  # fmt: skip
+        elif wait.ending == "unwatched":
+            error = self.kernels.refuse(
+                wait.kernel_id,
+                f"Stopped waiting for a GPU: no notebook or program was connected to this kernel for "
+                f"{self.queue.unwatched_s:.0f} s, so it was shut down before it could hold memory for no one. "
+                "Open the notebook and run a cell to start it again.",
+                status=409, keep=False, kind="cancelled", code="cancelled-unwatched",
+                unwatched_s=round(self.queue.unwatched_s),
+            )  # fmt: skip
+        elif wait.ending == "closing":
+            error = self.kernels.refuse(wait.kernel_id, "Stopped waiting for a GPU: the Jupyter server is shutting down.", status=409, code="refused-closing")  # fmt: skip
+        else:
+            why = wait.why or "the start was cancelled"
+            error = self.kernels.refuse(
+                wait.kernel_id, f"Stopped waiting for a GPU: {why}.", status=409, kind="cancelled"
+            )
+        wait.result.set_exception(error)

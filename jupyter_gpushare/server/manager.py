@@ -1,0 +1,538 @@
+"""Admission control: one QuotaManager per process, used by the provisioner and the REST handlers.
+
+It asks the ledger for room (queueing, falling back or refusing as the policy says) and keeps a
+record per kernel for the API. Every ledger call runs on the ledger worker's thread
+(ledger_worker.py), so nothing blocks the Tornado IOLoop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import getpass
+import logging
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, ClassVar, TypeVar
+
+from ..config.settings import GpuShareApp
+from ..core.history import HistoryRules
+from ..core.levels import check_required
+from ..core.policy import CardView, Policy, PolicyError, Size, format_mib
+from ..host.cgroups import KernelCgroups
+from ..host.gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
+from ..host.gpu.simulated import SimulatedBackend
+from ..host.reports import read_reports, remove_reports, report_dir
+from ..ledger.ledger import Lease, LedgerError, ProcessRef, Request, Reservations, Waiting
+from ..ledger.view import host_view
+from .holding import Holding
+from .learning import Learning
+from .ledger_worker import LedgerWorker
+from .line import Line
+from .records import Grant, KernelRecord, QuotaUnavailable, full_message, rule_figures
+from .views import server_view
+
+T = TypeVar("T")
+
+
+class QuotaManager:
+    """Reserve, keep and release GPU quotas for the kernels this process starts."""
+
+    _current: ClassVar[QuotaManager | None] = None
+
+    def __init__(
+        self,
+        policy: Policy,
+        backend: GpuBackend,
+        ledger_path: str,
+        log: logging.Logger | None = None,
+        broker_socket: str | None = None,
+        broker_ca_file: str = "",
+        history: HistoryRules | None = None,
+        cards: list[Card] | None = None,
+        unwatched_s: float = 0.0,
+        cgroups: KernelCgroups | None = None,
+        on_change: Callable[[str | None], None] | None = None,
+    ):
+        """``broker_socket``: reserve through the host's broker (broker.py) instead of the ledger file;
+        ``broker_ca_file``: the CA of its TLS certificate ('tls://' sockets); ``history``: quotas learned from
+        earlier runs (history.py); ``cards``: the backend's, when the caller has just listed them; ``unwatched_s``: a
+        kernel in line with no client connected for this long leaves it (0: never; see ``watchers``); ``cgroups``: the
+        kernels' cgroups (cgroups.py; None: none, kernels are tracked by their process tree); ``on_change``: told at once of
+        every change a person would notice (a kernel's state, quota or place in line, a kernel listed or gone, an
+        event), with the kernel's id (None: no one kernel's), to say so on the server's event bus (app.Announcer)."""
+        self.policy = policy
+        self.backend = backend
+        self.log = log or logging.getLogger("jupyter_gpushare")
+        self.user = getpass.getuser()
+        self.records: dict[str, KernelRecord] = {}
+        self._on_change: Callable[[str | None], None] = on_change or (lambda kernel_id: None)
+        self.events: collections.deque[dict] = collections.deque(maxlen=500)
+        # Blocking work that is not the ledger's (kernels' reports, their cgroups). Not the loop's default
+        # executor: a forked child inherits that one without its threads, and would wait on it forever.
+        self._work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpushare-work")
+        self.closing = False  # the server is shutting down: no new kernel is admitted
+        # A Jupyter server lists a kernel in line at once and launches its process when it is granted
+        # (``hold_starts`` sets this and the three below); nbclient and papermill wait for the grant before the
+        # kernel starts.
+        self.holds_starts = False
+        # Shut down a kernel whose wait ended without a grant (its session too), as its server does.
+        self.end_kernel: Callable[[str], None] = lambda kernel_id: None
+        # What the card says, where a sampler reads it (``measured_by`` sets this and the two below).
+        self.latest_samples: Callable[[], Sequence[DeviceSample]] = tuple
+        self.kernel_usage: Callable[[str], Any] = lambda kernel_id: None
+        self.cards: list[Card] = list_cards(backend) if cards is None else cards
+        self.holding = Holding(cgroups or KernelCgroups(enabled=False), backend, self.cards, self._blocking, self.event)
+        self.ledger = LedgerWorker(ledger_path, broker_socket, broker_ca_file, self.log, self._reclaimed)
+        self.line = Line(self, self.ledger, policy.queue_timeout_s, unwatched_s, self.log)  # its kernels in line
+        self.learning = Learning(
+            history or HistoryRules(), policy, self.ledger, self.user, self._blocking, self.log, self.event
+        )
+
+    # -- process-wide instance -------------------------------------------------------------
+
+    @classmethod
+    def current(cls) -> QuotaManager | None:
+        return cls._current
+
+    @classmethod
+    def install(cls, manager: QuotaManager | None) -> None:
+        cls._current = manager
+
+    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Blocking work that is not the ledger's (kernels' reports, their cgroups), off the IOLoop."""
+        return await asyncio.get_running_loop().run_in_executor(self._work, fn, *args)
+
+    def _reclaimed(self, leases: Sequence[Lease]) -> None:
+        for lease in leases:
+            self.event(
+                "reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone."
+            )
+
+    def measured_by(
+        self, latest_samples: Callable[[], Sequence[DeviceSample]], kernel_usage: Callable[[str], Any], watchdog: str
+    ) -> None:
+        """A Jupyter server's readings of the card (app.py): ``latest_samples``, the driver's last per-process
+        reading, for what processes that hold no reservation use; ``kernel_usage``, a kernel's last reading
+        (sampler.KernelUsage), whose peak is recorded when it stops; ``watchdog``, the over-quota action its
+        enforcer applies (shown with each kernel)."""
+        self.latest_samples, self.kernel_usage, self.holding.watchdog = latest_samples, kernel_usage, watchdog
+
+    def hold_starts(
+        self,
+        watchers: Callable[[str], int | None],
+        may_grant: Callable[[str], bool],
+        end_kernel: Callable[[str], None],
+    ) -> None:
+        """A Jupyter server's way of starting kernels (app.py): a kernel in line is listed at once and launched when
+        granted; ``watchers`` says how many clients a kernel has, ``may_grant`` whether one still wants it, and
+        ``end_kernel`` shuts down (with its session) a kernel whose wait ended without a grant."""
+        self.holds_starts, self.end_kernel = True, end_kernel
+        self.line.watchers, self.line.may_grant = watchers, may_grant
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None:
+        """Record an event for the API (``/api/gpushare/events``) and (unless not ``logged``) the log, with the
+        figures behind it and the kernel's notebook (``path``), so that a notification can name it even once the
+        kernel is gone."""
+        rec = self.records.get(kernel_id) if kernel_id else None
+        path = figures.pop("path", None) or (rec.path if rec else None)
+        self.events.append(
+            {"time": time.time(), "kind": kind, "kernel_id": kernel_id, "path": path, "message": message, **figures}
+        )
+        self._on_change(kernel_id)
+        if logged:
+            self.log.info("gpushare %s %s: %s", kind, kernel_id or "", message)
+
+    def usage_targets(self) -> list[tuple[str, int | None, str | None]]:
+        """(kernel id, root pid, card uuid) of every kernel record; safe to call from any thread."""
+        records = self.records.copy()  # one C-level copy: no iteration over a dict being changed
+        return [(kid, rec.pid, rec.card.uuid if rec.card else None) for kid, rec in records.items()]
+
+    def record(self, kernel_id: str, kernel_name: str = "", language: str = "") -> KernelRecord:
+        rec = self.records.get(kernel_id)
+        if rec is None:
+            rec = self.records[kernel_id] = KernelRecord(
+                kernel_id, kernel_name, language, self.user, on_change=self._on_change
+            )
+            self._on_change(kernel_id)
+        return rec
+
+    def forget(self, kernel_id: str) -> KernelRecord | None:
+        """The kernel is gone from this server: its record goes, and the change is said."""
+        rec = self.records.pop(kernel_id, None)
+        if rec is not None:
+            self._on_change(kernel_id)
+        return rec
+
+    async def admit(
+        self, kernel_id: str, kernel_name: str, language: str, requested: Size | None = None, hold: bool = False
+    ) -> Grant:
+        """Reserve GPU room for a kernel about to start, or decide it starts without.
+
+        When no card has room and the policy says ``queue``, the kernel joins the host's line: with ``hold`` (a
+        Jupyter server, which lists the kernel at once) this returns a ``queued`` Grant and the start's caller
+        awaits ``granted(kernel_id)``; without it (nbclient, papermill) this waits here until granted. Raises
+        QuotaUnavailable (with how much was needed, how much was free and what to do) when the kernel must not
+        start; a kernel that was restarting then stays listed as 'failed', with that reason.
+        """
+        rec = self.record(kernel_id, kernel_name, language)
+        restarting = rec.state not in ("starting", "queued")  # a new record starts so; a restart's record ran before
+        rec.quota_source = "kernelspec" if requested is not None else "default"
+        if rec.pending_quota is not None:
+            requested, rec.pending_quota, rec.quota_source = rec.pending_quota, None, "requested"
+        quota = self.policy.quota_for(kernel_name, language, requested)
+        if quota is None:
+            self.line.leave(kernel_id, "it reserves no GPU memory now")
+            return self.settle(
+                rec,
+                Grant(
+                    "none",
+                    reason=f"Kernels of {kernel_name or language!r} reserve no GPU memory here, so they see no GPU.",
+                ),
+            )
+        rec.quota = str(quota)
+        if self.closing:
+            raise self.refuse(
+                kernel_id,
+                "The Jupyter server is shutting down; start the kernel again once it is back.",
+                code="refused-closing",
+            )
+        if not self.cards:
+            return self.settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"), "no-gpu-none")
+        try:
+            check_required(self.holding.level(), self.policy.required_level, self.holding.missing())
+        except PolicyError as e:
+            raise self.refuse(kernel_id, str(e), keep=restarting, **rule_figures(e)) from e
+        if not await self.ledger.available():
+            return self.settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {self.ledger.error}"))
+        quota, learned_from = await self.learning.at_start(rec, quota, self._views({}))
+        if learned_from:
+            self.event("learned", kernel_id, f"Quota {quota} learned from earlier runs ({learned_from}).")
+        try:
+            self.policy.check_quota(quota, self._views({}))
+        except PolicyError as e:
+            raise self.refuse(kernel_id, str(e), status=400, keep=restarting, **rule_figures(e)) from e
+        request = Request(kernel_id, quota, self.user, kernel_name)
+        wait = self.line.waiting(kernel_id)
+        if wait is not None and wait.request == request and wait.ending is None:
+            return Grant("queued") if hold else await self.line.granted(kernel_id)  # still in line: keep its place
+        queue = self.policy.on_full == "queue"
+        try:
+            got = await self.ledger.run(self.ledger.must, lambda ledger: self.reserve(ledger, request, queue))
+        except LedgerError as e:  # the broker is down, the disk is full: start without a GPU, say why
+            return self.settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {e}"))
+        except PolicyError as e:  # a per-user limit the broker enforces, or too many kernels in line
+            raise self.refuse(kernel_id, str(e), status=400, keep=restarting, **rule_figures(e)) from e
+        if isinstance(got, Lease):
+            self.line.leave(kernel_id, "it was admitted")
+            return self.settle(rec, Grant("gpu", lease=got, card=self.card(got.card_uuid)))
+        if queue:
+            self.line.join(rec, request, got)
+            return Grant("queued") if hold else await self.line.granted(kernel_id)
+        message = full_message(quota, got, self.policy.context_reserve_mib, waited=None)
+        if self.policy.on_full == "cpu":
+            return self.settle(
+                rec,
+                Grant("cpu", reason=message + " This kernel was started without a GPU."),
+                "no-gpu-full",
+                need_mib=got.need_mib,
+                free_mib=got.free_mib,
+            )
+        raise self.refuse(
+            kernel_id, message, keep=restarting, code="refused-no-room", need_mib=got.need_mib, free_mib=got.free_mib
+        )
+
+    def keeps(self, rec: KernelRecord | None) -> bool:
+        """Whether a refused kernel stays listed as 'failed' (a restart of a kernel nbclient holds); a kernel a
+        Jupyter server lists is shut down instead."""
+        return rec is not None and not self.holds_starts and rec.pid is not None
+
+    async def remember_peak(self, kernel_id: str) -> None:
+        """Record the peak of a kernel's process as it shuts down or restarts (Learning.at_stop)."""
+        rec = self.records.get(kernel_id)
+        if rec is not None:
+            card = self.card(rec.lease.card_uuid) if rec.lease else None
+            await self.learning.at_stop(rec, self.kernel_usage(kernel_id), card)
+
+    def reserve(self, ledger: Reservations, request: Request, wait: bool) -> Lease | Waiting:
+        """On the ledger thread. Memory that processes without a reservation use is taken too: measured
+        here against the ledger's leases, or by the broker itself, which sees every user's."""
+        outside = ledger.outside(self.latest_samples())
+        return ledger.reserve(request, self.policy, self.cards, wait, outside=outside)
+
+    def refuse(
+        self,
+        kernel_id: str,
+        message: str,
+        status: int = 503,
+        keep: bool = False,
+        kind: str = "refused",
+        code: str | None = None,
+        **figures: Any,
+    ) -> QuotaUnavailable:
+        """Record why a kernel will not start and return the error to raise. Its record is forgotten, or with
+        ``keep`` (a restart that was refused: the kernel is down now) kept as 'failed' with the reason. The event
+        is 'refused', or 'cancelled' for a wait its owner stopped; ``code`` (words.CATALOGUE's ``event.<code>``,
+        with ``figures``) says which refusal, where the sidebar words it itself (else the kind, with the
+        English ``message``)."""
+        rec = self.records.get(kernel_id) if keep else self.forget(kernel_id)
+        if rec is not None and keep:
+            rec.state, rec.lease, rec.card, rec.position = "failed", None, None, None
+            rec.reason = f"The kernel could not start again: {message} Shut it down, or start it with another quota."
+        if code is not None:
+            figures["code"] = code
+        self.event(kind, kernel_id, message, path=rec.path if rec else None, **figures)
+        return QuotaUnavailable(message, status=status)
+
+    async def stop_admitting(self) -> None:
+        """The server is shutting down: refuse new starts and end every wait in line (their kernels are shut down
+        with the server's)."""
+        self.closing = True
+        self.line.close()
+
+    def cancel_start(self, kernel_id: str, why: str = "its owner stopped it") -> KernelRecord:
+        """Stop a queued kernel's wait: its start is refused with a 'cancelled' event (and the server shuts it down)."""
+        rec = self.records[kernel_id]
+        if not self.line.cancel(kernel_id, why):
+            raise PolicyError(
+                f"Kernel {kernel_id} is not waiting for a GPU (it is {rec.state}); shut it down with DELETE /api/kernels/{kernel_id}."
+            )
+        return rec
+
+    def settle(self, rec: KernelRecord, grant: Grant, why: str = "no-gpu-ledger", **figures: Any) -> Grant:
+        """The kernel's start is decided: it runs with its grant. ``why`` a kernel starts without a GPU (the code of
+        its 'no-gpu' event, with ``figures``): no-gpu-none (this server has none), no-gpu-ledger (no reservation
+        can be made now), no-gpu-full (the cards are full and the policy starts it without)."""
+        rec.state = "running" if grant.mode == "gpu" else grant.mode
+        rec.lease, rec.card, rec.reason, rec.position = grant.lease, grant.card, grant.reason, None
+        if grant.mode == "gpu" and grant.lease:
+            self.event(
+                "reserved",
+                rec.kernel_id,
+                f"{format_mib(grant.lease.reserved_mib)} on "
+                f"{grant.card.label if grant.card else f'GPU {grant.lease.card_index}'}.",
+                reserved_mib=grant.lease.reserved_mib,
+            )
+        elif grant.mode == "cpu":
+            self.event("no-gpu", rec.kernel_id, grant.reason or "", code=why, **figures)
+        return grant
+
+    def max_quota_mib(self, grant: Grant) -> int | None:
+        """The largest quota this kernel could be given on its card (for the in-kernel OOM note)."""
+        return None if grant.card is None else self.policy.largest_quota_mib(grant.card.total_mib)
+
+    def card(self, uuid: str) -> Card | None:
+        return next((c for c in self.cards if c.uuid == uuid), None)
+
+    def _views(self, reserved: dict[str, int]) -> list[CardView]:
+        return [CardView(c.uuid, c.index, c.total_mib, reserved.get(c.uuid, 0)) for c in self.cards]
+
+    async def attach(self, kernel_id: str, pid: int | None) -> None:
+        """Record the kernel's process once it runs (after every restart too)."""
+        rec = self.records.get(kernel_id)
+        if rec is None:
+            return
+        rec.pid, rec.oom, rec.retry_quota_mib = pid, None, None
+        ref = ProcessRef.of(pid) if pid else None
+        rec.run_started = ref.start if ref else None
+        if rec.lease is not None:
+            await self.ledger.quietly(f"attach({kernel_id})", lambda ledger: ledger.attach(kernel_id, ref))
+
+    async def release(self, kernel_id: str, why: str = "shut down", forget: bool = True, said: bool = False) -> None:
+        """Give a kernel's reservation back, or its place in line (idempotent), and, unless it restarts, forget its
+        record. ``said``: the caller told the user itself (Ctrl-C outside a server): the event is not logged too."""
+        self.line.leave(kernel_id, why)
+        await self.remember_peak(kernel_id)
+        rec = self.forget(kernel_id) if forget else self.records.get(kernel_id)
+        if rec is not None and not forget:
+            rec.lease = None
+        try:
+            lease = await self.ledger.on(lambda ledger: ledger.release(kernel_id))
+        except LedgerError as e:  # a full disk: the kernel goes all the same; reconcile gives its room back later
+            lease = None
+            self.event("release-pending", kernel_id, f"Its reservation will be given back once the ledger works: {e}")
+        await self._blocking(remove_reports, report_dir(), kernel_id)
+        if lease is not None:
+            self.event(
+                "released",
+                kernel_id,
+                f"Released {format_mib(lease.reserved_mib)} ({why}).",
+                reserved_mib=lease.reserved_mib,
+            )
+        elif rec is not None and rec.state == "queued":
+            self.event("cancelled", kernel_id, f"Stopped waiting for a GPU ({why}).", path=rec.path, logged=not said)
+
+    def end_at_exit(self, kernel_id: str) -> None:
+        """Give a kernel's reservation back as this program exits (batch.end_at_exit), its process gone: now, in
+        this thread. By then the interpreter has stopped every executor's thread, the ledger's too, so this uses a
+        ledger connection of its own; a failure is logged (what is left is reclaimed once its holders are gone)."""
+        self.forget(kernel_id)
+        try:
+            self.holding.cgroups.remove(kernel_id, False)
+            lease = self.ledger.at_exit(lambda ledger: ledger.release(kernel_id))
+            remove_reports(report_dir(), kernel_id)
+        except (LedgerError, OSError) as e:
+            self.log.warning("jupyter-gpushare: kernel %s's reservation was not given back at exit: %s", kernel_id, e)
+            return
+        if lease is not None:
+            self.event(
+                "released",
+                kernel_id,
+                f"Released {format_mib(lease.reserved_mib)} (its program exited).",
+                reserved_mib=lease.reserved_mib,
+            )
+
+    async def reconcile(self, known: set[str] | None = None) -> None:
+        """Release this process's leases for kernels it no longer has, and reclaim the dead. Raises LedgerError
+        while the ledger cannot be used (the caller logs it and tries again at the next interval).
+
+        ``known``: the kernels the server still has (started or starting). A record of another kernel is
+        forgotten: jupyter_client drops a kernel whose restart failed without cleaning it up."""
+        if known is not None:
+            for kernel_id, rec in list(self.records.items()):
+                if kernel_id not in known and rec.state not in ("starting", "queued"):
+                    await self.release(kernel_id, "gone from the server")
+        keep = set(self.records)
+        for lease in await self.ledger.on(lambda ledger: ledger.release_owned_except(keep)) or []:
+            self.event(
+                "reclaimed",
+                lease.kernel_id,
+                f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel this server no longer has.",
+            )
+        self._reclaimed(await self.ledger.on(lambda ledger: ledger.reap()) or [])
+
+    async def request_quota(self, kernel_id: str, quota: Size) -> KernelRecord:
+        """Ask for another quota for a kernel; it applies when the kernel next restarts. PolicyError, with the limit,
+        for a quota the admin's rules or (through a broker) the user's per-user limits would refuse at the restart."""
+        rec = self.records[kernel_id]
+        self.policy.check_quota(quota, self._views({}))
+        await self.ledger.on(lambda ledger: self._check_user_limits(ledger, kernel_id, quota))
+        rec.pending_quota = quota  # exactly what the server took, applied as it is at the restart
+        self.event(
+            "quota-requested", kernel_id, f"Quota {quota} requested; it applies at the next restart.", quota=str(quota)
+        )
+        return rec
+
+    def _check_user_limits(self, ledger: Reservations, kernel_id: str, quota: Size) -> None:
+        """On the ledger thread: the broker's per-user limits for this user, against the quotas of their other
+        kernels. Nothing to check with an embedded ledger (no per-user limits) or while the broker is down (the
+        restart then starts without a GPU and says why)."""
+        try:
+            user, _admin, limits = ledger.caller()
+            leases = ledger.leases() if limits is not None else []
+        except LedgerError:
+            return
+        if limits is None:
+            return
+        user = user or self.user
+        held = [x.quota_mib for x in leases if x.user == user and not x.anonymous and x.kernel_id != kernel_id]
+        biggest = max((c.total_mib for c in self.cards), default=0)
+        limits.check(user, quota.resolve(biggest), biggest, held)
+
+    # -- views for the API ------------------------------------------------------------------------
+
+    async def host_view(self) -> dict[str, Any] | None:
+        """Every reservation on the host as this user may see it (broker.view_for); None without a ledger."""
+        return await self.ledger.on(lambda ledger: host_view(ledger, self.user, self.cards, self.policy))
+
+    async def snapshot(self) -> dict[str, Any]:
+        """Cards with their reservations, this process's kernels, and the host-wide queue."""
+
+        kernel_ids = list(self.records)
+
+        def read_ledger(ledger: Reservations) -> tuple[list[Lease], list, dict[str, int] | None]:
+            leases = ledger.leases()
+            return leases, ledger.waiters(), ledger.outside(self.latest_samples(), leases)
+
+        def read_kernel_reports() -> dict[str, Any]:  # the kernels' own word on their caps: off the ledger's thread
+            directory = report_dir()
+            return {kid: read_reports(directory, kid) for kid in kernel_ids}
+
+        read, reports = await asyncio.gather(self.ledger.on(read_ledger), self._blocking(read_kernel_reports))
+        leases, waiters, outside = read or ([], [], None)
+        for kid, report in reports.items():
+            rec = self.records.get(kid)
+            if rec is not None:
+                self.learning.at_oom(rec, (report or {}).get("oom"))
+        ledger = {
+            "path": None if self.ledger.broker_socket else self.ledger.path,
+            "broker": self.ledger.broker_socket,
+            "error": self.ledger.error,
+            "replaced": self.ledger.replaced,
+        }
+        return {
+            **self.backend.describe(),
+            "ledger": ledger,
+            "enforcement": self.holding.enforcement(self.policy.required_level),
+            **server_view(self.cards, self.policy, leases, waiters, outside, list(self.records.values()), reports),
+        }
+
+    def close(self) -> None:
+        self.line.stop()
+        self.ledger.close()
+        self._work.shutdown(wait=False)
+
+
+_inherited: list[QuotaManager] = []  # a forked child's copies of its parent's managers: kept, never used
+
+
+def _forget_the_parents_manager() -> None:
+    """In a forked child (a multiprocessing or ProcessPoolExecutor worker, a prefork server's worker): its
+    parent's manager came along without its ledger thread, and with the parent's SQLite connection, which must
+    never be used across a fork. The child builds its own on first use (GpuShareProvisioner._manager). The copy
+    is kept referenced, so that no finalizer closes the parent's connection (and checkpoints its WAL) from here."""
+    if QuotaManager._current is not None:
+        _inherited.append(QuotaManager._current)
+        QuotaManager._current = None
+        _fresh_event_loop()
+
+
+def _fresh_event_loop() -> None:
+    """A forked child's event loop of its own (when none runs): the loop it inherited shares its self-pipe and its
+    epoll instance with the parent and every sibling, so a wake-up that the manager's threads write for this
+    process can be read by another's loop, and this one sleeps forever (jupyter_client's blocking calls run that
+    loop: jupyter_core keeps it per thread)."""
+    if asyncio._get_running_loop() is not None:
+        return
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        from jupyter_core import utils
+
+        utils._loop.set(loop)
+    except (ImportError, AttributeError):  # another jupyter_core: it asks asyncio, which now has this one
+        pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_the_parents_manager)
+
+
+def build_manager(
+    settings: GpuShareApp, log: logging.Logger | None = None, on_change: Callable[[str | None], None] | None = None
+) -> QuotaManager:
+    """A QuotaManager from the admin's settings, after they are checked as a whole against this host's cards
+    (PolicyError names the settings and the fix)."""
+    policy = settings.build_policy()
+    backend = open_backend(settings.gpu_backend, settings.simulated_cards)
+    if isinstance(backend, SimulatedBackend):  # kernels may say what they "use" of it (gpushare_simulate)
+        backend.claims_dir = report_dir()
+    cards = list_cards(backend)
+    settings.check(policy, [CardView(c.uuid, c.index, c.total_mib) for c in cards])
+    return QuotaManager(
+        policy,
+        backend,
+        settings.ledger_path,
+        log=log,
+        broker_socket=settings.broker_socket or None,
+        broker_ca_file=settings.broker_ca_file,
+        history=settings.build_history(),
+        cards=cards,
+        unwatched_s=settings.queue_unwatched_timeout,
+        cgroups=KernelCgroups(enabled=settings.kernel_cgroups == "auto"),
+        on_change=on_change,
+    )

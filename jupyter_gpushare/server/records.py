@@ -1,0 +1,168 @@
+"""What the server knows of each kernel it starts: the grant it got and the record the API serves.
+
+``Grant``: a GPU reservation, a start without a GPU, or no quota at all. ``KernelRecord``: one kernel of this
+server as the REST API and the sidebar see it. ``QuotaUnavailable``: a start refused for want of GPU room,
+whose message (``full_message``) reaches the HTTP client as it is.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Literal
+
+from tornado import web
+
+from ..core.policy import PolicyError, Size, format_mib
+from ..host.gpu import Card
+from ..ledger.leases import Lease, Waiting
+
+WHAT_TO_DO = (
+    "Shut down a kernel you no longer use (Kernel > Shut Down Kernel), ask for a smaller quota, or try again later."
+)
+
+
+class QuotaUnavailable(web.HTTPError):
+    """A kernel start refused for want of GPU room. The message reaches the HTTP client as is."""
+
+    def __init__(self, message: str, status: int = 503):
+        super().__init__(status, message, reason="GPU quota unavailable")
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def full_message(quota: Size, got: Waiting, reserve_mib: int, waited: float | None) -> str:
+    """Why no card has room for a kernel of ``quota``, with the figures and what to do (``reserve_mib``: the CUDA
+    context reserve; ``waited``: when it started waiting, if it queued)."""
+    if got.reason:  # nothing is granted for now, whatever room there is
+        return got.reason
+    reserve = format_mib(reserve_mib)
+    need = format_mib(got.need_mib) if got.need_mib else f"{quota} + {reserve}"
+    text = (
+        f"No GPU has room for this kernel: it needs {need} (quota {quota} + {reserve} CUDA context reserve), "
+        f"and the most unreserved on any card is {format_mib(got.free_mib)}."
+    )
+    if got.outside_mib:
+        text += (
+            f" Processes that hold no reservation (a script in a terminal, a program started outside a notebook) "
+            f"use {format_mib(got.outside_mib)} of the GPU memory: it counts as taken until they exit."
+        )
+    if waited:
+        text += f" It waited {time.time() - waited:.0f} s in the queue, as long as kernels may wait here."
+    elif got.ahead:
+        text += f" {got.ahead} kernel(s) are already waiting for a GPU."
+    return f"{text} {WHAT_TO_DO}"
+
+
+KernelState = Literal["starting", "queued", "running", "cpu", "none", "failed"]  # (the API's Kernel.state)
+GrantMode = Literal["gpu", "cpu", "none", "queued"]
+
+
+@dataclass
+class Grant:
+    """What a kernel got: a GPU reservation, a start without GPU (``cpu``), no quota at all (``none``), or a place
+    in line (``queued``: the reservation comes later, from ``QuotaManager.granted``)."""
+
+    mode: GrantMode
+    lease: Lease | None = None
+    card: Card | None = None
+    reason: str | None = None
+
+
+@dataclass
+class KernelRecord:
+    """What the API says of one kernel of this process."""
+
+    changes: ClassVar[int] = 0  # bumped on every field assignment: lets the API reuse an encoded reply
+    NOTABLE: ClassVar[frozenset[str]] = frozenset({"state", "quota", "pending_quota", "position"})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Every change counts (``changes``); one a person would notice (``NOTABLE``: its state, quota, place in
+        line) is said at once to ``on_change``, the registry's (QuotaManager's), with the kernel's id."""
+        before = self.__dict__.get(name, value)
+        object.__setattr__(self, name, value)
+        KernelRecord.changes += 1
+        if name in self.NOTABLE and before != value:
+            on_change = self.__dict__.get("on_change")
+            if on_change is not None:
+                on_change(self.kernel_id)
+
+    kernel_id: str
+    kernel_name: str
+    language: str
+    user: str
+    state: KernelState = "starting"  # 'failed': a restart was refused
+    quota: str | None = None  # requested (or default) quota
+    pending_quota: Size | None = None  # applied at the next restart
+    lease: Lease | None = None
+    card: Card | None = None
+    position: int | None = None
+    need_mib: int | None = None
+    free_mib: int | None = None
+    reason: str | None = None
+    since: float = field(default_factory=time.time)
+    queued_since: float | None = None
+    wait_until: float | None = None  # (time.time) when a queued start gives up; None: it waits without limit
+    pid: int | None = None
+    path: str | None = None  # the notebook, when started through a session
+    cancelled: bool = False  # a queued start the user gave up on
+    quota_source: str = "default"  # history.SOURCES: default | kernelspec | requested | learned
+    learned_peak_mib: int | None = None  # what earlier runs of its notebook peaked at (history.Learned)
+    learned_from: str | None = None  # whose runs: "own" | "others"
+    recorded_pid: int | None = None  # the kernel process whose peak was recorded (once per process)
+    run_started: float | None = None  # when the kernel process was created (its run's reports start after)
+    oom: str | None = None  # the framework that ran out of memory in this process (its report says so)
+    retry_quota_mib: int | None = None  # then: the quota to restart with (history.retry_quota_mib)
+    on_change: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
+
+    def _pending(self) -> dict[str, Any]:
+        """The quota asked for, for people and in MiB on its card (a share before the kernel has a card: null)."""
+        size = self.pending_quota
+        if size is None:
+            return {"pending_quota": None, "pending_quota_mib": None}
+        mib = size.mib if size.percent is None else size.resolve(self.card.total_mib) if self.card else None
+        return {"pending_quota": str(size), "pending_quota_mib": mib}
+
+    def to_dict(self) -> dict[str, Any]:
+        lease = self.lease
+        return {
+            "kernel_id": self.kernel_id,
+            "kernel_name": self.kernel_name,
+            "path": self.path,
+            "language": self.language,
+            "user": self.user,
+            "state": self.state,
+            "quota": self.quota,
+            "quota_source": self.quota_source,
+            "learned_peak_mib": self.learned_peak_mib,
+            "learned_from": self.learned_from,
+            **self._pending(),
+            "quota_mib": lease.quota_mib if lease else None,
+            "reserve_mib": lease.reserve_mib if lease else None,
+            "reserved_mib": lease.reserved_mib if lease else None,
+            "card": self.card.to_dict() if self.card else None,
+            "position": self.position,
+            "need_mib": self.need_mib,
+            "free_mib": self.free_mib,
+            "waited_s": round(time.time() - self.queued_since, 1) if self.queued_since else None,
+            "wait_left_s": round(max(0.0, self.wait_until - time.time()))
+            if self.wait_until and self.queued_since
+            else None,
+            "reason": self.reason,
+            "pid": self.pid,
+            "since": self.since,
+            "oom": {
+                "framework": self.oom,
+                "retry_quota_mib": self.retry_quota_mib,
+                "retry_quota": format_mib(self.retry_quota_mib) if self.retry_quota_mib else None,
+            }
+            if self.oom
+            else None,
+        }
+
+
+def rule_figures(error: PolicyError) -> dict[str, Any]:
+    """The code and figures of the rule that refused a kernel (QuotaManager.refuse), where the rule has a code."""
+    return {"code": f"refused-{error.code}", **error.params} if error.code else {}

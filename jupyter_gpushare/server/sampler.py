@@ -1,0 +1,376 @@
+"""Background sampling of GPU use into a cached, immutable snapshot.
+
+One thread per server reads every card (memory, utilisation, processes) through the GPU backend,
+maps GPU processes to this server's kernels through each kernel's process tree, and swaps in a new
+``UsageSnapshot``. Request handlers, the metrics collector and the enforcer only read it: nothing
+of NVML or psutil runs on the Tornado IOLoop.
+
+Attribution walks up from each GPU process (there are few) to a kernel's root process, instead of
+down from every kernel (a full /proc scan per kernel). Processes are known by (pid, create_time),
+so a reused pid is never taken for the process that had it before. A GPU process whose ancestry
+reaches no kernel of this server (another user's job, another server's kernel, a child that was
+re-parented to init, a process that has exited) counts as "other" in the card totals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable
+
+from ..config.settings import MIN_INTERVAL_S
+from ..core.overuse import FAST_INTERVAL_S
+from ..host.gpu import DeviceSample, GpuUnavailable
+from ..host.procs import ProcessTrees
+
+HISTORY_EVERY_S, HISTORY_POINTS = 5.0, 72  # a kernel's use over the last 6 minutes, for the sidebar's timeline
+QUOTA_REFRESH_S = 5.0  # the manager's snapshot (ledger, framework reports) is re-read at least this often
+EMPTY: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class ProcessUse:
+    """One GPU process of a kernel's tree."""
+
+    pid: int
+    card_index: int
+    used_mib: int | None
+    utilization: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "card_index": self.card_index,
+            "used_mib": self.used_mib,
+            "utilization": self.utilization,
+        }
+
+
+@dataclass(frozen=True)
+class KernelUsage:
+    """Measured GPU use of one kernel's process tree. None = not measured (no GPU, card lost)."""
+
+    kernel_id: str
+    pid: int | None
+    used_mib: int | None
+    peak_mib: int | None
+    utilization: float | None
+    processes: tuple[ProcessUse, ...] = ()
+    history: tuple[tuple[float, int], ...] = ()  # (time, used MiB), oldest first
+
+
+@dataclass(frozen=True)
+class CardUsage:
+    """Measured use of one card, split between this server's kernels and every other process."""
+
+    uuid: str
+    index: int
+    total_mib: int | None
+    used_mib: int | None
+    used_by_kernels_mib: int | None
+    used_by_others_mib: int | None
+    free_mib: int | None
+    utilization: float | None
+    mig: bool = False
+    lost: bool = False
+    errors: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+
+    def figures(self) -> dict[str, Any]:
+        """The fields the API adds to a card."""
+        return {
+            "used_mib": self.used_mib,
+            "used_by_kernels_mib": self.used_by_kernels_mib,
+            "used_by_others_mib": self.used_by_others_mib,
+            "free_mib": self.free_mib,
+            "utilization": self.utilization,
+            "mig": self.mig,
+            "lost": self.lost,
+            "errors": dict(self.errors),
+        }
+
+
+@dataclass(frozen=True)
+class UsageSnapshot:
+    """One sampler tick: everything handlers, metrics and the enforcer read. Never mutated."""
+
+    time: float = 0.0
+    tick_ms: float = 0.0
+    interval_s: float = 1.0
+    error: str | None = "not sampled yet"
+    cards: Mapping[str, CardUsage] = field(default_factory=lambda: EMPTY)  # by card uuid
+    kernels: Mapping[str, KernelUsage] = field(default_factory=lambda: EMPTY)  # by kernel id
+    quota: Mapping[str, Any] = field(
+        default_factory=lambda: EMPTY
+    )  # QuotaManager.snapshot() of the same tick (reservations, frameworks)
+    frameworks: Mapping[str, Any] = field(default_factory=lambda: EMPTY)  # kernel id -> frameworks, from ``quota``
+    seq: int = 0
+    samples: tuple[DeviceSample, ...] = ()  # the driver's reading itself (per-process figures), for admission
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "time": self.time or None,
+            "tick_ms": round(self.tick_ms, 3),
+            "interval_s": self.interval_s,
+            "error": self.error,
+            "seq": self.seq,
+        }
+
+
+class Sampler:
+    """One background thread per server that keeps ``snapshot`` fresh.
+
+    ``tick()`` can also be called directly (tests, benchmarks). ``on_sample`` is called on the
+    IOLoop with each new snapshot (the enforcer); the manager's own snapshot (ledger reservations,
+    framework reports) is refreshed on the IOLoop's side too when the set of kernels changes and at
+    least every QUOTA_REFRESH_S, and cached with the usage figures (reading 200 kernels' framework
+    reports takes ~15 ms of the ledger thread, too much for every tick).
+    """
+
+    def __init__(
+        self,
+        manager: Any,
+        interval_s: float = 1.0,
+        loop: asyncio.AbstractEventLoop | None = None,
+        on_sample: Callable[[UsageSnapshot], None] | None = None,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.manager = manager
+        self.interval_s = max(MIN_INTERVAL_S, float(interval_s))
+        self.loop = loop
+        self.on_sample = on_sample
+        self.log = log or logging.getLogger("jupyter_gpushare")
+        self.snapshot = UsageSnapshot(interval_s=self.interval_s)
+        self._trees = ProcessTrees()
+        self._peaks: dict[str, tuple[int | None, int]] = {}  # kernel id -> (pid, peak MiB)
+        self._history: dict[str, tuple[int | None, tuple[tuple[float, int], ...]]] = {}  # kernel id -> (pid, points)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pending: Any = None
+        self._last_error: str | None = None
+        self._seq = 0
+        self._quota_ids: frozenset[str] = frozenset()
+        self._quota_at = 0.0
+        self._hurried = False
+
+    def latest_samples(self) -> tuple[DeviceSample, ...]:
+        """The driver's last reading, if no older than a few intervals (else none: nothing is known)."""
+        snap = self.snapshot
+        return snap.samples if time.time() - snap.time <= max(5.0, 5 * self.interval_s) else ()
+
+    # -- thread ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="gpushare-sampler", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the thread (safe to call from the IOLoop: it never waits on the loop)."""
+        self._stop.set()
+        pending = self._pending
+        if pending is not None and not pending.cancel():  # already on the loop: stop waiting for it
+            _settle(pending, exception=concurrent.futures.CancelledError())
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self._thread = None
+
+    def hurry(self, over: bool) -> None:
+        """Read every overuse.FAST_INTERVAL_S (if that is sooner) while ``over``: some kernel is over its
+        reservation, and a theft must be seen within a fraction of a second (the enforcer says so each tick)."""
+        self._hurried = bool(over)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except Exception:  # keep sampling; say what broke once per kind of failure
+                self.log.exception("jupyter-gpushare: sampler tick failed")
+            pace = min(self.interval_s, FAST_INTERVAL_S) if self._hurried else self.interval_s
+            self._stop.wait(max(0.0, pace - (time.monotonic() - started)))
+
+    # -- one tick ------------------------------------------------------------------------------
+
+    def _kernel_usage(
+        self,
+        targets: Sequence[tuple[str, int | None, str | None]],
+        per_kernel: Mapping[str, list[ProcessUse]],
+        measured: bool,
+    ) -> dict[str, KernelUsage]:
+        """Each kernel's use from its processes' (0 when the driver's list was read and none is there), and its peak."""
+        kernels: dict[str, KernelUsage] = {}
+        for kid, pid, _card in targets:
+            procs = tuple(per_kernel.get(kid, ()))
+            known = [p.used_mib for p in procs if p.used_mib is not None]
+            if procs:
+                used = sum(known) if known else None
+            else:
+                used = 0 if measured and pid else None
+            utils = [p.utilization for p in procs if p.utilization is not None]
+            util = min(100.0, sum(utils)) if utils else (0.0 if used is not None and not procs else None)
+            prev_pid, prev_peak = self._peaks.get(kid, (pid, 0))
+            peak = prev_peak if prev_pid == pid else 0  # a restarted kernel starts a new peak
+            if used is not None:
+                peak = max(peak, used)
+            self._peaks[kid] = (pid, peak)
+            history = self._remember(kid, pid, used)
+            kernels[kid] = KernelUsage(kid, pid, used, peak if used is not None or peak else None, util, procs, history)
+        for kid in [k for k in self._peaks if k not in kernels]:
+            del self._peaks[kid]
+            self._history.pop(kid, None)
+        return kernels
+
+    def _remember(self, kid: str, pid: int | None, used: int | None) -> tuple[tuple[float, int], ...]:
+        """The kernel's recent use, a point every HISTORY_EVERY_S (a restarted kernel starts anew)."""
+        now = time.time()
+        prev_pid, points = self._history.get(kid, (pid, ()))
+        if prev_pid != pid:
+            points = ()
+        if used is not None and (not points or now - points[-1][0] >= HISTORY_EVERY_S):
+            points = (*points[-(HISTORY_POINTS - 1) :], (round(now, 1), used))
+        self._history[kid] = (pid, points)
+        return points
+
+    def tick(self) -> UsageSnapshot:
+        """Sample once and publish the snapshot (also returned)."""
+        t0 = time.perf_counter()
+        targets = self.manager.usage_targets()  # [(kernel id, pid, card uuid)]
+        error = None
+        try:
+            samples: list[DeviceSample] = self.manager.backend.sample()
+            if not samples and not self.manager.cards:
+                error = f"No GPU: {self.manager.backend.reason}"
+        except GpuUnavailable as e:
+            samples, error = [], str(e)
+        if error != self._last_error and error is not None:
+            self.log.warning("jupyter-gpushare: GPU use is not measured: %s", error)
+        self._last_error = error
+
+        self._trees.set_roots({kid: pid for kid, pid, _ in targets})
+        pids = {p.pid for s in samples for p in s.processes}
+        owners = self._trees.owners(pids) if pids else {}
+
+        per_kernel: dict[str, list[ProcessUse]] = {}
+        cards = {s.card.uuid: _card_usage(s, owners, per_kernel) for s in samples}
+        measured = any("processes" not in s.errors and not s.lost for s in samples)
+        kernels = self._kernel_usage(targets, per_kernel, measured)
+
+        ids = frozenset(kid for kid, _, _ in targets)
+        quota = None
+        if ids != self._quota_ids or time.monotonic() - self._quota_at >= QUOTA_REFRESH_S:
+            quota = self._refresh_quota()
+            if quota is not None:
+                self._quota_ids, self._quota_at = ids, time.monotonic()
+        tick_ms = (time.perf_counter() - t0) * 1000
+        self._seq += 1
+        snap = UsageSnapshot(
+            time=time.time(),
+            tick_ms=tick_ms,
+            interval_s=self.interval_s,
+            error=error,
+            cards=MappingProxyType(cards),
+            kernels=MappingProxyType(kernels),
+            quota=MappingProxyType(quota) if quota is not None else self.snapshot.quota,
+            frameworks=MappingProxyType({k["kernel_id"]: k.get("frameworks") for k in quota["kernels"]})
+            if quota is not None
+            else self.snapshot.frameworks,
+            seq=self._seq,
+            samples=tuple(samples),
+        )
+        self.snapshot = snap
+        if self.on_sample is not None and self.loop is not None and not self._stop.is_set():
+            try:
+                self.loop.call_soon_threadsafe(self.on_sample, snap)
+            except RuntimeError:  # the loop is closed: the server is going away
+                pass
+        return snap
+
+    def _refresh_quota(self) -> dict | None:
+        """The manager's snapshot (ledger reservations, framework reports), run on the IOLoop."""
+        if self.loop is None or self._stop.is_set():
+            return None
+        try:
+            if asyncio.get_running_loop() is self.loop:
+                return None  # tick() called on the loop itself (tests, benchmarks): it cannot wait for the loop
+        except RuntimeError:
+            pass
+        # The coroutine is made on the loop, when the loop gets to it: one made here would be left
+        # never awaited (and warned about) if the loop stops first.
+        pending: concurrent.futures.Future[dict | None] = concurrent.futures.Future()
+        self._pending = pending
+        try:
+            self.loop.call_soon_threadsafe(self._snapshot_on_loop, pending)
+        except RuntimeError:  # the loop closed between the check and now
+            return None
+        try:
+            return pending.result(timeout=max(2.0, 2 * self.interval_s))
+        except Exception as e:  # cancelled at stop, loop closed, ledger error: keep the last one
+            if not self._stop.is_set():
+                self.log.debug("jupyter-gpushare: quota snapshot not refreshed: %r", e)
+            return None
+        finally:
+            self._pending = None
+
+    def _snapshot_on_loop(self, pending: concurrent.futures.Future) -> None:
+        if not pending.set_running_or_notify_cancel():
+            return  # stopped before the loop got here
+
+        def done(task: asyncio.Task) -> None:
+            if task.cancelled():
+                _settle(pending, exception=concurrent.futures.CancelledError())
+            else:
+                _settle(pending, task.exception(), None if task.exception() else task.result())
+
+        asyncio.ensure_future(self.manager.snapshot()).add_done_callback(done)  # on the loop
+
+
+def _settle(future: concurrent.futures.Future, exception: BaseException | None = None, result: Any = None) -> None:
+    """Finish ``future`` unless it is finished already (stop() and the loop may race to it)."""
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+def _card_usage(s: DeviceSample, owners: Mapping[int, str], per_kernel: dict[str, list[ProcessUse]]) -> CardUsage:
+    """One card's use, split between this server's kernels (their processes added to ``per_kernel``) and the rest."""
+    mine = others_known = 0
+    for p in s.processes:
+        kid = owners.get(p.pid)
+        if kid is not None:
+            per_kernel.setdefault(kid, []).append(ProcessUse(p.pid, s.card.index, p.used_mib, p.utilization))
+            mine += p.used_mib or 0
+        else:
+            others_known += p.used_mib or 0
+    readable = "processes" not in s.errors and not s.lost
+    by_kernels = mine if readable else None
+    by_others: int | None
+    if s.used_mib is not None and by_kernels is not None:
+        by_others = max(0, s.used_mib - by_kernels)
+    else:
+        by_others = others_known if readable else None
+    return CardUsage(
+        uuid=s.card.uuid,
+        index=s.card.index,
+        total_mib=s.total_mib,
+        used_mib=s.used_mib,
+        used_by_kernels_mib=by_kernels,
+        used_by_others_mib=by_others,
+        free_mib=s.free_mib,
+        utilization=s.utilization,
+        mig=s.mig,
+        lost=s.lost,
+        errors=MappingProxyType(dict(s.errors)),
+    )
+
+
+__all__ = ["CardUsage", "KernelUsage", "ProcessUse", "Sampler", "UsageSnapshot"]

@@ -1,0 +1,103 @@
+"""A server's REST views: its kernels and cards with the sampler's measurement, the admin's rules as numbers,
+and the server's own view of the host (``server_view``). The host view any caller may see is ledger/view.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..core.policy import Policy, Size
+from ..host.gpu import Card
+from ..ledger.ledger import Lease, Waiter
+from ..ledger.view import card_row
+from .records import KernelRecord
+from .sampler import UsageSnapshot
+
+# -- the REST API's kernels and cards, with the sampler's measurement -----------------------------------
+
+
+def kernel_view(rec: dict[str, Any], snap: UsageSnapshot, policy_state: str | None = None) -> dict[str, Any]:
+    """A kernel record (``KernelRecord.to_dict()``) with the measured use and the policy state."""
+    usage = snap.kernels.get(rec["kernel_id"])
+    view = {
+        **rec,
+        "frameworks": snap.frameworks.get(rec["kernel_id"]),
+        "used_mib": usage.used_mib if usage else None,
+        "peak_mib": usage.peak_mib if usage else None,
+        "utilization": usage.utilization if usage else None,
+        "processes": [p.to_dict() for p in usage.processes] if usage else [],
+        "history": [list(p) for p in usage.history] if usage else [],
+    }
+    if rec.get("state") == "running" and policy_state:
+        view["state"] = policy_state
+    return view
+
+
+def card_view(card: dict[str, Any], snap: UsageSnapshot) -> dict[str, Any]:
+    """A card of QuotaManager.snapshot() with the measured use (null figures when not measured)."""
+    usage = snap.cards.get(card["uuid"])
+    if usage is None:
+        figures = dict.fromkeys(("used_mib", "used_by_kernels_mib", "used_by_others_mib", "free_mib", "utilization"))
+        figures.update(mig=False, lost=False, errors={})
+    else:
+        figures = usage.figures()
+    return {**card, **figures}
+
+
+def size_view(size: Size | None) -> dict[str, Any] | None:
+    """A size as numbers: ``{"mib": 6144}``, or ``{"percent": 25}`` for a share of the kernel's card."""
+    if size is None:
+        return None
+    return {"percent": size.percent} if size.percent is not None else {"mib": size.mib}
+
+
+def config_view(p: Policy) -> dict[str, Any]:
+    """The admin's rules a student may know: default, smallest and largest quota, the CUDA reserve, what a full
+    card does. Sizes as numbers (``size_view``)."""
+    return {
+        "default_quota": size_view(p.default_quota),
+        "max_quota": size_view(p.max_quota),
+        "min_quota": size_view(p.min_quota),
+        "context_reserve_mib": p.context_reserve_mib,
+        "card_headroom": size_view(p.headroom),
+        "on_full": p.on_full,
+        "queue_timeout_s": None if p.queue_timeout_s == float("inf") else p.queue_timeout_s,
+    }
+
+
+def server_view(
+    cards: Sequence[Card],
+    policy: Policy,
+    leases: Sequence[Lease],
+    waiters: Sequence[Waiter],
+    outside: Mapping[str, int] | None,
+    records: Sequence[KernelRecord],
+    reports: Mapping[str, Any],
+) -> dict[str, Any]:
+    """A server's cards (with what every lease it may see reserves on them, and what processes without a lease
+    use), its own kernels (``records``, with their frameworks' reports), and the host's line, in which only its
+    own kernels are named."""
+    mine = {r.kernel_id for r in records}
+    rows = []
+    for card in cards:
+        on_card = [lease for lease in leases if lease.card_uuid == card.uuid]  # (through a broker: others' too)
+        rows.append(
+            {
+                **card_row(card, on_card, policy),
+                "kernels": sum(not lease.anonymous for lease in on_card),
+                "outside_mib": outside.get(card.uuid) if outside is not None else None,
+            }
+        )
+    queue = [
+        {
+            "position": i + 1,
+            "kernel_id": w.kernel_id if w.kernel_id in mine else None,
+            "mine": w.kernel_id in mine,
+            "quota": w.quota,
+            "waited_s": round(time.time() - w.created, 1),
+        }
+        for i, w in enumerate(waiters)
+    ]
+    kernels = [{**r.to_dict(), "frameworks": (reports.get(r.kernel_id) or {}).get("frameworks")} for r in records]
+    return {"cards": rows, "kernels": kernels, "queue": queue}

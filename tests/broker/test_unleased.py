@@ -1,0 +1,219 @@
+"""Every GPU process on the host is someone's (broker/unleased.py): a broker that reads its cards finds the processes
+that use them without a lease, tells whose they are (user, command, the Jupyter kernel a process is), counts their
+memory as taken, and applies the admin's policy to them, whatever the student's own config says.
+
+The students' escapes are real processes run as real Unix users: a `python` in a terminal; a kernel of her own
+kernelspec that names `local-provisioner`; a kernel of a Jupyter server whose extension she turned off in her own
+config. The card is the broker's simulated one, whose NVML lists those processes with the memory we give them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+from conftest import broker_in_process
+from multiuser import ALICE, BOB, ensure_user, needs_root, remove_user, run_as, shared_scratch
+from servers import ServerProcess, running, wait_until
+
+from jupyter_gpushare.broker import Caller
+from jupyter_gpushare.broker.unleased import UnleasedPolicy
+from jupyter_gpushare.core.policy import LimitRules
+from jupyter_gpushare.ledger.ledger import ProcessRef
+
+SLEEPER = "import time; print('ready', flush=True); time.sleep(300)"
+pytestmark = needs_root
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def students():
+    with shared_scratch("gpushare-unleased-") as base:
+        users = {name: ensure_user(name) for name in (ALICE, BOB)}
+        homes = {}
+        for name, user in users.items():
+            home = base / name
+            for sub in ("", "data", "runtime", "config", "root"):
+                (home / sub).mkdir(exist_ok=True)
+                os.chown(home / sub, user.pw_uid, user.pw_gid)
+            homes[name] = home
+        yield users, homes
+        for name in users:
+            remove_user(name)
+
+
+def _broker(tmp_path, action: str, grace: float = 30.0, limits: dict | None = None):
+    broker = broker_in_process(tmp_path)
+    broker.unleased = UnleasedPolicy(action, grace, [], logging.getLogger("test"), broker._adopt, clock=Clock())
+    if limits is not None:
+        broker.rules = LimitRules.parse(limits, {}, {})
+    return broker
+
+
+def _sweep(broker):
+    broker._sampled_at = -1e9
+    broker.watch_once(broker._latest_samples())
+    return {u["pid"]: u for u in broker.unleased.current}
+
+
+def _terminal_python(user, home) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE, text=True, **run_as(user, home))
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _own_kernelspec_kernel(user, home) -> tuple[subprocess.Popen, int, str]:
+    """A kernel of the student's own kernelspec, which names local-provisioner: `jupyter kernel` starts it with no
+    lease, whatever the host's default provisioner is."""
+    spec = home / "data" / "kernels" / "mine"
+    spec.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    meta = {"kernel_provisioner": {"provisioner_name": "local-provisioner"}}
+    (spec / "kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "mine", "language": "python", "metadata": meta})
+    )
+    for path in (spec.parent.parent, spec.parent, spec, spec / "kernel.json"):
+        os.chown(path, user.pw_uid, user.pw_gid)
+    app = subprocess.Popen(
+        [sys.executable, "-c", "from jupyter_client.kernelapp import main; main()", "--kernel=mine"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **run_as(user, home),
+    )  # fmt: skip
+    kernel = wait_until(lambda: _kernel_child(app.pid), timeout=60, what="the student's own kernel")
+    return app, kernel[0], kernel[1]
+
+
+def _kernel_child(pid: int):
+    try:
+        for child in psutil.Process(pid).children(recursive=True):
+            cmd = child.cmdline()
+            if "ipykernel_launcher" in " ".join(cmd):
+                connection = cmd[cmd.index("-f") + 1]
+                return child.pid, connection.rsplit("kernel-", 1)[1].removesuffix(".json")
+    except (psutil.Error, ValueError, IndexError):
+        return None
+    return None
+
+
+def _server_without_extension(user, home) -> tuple[ServerProcess, int, str]:
+    """A Jupyter server of the student's, whose extension she turned off in her own config, and a kernel of it."""
+    (home / "config" / "jupyter_server_config.json").write_text(
+        json.dumps({"ServerApp": {"jpserver_extensions": {"jupyter_gpushare": False}}})
+    )
+    server = ServerProcess()
+    server.name = f"own-{user.pw_name}"
+    server.launch(home, [f"--ServerApp.root_dir={home / 'root'}"], {}, **run_as(user, home))
+    server.wait_ready()
+    kernel_id = server.call("POST", "api/kernels", {"name": "python3"})["id"]
+    (kernel,) = wait_until(lambda: server.kernel_processes(), timeout=60, what="its kernel")
+    return server, kernel.pid, kernel_id
+
+
+def test_every_escape_is_found_counted_and_named(tmp_path, students):
+    (users, homes), broker = students, _broker(tmp_path, "notify")
+    alice, bob = users[ALICE], users[BOB]
+    terminal = _terminal_python(bob, homes[BOB])
+    app, own_pid, own_id = _own_kernelspec_kernel(alice, homes[ALICE])
+    server, off_pid, off_id = _server_without_extension(bob, homes[BOB])
+    try:
+        fake = broker.backend.fake
+        for pid, mib in ((terminal.pid, 3000), (own_pid, 2000), (off_pid, 2500)):
+            fake.add_process(pid, mib)
+        found = _sweep(broker)
+        assert found[terminal.pid]["user"] == BOB and "time.sleep(300)" in found[terminal.pid]["command"]
+        assert found[terminal.pid]["kernel_id"] is None
+        assert (found[own_pid]["user"], found[own_pid]["kernel_id"]) == (ALICE, own_id)
+        assert (found[off_pid]["user"], found[off_pid]["kernel_id"]) == (BOB, off_id)
+        assert {u["status"] for u in found.values()} == {"listed"}
+        # counted as taken: 7,500 of the 10 GiB card are used without a lease, so a 4 GiB kernel (4.5) does not fit
+        who = Caller(ALICE, alice.pw_uid, process=ProcessRef.me())
+        got = broker.handle(who, "reserve", {"kernel_id": "k1", "mib": 4096})
+        assert "waiting" in got and got["waiting"]["outside_mib"] == 7500
+        # shown to admins, with the broker's judgment; a student sees nothing of them
+        admin = Caller("root", 0, admin=True, process=ProcessRef.me())
+        assert {u["pid"] for u in broker.handle(admin, "view", {})["unleased"]} == {terminal.pid, own_pid, off_pid}
+        assert "unleased" not in broker.handle(who, "view", {})
+        assert all(running(pid) for pid in (terminal.pid, own_pid, off_pid))  # notify only lists them
+    finally:
+        terminal.kill()
+        app.send_signal(signal.SIGTERM)
+        server.stop()
+        app.wait(20)
+
+
+def test_stop_ends_it_after_the_grace_or_at_once_when_it_takes_reserved_memory(tmp_path, students, caplog):
+    (users, homes), broker = students, _broker(tmp_path, "stop", grace=30.0)
+    bob = users[BOB]
+    fake, clock = broker.backend.fake, broker.unleased.clock
+    slow = _terminal_python(bob, homes[BOB])
+    try:
+        fake.add_process(slow.pid, 1000)  # fits the unreserved room: keeps its grace
+        for _ in range(30):
+            assert running(slow.pid) and _sweep(broker)[slow.pid]["status"] == "judged"
+            clock.now += 1
+        with caplog.at_level(logging.WARNING):
+            _sweep(broker)
+        assert slow.wait(5) == -signal.SIGKILL
+        assert f"process {slow.pid} of {BOB}" in caplog.text and "without a reservation for 30 s" in caplog.text
+        fake.remove_process(slow.pid)
+        # alice reserves 8 GiB of the 10; bob's script then takes 4 GiB: 2 of them hers
+        alice = Caller(ALICE, users[ALICE].pw_uid, process=ProcessRef.me())
+        assert "lease" in broker.handle(alice, "reserve", {"kernel_id": "k1", "mib": 8192 - 512})
+        thief = _terminal_python(bob, homes[BOB])
+        fake.add_process(thief.pid, 4096)
+        found = _sweep(broker)  # the first reading that sees it
+        assert found[thief.pid]["stolen_mib"] == 2048
+        assert thief.wait(5) == -signal.SIGKILL
+    finally:
+        for p in (slow, locals().get("thief")):
+            if p is not None and p.poll() is None:
+                p.kill()
+
+
+def test_lease_gives_it_a_lease_from_its_users_limits_or_ends_it(tmp_path, students):
+    (users, homes), broker = students, _broker(tmp_path, "lease", limits={"max_total": "4GiB"})
+    bob = users[BOB]
+    fake, clock = broker.backend.fake, broker.unleased.clock
+    script = _terminal_python(bob, homes[BOB])
+    big = _terminal_python(bob, homes[BOB])
+    try:
+        fake.add_process(script.pid, 1000)
+        found = _sweep(broker)
+        assert found[script.pid]["status"] == "leased"
+        (lease,) = [x for x in broker._ledger.leases() if x.kernel is not None and x.kernel.pid == script.pid]
+        assert (lease.user, lease.adopted, lease.reserved_mib) == (BOB, True, 1280)
+        assert not _sweep(broker).get(script.pid)  # a lease's process now: judged as a kernel
+        # bob's limit is 4 GiB in all: a second script of 3.5 GiB gets no lease, and is ended after the grace
+        fake.add_process(big.pid, 3500)
+        assert _sweep(broker)[big.pid]["status"] == "judged"
+        for _ in range(31):
+            clock.now += 1
+            _sweep(broker)
+        assert big.wait(5) == -signal.SIGKILL
+        assert running(script.pid)
+        # its lease goes when it ends
+        script.kill()
+        script.wait()
+        fake.remove_process(script.pid)
+        broker._ledger.reap()
+        assert not [x for x in broker._ledger.leases() if x.adopted]
+    finally:
+        for p in (script, big):
+            if p.poll() is None:
+                p.kill()
+
+
+def test_an_unknown_policy_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="unleased_action 'ignore': one of notify, stop, lease"):
+        UnleasedPolicy("ignore", 30, [], logging.getLogger("test"), lambda u: None)

@@ -1,0 +1,247 @@
+"""Programs that start kernels outside a Jupyter server get quotas by default: real `jupyter execute`,
+`jupyter nbconvert --execute`, papermill and `jupyter console` processes, real kernels, a simulated card, the
+real SQLite ledger.
+
+What must hold: once the package is installed, these programs' kernels hold a reservation with nothing else set
+(no environment variable, no kernelspec edited), and `jupyter execute`'s and nbconvert's own --GpuShareApp
+options apply; a default provisioner chosen in the environment is kept; a kernel of another language reserves
+nothing, and a kernel on a host without a GPU starts without one and says so. A kernel in line says where it
+stands every PROGRESS_EVERY_S; Ctrl-C there gives its place up in one line of output; `jupyter console` gives its
+kernel's reservation back as it exits. A terminal job finds the host's broker at its default socket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from multiuser import Broker, needs_root
+from servers import wait_until
+
+from jupyter_gpushare.broker import DEFAULT_SOCKET
+from jupyter_gpushare.core.addresses import PROVISIONER_NAME
+from jupyter_gpushare.launch.batch import DEFAULT_ENV, PROGRESS_EVERY_S
+from jupyter_gpushare.ledger.ledger import Ledger
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+SHOW = "import os; print(os.environ.get('GPUSHARE_MODE'), os.environ.get('GPUSHARE_QUOTA_MIB'))"
+CARD = ["--GpuShareApp.gpu_backend=simulated", "--GpuShareApp.simulated_cards=24GiB"]
+
+
+@pytest.fixture
+def user(tmp_path):
+    """A user's Jupyter directories (no config file) and an environment with no provisioner chosen in it: what a
+    user of a fresh install has. Returns (directory, environment, ledger file)."""
+    env = {k: v for k, v in os.environ.items() if k != DEFAULT_ENV}
+    for name in ("config", "data", "runtime"):
+        env[f"JUPYTER_{name.upper()}_DIR"] = str(tmp_path / name)
+        (tmp_path / name).mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(SHOW))
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    return tmp_path, env, tmp_path / "ledger.sqlite"
+
+
+def run(env: dict, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*args], env=env, cwd=cwd, capture_output=True, text=True, timeout=180)
+
+
+def shown(path: Path) -> str:
+    """What the notebook's one cell printed."""
+    return nbformat.read(path, 4).cells[0].outputs[0]["text"].strip()
+
+
+def write_config(directory: Path, **settings) -> None:
+    (directory / "config" / "jupyter_server_config.json").write_text(json.dumps({"GpuShareApp": settings}))
+
+
+def test_the_installed_package_makes_ours_every_programs_default_unless_one_is_chosen(user):
+    tmp_path, env, _ = user
+    ask = [sys.executable, "-c", f"import os; print(os.environ.get({DEFAULT_ENV!r}))"]
+    assert run(env, *ask, cwd=tmp_path).stdout.strip() == PROVISIONER_NAME  # (the wheel's .pth, at every start)
+    assert run({**env, DEFAULT_ENV: "local-provisioner"}, *ask, cwd=tmp_path).stdout.strip() == "local-provisioner"
+    shipped = (ROOT / "jupyter-config" / "site-packages" / "jupyter_gpushare_provisioner.pth").read_text()
+    assert f'os.environ.setdefault("{DEFAULT_ENV}", "{PROVISIONER_NAME}")' in shipped
+
+
+def test_jupyter_execute_reserves_with_its_own_options_and_nothing_else_set(user):
+    tmp_path, env, ledger = user
+    out = run(env, "jupyter", "execute", *CARD, "--GpuShareApp.default_quota=3GiB",
+              f"--GpuShareApp.ledger_path={ledger}", "--output", "out", "nb.ipynb", cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert shown(tmp_path / "out.ipynb") == "gpu 3072"
+    assert "settings from the options of jupyter-execute" in out.stderr
+    assert Ledger(ledger).leases() == []  # given back at the end
+
+
+def test_jupyter_nbconvert_execute_reserves_with_its_own_options(user):
+    tmp_path, env, ledger = user
+    out = run(env, "jupyter", "nbconvert", "--to", "notebook", "--execute", *CARD, "--GpuShareApp.default_quota=2GiB",
+              f"--GpuShareApp.ledger_path={ledger}", "--output", "out", "nb.ipynb", cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert shown(tmp_path / "out.ipynb") == "gpu 2048"
+    assert Ledger(ledger).leases() == []
+
+
+def test_papermill_reserves_with_the_servers_settings(user):
+    tmp_path, env, ledger = user
+    if not shutil.which("papermill"):
+        pytest.skip("papermill is not installed (it is in the test extra)")
+    write_config(
+        tmp_path, gpu_backend="simulated", simulated_cards="24GiB", default_quota="5GiB", ledger_path=str(ledger)
+    )
+    out = run(env, "papermill", "-k", "python3", "nb.ipynb", "out.ipynb", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert shown(tmp_path / "out.ipynb") == "gpu 5120"
+    assert Ledger(ledger).leases() == []
+
+
+def test_a_default_chosen_in_the_environment_is_kept(user):
+    tmp_path, env, ledger = user
+    env = {**env, DEFAULT_ENV: "local-provisioner"}
+    out = run(env, "jupyter", "execute", *CARD, f"--GpuShareApp.ledger_path={ledger}", "--output", "out", "nb.ipynb",
+              cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert shown(tmp_path / "out.ipynb") == "None None"  # jupyter_client's own provisioner: no reservation
+    assert "jupyter-gpushare" not in out.stderr
+
+    # Chosen in the program's config instead (which jupyter_client does not give nbclient's provisioner factory).
+    out = run(user[1], "jupyter", "execute", *CARD, "--KernelProvisionerFactory.default_provisioner_name=local-provisioner",
+              f"--GpuShareApp.ledger_path={ledger}", "--output", "out", "nb.ipynb", cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert shown(tmp_path / "out.ipynb") == "None None"
+    assert not ledger.exists()
+
+
+def test_a_kernel_of_another_language_reserves_nothing(user):
+    tmp_path, env, ledger = user
+    spec = tmp_path / "data" / "kernels" / "other"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Other", "language": "julia"}))
+    out = run(env, "jupyter", "execute", *CARD, f"--GpuShareApp.ledger_path={ledger}", "--kernel_name=other",
+              "--output", "out", "nb.ipynb", cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert shown(tmp_path / "out.ipynb") == "none None"
+
+
+def test_on_a_host_without_a_gpu_the_kernel_starts_without_one_and_says_why(user):
+    tmp_path, env, ledger = user
+    out = run(env, "jupyter", "execute", f"--GpuShareApp.ledger_path={ledger}", "--output", "out", "nb.ipynb",
+              cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    if shown(tmp_path / "out.ipynb").startswith("gpu"):
+        pytest.skip("this host has a GPU")
+    assert shown(tmp_path / "out.ipynb") == "cpu None"
+    assert "No GPU" in out.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_waiting_client_says_where_it_stands_and_ctrl_c_leaves_the_line_in_one_line(user):
+    tmp_path, env, ledger = user
+    write_config(tmp_path, gpu_backend="simulated", simulated_cards="4GiB", default_quota="3GiB", card_headroom="0MiB",
+                 ledger_path=str(ledger))  # fmt: skip
+    holder_nb = nbformat.v4.new_notebook()
+    holder_nb.cells.append(nbformat.v4.new_code_cell("import time; time.sleep(600)"))
+    nbformat.write(holder_nb, tmp_path / "holder.ipynb")
+    holder = subprocess.Popen(["jupyter", "execute", "holder.ipynb"], env=env, cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    waiter = None
+    try:
+        wait_until(
+            lambda: ledger.exists() and len(Ledger(ledger).leases()) == 1, timeout=120, what="the holder's lease"
+        )
+        err = tmp_path / "waiter.err"
+        with open(err, "w") as f:
+            waiter = subprocess.Popen(["jupyter", "execute", "nb.ipynb"], env=env, cwd=tmp_path,
+                                      stdout=subprocess.DEVNULL, stderr=f)  # fmt: skip
+
+        def places() -> list[str]:
+            return [line for line in err.read_text().splitlines() if "waits for a GPU: #1 in line" in line]
+
+        # Its place does not change (the holder holds on): it is said again all the same, every PROGRESS_EVERY_S.
+        wait_until(lambda: len(places()) >= 2, timeout=60 + 2 * PROGRESS_EVERY_S, what="the place said twice")
+        assert [w.kernel_id[:8] for w in Ledger(ledger).waiters()] == [places()[0].split()[2]]
+        before = err.read_text().splitlines()
+        waiter.send_signal(signal.SIGINT)
+        assert waiter.wait(30) == -signal.SIGINT  # it ends as on any Ctrl-C: by SIGINT (130 in a shell)
+        after = err.read_text().splitlines()[len(before) :]
+        assert len(after) == 1, after
+        assert "stopped waiting for a GPU (Ctrl-C): it left the line and was not started." in after[0]
+        assert Ledger(ledger).waiters() == []  # its place was given up, not left to go stale
+        assert len(Ledger(ledger).leases()) == 1  # and the holder's reservation is untouched
+    finally:
+        if waiter is not None and waiter.poll() is None:
+            waiter.kill()
+        os.killpg(holder.pid, signal.SIGTERM)
+        try:
+            holder.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait(30)
+
+
+def test_jupyter_console_gives_its_kernels_reservation_back_as_it_exits(user):
+    pexpect = pytest.importorskip("pexpect")
+    tmp_path, env, ledger = user
+    if not shutil.which("jupyter-console"):
+        pytest.skip("jupyter-console is not installed (it is in the test extra)")
+    write_config(
+        tmp_path, gpu_backend="simulated", simulated_cards="24GiB", default_quota="3GiB", ledger_path=str(ledger)
+    )
+    console = pexpect.spawn("jupyter", ["console", "--simple-prompt"], env=env, cwd=str(tmp_path), encoding="utf-8",
+                            timeout=120)  # fmt: skip
+    try:
+        console.expect(r"In \[1\]")
+        console.sendline(SHOW)
+        console.expect(r"In \[2\]")
+        assert "gpu 3072" in console.before
+        assert len(Ledger(ledger).leases()) == 1
+        t0 = time.monotonic()
+        console.sendline("exit")
+        console.expect(pexpect.EOF)
+    finally:
+        console.close(force=True)
+    assert console.exitstatus == 0
+    assert Ledger(ledger).leases() == []  # given back by the console itself, not reaped later by someone else
+    assert time.monotonic() - t0 < 30
+
+
+@needs_root
+def test_a_terminal_job_finds_the_hosts_broker_at_its_default_socket(user):
+    """On a JupyterHub the broker's socket is on the servers' command line (Spawner.args), which a student's
+    terminal job does not see: it finds the broker at its default socket all the same, with nothing set."""
+    tmp_path, env, ledger = user
+    if os.path.exists(DEFAULT_SOCKET):
+        pytest.skip(f"a broker already listens at {DEFAULT_SOCKET} on this host")
+    made_dir = not os.path.isdir(os.path.dirname(DEFAULT_SOCKET))
+    (tmp_path / "broker").mkdir()
+    broker = Broker(tmp_path / "broker", extra=f"c.GpuShareBroker.socket_path = {DEFAULT_SOCKET!r}\n")
+    broker.socket = DEFAULT_SOCKET
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(f"{SHOW}; from jupyter_gpushare.ledger.ledger import Ledger; "
+                                              f"print(len(Ledger({broker.ledger!r}).leases()))"))  # fmt: skip
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    try:
+        broker.start()
+        # The broker's card is simulated: the job is given the same simulated card (a server would be too).
+        out = run(env, "jupyter", "execute", *CARD[:1], "--GpuShareApp.simulated_cards=10GiB",
+                  "--GpuShareApp.default_quota=2GiB", f"--GpuShareApp.ledger_path={ledger}", "--output", "out",
+                  "nb.ipynb", cwd=tmp_path)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert shown(tmp_path / "out.ipynb").split() == ["gpu", "2048", "1"]  # its lease is in the broker's ledger
+        assert not ledger.exists()  # and none in a ledger of its own
+    finally:
+        broker.stop()
+        if os.path.exists(DEFAULT_SOCKET):
+            os.unlink(DEFAULT_SOCKET)
+        if made_dir:
+            os.rmdir(os.path.dirname(DEFAULT_SOCKET))

@@ -1,0 +1,252 @@
+"""A kernel that waits for a GPU is a kernel, not an open request: a real jupyter-server, real kernels.
+
+The simulated card has 10 GiB and no headroom; each kernel reserves 4 GiB + 512 MiB, so two fit and the
+third waits. Starting it answers at once; it is listed (our API: queued; the kernel model: starting, with
+the reason); its websocket opens at once; what is run meanwhile runs once it is admitted; closing,
+reopening or restarting its notebook does what a student expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import psutil
+import pytest
+from jupyter_client.session import Session
+from kernels import cell_result, send_cell
+from tornado.httpclient import HTTPClientError
+
+from jupyter_gpushare.core.words import event_words
+
+
+@pytest.fixture
+def gpushare_config(gpushare_config):
+    return {**gpushare_config, "default_quota": "4GiB", "queue_timeout": 120}
+
+
+async def full_card(gpushare) -> list[str]:
+    """Two notebooks that fill the card; their session ids."""
+    sessions = [(await gpushare.open_notebook(f"full-{i}.ipynb"))[0] for i in range(2)]
+    assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 2 * 4608
+    return sessions
+
+
+async def kernel_model(jp_fetch, kernel_id: str) -> dict:
+    return json.loads((await jp_fetch("api", "kernels", kernel_id, method="GET")).body)
+
+
+def standin_pid(jp_serverapp, kernel_id: str) -> int:
+    """The process Jupyter holds for a kernel in line (the stand-in that becomes the kernel)."""
+    return jp_serverapp.kernel_manager.get_kernel(kernel_id).provisioner.pid
+
+
+async def _state(gpushare, kernel_id: str, state: str) -> bool:
+    return await gpushare.state_of(kernel_id) == state
+
+
+async def test_a_kernel_in_line_is_listed_at_once_and_runs_what_was_sent_while_it_waited(
+    gpushare, jp_fetch, jp_serverapp, jp_root_dir, kernel_ws
+):
+    (jp_root_dir / "week2").mkdir()
+    sessions = await full_card(gpushare)
+    t0 = time.monotonic()
+    _, kid = await gpushare.open_notebook("week2/train.ipynb")
+    assert time.monotonic() - t0 < 1.0  # the start answers at once, not when the kernel is admitted
+    model = await kernel_model(jp_fetch, kid)
+    assert model["execution_state"] == "starting"
+    await gpushare.wait_for(
+        lambda: _reason_is(jp_fetch, kid, "Waiting for a GPU: #1 in line, needs 4.5 GiB"), what="the model's reason"
+    )
+    rec = await gpushare.kernel(kid)
+    assert rec["state"] == "queued" and rec["position"] == 1 and rec["path"] == "week2/train.ipynb"
+
+    session = Session()
+    t0 = time.monotonic()
+    ws = await kernel_ws(kid, session.session)
+    assert time.monotonic() - t0 < 1.0  # the websocket opens at once too
+    msg_id = send_cell(ws, session, "import os; int(os.environ['GPUSHARE_QUOTA_MIB']), os.getpid()")
+    pid = standin_pid(jp_serverapp, kid)
+    await asyncio.sleep(1.0)
+    assert await gpushare.state_of(kid) == "queued"
+
+    await gpushare.close_notebook(sessions[0])
+    result = await cell_result(ws, kid, msg_id)
+    assert result == f"(4096, {pid})"  # the stand-in became the kernel: same process, with its quota
+    ws.close()
+    rec = await gpushare.kernel(kid)
+    assert rec["state"] == "running" and rec["pid"] == pid
+    assert "reason" not in await kernel_model(jp_fetch, kid)
+
+
+async def _reason_is(jp_fetch, kernel_id: str, reason: str) -> bool:
+    return (await kernel_model(jp_fetch, kernel_id)).get("reason") == reason
+
+
+async def test_opening_a_waiting_notebook_again_finds_its_kernel(gpushare, jp_root_dir):
+    (jp_root_dir / "week2").mkdir()
+    await full_card(gpushare)
+    first = await gpushare.open_notebook("lab.ipynb")
+    again = await gpushare.open_notebook("lab.ipynb")  # a reload, a second tab
+    assert again == first
+    other = await gpushare.open_notebook("week2/lab.ipynb")  # same name, another notebook
+    assert other[1] != first[1]
+    queue = (await gpushare.get("queue"))["queue"]
+    assert [q["kernel_id"] for q in queue] == [first[1], other[1]]
+
+
+async def test_closing_a_waiting_notebook_takes_it_out_of_line_at_once(gpushare, jp_serverapp):
+    await full_card(gpushare)
+    s1, k1 = await gpushare.open_notebook("first.ipynb")
+    _, k2 = await gpushare.open_notebook("second.ipynb")
+    pid = standin_pid(jp_serverapp, k1)
+    t0 = time.monotonic()
+    await gpushare.close_notebook(s1)
+    assert time.monotonic() - t0 < 1.5
+    assert k1 not in jp_serverapp.kernel_manager.list_kernel_ids() and not psutil.pid_exists(pid)
+    queue = (await gpushare.get("queue"))["queue"]
+    assert [(q["position"], q["kernel_id"]) for q in queue] == [(1, k2)]
+    events = [e for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == k1]
+    assert events[-1]["kind"] == "cancelled" and events[-1]["path"] == "first.ipynb"
+
+
+async def test_restarting_or_interrupting_a_waiting_kernel_keeps_its_place(gpushare, jp_fetch, jp_serverapp):
+    sessions = await full_card(gpushare)
+    _, k1 = await gpushare.open_notebook("first.ipynb")
+    _, k2 = await gpushare.open_notebook("second.ipynb")
+    old = standin_pid(jp_serverapp, k1)
+    await jp_fetch("api", "kernels", k1, "interrupt", method="POST", body="{}")
+    assert psutil.pid_exists(old) and await gpushare.state_of(k1) == "queued"
+    t0 = time.monotonic()
+    r = await jp_fetch("api", "kernels", k1, "restart", method="POST", body="{}")
+    assert r.code == 200 and time.monotonic() - t0 < 3.0  # not held until kernel_info_timeout
+    assert standin_pid(jp_serverapp, k1) != old
+    queue = (await gpushare.get("queue"))["queue"]
+    assert [q["kernel_id"] for q in queue] == [k1, k2]  # still first in line
+    await gpushare.close_notebook(sessions[0])
+    await gpushare.wait_for(lambda: _state(gpushare, k1, "running"), what="the restarted kernel admitted")
+    assert await gpushare.state_of(k2) == "queued"
+
+
+async def test_a_second_restart_while_one_runs_is_refused_with_409(gpushare, jp_fetch, jp_serverapp):
+    _, kid = await gpushare.open_notebook("busy.ipynb")
+    first = asyncio.ensure_future(jp_fetch("api", "kernels", kid, "restart", method="POST", body="{}"))
+    restarting = jp_serverapp.web_app.settings.setdefault("gpushare_restarting", set())
+    await gpushare.wait_for(lambda: _true(kid in restarting), what="the first restart under way")  # (not a sleep)
+    with pytest.raises(HTTPClientError) as e:
+        await jp_fetch("api", "kernels", kid, "restart", method="POST", body="{}")
+    assert e.value.code == 409 and "restarting already" in json.loads(e.value.response.body)["message"]
+    assert (await first).code == 200
+
+
+async def test_a_new_quota_that_must_wait_restarts_into_the_line_at_once(gpushare, jp_fetch):
+    _, k1 = await gpushare.open_notebook("small.ipynb")
+    _, k2 = await gpushare.open_notebook("other.ipynb")
+    await jp_fetch("api", "gpushare", "kernels", k1, method="PATCH", body=json.dumps({"quota": "6GiB"}))
+    t0 = time.monotonic()
+    await jp_fetch("api", "kernels", k1, "restart", method="POST", body="{}")
+    assert time.monotonic() - t0 < 3.0
+    rec = await gpushare.kernel(k1)
+    assert rec["state"] == "queued" and rec["quota"] == "6 GiB" and rec["need_mib"] == 6656
+    await gpushare.stop_kernel(k2)
+    await gpushare.wait_for(lambda: _state(gpushare, k1, "running"), what="the larger quota admitted")
+    assert (await gpushare.kernel(k1))["quota_mib"] == 6144
+
+
+class TestUnwatched:
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config):
+        return {**gpushare_config, "queue_unwatched_timeout": 1.0}
+
+    async def test_a_waiting_kernel_no_client_watches_leaves_the_line(self, gpushare, jp_serverapp, kernel_ws):
+        sessions = await full_card(gpushare)
+        orphan = await gpushare.start_kernel()  # POST /api/kernels, and nobody connects
+        _, watched = await gpushare.open_notebook("watched.ipynb")
+        ws = await kernel_ws(watched, Session().session)
+        left = await gpushare.wait_for(lambda: _event(gpushare, orphan, "cancelled"), what="the orphan to leave")
+        assert "no notebook or program was connected to this kernel for 1 s" in left["message"]
+        assert left["code"] == "cancelled-unwatched" and event_words(left["code"], left["params"]) == (
+            "Stopped waiting for a GPU: nothing was connected to it for 1 s."
+        )
+        await gpushare.wait_for(lambda: _gone(jp_serverapp, orphan), what="the orphan shut down")
+        assert await gpushare.state_of(watched) == "queued"  # its page is open
+        await gpushare.close_notebook(sessions[0])
+        await gpushare.wait_for(lambda: _state(gpushare, watched, "running"), what="the watched kernel admitted")
+        ws.close()
+
+
+async def test_no_reservation_goes_to_a_kernel_without_a_notebook_or_a_client(gpushare, jp_serverapp):
+    sessions = await full_card(gpushare)
+    nobody = await gpushare.start_kernel()  # in line first, but nothing wants it
+    _, wanted = await gpushare.open_notebook("wanted.ipynb")
+    # The kernel nobody wants steps out of the host's line after line.UNWANTED_S (3 s), so that it holds up
+    # no one: the notebook's kernel behind it is admitted as soon as room is freed.
+    await asyncio.sleep(4)
+    await gpushare.close_notebook(sessions[0])
+    await gpushare.wait_for(
+        lambda: _state(gpushare, wanted, "running"), timeout=10, what="the notebook's kernel admitted"
+    )
+    assert await gpushare.state_of(nobody) == "queued"
+
+
+async def _event(gpushare, kernel_id: str, kind: str):
+    found = [e for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == kernel_id and e["kind"] == kind]
+    return found[-1] if found else None
+
+
+async def _gone(jp_serverapp, kernel_id: str) -> bool:
+    return kernel_id not in jp_serverapp.kernel_manager.list_kernel_ids()
+
+
+async def test_a_waiting_kernels_websocket_closes_when_its_wait_ends(gpushare, jp_fetch, kernel_ws):
+    await full_card(gpushare)
+    _, kid = await gpushare.open_notebook("give-up.ipynb")
+    ws = await kernel_ws(kid, Session().session)
+    await jp_fetch("api", "gpushare", "kernels", kid, method="DELETE")  # stop waiting
+    assert await asyncio.wait_for(ws.read_message(), 10) is None
+
+
+async def test_a_stand_in_that_dies_is_restarted_in_line(gpushare, jp_serverapp):
+    await full_card(gpushare)
+    _, kid = await gpushare.open_notebook("killed.ipynb")
+    pid = standin_pid(jp_serverapp, kid)
+    os.kill(pid, 9)
+    await gpushare.wait_for(
+        lambda: _new_standin(jp_serverapp, kid, pid), timeout=30, what="the restarter to start it again"
+    )
+    assert [q["kernel_id"] for q in (await gpushare.get("queue"))["queue"]] == [kid]
+
+
+async def _new_standin(jp_serverapp, kernel_id: str, old: int) -> bool:
+    kernel = jp_serverapp.kernel_manager.get_kernel(kernel_id)
+    return kernel.provisioner.pid not in (None, old) and await kernel.is_alive()
+
+
+async def test_the_line_is_served_on_after_a_turn_that_failed(gpushare, jp_serverapp):
+    """A turn of the line that raises (seen: jupyter_server's model of a kernel it is still starting has no
+    last_activity yet, and reading it raised) must not leave every kernel in line waiting for good."""
+    sessions = await full_card(gpushare)
+    _, waiting = await gpushare.open_notebook("next.ipynb")
+    manager = jp_serverapp.web_app.settings["gpushare_manager"]
+    watchers, failed = manager.line.watchers, []
+
+    def flaky(kernel_id: str):
+        if len(failed) < 3:
+            failed.append(kernel_id)
+            raise RuntimeError("a kernel's model is not there yet")
+        return watchers(kernel_id)
+
+    manager.line.watchers = flaky
+    await gpushare.wait_for(lambda: _failed(failed), what="a failed turn")
+    await gpushare.close_notebook(sessions[0])
+    await gpushare.wait_for(lambda: _state(gpushare, waiting, "running"), timeout=60, what="admitted after it")
+
+
+async def _failed(failed: list) -> bool:
+    return len(failed) >= 3
+
+
+async def _true(value: bool) -> bool:
+    return value

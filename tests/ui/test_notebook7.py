@@ -1,0 +1,82 @@
+"""The extension works in Notebook 7 too: it activates without errors and its panel shows the kernel."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from servers import free_port, wait_until
+
+UI = Path(__file__).resolve().parent.parent.parent / "labextension" / "ui-tests"
+NOTEBOOK = {
+    "cells": [],
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
+
+
+def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_path):
+    pytest.importorskip("notebook", minversion="7")
+    chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+    if (
+        shutil.which("node") is None
+        or not os.path.exists(chromium)
+        or not (UI / "node_modules" / "playwright-core").is_dir()
+    ):
+        pytest.skip(
+            "needs Node.js, Debian's chromium and labextension/ui-tests/node_modules (tests/ui/test_ui.py installs it)"
+        )
+    (tmp_path / "nb.ipynb").write_text(json.dumps(NOTEBOOK))
+    port = free_port()
+    env = {
+        **os.environ,
+        "JUPYTER_DATA_DIR": str(tmp_path / "data"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
+    }
+    with open(tmp_path / "server.log", "w+") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "notebook", "--allow-root", "--no-browser", f"--port={port}", "--IdentityProvider.token=",
+             "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True", f"--ServerApp.root_dir={tmp_path}",
+             "--JupyterNotebookApp.expose_app_in_browser=True", "--GpuShareApp.gpu_backend=simulated",
+             "--GpuShareApp.simulated_cards=10GiB", "--GpuShareApp.default_quota=3GiB", f"--GpuShareApp.ledger_path={tmp_path / 'l.sqlite'}"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            wait_until(lambda: _answers(port), 60, "Notebook 7 to answer")
+            out = subprocess.run(
+                ["node", str(UI / "notebook7-check.js"), f"http://127.0.0.1:{port}/notebooks/nb.ipynb", chromium],
+                capture_output=True, text=True, timeout=180, cwd=UI,
+            )  # fmt: skip
+        finally:
+            server.terminate()
+            try:
+                server.wait(15)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(15)
+        log.seek(0)
+        server_log = log.read()
+    assert out.returncode == 0, out.stdout + out.stderr + server_log[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["errors"] == [] and result["quota_mib"] == 3072 and result["path"] == "nb.ipynb"
+    assert "nb.ipynb" in result["panel"] and "simulated" in result["panel"].lower()
+    # no status bar in Notebook 7: the notebook's toolbar shows its use against the reservation (3 GiB + context)
+    assert re.fullmatch(r"GPU (–|0\.0) / \d+\.\d GiB", result["indicator"]), result["indicator"]
+
+
+def _answers(port: int) -> bool:
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=2)
+        return True
+    except OSError:
+        return False

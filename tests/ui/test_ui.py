@@ -1,0 +1,235 @@
+"""The JupyterLab extension: TypeScript unit tests (node's test runner) and browser tests.
+
+The browser tests start a real JupyterLab on a simulated 10 GiB card (labextension/ui-tests/
+start-lab.sh) and drive it in the system Chromium with Playwright (no browser download). They
+need Node.js, /usr/bin/chromium (or $CHROMIUM), the built extension installed (pip install .
+builds it) and `jlpm install` in labextension/ and labextension/ui-tests/ (done here when
+missing, from the committed yarn.lock files). Each test skips with the reason when a tool is missing.
+
+test_host_view_through_a_broker also needs root: it creates Unix users, starts a real broker and
+their Jupyter servers (tests/broker/test_broker.py's helpers) and opens a student's and an admin's
+JupyterLab (labextension/ui-tests/host-tests/).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+EXT = ROOT / "labextension"
+UI = EXT / "ui-tests"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+
+
+def _jlpm() -> list[str] | None:
+    if shutil.which("node") is None:
+        return None
+    jlpm = shutil.which("jlpm")
+    return [jlpm] if jlpm else None
+
+
+def _need_node() -> list[str]:
+    jlpm = _jlpm()
+    if jlpm is None:
+        pytest.skip("Node.js and jlpm (pip install jupyter-builder or jupyterlab) are needed for the extension's tests")
+    return jlpm
+
+
+def _install(jlpm: list[str], where: Path) -> None:
+    if not (where / "node_modules").is_dir():
+        subprocess.run([*jlpm, "install"], cwd=where, check=True, timeout=600)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_typescript_unit_tests():
+    """Size formatting, state mapping, the late-reply guard and event de-duplication."""
+    jlpm = _need_node()
+    _install(jlpm, EXT)
+    r = subprocess.run([*jlpm, "test"], cwd=EXT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "# fail 0" in r.stdout
+
+
+def test_labextension_is_installed():
+    """The wheel put the prebuilt extension where JupyterLab finds it (no Node needed at install)."""
+    from jupyter_core.paths import jupyter_path
+
+    found = [Path(p) / "jupyter-gpushare" / "package.json" for p in jupyter_path("labextensions")]
+    found = [p for p in found if p.is_file()]
+    if not found:
+        pytest.skip("the labextension is not installed: run `pip install .` (it builds the extension) first")
+    meta = json.loads(found[0].read_text())
+    assert meta["name"] == "jupyter-gpushare"
+    assert meta["jupyterlab"]["_build"]["load"].startswith("static/remoteEntry.")
+
+
+@pytest.mark.timeout(900)  # the whole spec: about 3 minutes on 2 cores
+def test_browser():
+    """Real JupyterLab + system Chromium, a student's day (labextension/ui-tests/tests/gpushare.spec.ts,
+    described in docs/ui.md): queued banner and a cell run while waiting, admission, quota limits, over quota said
+    the same by the panel, the status bar and a notification, a rename, stop waiting, dark theme and
+    contrast, an idle tab's requests, error states, the host section's reads."""
+    jlpm = _need_node()
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set CHROMIUM=/path)")
+    test_labextension_is_installed()
+    _install(jlpm, UI)
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="gpushare-ui-") as root:
+        env = {
+            **os.environ,
+            "GPUSHARE_UI_PORT": str(port),
+            "GPUSHARE_UI_ROOT": root,
+            "PYTHON": sys.executable,
+            "CHROMIUM": CHROMIUM,
+            "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1",
+            "CI": os.environ.get("CI", "1"),
+        }
+        r = subprocess.run([*jlpm, "playwright", "test"], cwd=UI, env=env, capture_output=True, text=True, timeout=900)
+    out = r.stdout[-8000:] + r.stderr[-4000:]
+    assert r.returncode == 0, out
+    assert " passed" in r.stdout, out
+
+
+# -- the host view through a broker: a student's page and an admin's page ------------------------------
+
+
+NOTEBOOK = {
+    "cells": [],
+    "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
+
+
+def _post(server, path: str, body: dict, timeout: float) -> dict:
+    """POST to a server's API with a longer wait than ServerProcess.call (a queued kernel's start)."""
+    import urllib.request
+
+    from servers import TOKEN
+
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{server.port}/{path}",
+        method="POST",
+        headers={"Authorization": f"token {TOKEN}"},
+        data=json.dumps(body).encode(),
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def _open_notebook(server, name: str, timeout: float = 60) -> str:
+    """A notebook file and a session (kernel) for it on ``server``; returns the kernel id."""
+    server.call("PUT", f"api/contents/{name}", {"type": "notebook", "format": "json", "content": NOTEBOOK})
+    body = {"path": name, "name": name, "type": "notebook", "kernel": {"name": "python3"}}
+    return _post(server, "api/sessions", body, timeout)["kernel"]["id"]
+
+
+@pytest.fixture
+def broker_host(ui_tests_dir):
+    """A real broker (root) and the Jupyter servers of three new Unix users: 'other' (whose kernels
+    reach the host queue when the card is full), 'student' and 'admin' (in admin_users)."""
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("needs root and useradd: runs Jupyter servers as three different Unix users")
+    test_labextension_is_installed()
+    from multiuser import Broker, UserServer, ensure_user, remove_user, shared_scratch
+
+    class QueueingServer(UserServer):
+        """on_full=queue: a kernel that finds the card full waits in the host queue."""
+
+        def launch(self, log_dir, args, settings, **popen):
+            super().launch(log_dir, args, {**settings, "on_full": "queue"}, **popen)
+
+    run = os.getpid() % 100000  # names of this run (runs may overlap on one machine)
+    names = {"other": f"gshvo{run}", "student": f"gshvs{run}", "admin": f"gshva{run}"}
+    with shared_scratch("gpushare-ui-host-") as base:
+        users = {role: ensure_user(name) for role, name in names.items()}
+        # simulated 10 GiB card, 512 MiB context reserve, max_total 4GiB per user
+        broker = Broker(base, extra=f"c.GpuShareBroker.admin_users = [{names['admin']!r}]\n")
+        servers = {}
+        try:
+            broker.start()
+            for role, user in users.items():
+                servers[role] = (QueueingServer if role == "other" else UserServer)(base, user, broker).start()
+            for server in servers.values():
+                server.wait_ready()
+            yield broker, servers, names
+        finally:
+            for server in servers.values():
+                server.stop()
+            broker.stop()
+            for name in names.values():
+                remove_user(name)
+
+
+def test_host_view_through_a_broker(broker_host, ui_tests_dir):
+    """A student's JupyterLab in Chromium: the "This host" section shows the other users' total on
+    the card and their queued kernel as "another user's kernel", and neither the page's text, its
+    HTML (tooltips, data attributes) nor any reply it gets holds another user's name, kernel id or
+    notebook name. An admin's JupyterLab shows the per-user table, every kernel and whose kernel waits."""
+    import threading
+
+    from servers import TOKEN, wait_until
+
+    broker, servers, names = broker_host
+    other, student, admin = servers["other"], servers["student"], servers["admin"]
+    run = os.getpid() % 100000
+    thesis, draft = f"private-thesis-{run}.ipynb", f"private-draft-{run}.ipynb"
+    # 2 GiB + 512 MiB each on 10 GiB: other 2.5 + admin 5.0 + student 2.5 fill the card
+    other_kernel = _open_notebook(other, thesis)
+    admin_kernels = [admin.start_kernel(), admin.start_kernel()]
+    _open_notebook(student, "mine.ipynb")
+    assert broker.admin_view()["cards"][0]["unreserved_mib"] == 0
+
+    def start_waiting() -> None:
+        """other's second notebook: its kernel waits in the host queue, and its session request with it."""
+        with contextlib.suppress(Exception):  # still waiting when its server stops at the end
+            _open_notebook(other, draft, timeout=600)
+
+    threading.Thread(target=start_waiting, daemon=True).start()
+    queue = wait_until(lambda: broker.admin_view()["queue"], timeout=60, what="other's kernel to wait in the queue")
+    assert [(q["user"], q["kernel_name"]) for q in queue] == [(names["other"], "python3")]
+    queued_kernel = queue[0]["kernel_id"]
+
+    ids = [other_kernel, queued_kernel, *admin_kernels]
+    secrets = [names["other"], names["admin"], thesis, draft, *ids, *(k[:8] for k in ids)]
+    env = {
+        **os.environ,
+        "GPUSHARE_HOST_STUDENT_URL": f"http://127.0.0.1:{student.port}/lab?token={TOKEN}",
+        "GPUSHARE_HOST_ADMIN_URL": f"http://127.0.0.1:{admin.port}/lab?token={TOKEN}",
+        "GPUSHARE_HOST_SECRETS": json.dumps(secrets),
+        "GPUSHARE_HOST_OTHER": names["other"],
+        "GPUSHARE_HOST_USERS": json.dumps(
+            {names["other"]: [1, "2.5 GiB"], names["student"]: [1, "2.5 GiB"], names["admin"]: [2, "5 GiB"]}
+        ),
+        "CHROMIUM": CHROMIUM,
+        "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1",
+        "CI": os.environ.get("CI", "1"),
+    }
+    jlpm = _need_node()
+    r = subprocess.run(
+        [*jlpm, "playwright", "test", "--config", "playwright-host.config.js"],
+        cwd=ui_tests_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = r.stdout[-8000:] + r.stderr[-4000:]
+    assert r.returncode == 0, out
+    assert "2 passed" in r.stdout, out
