@@ -20,9 +20,11 @@ What it does, all driven by the GPUSHARE_* environment the provisioner set:
 - when a framework's out-of-memory error reaches the notebook or the top of a script, a short note
   follows the usual traceback (``_gpushare_oom``).
 
+- in a kernel that runs while its GPU waits, a framework's import first waits for the grant (``_gpushare_wait``).
+
 The layers, lowest first: ``_gpushare_env`` (the variables' names), ``_gpushare_report`` (the quota read from the
 environment, warnings and the report), the hooks (``_gpushare_alloc``, ``_gpushare_oom``, ``_gpushare_views``,
-``_gpushare_caps``), and this module, which installs them. No layer imports one above it.
+``_gpushare_caps``, ``_gpushare_wait``), and this module, which installs them. No layer imports one above it.
 """
 
 from __future__ import annotations
@@ -84,8 +86,12 @@ class _HookedLoader:
             module.__spec__.loader = self._loader
         pre, post = self._finder.take(self._name)
         start = time.perf_counter()
-        for fn in pre:
-            _guarded(fn, self._name, module)
+        try:
+            for fn in pre:
+                _guarded(fn, self._name, module)
+        except BaseException:  # an interrupted wait for the GPU: the import fails, and the next one runs them again
+            self._finder.put_back(self._name, pre, post)
+            raise
         spent = time.perf_counter() - start
         outer = _enter_import(self._name)
         try:
@@ -120,6 +126,11 @@ class _Finder:
                 self._pre.setdefault(name, []).append(pre)
             if post is not None:
                 self._post.setdefault(name, []).append(post)
+
+    def put_back(self, name: str, pre: list, post: list) -> None:
+        with rep.LOCK:
+            self._pre[name] = pre + self._pre.get(name, [])
+            self._post[name] = post + self._post.get(name, [])
 
     def take(self, name: str) -> tuple[list, list]:
         with rep.LOCK:
@@ -253,6 +264,13 @@ def install() -> bool:
     import _gpushare_caps
     import _gpushare_views
 
+    if os.environ.get(env.MODE) == "queued":  # it runs while its GPU waits: a framework waits for the grant first
+        import _gpushare_wait
+
+        if os.environ.get(env.ROOT_PID) == str(os.getpid()):
+            _gpushare_wait.start()
+        for name in _gpushare_wait.WAITS:
+            register(name, pre=_gpushare_wait.wait_for_gpu)
     for hooks in (_gpushare_views.HOOKS, _gpushare_caps.HOOKS):  # views first: the caps' report says both
         for name, (pre, post) in hooks.items():
             register(name, pre, post)

@@ -28,7 +28,8 @@ CATALOGUE: dict[str, str] = {
     # a kernel's state as the server judges it: a short label (badge, status bar) and a sentence
     "status.queued.label": "#{position} in line",
     "status.queued.detail": "Waiting for a GPU: #{position} in line, needs {need_mib}[; {free_mib} unreserved now]"
-    "[; about {wait_left_s} at most]. It starts by itself when a kernel frees room; cells you run now run then.",
+    "[; about {wait_left_s} at most]. CPU cells run now; a cell that uses the GPU waits for it and goes on by "
+    "itself when a kernel frees room.",
     "status.over_quota.label": "over quota",
     "status.over_quota.detail": "Uses {used_mib}: more than " + _HELD + ". Free memory (del large arrays, or "
     "restart) or ask for a larger quota.",

@@ -1,16 +1,20 @@
-"""A kernel start held until its GPU reservation is granted: the kernel exists at once, its process runs later.
+"""A kernel that runs while its GPU waits: the kernel starts at once, the grant reaches it through a pipe.
 
 Jupyter's start of a kernel (``POST /api/sessions``, ``POST /api/kernels``) answers as soon as the kernel's
-process is launched. When the kernel must wait in line, the provisioner launches a stand-in instead of the
-kernel (standin.py: the kernel's own command, working directory, process session and environment, waiting on
-a pipe), so that the start answers at once with the kernel listed, its session made, and its id known to every
-client, and no HTTP request is held open while it waits. Once the reservation is granted, ``release`` writes the
-kernel's whole environment (the grant's card, quota and framework caps) to the pipe and the stand-in becomes the
-kernel (``execve``: same pid). A wait that ends without a grant, or a shut-down, closes the pipe: the stand-in
-exits at once.
+process is launched. When the kernel must wait in line, the provisioner launches the kernel itself at once, with
+every GPU hidden (``CUDA_VISIBLE_DEVICES=""``, its cgroup's cards closed) and the read end of a pipe in
+``GPUSHARE_GRANT_FD``: CPU cells run while it waits. The kernel's bootstrap (``_gpushare_wait``) reads the pipe
+in a thread; the first import of a GPU framework waits in its cell for the grant, saying its place in line.
+
+What the pipe carries, one JSON object per line: ``{"wait": {...}}`` while the kernel is in line (its place,
+what it needs, what is free; at most one a second, dropped when the kernel does not read them), then once
+``{"grant": {...}}``, the variables the grant adds to the kernel's environment (its card, quota and caps; or, a
+wait that ended without a GPU, ``GPUSHARE_MODE=cpu`` and the reason). The grant never restarts the kernel: the
+same process, with its state, runs on with the card opened to it. End of file before a grant (the server shut
+the kernel down, or is gone) leaves the GPU hidden.
 
 ``started`` is what a websocket to the kernel waits on (connection.py): True once the kernel runs, False if it
-never will.
+never will. A kernel that runs while it waits has started.
 """
 
 from __future__ import annotations
@@ -19,68 +23,81 @@ import asyncio
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from ..bootstrap import _gpushare_env as names
 
 STANDIN = str(Path(__file__).with_name("standin.py"))
 
 
-def standin_command(groups: list[str], fd: str, cmd: list[str]) -> list[str]:
-    """standin.py's command line: enter ``groups`` (cgroup.procs files), then wait on the pipe ``fd`` for the
-    grant, or (``fd`` "-") become the kernel ``cmd`` at once."""
+def standin_command(groups: list[str], cmd: list[str]) -> list[str]:
+    """standin.py's command line: enter ``groups`` (cgroup.procs files), then become the kernel ``cmd``."""
     entering = [arg for procs in groups for arg in ("--cgroup", procs)]
-    return [sys.executable, "-I", "-S", STANDIN, *entering, fd, *cmd]
+    return [sys.executable, "-I", "-S", STANDIN, *entering, *cmd]
 
 
 class HeldStart:
-    """One kernel's held start: the pipe to its stand-in and the environment it will run with."""
+    """One running kernel's wait for its GPU: the pipe that carries its place in line and then its grant."""
 
     def __init__(self) -> None:
         self._read_fd: int | None = None
         self._write_fd: int | None = None
-        self.env: dict[str, str] = {}
-        self.launched_at: float | None = None  # (monotonic) when the stand-in was launched
+        self._last: bytes = b""
+        self.env: dict[str, str] = {}  # the kernel's environment as launched
         self.started: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
-    def command(self, cmd: list[str], kwargs: dict[str, Any], groups: list[str]) -> tuple[list[str], dict[str, Any]]:
-        """The stand-in's command and launch arguments, for the kernel's ``cmd`` and ``kwargs`` (jupyter_client's
-        launch_kernel: the same working directory, session and environment); it enters ``groups`` first."""
+    def command(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The kernel's launch arguments (jupyter_client's launch_kernel) with the pipe's read end passed to it and
+        named in its environment."""
         self._read_fd, self._write_fd = os.pipe()
-        self.env = kwargs.get("env") or dict(os.environ)
-        kwargs = {**kwargs, "env": self.env, "pass_fds": (*kwargs.get("pass_fds", ()), self._read_fd)}
-        return standin_command(groups, str(self._read_fd), cmd), kwargs
+        os.set_blocking(self._write_fd, False)  # a kernel that does not read never blocks the server
+        self.env = {**(kwargs.get("env") or os.environ), names.GRANT_FD: str(self._read_fd)}
+        return {**kwargs, "env": self.env, "pass_fds": (*kwargs.get("pass_fds", ()), self._read_fd)}
 
     def launched(self) -> None:
-        """The stand-in runs: close our copy of its end of the pipe (its exit then closes it for good)."""
-        if self.launched_at is None:
-            self.launched_at = time.monotonic()
+        """The kernel runs: close our copy of its end of the pipe (its exit then closes it for good)."""
         if self._read_fd is not None:
             os.close(self._read_fd)
             self._read_fd = None
-
-    async def release(self, env_update: dict[str, str]) -> None:
-        """Turn the stand-in into the kernel, with its environment (as launched: launch_kernel adds to it) updated
-        by the grant's."""
-        if self._write_fd is None:
-            raise RuntimeError("the kernel's held start has ended")
-        data = json.dumps({**self.env, **env_update}).encode()
-        fd, self._write_fd = self._write_fd, None
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, _write_all, fd, data)
-        finally:
-            os.close(fd)
         if not self.started.done():
             self.started.set_result(True)
 
+    def progress(self, place: dict[str, Any]) -> None:
+        """Tell the kernel where it stands in line: only what changed, and nothing while the pipe is full (a line
+        under PIPE_BUF is written whole or not at all; the next one says the same, newer)."""
+        line = (json.dumps({"wait": place}, sort_keys=True) + "\n").encode()
+        if line == self._last or self._write_fd is None:
+            return
+        try:
+            os.write(self._write_fd, line)
+            self._last = line
+        except (BlockingIOError, BrokenPipeError):
+            pass  # full (a kernel that does not read), or gone (shut down meanwhile: its exit says the rest)
+
+    async def release(self, granted: dict[str, str]) -> None:
+        """Hand the kernel its grant, then close the pipe: what ``granted`` (the grant's variables, kernel_env.py)
+        changes in its environment as launched, and the GPUSHARE_* variables it no longer has (as null)."""
+        if self._write_fd is None:
+            raise RuntimeError("the kernel's wait for a GPU has ended")
+        changes: dict[str, str | None] = {k: v for k, v in granted.items() if self.env.get(k) != v}
+        changes.update({k: None for k in self.env if k.startswith("GPUSHARE_") and k not in granted})
+        changes.pop(names.GRANT_FD, None)
+        data = (json.dumps({"grant": changes}) + "\n").encode()
+        fd, self._write_fd = self._write_fd, None
+        try:
+            os.set_blocking(fd, True)
+            await asyncio.get_running_loop().run_in_executor(None, _write_all, fd, data)
+        finally:
+            os.close(fd)
+        self.end()
+
     def end(self) -> None:
-        """The kernel will not run: the stand-in reads end of file and exits; websockets waiting on it close."""
-        if self._read_fd is not None:
-            os.close(self._read_fd)
-            self._read_fd = None
-        if self._write_fd is not None:
-            os.close(self._write_fd)
-            self._write_fd = None
+        """No grant will come through the pipe (shut down, restarted, or granted already)."""
+        for fd in (self._read_fd, self._write_fd):
+            if fd is not None:
+                os.close(fd)
+        self._read_fd = self._write_fd = None
         if not self.started.done():
             self.started.set_result(False)
 
@@ -95,5 +112,5 @@ def _write_all(fd: int, data: bytes) -> None:
         try:
             written = os.write(fd, view)
         except BrokenPipeError:
-            return  # the stand-in is gone (shut down meanwhile): the kernel's exit says the rest
+            return  # the kernel is gone (shut down meanwhile): its exit says the rest
         view = view[written:]

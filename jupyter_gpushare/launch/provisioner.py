@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -132,10 +134,9 @@ class GpuShareProvisioner(LocalProvisioner):
                 # kernel of this environment sets it again itself (jupyter_gpushare_provisioner.pth).
                 del kwargs["env"][DEFAULT_ENV]
             assert self._grant is not None  # (admitted above, or kept from before the restart)
-            if self._grant.mode == "queued":
+            if self._grant.mode == "queued":  # it runs at once, its GPU hidden until the grant (held.py)
                 self._held = HeldStart()
-            else:
-                kwargs["env"].update(self._kernel_env(kwargs["env"]))
+            kwargs["env"].update(self._kernel_env(kwargs["env"]))
         except BaseException:
             await self._release("failed to start")
             raise
@@ -234,13 +235,14 @@ class GpuShareProvisioner(LocalProvisioner):
     async def launch_kernel(self, cmd: list[str], **kwargs: Any):
         held = self._held
         try:
+            _check_command(cmd, kwargs.get("env"))  # a kernelspec that cannot start is an error now, as Jupyter says
             # Its cgroups (cgroups.py), entered before it runs: none of its card while it waits (and none without
-            # a GPU). The stand-in enters them, then waits or becomes the kernel at once.
+            # a GPU). The stand-in enters them, then becomes the kernel.
             groups = self._manager().holding.groups(self.kernel_id, None if held is not None else self._grant)
-            if held is not None:  # in line: a stand-in now, the kernel once granted (held.py)
-                cmd, kwargs = held.command(cmd, kwargs, groups)
-            elif groups:
-                cmd = standin_command(groups, "-", cmd)
+            if held is not None:  # in line: it runs now, and its grant comes through a pipe (held.py)
+                kwargs = held.command(kwargs)
+            if groups:
+                cmd = standin_command(groups, cmd)
             info = await super().launch_kernel(cmd, **kwargs)
         except BaseException:
             if held is not None:
@@ -274,7 +276,7 @@ class GpuShareProvisioner(LocalProvisioner):
             await manager.holding.open_cards(self.kernel_id, self._grant)
             await held.release(self._kernel_env(held.env))
         except Exception:
-            self.log.exception("jupyter-gpushare: kernel %s could not be started after its wait", self.kernel_id)
+            self.log.exception("jupyter-gpushare: kernel %s could not be given its GPU after its wait", self.kernel_id)
             held.end()
             return
         finally:
@@ -284,8 +286,11 @@ class GpuShareProvisioner(LocalProvisioner):
         await manager.attach(self.kernel_id, self.pid)
 
     def _describe_wait(self, done: bool = False) -> None:
-        """What the server's kernel model says of a kernel in line (its ``reason``), for every Jupyter client."""
+        """What the server's kernel model says of a kernel in line (its ``reason``), for every Jupyter client, and
+        what the kernel itself hears (its cell that waits for the GPU says it)."""
         km, rec = self.parent, self._manager().records.get(self.kernel_id)
+        if rec is not None and rec.state == "queued" and self._held is not None and not done:
+            self._held.progress({"position": rec.position, "need_mib": rec.need_mib, "free_mib": rec.free_mib})
         if km is None or not hasattr(km, "execution_state"):
             return
         if done or rec is None or rec.state != "queued":
@@ -319,12 +324,8 @@ class GpuShareProvisioner(LocalProvisioner):
         await super().shutdown_requested(restart=restart)
         self._stop_holding()
 
-    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
-        # A stand-in has nothing to save: it exits as soon as its pipe closes (shutdown_requested).
-        return min(recommended, 1.0) if self._held is not None else recommended
-
     def _stop_holding(self) -> None:
-        """The kernel shuts down (or restarts) while in line: end its stand-in. A restart launches a new one,
+        """The kernel shuts down (or restarts) while in line: close its pipe. A restart launches a new kernel,
         which keeps the kernel's place in line (QuotaManager.admit)."""
         held, self._held = self._held, None
         if held is not None:
@@ -430,3 +431,14 @@ def _hold_ports(ip: str) -> tuple[socket.socket, ...]:
 def _close(socks: tuple[socket.socket, ...] | list[socket.socket]) -> None:
     for sock in socks:
         sock.close()
+
+
+def _check_command(cmd: list[str], env: dict[str, str] | None) -> None:
+    """FileNotFoundError or PermissionError, as Popen raises them, for a kernel command that cannot be run (the
+    stand-in that enters the kernel's cgroups would otherwise start, and fail only after the start answered)."""
+    program = cmd[0] if cmd else ""
+    path = program if os.sep in program else shutil.which(program, path=os.pathsep.join(os.get_exec_path(env)))
+    if not path or not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    if not os.access(path, os.X_OK) or os.path.isdir(path):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)

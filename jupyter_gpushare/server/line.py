@@ -38,6 +38,9 @@ class Registry(Protocol):
     def settle(self, rec: KernelRecord, grant: Grant, why: str = ..., **figures: Any) -> Grant: ...
     def refuse(self, kernel_id: str, message: str, status: int = ..., keep: bool = ..., kind: str = ...,
                code: str | None = ..., **figures: Any) -> QuotaUnavailable: ...  # fmt: skip
+
+    holds_starts: bool  # a Jupyter server: its kernels run while they wait (held.py)
+
     def keeps(self, rec: KernelRecord | None) -> bool: ...
     def card(self, uuid: str) -> Card | None: ...
     def reserve(self, ledger: Reservations, request: Request, wait: bool) -> Lease | Waiting: ...
@@ -219,21 +222,30 @@ class Line:
             self._update(rec, got)
 
     def end_wait(self, wait: Wait, got: Waiting | None = None) -> None:
-        """A wait that ends without a grant: the start is refused (and the kernel shut down by its owner) with why."""
+        """A wait that ends without a grant. A kernel that runs while it waits (a Jupyter server's) runs on without
+        a GPU, and says why; else the start is refused (and the kernel shut down by its owner) with why. A kernel
+        that nobody watched, or whose server closes, is shut down."""
         self.queue.leave(wait.kernel_id)
         if wait.result.done():
             return
         self._cancel_wait(wait.kernel_id)
         rec = self.kernels.records.get(wait.kernel_id)
+        runs = self.kernels.holds_starts and rec is not None and wait.ending in ("timeout", "cancelled")
         if wait.ending == "timeout":
             shown = got or wait.last or Waiting(wait.kernel_id, 1, 0, 0, 0)
             waited = rec.queued_since if rec else None
             message = full_message(wait.request.quota, shown, self.kernels.policy.context_reserve_mib, waited=waited)
+            figures: dict[str, Any] = {"need_mib": shown.need_mib, "free_mib": shown.free_mib,
+                       "waited_s": round(time.time() - waited) if waited else None}  # fmt: skip
+            if runs:
+                assert rec is not None
+                wait.result.set_result(
+                    self.kernels.settle(rec, Grant("cpu", reason=message), "refused-timeout", **figures)
+                )
+                return
             error = self.kernels.refuse(
-                wait.kernel_id, message, keep=self.kernels.keeps(rec), code="refused-timeout",
-                need_mib=shown.need_mib, free_mib=shown.free_mib,
-                waited_s=round(time.time() - waited) if waited else None,
-            )  # fmt: skip
+                wait.kernel_id, message, keep=self.kernels.keeps(rec), code="refused-timeout", **figures
+            )
         elif wait.ending == "unwatched":
             error = self.kernels.refuse(
                 wait.kernel_id,
@@ -246,8 +258,10 @@ class Line:
         elif wait.ending == "closing":
             error = self.kernels.refuse(wait.kernel_id, "Stopped waiting for a GPU: the Jupyter server is shutting down.", status=409, code="refused-closing")  # fmt: skip
         else:
-            why = wait.why or "the start was cancelled"
-            error = self.kernels.refuse(
-                wait.kernel_id, f"Stopped waiting for a GPU: {why}.", status=409, kind="cancelled"
-            )
+            why = f"Stopped waiting for a GPU: {wait.why or 'the start was cancelled'}."
+            if runs:
+                assert rec is not None
+                wait.result.set_result(self.kernels.settle(rec, Grant("cpu", reason=why), "cancelled"))
+                return
+            error = self.kernels.refuse(wait.kernel_id, why, status=409, kind="cancelled")
         wait.result.set_exception(error)

@@ -23,7 +23,7 @@ function catalogue(trans: Bundle): { [code: string]: string } {
   return {
     'status.queued.label': __('#{position} in line'),
     'status.queued.detail': __(
-      'Waiting for a GPU: #{position} in line, needs {need_mib}[; {free_mib} unreserved now][; about {wait_left_s} at most]. It starts by itself when a kernel frees room; cells you run now run then.'
+      'Waiting for a GPU: #{position} in line, needs {need_mib}[; {free_mib} unreserved now][; about {wait_left_s} at most]. CPU cells run now; a cell that uses the GPU waits for it and goes on by itself when a kernel frees room.'
     ),
     'status.over_quota.label': __('over quota'),
     'status.over_quota.detail': __(

@@ -74,7 +74,7 @@ test('status bar: use against the reservation, the judgment the server made', ()
   assert.equal(statusOf(queued).label, '#2 in line');
   assert.equal(
     statusOf(queued).detail,
-    'Waiting for a GPU: #2 in line, needs 4.6 GiB; about 9 min at most. It starts by itself when a kernel frees room; cells you run now run then.'
+    'Waiting for a GPU: #2 in line, needs 4.6 GiB; about 9 min at most. CPU cells run now; a cell that uses the GPU waits for it and goes on by itself when a kernel frees room.'
   );
   assert.equal(statusText(kernel({ state: 'none' })), 'no GPU');
   assert.equal(statusText(undefined, { hasKernel: true }), 'GPU –');

@@ -75,7 +75,7 @@ def nodes(tmp_path):
 def _in_group(groups: list[str], code: str) -> subprocess.CompletedProcess:
     """Run ``code`` in a Python process that entered ``groups`` first, as a kernel does (standin.py)."""
     return subprocess.run(
-        standin_command(groups, "-", [sys.executable, "-c", code]), capture_output=True, text=True, timeout=60
+        standin_command(groups, [sys.executable, "-c", code]), capture_output=True, text=True, timeout=60
     )
 
 
@@ -85,7 +85,7 @@ def test_what_a_kernel_starts_stays_in_its_group_and_ends_with_it():
     groups = cgroups.create(kid, None)
     try:
         proc = subprocess.Popen(
-            standin_command(groups, "-", [sys.executable, "-c", ESCAPES + "\ntime.sleep(120)"]),
+            standin_command(groups, [sys.executable, "-c", ESCAPES + "\ntime.sleep(120)"]),
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         pids = [int(x) for x in proc.stdout.readline().split()]

@@ -1,8 +1,8 @@
 """A kernel that waits for a GPU is a kernel, not an open request: a real jupyter-server, real kernels.
 
 The simulated card has 10 GiB and no headroom; each kernel reserves 4 GiB + 512 MiB, so two fit and the
-third waits. Starting it answers at once; it is listed (our API: queued; the kernel model: starting, with
-the reason); its websocket opens at once; what is run meanwhile runs once it is admitted; closing,
+third waits. Starting it answers at once; it is listed (our API: queued; the kernel model, with the reason); its
+websocket opens at once; CPU cells run while it waits, and its first GPU import waits for the grant; closing,
 reopening or restarting its notebook does what a student expects.
 """
 
@@ -39,7 +39,7 @@ async def kernel_model(jp_fetch, kernel_id: str) -> dict:
 
 
 def standin_pid(jp_serverapp, kernel_id: str) -> int:
-    """The process Jupyter holds for a kernel in line (the stand-in that becomes the kernel)."""
+    """The kernel's process, as Jupyter holds it (the stand-in that entered its cgroups became the kernel)."""
     return jp_serverapp.kernel_manager.get_kernel(kernel_id).provisioner.pid
 
 
@@ -47,16 +47,17 @@ async def _state(gpushare, kernel_id: str, state: str) -> bool:
     return await gpushare.state_of(kernel_id) == state
 
 
-async def test_a_kernel_in_line_is_listed_at_once_and_runs_what_was_sent_while_it_waited(
+async def test_a_kernel_in_line_runs_cpu_cells_at_once_and_its_gpu_import_waits_for_the_grant(
     gpushare, jp_fetch, jp_serverapp, jp_root_dir, kernel_ws
 ):
+    """The kernel runs from its start while its GPU waits: a CPU cell answers at once, with every GPU hidden; the
+    first import of a GPU framework waits in its cell, saying the place in line, and goes on at the grant in the
+    same process, with the card and the quota (no restart: the state of the earlier cell is still there)."""
     (jp_root_dir / "week2").mkdir()
     sessions = await full_card(gpushare)
     t0 = time.monotonic()
     _, kid = await gpushare.open_notebook("week2/train.ipynb")
     assert time.monotonic() - t0 < 1.0  # the start answers at once, not when the kernel is admitted
-    model = await kernel_model(jp_fetch, kid)
-    assert model["execution_state"] == "starting"
     await gpushare.wait_for(
         lambda: _reason_is(jp_fetch, kid, "Waiting for a GPU: #1 in line, needs 4.5 GiB"), what="the model's reason"
     )
@@ -67,18 +68,36 @@ async def test_a_kernel_in_line_is_listed_at_once_and_runs_what_was_sent_while_i
     t0 = time.monotonic()
     ws = await kernel_ws(kid, session.session)
     assert time.monotonic() - t0 < 1.0  # the websocket opens at once too
-    msg_id = send_cell(ws, session, "import os; int(os.environ['GPUSHARE_QUOTA_MIB']), os.getpid()")
+    cpu = send_cell(ws, session, "import os; kept = 41; os.getpid(), os.environ['CUDA_VISIBLE_DEVICES']")
     pid = standin_pid(jp_serverapp, kid)
-    await asyncio.sleep(1.0)
+    assert await cell_result(ws, kid, cpu, timeout=15) == f"({pid}, '')"  # ran while waiting, no GPU visible
+    assert await gpushare.state_of(kid) == "queued"
+
+    gpu = send_cell(ws, session, "import torch; kept + 1, int(os.environ['GPUSHARE_QUOTA_MIB']), os.getpid()")
+    said = await _stream_until(ws, gpu, "waits for this kernel's GPU")
+    assert "torch waits for this kernel's GPU: #1 in line, needs 4.5 GiB" in said
     assert await gpushare.state_of(kid) == "queued"
 
     await gpushare.close_notebook(sessions[0])
-    result = await cell_result(ws, kid, msg_id)
-    assert result == f"(4096, {pid})"  # the stand-in became the kernel: same process, with its quota
+    result = await cell_result(ws, kid, gpu)
+    assert result == f"(42, 4096, {pid})"  # the same process, its state kept, with its quota
     ws.close()
     rec = await gpushare.kernel(kid)
     assert rec["state"] == "running" and rec["pid"] == pid
     assert "reason" not in await kernel_model(jp_fetch, kid)
+
+
+async def _stream_until(ws, msg_id: str, text: str, timeout: float = 60) -> str:
+    """What the cell ``msg_id`` printed, once it printed ``text``."""
+    got = ""
+    deadline = time.monotonic() + timeout
+    while text not in got:
+        raw = await asyncio.wait_for(ws.read_message(), max(0.1, deadline - time.monotonic()))
+        assert raw is not None, "the websocket closed"
+        msg = json.loads(raw)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            got += msg["content"]["text"]
+    return got
 
 
 async def _reason_is(jp_fetch, kernel_id: str, reason: str) -> bool:
@@ -200,12 +219,25 @@ async def _gone(jp_serverapp, kernel_id: str) -> bool:
     return kernel_id not in jp_serverapp.kernel_manager.list_kernel_ids()
 
 
-async def test_a_waiting_kernels_websocket_closes_when_its_wait_ends(gpushare, jp_fetch, kernel_ws):
+async def test_a_kernel_whose_wait_is_stopped_runs_on_without_a_gpu_and_says_why(
+    gpushare, jp_fetch, jp_serverapp, kernel_ws
+):
+    """Nothing a student did is lost when the wait ends: the kernel, its websocket and its state stay; a GPU
+    framework's import that waited goes on without a GPU and says why."""
     await full_card(gpushare)
     _, kid = await gpushare.open_notebook("give-up.ipynb")
-    ws = await kernel_ws(kid, Session().session)
+    session = Session()
+    ws = await kernel_ws(kid, session.session)
+    pid = standin_pid(jp_serverapp, kid)
+    assert await cell_result(ws, kid, send_cell(ws, session, "kept = 'mine'; kept"), timeout=15) == "'mine'"
+    gpu = send_cell(ws, session, "import torch, os; kept, os.environ['GPUSHARE_MODE'], os.getpid()")
+    await _stream_until(ws, gpu, "waits for this kernel's GPU")
     await jp_fetch("api", "gpushare", "kernels", kid, method="DELETE")  # stop waiting
-    assert await asyncio.wait_for(ws.read_message(), 10) is None
+    assert await cell_result(ws, kid, gpu) == f"('mine', 'cpu', {pid})"
+    rec = await gpushare.kernel(kid)
+    assert rec["state"] == "cpu" and rec["reason"].startswith("Stopped waiting for a GPU")
+    assert [e for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == kid][-1]["code"] == "cancelled"
+    ws.close()
 
 
 async def test_a_stand_in_that_dies_is_restarted_in_line(gpushare, jp_serverapp):

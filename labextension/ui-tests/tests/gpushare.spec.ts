@@ -139,7 +139,7 @@ test.beforeAll(async ({ request }) => {
   const cells: Record<string, string> = {
     'nb1.ipynb': 'x = 1',
     'nb2.ipynb': 'x = 2',
-    'nb3.ipynb': "print('ran after admission')",
+    'nb3.ipynb': "import torch\nprint('ran after admission')",
     'nb4.ipynb': 'x = 4',
     'pseudo.ipynb': 'x = 5'
   };
@@ -279,14 +279,14 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
     'unreserved 3 GiB'
   );
 
-  // The waiting kernel is a kernel: the notebook has its id, and a cell run while it waits is queued (JupyterLab
-  // sends it, the server keeps it) and runs once the kernel is admitted.
+  // The waiting kernel is a kernel that runs: the notebook has its id, and a cell that uses the GPU waits in its
+  // import for the grant (CPU cells run at once), and goes on once the kernel is admitted.
   await frontNotebook(page).locator('.jp-Cell').first().click();
   await start(page, 'notebook:run-cell');
   await expect(
     frontNotebook(page).locator('.jp-InputArea-prompt').first()
   ).toHaveText('[*]:');
-  await expect(banner(page)).toContainText('cells you run now run then.');
+  await expect(banner(page)).toContainText('goes on by itself when a kernel frees room.');
 
   // In the dark theme, the banner's Stop waiting button shows a focus ring that stands out (WCAG 1.4.11:
   // at least 3:1 against the banner), reached by the keyboard.

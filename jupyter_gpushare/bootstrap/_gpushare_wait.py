@@ -1,0 +1,131 @@
+"""Inside a kernel that runs while its GPU waits (GPUSHARE_MODE=queued): the first use of a GPU framework waits
+in its cell for the grant, says the kernel's place in line, and can be interrupted.
+
+The server writes to the pipe named by GPUSHARE_GRANT_FD (launch/held.py): ``{"wait": {...}}`` lines while the
+kernel is in line, then ``{"grant": {...}}``, the variables the grant changes in the kernel's environment (null:
+removed). A thread reads the pipe from the kernel's start and applies the grant to ``os.environ`` as it comes.
+No framework has initialised CUDA by then (their imports wait for it here), so every framework's caps and every
+child process started afterwards see the card and the quota. A grant of ``GPUSHARE_MODE=cpu`` is a wait that
+ended without a GPU: the frameworks then import without one, and the waiting cell says why.
+
+Standard library only; the kernel process alone reads the pipe (its children do not inherit it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import _gpushare_env as env
+
+# What waits for the grant: the GPU frameworks, and the CUDA bindings that open the card themselves (not numba:
+# it is a CPU compiler first; its numba.cuda opens the card).
+WAITS = ("torch", "tensorflow", "jax", "cupy", "numba.cuda", "pycuda")
+KEPT = (env.ROOT_PID, env.GRANT_FD, env.KERNEL_ID, env.REPORT_DIR)  # never changed by a grant: this process's own
+
+_cond = threading.Condition()
+_state: dict = {"place": None, "granted": False, "reading": False}
+
+
+def start() -> bool:
+    """Read the grant's pipe in a thread (the kernel's own process only); False when there is none."""
+    raw = os.environ.pop(env.GRANT_FD, "")
+    if not raw.isdigit():
+        return False
+    fd = int(raw)
+    try:
+        os.set_inheritable(fd, False)  # its children, and `!pip`, do not hold the pipe open
+        pipe = os.fdopen(fd, "rb", buffering=0)
+    except OSError:
+        return False
+    _state["reading"] = True
+    threading.Thread(target=_read, args=(pipe,), name="gpushare-grant", daemon=True).start()
+    return True
+
+
+def _read(pipe) -> None:
+    import json
+
+    buffered = b""
+    try:
+        with pipe:
+            while True:
+                chunk = pipe.read(65536)
+                if not chunk:
+                    break
+                buffered += chunk
+                *lines, buffered = buffered.split(b"\n")
+                for line in lines:
+                    try:
+                        message = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(message, dict) and _take(message):
+                        return
+    except OSError:
+        pass
+    finally:
+        with _cond:
+            _state["reading"] = False
+            _cond.notify_all()
+
+
+def _take(message: dict) -> bool:
+    """Apply one message from the server; True once the grant came."""
+    place, grant = message.get("wait"), message.get("grant")
+    with _cond:
+        if isinstance(place, dict):
+            _state["place"] = place
+        if isinstance(grant, dict):
+            for name, value in grant.items():
+                if not isinstance(name, str) or name in KEPT:
+                    continue
+                if value is None:
+                    os.environ.pop(name, None)
+                elif isinstance(value, str):
+                    os.environ[name] = value
+            _state["granted"] = True
+        _cond.notify_all()
+    return bool(_state["granted"])
+
+
+def _said(name: str, place: dict | None) -> str:
+    if not place:
+        return f"jupyter-gpushare: {name} waits for this kernel's GPU (in line)."
+    figures = []
+    if isinstance(place.get("position"), int):
+        figures.append(f"#{place['position']} in line")
+    if isinstance(place.get("need_mib"), int):
+        figures.append(f"needs {_size(place['need_mib'])}")
+    if isinstance(place.get("free_mib"), int):
+        figures.append(f"{_size(place['free_mib'])} free")
+    return f"jupyter-gpushare: {name} waits for this kernel's GPU: {', '.join(figures)}."
+
+
+def _size(mib: int) -> str:
+    return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib} MiB"
+
+
+def wait_for_gpu(module) -> None:
+    """A framework's pre-import hook: return once the kernel holds its grant (or never will). An interrupt raises
+    KeyboardInterrupt here: the import fails, the kernel stays in line, and the next import waits again."""
+    name = module.__name__
+    with _cond:
+        if _state["granted"] or not _state["reading"]:
+            return
+        said = None
+        while not _state["granted"] and _state["reading"]:
+            now = _said(name, _state["place"])
+            if now != said:
+                if said is None:
+                    now += " CPU cells ran meanwhile; interrupt the kernel to stop waiting (it keeps its place)."
+                sys.stderr.write(now + "\n")
+                sys.stderr.flush()
+                said = now
+            _cond.wait(0.5)  # (a timed wait: the main thread's interrupt is seen at once)
+    if os.environ.get(env.MODE) != "gpu":
+        reason = os.environ.get(env.REASON) or "the wait for a GPU ended"
+        sys.stderr.write(f"jupyter-gpushare: {name} runs without a GPU: {reason}\n")
+    elif said is not None:
+        sys.stderr.write(f"jupyter-gpushare: the GPU is this kernel's now; {name} goes on.\n")
