@@ -107,21 +107,24 @@ class TestWhenFull:
         await gpushare.start_kernel(), await gpushare.start_kernel()
         session, kid = await gpushare.open_notebook("late.ipynb")
         assert await gpushare.state_of(kid) == "queued"
-        refused = await gpushare.wait_for(lambda: _event(gpushare, kid, "refused"), what="the wait to time out")
-        message = refused["message"]
+        ended = await gpushare.wait_for(lambda: _event(gpushare, kid, "no-gpu"), what="the wait to time out")
+        message = ended["message"]
         assert "needs 4.5 GiB (quota 4 GiB + 512 MiB CUDA context reserve)" in message
         assert "most unreserved on any card is 1 GiB" in message and "waited 1 s in the queue" in message
-        assert "Shut down a kernel you no longer use" in message and refused["path"] == "late.ipynb"
-        assert refused["code"] == "refused-timeout"  # the sidebar's words, from the figures
-        words = event_words(refused["code"], refused["params"])
+        assert "Shut down a kernel you no longer use" in message and ended["path"] == "late.ipynb"
+        assert ended["code"] == "refused-timeout"  # the sidebar's words, from the figures
+        words = event_words(ended["code"], ended["params"])
         assert words.startswith("Stopped waiting after ") and words.endswith(
             ": it needs 4.5 GiB, and the most unreserved on any card is 1 GiB."
         )
-        # The server shut the kernel down with its session: nothing waits, nothing holds memory for it.
-        await gpushare.wait_for(lambda: _gone(jp_serverapp, kid), what="the kernel shut down")
-        assert session not in [s["id"] for s in await jp_serverapp.session_manager.list_sessions()]
+        # The kernel runs on without a GPU, with its session and whatever it holds; nothing waits, and it holds
+        # no GPU memory.
+        rec = await gpushare.kernel(kid)
+        assert rec["state"] == "cpu" and rec["reserved_mib"] in (None, 0) and rec["reason"] == message
+        assert session in [s["id"] for s in await jp_serverapp.session_manager.list_sessions()]
+        assert await jp_serverapp.kernel_manager.get_kernel(kid).is_alive()
         assert (await gpushare.get("queue"))["queue"] == []
-        assert len((await gpushare.get("kernels"))["kernels"]) == 2
+        assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 2 * 4608
 
     @pytest.mark.parametrize("gpushare_config", [{"on_full": "reject"}], indirect=True)
     async def test_reject_reaches_the_http_client_at_once(self, gpushare):
@@ -360,9 +363,10 @@ async def test_a_queued_start_can_be_cancelled_and_a_running_kernel_cannot(gpush
     _, k3 = await gpushare.open_notebook("third.ipynb")
     r = await jp_fetch("api", "gpushare", "kernels", k3, method="DELETE")
     assert r.code == 202
-    cancelled = await gpushare.wait_for(lambda: _event(gpushare, k3, "cancelled"), what="the cancel event")
-    assert "Stopped waiting for a GPU" in cancelled["message"]
-    await gpushare.wait_for(lambda: _gone(jp_serverapp, k3), what="the cancelled kernel shut down")
+    cancelled = await gpushare.wait_for(lambda: _event(gpushare, k3, "no-gpu"), what="the cancel event")
+    assert "Stopped waiting for a GPU" in cancelled["message"] and cancelled["code"] == "cancelled"
+    assert (await gpushare.kernel(k3))["state"] == "cpu"  # it runs on without a GPU, with what it holds
+    assert await jp_serverapp.kernel_manager.get_kernel(k3).is_alive()
     assert (await gpushare.get("queue"))["queue"] == []
     with pytest.raises(HTTPClientError) as e:
         await jp_fetch("api", "gpushare", "kernels", k1, method="DELETE")

@@ -61,7 +61,7 @@ def test_every_state_and_event_with_a_notification_has_words():
         assert f"status.{code}.label" in CATALOGUE and f"status.{code}.detail" in CATALOGUE, code
     # an optional part is left out when its figure is unknown; a missing figure elsewhere shows as a dash
     assert render("status.queued.detail", {"position": 1, "need_mib": 4710}).startswith(
-        "Waiting for a GPU: #1 in line, needs 4.6 GiB. It starts"
+        "Waiting for a GPU: #1 in line, needs 4.6 GiB. CPU cells run now"
     )
     assert render("status.running.detail", {}).startswith("Uses – of its – reservation")
     assert render("event.not-a-code", {"message": "As said."}) == "As said."

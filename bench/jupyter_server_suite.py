@@ -1,0 +1,120 @@
+"""jupyter_server's own kernel and session tests, with jupyter-gpushare's provisioner as every kernel's default and
+without it: the same tests must give the same results (our contract with Jupyter).
+
+    python bench/jupyter_server_suite.py OUT.json    # both ways, side by side: outcomes compared, time ratio
+Used by tests/launch/test_jupyter_server_suite.py.
+
+The tests come from the jupyter_server sdist of the installed version (pip download: its wheel has no tests);
+their test-only dependencies go into a virtualenv that sees this environment's packages. jupyter_server's tests
+run servers without our extension: the provisioner then reserves as it does in any program (batch.py), on a
+simulated card large enough that nothing waits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITES = ("tests/services/kernels", "tests/services/sessions")
+SUITE_DEPS = ("flaky", "pytest-console-scripts", "requests")  # jupyter_server's [test] extra, less what we have
+GPUSHARE = {"gpu_backend": "simulated", "simulated_cards": "64GiB", "default_quota": "512MiB",
+            "context_reserve": "512MiB", "card_headroom": "0MiB"}  # fmt: skip
+OUTCOME = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)", re.M)
+
+
+def prepare(workdir: Path) -> tuple[Path, Path]:
+    """jupyter_server's source tree (its tests) and a Python with their dependencies: (python, source)."""
+    import jupyter_server
+
+    version = jupyter_server.__version__
+    workdir.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    src = workdir / f"jupyter_server-{version}"
+    if not (src / "tests").is_dir():
+        subprocess.run([*pip, "download", "--no-deps", "--no-binary", ":all:", f"jupyter_server=={version}",
+                        "-d", str(workdir)], check=True, timeout=300)  # fmt: skip
+        with tarfile.open(workdir / f"jupyter_server-{version}.tar.gz") as tar:
+            tar.extractall(workdir, filter="data")
+    venv = workdir / "venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+        subprocess.run([str(python), *pip[1:], "install", *SUITE_DEPS], check=True, timeout=600)
+    return python, src
+
+
+def run(python: Path, src: Path, workdir: Path, gpushare: bool, timeout: float = 900) -> dict:
+    """One run of the suites; with ``gpushare``, our provisioner is every kernel's default. Returns each test's
+    outcome, the counts and the seconds it took."""
+    run_dir = workdir / ("with-gpushare" if gpushare else "without")
+    config = run_dir / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    ledger = run_dir / "ledger.sqlite"
+    ledger.unlink(missing_ok=True)
+    env = {**os.environ, "JUPYTER_DEFAULT_PROVISIONER_NAME": "local-provisioner"}  # (else the .pth makes it ours)
+    env.update(
+        JUPYTER_CONFIG_DIR=str(config),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")])),  # this checkout's code
+    )
+    if gpushare:
+        settings = {**GPUSHARE, "ledger_path": str(ledger)}
+        (config / "jupyter_server_config.json").write_text(json.dumps({"GpuShareApp": settings}))
+        env["JUPYTER_DEFAULT_PROVISIONER_NAME"] = "gpushare-provisioner"
+    cmd = [str(python), "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-o", "addopts=",
+           "-o", "timeout=120", *SUITES]  # fmt: skip
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True, timeout=timeout)
+        text, rc = out.stdout + out.stderr, out.returncode
+    except subprocess.TimeoutExpired as e:
+        text, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMED OUT after {timeout} s", None
+        text = text if isinstance(text, str) else text.decode(errors="replace")
+    outcomes = {name: outcome for outcome, name in OUTCOME.findall(text)}
+    return {
+        "gpushare": gpushare,
+        "rc": rc,
+        "seconds": round(time.monotonic() - t0, 1),
+        "counts": {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)", text)},
+        "outcomes": outcomes,
+        "ledger_used": ledger.exists() if gpushare else None,
+        "tail": text[-3000:],
+    }
+
+
+def differences(without: dict, with_ours: dict) -> dict[str, tuple[str | None, str | None]]:
+    """The tests whose outcome differs: name -> (without, with our provisioner)."""
+    a, b = without["outcomes"], with_ours["outcomes"]
+    return {name: (a.get(name), b.get(name)) for name in sorted(set(a) | set(b)) if a.get(name) != b.get(name)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", help="JSON file for the results")
+    ap.add_argument("--workdir", default="/tmp/gpushare-jupyter-server-suite")
+    args = ap.parse_args()
+    workdir = Path(args.workdir)
+    python, src = prepare(workdir)
+    without = run(python, src, workdir, gpushare=False)
+    ours = run(python, src, workdir, gpushare=True)
+    diff = differences(without, ours)
+    result = {"date": time.strftime("%Y-%m-%d"), "without": without, "with_gpushare": ours, "differences": diff,
+              "time_ratio": round(ours["seconds"] / without["seconds"], 2) if without["seconds"] else None}  # fmt: skip
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"without: {without['counts']} in {without['seconds']} s; with: {ours['counts']} in {ours['seconds']} s")
+    print(
+        f"time ratio {result['time_ratio']}; {len(diff)} tests differ"
+        + "".join(f"\n  {n}: {a} -> {b}" for n, (a, b) in diff.items())
+    )
+    return 0 if not diff else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

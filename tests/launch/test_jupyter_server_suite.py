@@ -1,0 +1,27 @@
+"""jupyter_server's own kernel and session tests give the same results with our provisioner as every kernel's
+default as without it, pending kernels on and off (their tests run both). A kernelspec whose process cannot
+start is an error at once, as Jupyter says it (test_kernel_handler_startup_error, test_create_bad,
+test_create_bad_pending, test_cull_dead). The time ratio is a benchmark: bench/jupyter_server_suite.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "bench"))
+from jupyter_server_suite import differences, prepare, run  # noqa: E402
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_jupyter_servers_kernel_and_session_tests_give_the_same_results_with_our_provisioner(tmp_path):
+    python, src = prepare(tmp_path)
+    without = run(python, src, tmp_path, gpushare=False)
+    ours = run(python, src, tmp_path, gpushare=True)
+    assert without["counts"].get("passed", 0) > 50, without["tail"]
+    assert ours["ledger_used"], "the suite's kernels did not go through our provisioner"
+    assert differences(without, ours) == {}, ours["tail"]
+    startup_errors = [name for name in ours["outcomes"] if "startup_error" in name or "create_bad" in name]
+    assert startup_errors and all(ours["outcomes"][name] in ("PASSED", "SKIPPED") for name in startup_errors)
