@@ -66,6 +66,7 @@ def diagnose(
     findings.append(_driver_finding(app, driver, count, nvml_error))
     if app is not None:
         findings.append(_cards_finding(app))
+        findings.append(_parking_finding(app))
     socket_path = socket_path or getattr(app, "broker_socket", "") or None
     if socket_path:
         findings += _broker_findings(socket_path, getattr(app, "broker_ca_file", ""))
@@ -157,6 +158,27 @@ def _cards(app: GpuShareApp) -> list:
         return open_backend(app.gpu_backend, app.simulated_cards).cards()
     except Exception:  # a lost card: the cards finding says so
         return []
+
+
+def _parking_finding(app: GpuShareApp) -> Finding:
+    """Whether idle kernels can be parked here: the driver's checkpoint API (driver 570+), or the stand-in of
+    simulated cards."""
+    from ..host.checkpoint import checkpointer_for
+    from ..host.gpu import open_backend
+
+    if not app.park_after:
+        return Finding("parking", "info", "Idle kernels are not parked (GpuShareApp.park_after = 0).")
+    try:
+        checkpointer = checkpointer_for(open_backend(app.gpu_backend, app.simulated_cards))
+    except Exception as e:  # noqa: BLE001 (the driver finding says what is wrong with the backend)
+        return Finding("parking", "warn", f"Idle kernels cannot be parked: {e}.")
+    reason = checkpointer.unavailable()
+    if reason:
+        return Finding("parking", "warn", f"Idle kernels cannot be parked: {reason}. They keep their reservations "
+                       "until the idle policy acts.", "Parking needs NVIDIA driver 570 or later (the CUDA checkpoint API).")  # fmt: skip
+    by = "the driver's checkpoint API" if checkpointer.kind == "driver" else "a stand-in (simulated cards)"
+    return Finding("parking", "ok", f"Idle kernels ({', '.join(app.park_frameworks)}) are parked after "
+                   f"{app.park_after:.0f} s while others wait, by {by}.")  # fmt: skip
 
 
 def _driver_finding(app: GpuShareApp | None, driver: str | None, count: int | None, nvml_error: str | None) -> Finding:

@@ -23,11 +23,13 @@ from ..core.history import DAY_S, HistoryRules
 from ..core.levels import REQUIRED_CHOICES
 from ..core.policy import (
     DEFAULT_MIN_QUOTA_MIB,
+    FRAMEWORKS,
     IDLE_ACTIONS,
     ON_FULL_CHOICES,
     OVER_QUOTA_ACTIONS,
     CardView,
     EnforcePolicy,
+    ParkRules,
     Policy,
     PolicyError,
     Size,
@@ -241,6 +243,28 @@ class GpuShareApp(LoggingConfigurable):
         "between cancels it. Default: 600.",
     )
 
+    park_after = Float(
+        600.0,
+        config=True,
+        help="Seconds a kernel that holds a GPU reservation must be idle (no cell running, 0% GPU use) before it is "
+        "parked while another kernel waits in line: its GPU state is moved to host memory through the CUDA driver's "
+        "checkpoint API and its reservation goes to the line; its next cell brings it back (it waits in line if it "
+        "must). Only kernels whose frameworks are all in park_frameworks are parked. Default: 600. 0 = never park.",
+    )
+    park_frameworks = List(
+        Unicode(),
+        default_value=["torch", "cupy"],
+        config=True,
+        help="The frameworks whose GPU state survives a park, as measured on the GPU (bench/results/check_park-*): "
+        "a kernel that imported any other is not parked. Default: ['torch', 'cupy'] (JAX crashed while parked).",
+    )
+    park_host_budget = Unicode(
+        "50%",
+        config=True,
+        help="Host memory that all parked kernels' GPU state may take: a size ('64GiB'), or a share of the host's "
+        "memory ('50%'). A kernel whose state does not fit is not parked. Default: '50%'.",
+    )
+
     quota_from_history = Bool(
         False,
         config=True,
@@ -440,6 +464,28 @@ class GpuShareApp(LoggingConfigurable):
             kernel_quotas=kernel_quotas,
             cards=tuple(self.cards),
         )
+
+    @validate("park_frameworks")
+    def _valid_park_frameworks(self, proposal: Any) -> list[str]:
+        unknown = sorted(set(proposal["value"]) - set(FRAMEWORKS))
+        if unknown:
+            raise TraitError(
+                f"GpuShareApp.park_frameworks: {unknown} are not frameworks the bootstrap knows; use some of "
+                f"{list(FRAMEWORKS)}."
+            )
+        return list(proposal["value"])
+
+    def build_park(self) -> ParkRules:
+        """The rules for parking idle kernels; PolicyError names a budget that is not a size."""
+        budget = parse_size(self.park_host_budget, "GpuShareApp.park_host_budget")
+        if budget.percent is not None:
+            import psutil
+
+            host_mib = psutil.virtual_memory().total >> 20
+            mib: int | None = budget.resolve(host_mib)
+        else:
+            mib = budget.mib
+        return ParkRules(after_s=self.park_after, frameworks=tuple(self.park_frameworks), host_budget_mib=mib)
 
     def build_history(self) -> HistoryRules:
         """The rules of quotas learned from history; PolicyError for a policy without the history it needs."""

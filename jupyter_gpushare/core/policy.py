@@ -401,3 +401,15 @@ class LimitRules:
         merged.update(from_groups)
         merged.update(self.users.get(user, {}))
         return UserLimits(**merged)  # type: ignore[arg-type]
+
+
+FRAMEWORKS = ("cupy", "jax", "tensorflow", "torch")  # what the bootstrap caps and a kernel reports (reports.py)
+
+
+@dataclass(frozen=True)
+class ParkRules:
+    """The admin's parking settings (GpuShareApp.park_*)."""
+
+    after_s: float = 600.0  # idle this long while someone waits: parked (0: never)
+    frameworks: tuple[str, ...] = ("torch", "cupy")  # the frameworks whose state survives a park (measured)
+    host_budget_mib: int | None = None  # host memory all parked state may take (None: no limit)

@@ -30,6 +30,9 @@ CATALOGUE: dict[str, str] = {
     "status.queued.detail": "Waiting for a GPU: #{position} in line, needs {need_mib}[; {free_mib} unreserved now]"
     "[; about {wait_left_s} at most]. CPU cells run now; a cell that uses the GPU waits for it and goes on by "
     "itself when a kernel frees room.",
+    "status.parked.label": "parked",
+    "status.parked.detail": "Parked while others needed the GPU: its {parked_mib} of GPU state waits in host memory, "
+    "and its {reserved_mib} reservation went to the line. Your next cell brings it back (it may wait its turn).",
     "status.over_quota.label": "over quota",
     "status.over_quota.detail": "Uses {used_mib}: more than " + _HELD + ". Free memory (del large arrays, or "
     "restart) or ask for a larger quota.",
@@ -54,6 +57,12 @@ CATALOGUE: dict[str, str] = {
     # events, as a notification says them (short: read whole); what to do is in the panel
     "event.queued": "Waiting for a GPU: #{position} in line, needs {need_mib}.",
     "event.admitted": "GPU ready after waiting {waited_s}.",
+    "event.parked": "Parked: {parked_mib} moved to host memory in {park_s}; its reservation went to the line until "
+    "its next cell.",
+    "event.park-failed": "Could not be parked, and runs on: {reason}",
+    "event.resumed": "Back on its GPU after {waited_s} in line; its state came back in {resume_s}.",
+    "event.resume-waited-out": "Still parked: no reservation came in time. Its next cell asks again.",
+    "event.resume-failed": "Its GPU state could not be brought back ({reason}); the kernel was shut down.",
     "event.cancelled": "Stopped waiting for a GPU.",
     "event.refused": "Not started: {message}",
     "event.refused-no-room": "Not started: it needs {need_mib}, and the most unreserved on any card is {free_mib}.",

@@ -21,10 +21,11 @@ from typing import Any
 import psutil
 from jupyter_core.paths import jupyter_runtime_dir
 
+from ..core.policy import FRAMEWORKS  # what the bootstrap caps; other names are not reported
+
 # A process started more than this long after the report's "started" time is not the one that
 # wrote it (pid reuse). The bootstrap stamps "started" within milliseconds of interpreter start.
 START_SLACK_S = 2.0
-FRAMEWORKS = ("cupy", "jax", "tensorflow", "torch")  # what the bootstrap caps; other names are not reported
 PULLED_IN_BY = (*FRAMEWORKS, "keras")  # whose import may bring a framework in (bootstrap: OUTER_IMPORTS)
 # The functions the bootstrap makes give the kernel's quota as the GPU's size (bootstrap/_gpushare_views.py).
 VIEWS = (

@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ class HeldStart:
         self._write_fd: int | None = None
         self._last: bytes = b""
         self.env: dict[str, str] = {}  # the kernel's environment as launched
+        self.launched_at: float | None = None  # (monotonic) when the kernel was launched
         self.started: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
     def command(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -57,6 +59,8 @@ class HeldStart:
 
     def launched(self) -> None:
         """The kernel runs: close our copy of its end of the pipe (its exit then closes it for good)."""
+        if self.launched_at is None:
+            self.launched_at = time.monotonic()
         if self._read_fd is not None:
             os.close(self._read_fd)
             self._read_fd = None

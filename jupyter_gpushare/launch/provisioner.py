@@ -316,6 +316,11 @@ class GpuShareProvisioner(LocalProvisioner):
             self._watching_death = True
 
     @property
+    def parking(self) -> Any:
+        """The server's parking (parking.py), which brings this kernel back if it is parked."""
+        return self._manager().parking
+
+    @property
     def held(self) -> HeldStart | None:
         """The kernel's start while it waits for its grant (None once it runs, or when it never waited)."""
         return self._held

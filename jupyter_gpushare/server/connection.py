@@ -9,6 +9,9 @@ client sends meanwhile (JupyterLab's kernel_info request, the cells run while it
 and once the kernel runs the connection is made as jupyter_server makes it (kernel_info, then the nudge that
 makes sure the kernel's output reaches this client) and the kept messages are sent on. If the kernel will never
 run (its wait ended), the websocket is closed. A kernel that does not wait is connected as usual.
+
+A parked kernel (parking.py) is brought back by the next cell its client runs: that message and the ones after it
+are held until the kernel is back on its GPU, then sent on in order.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
     _handed = False  # connected to the kernel as jupyter_server connects
     _closed = False
     _joining: asyncio.Future | None = None
+    _resuming: list | None = None  # the client's messages while its parked kernel comes back
 
     async def prepare(self) -> None:
         held = held_start(self.kernel_manager)
@@ -78,7 +82,15 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
             super().handle_incoming_message(message)
 
     def handle_incoming_message(self, incoming_msg: Any) -> None:
+        if self._resuming is not None:  # a parked kernel on its way back: after it, in order
+            self._resuming.append(incoming_msg)
+            return None
         if self._kept is None:
+            parking = getattr(getattr(self.kernel_manager, "provisioner", None), "parking", None)
+            if parking is not None and parking.card_of(self.kernel_id) and _runs_code(incoming_msg):
+                self._resuming = [incoming_msg]  # the kernel is parked: its cell brings it back (parking.py)
+                asyncio.ensure_future(self._send_after(parking.resume(self.kernel_id)))
+                return None
             return super().handle_incoming_message(incoming_msg)
         self._kept_bytes += len(incoming_msg)
         if len(self._kept) >= KEPT_MAX or self._kept_bytes > KEPT_MAX_BYTES:
@@ -86,6 +98,16 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
             self.websocket_handler.close(1013, "The kernel waits for a GPU; reconnect once it runs.")
             return
         self._kept.append(incoming_msg)
+
+    async def _send_after(self, resumed: asyncio.Future) -> None:
+        try:
+            await asyncio.shield(resumed)
+        except Exception:  # noqa: BLE001 (the move said what went wrong, in an event)
+            pass
+        held, self._resuming = self._resuming or [], None
+        if not self._closed:
+            for message in held:
+                super().handle_incoming_message(message)
 
     def disconnect(self) -> None:  # type: ignore[override]  # (synchronous in ZMQChannelsWebsocketConnection)
         kept, self._kept = self._kept, None
@@ -113,3 +135,9 @@ def waiting_connection_class(configured: type) -> type | None:
     if issubclass(configured, ZMQChannelsWebsocketConnection):
         return type(f"Waiting{configured.__name__}", (WaitingKernelConnection, configured), {})
     return None
+
+
+def _runs_code(message: Any) -> bool:
+    """Whether a client's message asks the kernel to run code (an execute request, in either wire format)."""
+    raw = message if isinstance(message, (bytes, str)) else b""
+    return (b"execute_request" if isinstance(raw, bytes) else "execute_request") in raw  # type: ignore[operator]

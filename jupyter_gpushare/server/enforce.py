@@ -82,6 +82,7 @@ class Enforcer:
         states: dict[str, Judgment] = {}
         judged: Judged = {}
         uuids = {c.index: uuid for uuid, c in snap.cards.items()}
+        parking = self.manager.parking
         for kid, rec in list(self.manager.records.items()):
             usage = snap.kernels.get(kid)
             if rec.state != "running" or rec.lease is None or usage is None:
@@ -96,9 +97,14 @@ class Enforcer:
                     uuid = uuids.get(p.card_index, "")
                     used[uuid] = used.get(uuid, 0) + (p.used_mib or 0)
                 judged[kid] = (rec, usage, used)
-            idle = self._idle(kid, rec, usage, w, now)
+            idle_for, execution = self._idle_for(kid, usage, w, now)
+            idle = self._idle(kid, rec, usage, w, now, idle_for, execution)
             if idle:
                 states[kid] = idle
+            parking.consider(rec, usage, idle_for, snap.frameworks.get(kid) or ())
+        # Someone waits for a GPU: a kernel of this server in line (known now), or another server's (its last reading)
+        waiting = bool(self.manager.line.queue.waits) or any(not q.get("mine") for q in snap.quota.get("queue", ()))
+        parking.decide(waiting)
         excesses = self._excesses(snap, judged, uuids)
         for kid, (rec, usage, _) in judged.items():
             state = self._quota(kid, rec, usage, excesses.get(kid))
@@ -261,16 +267,21 @@ class Enforcer:
 
     # -- idle ------------------------------------------------------------------------------------
 
-    def _idle(self, kid: str, rec: Any, usage: Any, w: _Watch, now: float) -> Judgment | None:
-        if not self.policy.idle_timeout_s:
-            return None
+    def _idle_for(self, kid: str, usage: Any, w: _Watch, now: float) -> tuple[float, str | None]:
+        """How long the kernel has run nothing and used no GPU, and its execution state."""
         kernel = self._kernel(kid)
         execution = getattr(kernel, "execution_state", None)
         if (usage.utilization or 0) > 0 or execution == "busy":
             w.gpu_active_at = now  # a running cell is never idle, even with 0% GPU
         last = getattr(kernel, "last_activity", None)
         last_ts = last.timestamp() if last is not None and hasattr(last, "timestamp") else 0.0
-        idle_for = now - max(last_ts, w.gpu_active_at, w.started)
+        return now - max(last_ts, w.gpu_active_at, w.started), execution
+
+    def _idle(
+        self, kid: str, rec: Any, usage: Any, w: _Watch, now: float, idle_for: float, execution: str | None
+    ) -> Judgment | None:
+        if not self.policy.idle_timeout_s:
+            return None
         if idle_for < self.policy.idle_timeout_s:
             w.idle_warned_at = None
             return None

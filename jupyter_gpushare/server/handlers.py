@@ -56,6 +56,12 @@ class GpuShareHandler(APIHandler):
         sampler = self.settings.get("gpushare_sampler")
         return sampler.snapshot if sampler is not None else UsageSnapshot()
 
+    def _record(self, kernel_id: str):
+        rec = self.manager.records.get(kernel_id)
+        if rec is None:
+            raise web.HTTPError(404, f"No kernel {kernel_id} holds or waits for a GPU quota on this server.")
+        return rec
+
     def kernel(self, rec) -> dict:
         """A kernel record with its measured use and policy state, from the cached snapshot."""
         enforcer = self.settings.get("gpushare_enforcer")
@@ -83,7 +89,8 @@ class CardsHandler(GpuShareHandler):
         snap = await self.manager.snapshot()  # reservations as the ledger has them now
         usage = self.usage
         reply = {k: snap[k] for k in ("backend", "simulated", "reason", "ledger")}
-        self.finish({**reply, "cards": [card_view(c, usage) for c in snap["cards"]], "sampler": usage.status()})
+        cards = [card_view(c, usage) for c in snap["cards"]]
+        self.finish({**reply, "cards": cards, "sampler": usage.status(), "parking": self.manager.parking.view()})
 
 
 class KernelsHandler(GpuShareHandler):
@@ -105,12 +112,6 @@ class KernelsHandler(GpuShareHandler):
 
 
 class KernelHandler(GpuShareHandler):
-    def _record(self, kernel_id: str):
-        rec = self.manager.records.get(kernel_id)
-        if rec is None:
-            raise web.HTTPError(404, f"No kernel {kernel_id} holds or waits for a GPU quota on this server.")
-        return rec
-
     @web.authenticated
     @authorized
     async def get(self, kernel_id: str) -> None:
@@ -143,6 +144,22 @@ class KernelHandler(GpuShareHandler):
             raise web.HTTPError(409, str(e)) from e
         self.set_status(202)
         self.finish(self.kernel(rec))
+
+
+class KernelMoveHandler(GpuShareHandler):
+    """``POST …/kernels/<id>/park``: park a kernel that holds a reservation now (parking.py); ``…/resume``: bring a
+    parked kernel back (it waits in line for its reservation if it must). Both answer once the move is done."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str, move: str) -> None:
+        self._record(kernel_id)
+        parking = self.manager.parking
+        try:
+            await (parking.park(kernel_id) if move == "park" else parking.resume(kernel_id))
+        except PolicyError as e:
+            raise web.HTTPError(409, str(e)) from e
+        self.finish(self.kernel(self._record(kernel_id)))
 
 
 class HostHandler(GpuShareHandler):
@@ -265,6 +282,7 @@ handlers = [
     (rf"{API}/cards", CardsHandler),
     (rf"{API}/kernels", KernelsHandler),
     (rf"{API}/kernels/([^/]+)", KernelHandler),
+    (rf"{API}/kernels/([^/]+)/(park|resume)", KernelMoveHandler),
     (rf"{API}/host", HostHandler),
     (rf"{API}/queue", QueueHandler),
     (rf"{API}/events", EventsHandler),

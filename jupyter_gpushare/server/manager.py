@@ -20,8 +20,9 @@ from typing import Any, Callable, ClassVar, TypeVar
 from ..config.settings import GpuShareApp
 from ..core.history import HistoryRules
 from ..core.levels import check_required
-from ..core.policy import CardView, Policy, PolicyError, Size, format_mib
+from ..core.policy import CardView, ParkRules, Policy, PolicyError, Size, format_mib
 from ..host.cgroups import KernelCgroups
+from ..host.checkpoint import checkpointer_for
 from ..host.gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
 from ..host.gpu.simulated import SimulatedBackend
 from ..host.reports import read_reports, remove_reports, report_dir
@@ -31,6 +32,7 @@ from .holding import Holding
 from .learning import Learning
 from .ledger_worker import LedgerWorker
 from .line import Line
+from .parking import Parking
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message, rule_figures
 from .views import server_view
 
@@ -55,6 +57,7 @@ class QuotaManager:
         unwatched_s: float = 0.0,
         cgroups: KernelCgroups | None = None,
         on_change: Callable[[str | None], None] | None = None,
+        parking: ParkRules | None = None,
     ):
         """``broker_socket``: reserve through the host's broker (broker.py) instead of the ledger file;
         ``broker_ca_file``: the CA of its TLS certificate ('tls://' sockets); ``history``: quotas learned from
@@ -62,7 +65,8 @@ class QuotaManager:
         kernel in line with no client connected for this long leaves it (0: never; see ``watchers``); ``cgroups``: the
         kernels' cgroups (cgroups.py; None: none, kernels are tracked by their process tree); ``on_change``: told at once of
         every change a person would notice (a kernel's state, quota or place in line, a kernel listed or gone, an
-        event), with the kernel's id (None: no one kernel's), to say so on the server's event bus (app.Announcer)."""
+        event), with the kernel's id (None: no one kernel's), to say so on the server's event bus (app.Announcer);
+        ``parking``: the rules for parking idle kernels (parking.py; None: the defaults)."""
         self.policy = policy
         self.backend = backend
         self.log = log or logging.getLogger("jupyter_gpushare")
@@ -90,6 +94,7 @@ class QuotaManager:
         self.learning = Learning(
             history or HistoryRules(), policy, self.ledger, self.user, self._blocking, self.log, self.event
         )
+        self.parking = Parking(self, checkpointer_for(backend), parking or ParkRules(), self._blocking)
 
     # -- process-wide instance -------------------------------------------------------------
 
@@ -262,7 +267,9 @@ class QuotaManager:
         """On the ledger thread. Memory that processes without a reservation use is taken too: measured
         here against the ledger's leases, or by the broker itself, which sees every user's."""
         outside = ledger.outside(self.latest_samples())
-        return ledger.reserve(request, self.policy, self.cards, wait, outside=outside)
+        home = self.parking.card_of(request.kernel_id)  # a parked kernel's GPU state comes back on its own card
+        cards = [c for c in self.cards if c.uuid == home] if home else self.cards
+        return ledger.reserve(request, self.policy, cards, wait, outside=outside)
 
     def refuse(
         self,
@@ -346,6 +353,7 @@ class QuotaManager:
         """Give a kernel's reservation back, or its place in line (idempotent), and, unless it restarts, forget its
         record. ``said``: the caller told the user itself (Ctrl-C outside a server): the event is not logged too."""
         self.line.leave(kernel_id, why)
+        self.parking.forget(kernel_id)
         await self.remember_peak(kernel_id)
         rec = self.forget(kernel_id) if forget else self.records.get(kernel_id)
         if rec is not None and not forget:
@@ -535,4 +543,5 @@ def build_manager(
         unwatched_s=settings.queue_unwatched_timeout,
         cgroups=KernelCgroups(enabled=settings.kernel_cgroups == "auto"),
         on_change=on_change,
+        parking=settings.build_park(),
     )

@@ -108,6 +108,30 @@ class GpuShareCollector(Collector):
         a = _gauge("gpu_measured", "1 when GPU use is being measured, 0 when not (no GPU, NVML error)", [])
         a.add_metric([], 0.0 if snap.error else 1.0)
         yield a
+        parking = getattr(getattr(self.enforcer, "manager", None), "parking", None)
+        if parking is not None:
+            yield from _parking_gauges(parking)
+
+
+def _parking_gauges(parking: Any) -> Iterator[GaugeMetricFamily]:
+    """Parked kernels (parking.py): how many, the host memory their GPU state takes, the last moves' seconds and
+    the reservations given back."""
+    figures = (
+        ("parked_kernels", "Kernels parked now (their GPU state in host memory)", len(parking.parked())),
+        ("parked_memory_bytes", "Host memory the parked kernels' GPU state takes", parking.parked_mib() * MIB),
+        ("parked_given_back_gib_hours", "Reservations given back to the line by parking, in GiB-hours",
+         parking.given_back_gib_h()),
+    )  # fmt: skip
+    for name, doc, value in figures:
+        g = _gauge(name, doc, [])
+        g.add_metric([], value)
+        yield g
+    for move in ("park", "resume"):
+        last = parking.seconds[move][-1:] or [None]
+        if last[0] is not None:
+            g = _gauge(f"{move}_seconds", f"Seconds the last {move} took", [])
+            g.add_metric([], last[0])
+            yield g
 
 
 def install(sampler: Any, enforcer: Any = None) -> GpuShareCollector:

@@ -56,7 +56,8 @@ def full_message(quota: Size, got: Waiting, reserve_mib: int, waited: float | No
     return f"{text} {WHAT_TO_DO}"
 
 
-KernelState = Literal["starting", "queued", "running", "cpu", "none", "failed"]  # (the API's Kernel.state)
+# (the API's Kernel.state) 'parked': its GPU state is in host memory and its reservation went to the line
+KernelState = Literal["starting", "queued", "running", "cpu", "none", "failed", "parked"]
 GrantMode = Literal["gpu", "cpu", "none", "queued"]
 
 
@@ -71,12 +72,30 @@ class Grant:
     reason: str | None = None
 
 
+@dataclass(frozen=True)
+class Parked:
+    """A parked kernel: where its GPU state was (it comes back on that card), what it held, since when."""
+
+    card_uuid: str
+    card_index: int
+    pids: tuple[int, ...]  # its processes whose GPU state is in host memory
+    parked_mib: int  # what they used on the card when parked
+    quota_mib: int  # its quota, asked for again at the resume
+    reserved_mib: int  # the reservation given back
+    since: float  # (time.time)
+    park_s: float  # how long parking took
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"card_uuid": self.card_uuid, "card_index": self.card_index, "parked_mib": self.parked_mib,
+                "quota_mib": self.quota_mib, "reserved_mib": self.reserved_mib, "since": self.since, "park_s": self.park_s}  # fmt: skip
+
+
 @dataclass
 class KernelRecord:
     """What the API says of one kernel of this process."""
 
     changes: ClassVar[int] = 0  # bumped on every field assignment: lets the API reuse an encoded reply
-    NOTABLE: ClassVar[frozenset[str]] = frozenset({"state", "quota", "pending_quota", "position"})
+    NOTABLE: ClassVar[frozenset[str]] = frozenset({"state", "quota", "pending_quota", "position", "parked"})
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Every change counts (``changes``); one a person would notice (``NOTABLE``: its state, quota, place in
@@ -115,6 +134,7 @@ class KernelRecord:
     run_started: float | None = None  # when the kernel process was created (its run's reports start after)
     oom: str | None = None  # the framework that ran out of memory in this process (its report says so)
     retry_quota_mib: int | None = None  # then: the quota to restart with (history.retry_quota_mib)
+    parked: Parked | None = None  # its GPU state is in host memory (parking.py)
     on_change: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
     def _pending(self) -> dict[str, Any]:
@@ -151,6 +171,7 @@ class KernelRecord:
             if self.wait_until and self.queued_since
             else None,
             "reason": self.reason,
+            "parked": self.parked.to_dict() if self.parked else None,
             "pid": self.pid,
             "since": self.since,
             "oom": {

@@ -47,7 +47,7 @@ def event_view(event: Mapping[str, Any]) -> dict[str, Any]:
 
 
 STATE_SEVERITY = {"queued": "warn", "over_quota": "error", "near_quota": "warn", "idle": "warn", "running": "ok",
-                  "starting": "info", "cpu": "error", "none": "muted", "failed": "error"}  # fmt: skip
+                  "starting": "info", "cpu": "error", "none": "muted", "failed": "error", "parked": "info"}  # fmt: skip
 STATUS_PARAMS = ("position", "need_mib", "free_mib", "wait_left_s", "used_mib", "reserved_mib", "quota_mib",
                  "reserve_mib", "reason")  # fmt: skip
 
@@ -64,6 +64,9 @@ def kernel_status(k: Mapping[str, Any]) -> dict[str, Any]:
     params = {name: k.get(name) for name in STATUS_PARAMS if k.get(name) is not None}
     if code == "near_quota" and used is not None and limit:
         params["share_pct"] = round(100 * used / limit)
+    parked = k.get("parked")
+    if code == "parked" and isinstance(parked, Mapping):
+        params.update(parked_mib=parked.get("parked_mib"), reserved_mib=parked.get("reserved_mib"))
     return {
         "code": code,
         "params": params,

@@ -61,7 +61,8 @@ export type KernelState =
   | 'idle'
   | 'cpu'
   | 'none'
-  | 'failed';
+  | 'failed'
+  | 'parked';
 
 /** A code with its figures: worded by the sidebar (words.ts) from the server's catalogue (words.py). */
 export interface IParams {
@@ -80,12 +81,24 @@ export interface IStatus {
     | 'starting'
     | 'cpu'
     | 'none'
-    | 'failed';
+    | 'failed'
+    | 'parked';
   params: IParams;
   severity: 'ok' | 'info' | 'warn' | 'error' | 'muted';
   /** The same in English, for logs and the CLI (the sidebar words the code). */
   label: string;
   detail: string;
+}
+
+/** Where a parked kernel's GPU state returns, what it held and gave back. */
+export interface IParked {
+  card_uuid: string;
+  card_index: number;
+  parked_mib: number;
+  quota_mib: number;
+  reserved_mib: number;
+  since: number;
+  park_s: number;
 }
 
 export interface IKernel {
@@ -116,6 +129,8 @@ export interface IKernel {
   /** How much longer a queued kernel may wait before its start is refused (null: no limit). */
   wait_left_s?: number | null;
   reason?: string | null;
+  /** A parked kernel: its GPU state is in host memory, its reservation went to the line. */
+  parked?: IParked | null;
   /** The server's judgment in words (GET /state). */
   status?: IStatus;
   /** Recent use, [unix time, MiB] oldest first (GET /state). */

@@ -25,6 +25,10 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'status.queued.detail': __(
       'Waiting for a GPU: #{position} in line, needs {need_mib}[; {free_mib} unreserved now][; about {wait_left_s} at most]. CPU cells run now; a cell that uses the GPU waits for it and goes on by itself when a kernel frees room.'
     ),
+    'status.parked.label': __('parked'),
+    'status.parked.detail': __(
+      'Parked while others needed the GPU: its {parked_mib} of GPU state waits in host memory, and its {reserved_mib} reservation went to the line. Your next cell brings it back (it may wait its turn).'
+    ),
     'status.over_quota.label': __('over quota'),
     'status.over_quota.detail': __(
       'Uses {used_mib}: more than its {reserved_mib} reservation (quota {quota_mib} + {reserve_mib} for the CUDA context). Free memory (del large arrays, or restart) or ask for a larger quota.'
@@ -59,6 +63,19 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       'Waiting for a GPU: #{position} in line, needs {need_mib}.'
     ),
     'event.admitted': __('GPU ready after waiting {waited_s}.'),
+    'event.parked': __(
+      'Parked: {parked_mib} moved to host memory in {park_s}; its reservation went to the line until its next cell.'
+    ),
+    'event.park-failed': __('Could not be parked, and runs on: {reason}'),
+    'event.resumed': __(
+      'Back on its GPU after {waited_s} in line; its state came back in {resume_s}.'
+    ),
+    'event.resume-waited-out': __(
+      'Still parked: no reservation came in time. Its next cell asks again.'
+    ),
+    'event.resume-failed': __(
+      'Its GPU state could not be brought back ({reason}); the kernel was shut down.'
+    ),
     'event.cancelled': __('Stopped waiting for a GPU.'),
     'event.refused': __('Not started: {message}'),
     'event.refused-no-room': __(

@@ -34,6 +34,17 @@ class SimulatedBackend(NvmlBackend):
 
     claims_dir: str | None = None
     _claimed: set[int] = set()  # (replaced, never changed in place)
+    _parked: frozenset[int] = frozenset()  # processes whose (simulated) GPU state is parked: they hold nothing
+
+    def park(self, pids: list[int]) -> None:
+        """The stand-in for the driver's checkpoint (host/checkpoint.py): these processes hold nothing until
+        ``unpark``, on the card and in every reading."""
+        self._parked = self._parked | set(pids)
+        for pid in pids:
+            self.fake.remove_process(pid)
+
+    def unpark(self, pids: list[int]) -> None:
+        self._parked = self._parked - set(pids)
 
     def sample(self) -> list[DeviceSample]:
         if self.claims_dir:
@@ -59,7 +70,7 @@ class SimulatedBackend(NvmlBackend):
                 continue
             if not _holds_memory(pid):
                 os.unlink(path)
-            elif 0 <= mib <= 1 << 30 and 0 <= card < len(self.fake.devices):
+            elif 0 <= mib <= 1 << 30 and 0 <= card < len(self.fake.devices) and pid not in self._parked:
                 claims[pid] = (mib, card)
         for pid in self._claimed - claims.keys():
             self.fake.remove_process(pid)

@@ -1,0 +1,264 @@
+"""Parking: an idle kernel's GPU state goes to host memory and its reservation to the line; it comes back when
+the kernel is wanted again.
+
+Owns which kernels are parked, and the two moves. It does not judge idleness (the enforcer tells it how long a
+kernel has been idle), nor decide who gets a reservation (the line does, by its rules, for a resume as for a
+start), nor touch a card itself (host/checkpoint.py does, through the driver or its stand-in).
+
+- **Park** a kernel that holds a reservation, has been idle for ``after_s`` (no cell running, 0% GPU) while
+  another kernel waits in line, whose frameworks are all on the allow-list (measured on the GPU:
+  bench/results/check_park-*), and whose state fits the host memory budget: its GPU processes are checkpointed,
+  the card is read until it shows them holding nothing, and the reservation is given back. Every view says
+  ``parked``. A park that fails leaves the kernel running and is not tried again for that process.
+- **Resume** at the kernel's next cell (connection.py holds the cell meanwhile) or on request: it asks for its
+  reservation again on the same card, through the line, then restores. A resume that waits past the line's
+  timeout leaves the kernel parked; its next cell asks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from ..core.policy import ParkRules, PolicyError, Size, format_mib
+from ..host.checkpoint import Checkpointer, CheckpointError
+from ..ledger.ledger import Lease, Request
+from .records import Grant, KernelRecord, Parked, QuotaUnavailable
+
+LOCK_TIMEOUT_S = 10.0  # a running GPU call that does not end within this is not parked
+FREED_MIB = 64  # a parked process shows at most this on the card (the driver keeps a few MiB: 4 on an H100)
+FREED_WITHIN_S = 5.0  # the card must show it freed within this
+SETTLE_S = 3.0  # after a park, the line has this long to grant its room before another kernel is parked
+
+
+class Parking:
+    """The parked kernels of this server, and the moves that park and resume them."""
+
+    def __init__(
+        self,
+        kernels: Any,  # the registry (QuotaManager): records, events, the line, the ledger
+        checkpointer: Checkpointer,
+        rules: ParkRules,
+        blocking: Callable[..., Awaitable[Any]],
+    ) -> None:
+        self.kernels, self.checkpointer, self.rules, self._blocking = kernels, checkpointer, rules, blocking
+        self._moving: dict[str, asyncio.Future] = {}  # kernels being parked or resumed: the move's task
+        self._failed: dict[str, int | None] = {}  # kernels whose park failed: the process it failed for
+        self.given_back_mib_s = 0.0  # reserved MiB × seconds parked, of kernels resumed or gone
+        self.seconds: dict[str, list[float]] = {"park": [], "resume": []}  # the last moves' durations
+        self._parking: str | None = None  # the kernel being parked now
+        self._candidates: list[tuple[float, KernelRecord, list[int], int, int | None]] = []  # (this reading's)
+        self._settled_at = 0.0  # (monotonic) until then no other kernel is parked: one park per need
+
+    # -- what is parked ------------------------------------------------------------------------------
+
+    def parked(self) -> list[KernelRecord]:
+        return [rec for rec in self.kernels.records.values() if rec.parked is not None]
+
+    def card_of(self, kernel_id: str) -> str | None:
+        """The card a parked kernel comes back on (its GPU state belongs there)."""
+        rec = self.kernels.records.get(kernel_id)
+        return rec.parked.card_uuid if rec is not None and rec.parked is not None else None
+
+    def parked_mib(self) -> int:
+        return sum(rec.parked.parked_mib for rec in self.parked() if rec.parked)
+
+    def given_back_gib_h(self, now: float | None = None) -> float:
+        """Reservations given back by parking, in GiB-hours, the kernels parked now included."""
+        now = time.time() if now is None else now
+        live = sum(p.reserved_mib * (now - p.since) for p in (r.parked for r in self.parked()) if p)
+        return (self.given_back_mib_s + live) / 1024 / 3600
+
+    def view(self) -> dict[str, Any]:
+        """What the API says of parking on this server (GET /api/gpushare/cards)."""
+        reason = self.unavailable()
+        return {
+            "available": reason is None,
+            "reason": reason,
+            "by": self.checkpointer.kind,
+            "after_s": self.rules.after_s,
+            "frameworks": list(self.rules.frameworks),
+            "host_budget_mib": self.rules.host_budget_mib,
+            "parked_kernels": len(self.parked()),
+            "parked_mib": self.parked_mib(),
+            "given_back_gib_h": round(self.given_back_gib_h(), 6),
+        }
+
+    def unavailable(self) -> str | None:
+        """Why this server parks nothing; None when it parks idle kernels."""
+        if not self.rules.after_s:
+            return "parking is off (GpuShareApp.park_after = 0)"
+        return self.checkpointer.unavailable()
+
+    # -- park ------------------------------------------------------------------------------------------
+
+    def consider(self, rec: KernelRecord, usage: Any, idle_for: float, frameworks: Sequence[str]) -> None:
+        """One kernel of this reading that may be parked (the enforcer calls it for each, then ``decide``)."""
+        kid = rec.kernel_id
+        if (
+            not self.rules.after_s
+            or idle_for < self.rules.after_s
+            or rec.state != "running"
+            or rec.lease is None
+            or kid in self._moving
+            or self._failed.get(kid, -1) == usage.pid
+            or not set(frameworks) <= set(self.rules.frameworks)
+        ):
+            return
+        used = usage.used_mib or 0
+        if self.rules.host_budget_mib is not None and self.parked_mib() + used > self.rules.host_budget_mib:
+            return
+        pids = sorted({p.pid for p in usage.processes if (p.used_mib or 0) > 0})
+        self._candidates.append((idle_for, rec, pids, used, usage.pid))
+
+    def decide(self, waiting: bool) -> None:
+        """Park the kernel idle the longest of this reading's candidates, if someone waits for a GPU: one at a
+        time, and then the line has SETTLE_S to grant the room before another is parked."""
+        candidates, self._candidates = self._candidates, []
+        if (
+            not waiting
+            or not candidates
+            or self._parking is not None
+            or time.monotonic() < self._settled_at
+            or self.checkpointer.unavailable()
+        ):
+            return
+        _, rec, pids, used, pid = max(candidates, key=lambda c: c[0])
+        self._start(rec.kernel_id, self._park(rec, pids, used, pid))
+
+    async def park(self, kernel_id: str) -> None:
+        """Park a kernel now (an admin or its user asked): it must hold a reservation. PolicyError says why not."""
+        rec = self.kernels.records.get(kernel_id)
+        if rec is None or rec.state != "running" or rec.lease is None:
+            raise PolicyError(f"Kernel {kernel_id} holds no GPU reservation, so there is nothing to park.")
+        reason = self.checkpointer.unavailable()
+        if reason:
+            raise PolicyError(f"Kernels cannot be parked on this host: {reason}.")
+        usage = self.kernels.kernel_usage(kernel_id)
+        processes = usage.processes if usage is not None else ()
+        pids = sorted({p.pid for p in processes if (p.used_mib or 0) > 0})
+        used = (usage.used_mib or 0) if usage is not None else 0
+        await self._start(kernel_id, self._park(rec, pids, used, usage.pid if usage else None))
+
+    async def _park(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None) -> None:
+        self._parking = rec.kernel_id
+        try:
+            await self._park_now(rec, pids, used_mib, pid)
+        finally:
+            self._parking = None
+            self._settled_at = time.monotonic() + SETTLE_S
+
+    async def _park_now(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None) -> None:
+        kid, lease, card = rec.kernel_id, rec.lease, rec.card
+        assert lease is not None
+        t0 = time.monotonic()
+        try:
+            steps = await self._blocking(self.checkpointer.park, pids, LOCK_TIMEOUT_S) if pids else {}
+            await self._freed(kid, pids)
+        except CheckpointError as e:
+            self._failed[kid] = pid
+            self.kernels.event("park-failed", kid, f"It could not be parked, and runs on: {e}", reason=str(e))
+            return
+        seconds = round(time.monotonic() - t0, 2)
+        self.seconds["park"] = [*self.seconds["park"][-49:], seconds]
+        try:  # the reservation goes back as it is (its notebook's history and reports stay: the kernel runs on)
+            await self.kernels.ledger.on(lambda ledger: ledger.release(kid))
+        except Exception as e:  # noqa: BLE001 (a full disk, the broker down: not parked, and said)
+            await self._blocking(self.checkpointer.resume, pids) if pids else None
+            self._failed[kid] = pid
+            self.kernels.event("park-failed", kid, f"It could not be parked, and runs on: {e}", reason=str(e))
+            return
+        rec.parked = Parked(lease.card_uuid, lease.card_index, tuple(pids), used_mib, lease.quota_mib,
+                            lease.reserved_mib, time.time(), seconds)  # fmt: skip
+        rec.lease, rec.state, rec.card = None, "parked", card
+        self.kernels.event(
+            "parked", kid,
+            f"Parked after {format_mib(used_mib)} of GPU state moved to host memory in {seconds} s; its "
+            f"{format_mib(lease.reserved_mib)} reservation went to the line. Its next cell brings it back.",
+            parked_mib=used_mib, reserved_mib=lease.reserved_mib, park_s=seconds, **steps,
+        )  # fmt: skip
+
+    async def _freed(self, kernel_id: str, pids: list[int]) -> None:
+        """Wait until the card shows the parked processes holding nothing (its word, not the driver call's);
+        CheckpointError, after resuming them, if it does not."""
+        deadline = time.monotonic() + FREED_WITHIN_S
+        while True:
+            held = sum(
+                (p.used_mib or 0) for s in self.kernels.latest_samples() for p in s.processes if p.pid in set(pids)
+            )
+            if held <= FREED_MIB * max(1, len(pids)):
+                return
+            if time.monotonic() > deadline:
+                await self._blocking(self.checkpointer.resume, pids)
+                raise CheckpointError(f"the card still showed {format_mib(held)} held after parking")
+            await asyncio.sleep(0.25)
+
+    # -- resume ------------------------------------------------------------------------------------------
+
+    def resume(self, kernel_id: str) -> asyncio.Future:
+        """Bring a parked kernel back (idempotent: a second call joins the first); the future is done once it runs
+        again, or stays parked (its wait for a reservation ended)."""
+        moving = self._moving.get(kernel_id)
+        if moving is not None:
+            return moving
+        rec = self.kernels.records.get(kernel_id)
+        if rec is None or rec.parked is None:
+            done: asyncio.Future = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        return self._start(kernel_id, self._resume(rec, rec.parked))
+
+    async def _resume(self, rec: KernelRecord, parked: Parked) -> None:
+        kid, t0 = rec.kernel_id, time.monotonic()
+        request = Request(kid, Size(mib=parked.quota_mib), self.kernels.user, rec.kernel_name)
+        try:
+            got = await self.kernels.ledger.run(
+                self.kernels.ledger.must, lambda ledger: self.kernels.reserve(ledger, request, True)
+            )
+            if isinstance(got, Lease):
+                self.kernels.line.leave(kid, "it was admitted")
+                lease = got
+            else:
+                self.kernels.line.join(rec, request, got)
+                grant = await self.kernels.line.granted(kid)
+                if grant.lease is None:
+                    raise QuotaUnavailable(grant.reason or "no reservation")
+                lease = grant.lease
+        except (QuotaUnavailable, PolicyError, Exception) as e:  # noqa: BLE001 (it stays parked, and says why)
+            rec.state, rec.position = "parked", None
+            self.kernels.event("resume-waited-out", kid, f"Still parked: {e}. Its next cell asks again.")
+            return
+        waited = round(time.monotonic() - t0, 2)
+        try:
+            steps = await self._blocking(self.checkpointer.resume, list(parked.pids)) if parked.pids else {}
+        except CheckpointError as e:
+            self.kernels.event("resume-failed", kid, f"Its GPU state could not be brought back: {e}", reason=str(e))
+            rec.parked = None
+            self.kernels.end_kernel(kid)
+            return
+        seconds = round(time.monotonic() - t0 - waited, 2)
+        self.seconds["resume"] = [*self.seconds["resume"][-49:], seconds]
+        self.given_back_mib_s += parked.reserved_mib * (time.time() - parked.since)
+        rec.parked = None
+        self.kernels.settle(rec, Grant("gpu", lease=lease, card=self.kernels.card(lease.card_uuid)))
+        await self.kernels.attach(kid, rec.pid)
+        self.kernels.event(
+            "resumed", kid, f"Back on its GPU after {waited} s in line; its state came back in {seconds} s.",
+            waited_s=waited, resume_s=seconds, **steps,
+        )  # fmt: skip
+
+    def forget(self, kernel_id: str) -> None:
+        """The kernel is gone or restarts: its parked state went with its process."""
+        rec = self.kernels.records.get(kernel_id)
+        if rec is not None and rec.parked is not None:
+            self.given_back_mib_s += rec.parked.reserved_mib * (time.time() - rec.parked.since)
+            rec.parked = None
+        self._failed.pop(kernel_id, None)
+
+    def _start(self, kernel_id: str, move: Awaitable[None]) -> asyncio.Future:
+        task = asyncio.ensure_future(move)
+        self._moving[kernel_id] = task
+        task.add_done_callback(lambda _: self._moving.pop(kernel_id, None))
+        return task

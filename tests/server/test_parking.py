@@ -1,0 +1,135 @@
+"""Parking idle kernels on a simulated card, with the stand-in for the driver's checkpoint API (host/checkpoint.py):
+a real jupyter-server, real kernels, and the simulated card's own readings as the card's truth.
+
+The card has 10 GiB; each kernel reserves 4 GiB + 512 MiB, so two fit and a third waits. A kernel that "uses"
+1 GiB (gpushare_simulate) and then runs nothing is parked once a third kernel waits: what it used leaves the
+card, its reservation goes to the one in line, and its next cell brings it back, in the same process, with its
+variables and its use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from jupyter_client.session import Session
+from kernels import cell_result, run_in_kernel, send_cell
+from tornado.httpclient import HTTPClientError
+
+
+@pytest.fixture
+def gpushare_config(gpushare_config, request):
+    here = {"default_quota": "4GiB", "queue_timeout": 120, "park_after": 1.0}
+    return {**gpushare_config, **here, **getattr(request, "param", {})}
+
+
+async def _state(gpushare, kernel_id: str, state: str) -> bool:
+    return await gpushare.state_of(kernel_id) == state
+
+
+async def _event(gpushare, kernel_id: str, kind: str) -> dict | None:
+    found = [e for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == kernel_id and e["kind"] == kind]
+    return found[-1] if found else None
+
+
+async def _used_on_card(gpushare) -> int:
+    return (await gpushare.get("cards"))["cards"][0]["used_by_kernels_mib"] or 0
+
+
+async def test_an_idle_kernel_is_parked_for_one_in_line_and_its_next_cell_brings_it_back(
+    gpushare, jp_serverapp, kernel_ws
+):
+    idle_session, idle = await gpushare.open_notebook("idle.ipynb")
+    busy_session, busy = await gpushare.open_notebook("busy.ipynb")
+    await run_in_kernel(jp_serverapp, idle, "import gpushare_simulate, os; gpushare_simulate.use('1GiB'); kept = 7")
+    await asyncio.sleep(1)
+    await run_in_kernel(jp_serverapp, busy, "x = 1")  # active later than the idle one: the idle one goes first
+    pid = (await gpushare.kernel(idle))["pid"]
+    await gpushare.wait_for(lambda: _used(gpushare, 1024), what="the card to show the 1 GiB in use")
+
+    _, late = await gpushare.open_notebook("late.ipynb")  # no room: it waits, and the idle kernel is parked for it
+    await gpushare.wait_for(lambda: _state(gpushare, idle, "parked"), what="the idle kernel to be parked")
+    rec = await gpushare.kernel(idle)
+    assert rec["parked"]["parked_mib"] == 1024 and rec["parked"]["reserved_mib"] == 4608
+    assert rec["reserved_mib"] is None
+    said = next(k for k in (await gpushare.get("state"))["kernels"] if k["kernel_id"] == idle)["status"]
+    assert said["code"] == "parked" and said["params"]["parked_mib"] == 1024
+    await gpushare.wait_for(lambda: _state(gpushare, late, "running"), what="the kernel in line to be granted")
+    assert await _used_on_card(gpushare) == 0  # the card's word: the parked process holds nothing
+    await asyncio.sleep(4)  # past the settling time: nobody waits now, so nothing else is parked
+    assert await gpushare.state_of(busy) == "running"
+    parked = await _event(gpushare, idle, "parked")
+    assert parked["params"]["parked_mib"] == 1024
+
+    # Its next cell brings it back: it waits in line (the card is full), and runs once a kernel leaves.
+    session = Session()
+    ws = await kernel_ws(idle, session.session)
+    msg_id = send_cell(ws, session, "kept + 1, os.getpid()")
+    await gpushare.wait_for(lambda: _state(gpushare, idle, "queued"), what="the parked kernel to ask for its GPU")
+    await gpushare.close_notebook(busy_session)
+    assert await cell_result(ws, idle, msg_id) == f"(8, {pid})"  # the same process, its variables kept
+    ws.close()
+    rec = await gpushare.kernel(idle)
+    assert rec["state"] == "running" and rec["parked"] is None and rec["reserved_mib"] == 4608
+    await gpushare.wait_for(lambda: _used(gpushare, 1024), what="its use back on the card")
+    resumed = await _event(gpushare, idle, "resumed")
+    assert resumed["params"]["waited_s"] > 0
+    await gpushare.close_notebook(idle_session)
+
+
+async def _used(gpushare, mib: int) -> bool:
+    return await _used_on_card(gpushare) == mib
+
+
+@pytest.mark.parametrize("gpushare_config", [{"park_after": 0}], indirect=True)
+async def test_parking_off_keeps_an_idle_kernel_and_the_one_in_line_waits(gpushare, jp_serverapp):
+    _, idle = await gpushare.open_notebook("idle.ipynb")
+    await gpushare.open_notebook("busy.ipynb")
+    _, late = await gpushare.open_notebook("late.ipynb")
+    await asyncio.sleep(3)
+    assert await gpushare.state_of(idle) == "running" and await gpushare.state_of(late) == "queued"
+
+
+@pytest.mark.parametrize("gpushare_config", [{"park_after": 3600}], indirect=True)
+async def test_park_and_resume_on_request_and_what_cannot_be_parked(gpushare, jp_fetch, jp_serverapp):
+    _, kid = await gpushare.open_notebook("asked.ipynb")
+    r = await jp_fetch("api", "gpushare", "kernels", kid, "park", method="POST", body="")
+    assert json.loads(r.body)["state"] == "parked"
+    assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 0  # its reservation went back
+    parking = (await gpushare.get("cards"))["parking"]
+    assert parking["available"] and parking["by"] == "stand-in" and parking["parked_kernels"] == 1
+    metrics = (await jp_fetch("metrics", method="GET")).body.decode()
+    assert "gpushare_parked_kernels 1.0" in metrics and "gpushare_park_seconds" in metrics
+    r = await jp_fetch("api", "gpushare", "kernels", kid, "resume", method="POST", body="")
+    assert json.loads(r.body)["state"] == "running"
+    assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 4608
+    assert (await gpushare.get("cards"))["parking"]["given_back_gib_h"] > 0
+    assert await run_in_kernel(jp_serverapp, kid, "print('still here')") == "still here\n"
+    r = await jp_fetch("api", "gpushare", "kernels", kid, "resume", method="POST", body="")  # not parked: no-op
+    assert json.loads(r.body)["state"] == "running"
+    _, late = await gpushare.open_notebook("late.ipynb")
+    await gpushare.open_notebook("third.ipynb")  # waits: a kernel in line cannot be parked
+    with pytest.raises(HTTPClientError) as e:
+        await jp_fetch("api", "gpushare", "kernels", (await _queued(gpushare)), "park", method="POST", body="")
+    assert e.value.code == 409 and "nothing to park" in json.loads(e.value.response.body)["message"]
+
+
+async def _queued(gpushare) -> str:
+    return next(k["kernel_id"] for k in (await gpushare.get("kernels"))["kernels"] if k["state"] == "queued")
+
+
+@pytest.mark.parametrize("gpushare_config", [{"park_frameworks": ["cupy"]}], indirect=True)
+async def test_a_kernel_with_a_framework_off_the_list_is_not_parked(gpushare, jp_serverapp):
+    kernels = [(await gpushare.open_notebook(f"torch{i}.ipynb"))[1] for i in range(2)]
+    for kid in kernels:
+        await run_in_kernel(jp_serverapp, kid, "import torch")
+        await gpushare.wait_for(lambda kid=kid: _has_framework(gpushare, kid, "torch"), what="the report of torch")
+    _, late = await gpushare.open_notebook("late.ipynb")
+    await asyncio.sleep(3)
+    assert [await gpushare.state_of(kid) for kid in kernels] == ["running", "running"]
+    assert await gpushare.state_of(late) == "queued"
+
+
+async def _has_framework(gpushare, kernel_id: str, name: str) -> bool:
+    return name in ((await gpushare.kernel(kernel_id)).get("frameworks") or {})
