@@ -114,8 +114,10 @@ class Parking:
         self._candidates.append((idle_for, rec, pids, used, usage.pid))
 
     def decide(self, waiting: bool) -> None:
-        """Park the kernel idle the longest of this reading's candidates, if someone waits for a GPU: one at a
-        time, and then the line has SETTLE_S to grant the room before another is parked."""
+        """Park one of this reading's candidates if someone waits for a GPU: the one with the least GPU state
+        (the cheapest to park and bring back: a kernel that holds a reservation and uses nothing costs nothing),
+        then the one idle the longest. One at a time, and then the line has SETTLE_S to grant the room before
+        another is parked."""
         candidates, self._candidates = self._candidates, []
         if (
             not waiting
@@ -125,7 +127,7 @@ class Parking:
             or self.checkpointer.unavailable()
         ):
             return
-        _, rec, pids, used, pid = max(candidates, key=lambda c: c[0])
+        _, rec, pids, used, pid = min(candidates, key=lambda c: (c[3], -c[0]))
         self._start(rec.kernel_id, self._park(rec, pids, used, pid))
 
     async def park(self, kernel_id: str) -> None:

@@ -1,0 +1,139 @@
+"""Parking through a real jupyter-server on a real GPU: the line, the parking and the driver's checkpoint together.
+
+Run on a GPU machine after `source bench/gpu/device_env.sh` (a real jupyter-server with the extension on NVML,
+real kernels, as root):
+
+    python3 bench/gpu/check_park_server.py OUT_DIR [--runs 3]
+
+Each kernel's quota is 60 GiB, so two fit on an H100/H200 and a third waits. Per run: notebook A allocates 4 GiB
+of known data with PyTorch and goes idle; notebook B runs a long cell (busy: not parked); notebook C opens and
+waits in line. With
+park_after = 5 s, the server parks A (the idle one): NVML must list A's process no more, and C is granted and
+allocates 50 GiB. Then A is asked back (POST .../resume; in a browser its next cell does it, tests/server/
+test_parking.py), waits in line while B and C hold the card, and is restored once B's notebook is closed: its
+data must be intact, in the same process. Every run is recorded: OUT_DIR/check_park_server-runN.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_escapes import Server, nvml_use, run  # noqa: E402
+
+SETTINGS = {"gpu_backend": "nvml", "default_quota": "60GiB", "park_after": 5.0, "queue_timeout": 300,
+            "over_quota_action": "notify"}  # fmt: skip
+ALLOC = (
+    "import torch, os\n"
+    "x = torch.arange(4 * 2**30 // 4, device='cuda', dtype=torch.float32) % 9973\n"
+    "torch.cuda.empty_cache(); torch.cuda.synchronize()\n"
+    "print(float(x[::4096].double().sum()), os.getpid())"
+)
+
+
+def session(server: Server, path: str) -> tuple[str, str]:
+    s = server.call("POST", "api/sessions", {"path": path, "type": "notebook", "name": path,
+                                              "kernel": {"name": "python3"}})  # fmt: skip
+    return s["id"], s["kernel"]["id"]
+
+
+def state(server: Server, kid: str) -> str | None:
+    return next(
+        (k["state"] for k in server.call("GET", "api/gpushare/kernels")["kernels"] if k["kernel_id"] == kid), None
+    )
+
+
+def wait_state(server: Server, kid: str, wanted: str, timeout: float = 120) -> float:
+    t0 = time.monotonic()
+    while state(server, kid) != wanted:
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"{kid} not {wanted} within {timeout} s (it is {state(server, kid)})")
+        time.sleep(0.1)
+    return round(time.monotonic() - t0, 2)
+
+
+def one_run(work: Path) -> dict:
+    server = Server(work, SETTINGS)
+    out: dict = {}
+    try:
+        sa, a = session(server, "a.ipynb")
+        sb, b = session(server, "b.ipynb")
+        kc = server.client(a)
+        status, said = run(kc, ALLOC)
+        checksum, pid = said.split()
+        out.update(a_pid=int(pid), a_used_mib=nvml_use().get(int(pid)), checksum_before=float(checksum))
+        kb = server.client(b)
+        kb.execute("import time; time.sleep(3600)")  # B is busy: A (idle, 4 GiB on the card) is the one to park
+        t0 = time.monotonic()
+        sc, c = session(server, "c.ipynb")
+        out["c_state_at_open"] = state(server, c)
+        out["a_parked_after_s"] = wait_state(server, a, "parked")
+        out["c_running_after_s"] = round(
+            time.monotonic() - t0 - out["a_parked_after_s"] + wait_state(server, c, "running"), 2
+        )
+        time.sleep(1.0)
+        out["a_used_parked_mib"] = nvml_use().get(int(pid))  # None: NVML lists it no more
+        status, said = run(
+            server.client(c), "import torch; y = torch.ones(50 * 2**30 // 4, device='cuda'); print(float(y.sum()))"
+        )
+        out["c_allocated_50gib"] = status == "ok"
+        resumed: dict = {}
+        ask = threading.Thread(target=lambda: resumed.update(server.call("POST", f"api/gpushare/kernels/{a}/resume")))
+        t1 = time.monotonic()
+        ask.start()
+        out["a_queued_to_resume_after_s"] = wait_state(server, a, "queued")
+        time.sleep(2.0)
+        server.call("DELETE", f"api/sessions/{sb}")
+        t2 = time.monotonic()
+        ask.join(180)
+        out["a_state_after_resume"] = resumed.get("state")
+        out["a_waited_s"] = round(t2 - t1, 2)
+        out["a_running_after_b_closed_s"] = round(time.monotonic() - t2, 2)
+        status, said = run(kc, "print(float(x[::4096].double().sum()), os.getpid())")
+        checksum, pid_after = said.split()
+        out.update(checksum_after=float(checksum), same_pid=int(pid_after) == out["a_pid"],
+                   data_intact=float(checksum) == out["checksum_before"], a_used_after_mib=nvml_use().get(int(pid)))  # fmt: skip
+        out["events_a"] = [{k: e.get(k) for k in ("kind", "message", "params")} for e in server.events(a)]
+        out["parking"] = server.call("GET", "api/gpushare/cards")["parking"]
+        for sid in (sa, sc):
+            server.call("DELETE", f"api/sessions/{sid}")
+    except Exception as e:  # noqa: BLE001 (recorded)
+        out["error"] = f"{type(e).__name__}: {e}"
+        out["server_log_tail"] = (work / "server.log").read_text()[-3000:]
+    finally:
+        server.stop()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    import pynvml
+
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    name = pynvml.nvmlDeviceGetName(h)
+    meta = {"gpu": name if isinstance(name, str) else name.decode(), "driver": pynvml.nvmlSystemGetDriverVersion(),
+            "date": datetime.date.today().isoformat(), "settings": SETTINGS}  # fmt: skip
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for n in range(1, args.runs + 1):
+        with tempfile.TemporaryDirectory() as work:
+            result = {**meta, "run": n, **one_run(Path(work))}
+        (out_dir / f"check_park_server-run{n}.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps({k: v for k, v in result.items() if k not in ("events_a", "server_log_tail", "settings")}),
+              flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
