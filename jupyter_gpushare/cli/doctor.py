@@ -15,7 +15,8 @@ from traitlets.config import Config
 from ..broker.client import BrokerLedger
 from ..broker.paths import fillable_by_students
 from ..broker.protocol import DEFAULT_SOCKET
-from ..config.settings import GpuShareApp, load_config, settings_from
+from ..config.settings import GpuShareApp, settings_from
+from ..config.sources import load_config
 from ..core.policy import CardView, PolicyError, format_mib
 from ..host.cgroups import KernelCgroups
 from ..ledger.file import SETTLE_S
@@ -58,7 +59,7 @@ def diagnose(
     config: Config | None = None, socket_path: str | None = None, sources: Sequence[str] = ()
 ) -> list[Finding]:
     """Every check of `jupyter gpushare doctor`, each with what to do. ``config``: the settings to check
-    (default: what this user's Jupyter server reads, ``settings.load_config``); ``sources``: where they came from."""
+    (default: what this user's Jupyter server reads, ``sources.load_config``); ``sources``: where they came from."""
     if config is None:
         config, sources = load_config(running=True)
     app, findings = _config_findings(config, sources)

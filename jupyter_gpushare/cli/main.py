@@ -1,7 +1,7 @@
 """`jupyter gpushare <command>`: status, doctor, broker, k8s-profiles.
 
 A JupyterApp with subcommands. ``status`` and ``doctor`` read the settings a Jupyter server of this user
-reads, the same files the same way (``settings.load_config``), then the settings this user's running server
+reads, the same files the same way (``sources.load_config``), then the settings this user's running server
 uses (its command line included), then ``--config FILE`` and their own command line (``--GpuShareApp.x=y``),
 and say where each came from. Imports stay light so that ``status`` answers fast.
 """
@@ -47,7 +47,7 @@ class _ReadsSettings(JupyterApp):
         return 40  # errors only: what it finds is printed, once
 
     def load_config_file(self, suppress_errors: bool = True) -> None:  # type: ignore[override]
-        from ..config.settings import load_config
+        from ..config.sources import load_config
 
         config, self.sources = load_config(self.config_file or None, running=True)
         self.update_config(config)

@@ -32,7 +32,8 @@ from jupyter_client.connect import LocalPortCache, port_names
 from jupyter_client.provisioning import KernelProvisionerFactory, LocalProvisioner
 from traitlets import Bool, Unicode
 
-from ..config.settings import load_config, settings_from
+from ..config.settings import settings_from
+from ..config.sources import load_config
 from ..core.addresses import PROVISIONER_NAME
 from ..core.policy import PolicyError, Size, format_mib, parse_size
 from ..host.reports import report_dir

@@ -11,7 +11,8 @@ from jupyter_client.provisioning import KernelProvisionerFactory
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import TraitError
 
-from ..config.settings import GpuShareApp, publish
+from ..config.settings import GpuShareApp
+from ..config.sources import publish
 from ..core.addresses import PROVISIONER_NAME
 from ..core.policy import PolicyError
 from ..ledger.ledger import LedgerError

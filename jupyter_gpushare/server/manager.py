@@ -25,7 +25,7 @@ from ..host.cgroups import KernelCgroups
 from ..host.checkpoint import checkpointer_for
 from ..host.gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
 from ..host.gpu.simulated import SimulatedBackend
-from ..host.reports import read_reports, remove_reports, report_dir
+from ..host.reports import remove_reports, report_dir
 from ..ledger.ledger import Lease, LedgerError, ProcessRef, Request, Reservations, Waiting
 from ..ledger.view import host_view
 from .holding import Holding
@@ -34,7 +34,7 @@ from .ledger_worker import LedgerWorker
 from .line import Line
 from .parking import Parking
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message, rule_figures
-from .views import server_view
+from .snapshot import take_snapshot
 
 T = TypeVar("T")
 
@@ -78,6 +78,7 @@ class QuotaManager:
         # executor: a forked child inherits that one without its threads, and would wait on it forever.
         self._work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpushare-work")
         self.closing = False  # the server is shutting down: no new kernel is admitted
+        self._closed = False  # its ledger and threads are closed (after the last kernel, once closing)
         # A Jupyter server lists a kernel in line at once and launches its process when it is granted
         # (``hold_starts`` sets this and the three below); nbclient and papermill wait for the grant before the
         # kernel starts.
@@ -88,13 +89,13 @@ class QuotaManager:
         self.latest_samples: Callable[[], Sequence[DeviceSample]] = tuple
         self.kernel_usage: Callable[[str], Any] = lambda kernel_id: None
         self.cards: list[Card] = list_cards(backend) if cards is None else cards
-        self.holding = Holding(cgroups or KernelCgroups(enabled=False), backend, self.cards, self._blocking, self.event)
+        self.holding = Holding(cgroups or KernelCgroups(enabled=False), backend, self.cards, self.blocking, self.event)
         self.ledger = LedgerWorker(ledger_path, broker_socket, broker_ca_file, self.log, self._reclaimed)
         self.line = Line(self, self.ledger, policy.queue_timeout_s, unwatched_s, self.log)  # its kernels in line
         self.learning = Learning(
-            history or HistoryRules(), policy, self.ledger, self.user, self._blocking, self.log, self.event
+            history or HistoryRules(), policy, self.ledger, self.user, self.blocking, self.log, self.event
         )
-        self.parking = Parking(self, checkpointer_for(backend), parking or ParkRules(), self._blocking)
+        self.parking = Parking(self, checkpointer_for(backend), parking or ParkRules(), self.blocking)
 
     # -- process-wide instance -------------------------------------------------------------
 
@@ -106,7 +107,7 @@ class QuotaManager:
     def install(cls, manager: QuotaManager | None) -> None:
         cls._current = manager
 
-    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Blocking work that is not the ledger's (kernels' reports, their cgroups), off the IOLoop."""
         return await asyncio.get_running_loop().run_in_executor(self._work, fn, *args)
 
@@ -300,6 +301,16 @@ class QuotaManager:
         with the server's)."""
         self.closing = True
         self.line.close()
+        self._close_if_done()
+
+    def _close_if_done(self) -> None:
+        """Once the server is closing and its last kernel is released, close the ledger (its file and lock, or
+        the broker's socket) and the worker threads: a process that starts servers one after another (a test
+        suite, an embedding program) must not collect open files."""
+        if self.closing and not self.records and not self._closed:
+            self._closed = True
+            self.ledger.close()
+            self._work.shutdown(wait=False)
 
     def cancel_start(self, kernel_id: str, why: str = "its owner stopped it") -> KernelRecord:
         """Stop a queued kernel's wait: its start is refused with a 'cancelled' event (and the server shuts it down)."""
@@ -363,7 +374,7 @@ class QuotaManager:
         except LedgerError as e:  # a full disk: the kernel goes all the same; reconcile gives its room back later
             lease = None
             self.event("release-pending", kernel_id, f"Its reservation will be given back once the ledger works: {e}")
-        await self._blocking(remove_reports, report_dir(), kernel_id)
+        await self.blocking(remove_reports, report_dir(), kernel_id)
         if lease is not None:
             self.event(
                 "released",
@@ -373,6 +384,8 @@ class QuotaManager:
             )
         elif rec is not None and rec.state == "queued":
             self.event("cancelled", kernel_id, f"Stopped waiting for a GPU ({why}).", path=rec.path, logged=not said)
+        if forget:
+            self._close_if_done()
 
     def end_at_exit(self, kernel_id: str) -> None:
         """Give a kernel's reservation back as this program exits (batch.end_at_exit), its process gone: now, in
@@ -448,36 +461,8 @@ class QuotaManager:
         return await self.ledger.on(lambda ledger: host_view(ledger, self.user, self.cards, self.policy))
 
     async def snapshot(self) -> dict[str, Any]:
-        """Cards with their reservations, this process's kernels, and the host-wide queue."""
-
-        kernel_ids = list(self.records)
-
-        def read_ledger(ledger: Reservations) -> tuple[list[Lease], list, dict[str, int] | None]:
-            leases = ledger.leases()
-            return leases, ledger.waiters(), ledger.outside(self.latest_samples(), leases)
-
-        def read_kernel_reports() -> dict[str, Any]:  # the kernels' own word on their caps: off the ledger's thread
-            directory = report_dir()
-            return {kid: read_reports(directory, kid) for kid in kernel_ids}
-
-        read, reports = await asyncio.gather(self.ledger.on(read_ledger), self._blocking(read_kernel_reports))
-        leases, waiters, outside = read or ([], [], None)
-        for kid, report in reports.items():
-            rec = self.records.get(kid)
-            if rec is not None:
-                self.learning.at_oom(rec, (report or {}).get("oom"))
-        ledger = {
-            "path": None if self.ledger.broker_socket else self.ledger.path,
-            "broker": self.ledger.broker_socket,
-            "error": self.ledger.error,
-            "replaced": self.ledger.replaced,
-        }
-        return {
-            **self.backend.describe(),
-            "ledger": ledger,
-            "enforcement": self.holding.enforcement(self.policy.required_level),
-            **server_view(self.cards, self.policy, leases, waiters, outside, list(self.records.values()), reports),
-        }
+        """Cards with their reservations, this process's kernels, and the host-wide queue (snapshot.py)."""
+        return await take_snapshot(self)
 
     def close(self) -> None:
         self.line.stop()

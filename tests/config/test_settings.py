@@ -19,7 +19,8 @@ import nbformat
 import pytest
 from servers import SimulatedServer
 
-from jupyter_gpushare.config.settings import load_config, settings_from
+from jupyter_gpushare.config.settings import settings_from
+from jupyter_gpushare.config.sources import load_config
 from jupyter_gpushare.core.policy import PolicyError
 
 pytestmark = pytest.mark.server  # starts jupyter servers as processes (README: the quick subset)

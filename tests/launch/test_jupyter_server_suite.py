@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "bench"))
-from jupyter_server_suite import differences, prepare, run  # noqa: E402
+from jupyter_server_suite import confirmed, differences, prepare, run  # noqa: E402
 
 
 @pytest.mark.slow
@@ -22,6 +22,8 @@ def test_jupyter_servers_kernel_and_session_tests_give_the_same_results_with_our
     ours = run(python, src, tmp_path, gpushare=True)
     assert without["counts"].get("passed", 0) > 50, without["tail"]
     assert ours["ledger_used"], "the suite's kernels did not go through our provisioner"
-    assert differences(without, ours) == {}, ours["tail"]
+    # a difference counts when it repeats: the test run again on its own, twice each way (some of the suite's
+    # tests are timing-sensitive on a loaded machine, with or without us)
+    assert confirmed(python, src, tmp_path, differences(without, ours), tries=2) == {}, ours["tail"]
     startup_errors = [name for name in ours["outcomes"] if "startup_error" in name or "create_bad" in name]
     assert startup_errors and all(ours["outcomes"][name] in ("PASSED", "SKIPPED") for name in startup_errors)

@@ -286,7 +286,9 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await expect(
     frontNotebook(page).locator('.jp-InputArea-prompt').first()
   ).toHaveText('[*]:');
-  await expect(banner(page)).toContainText('goes on by itself when a kernel frees room.');
+  await expect(banner(page)).toContainText(
+    'goes on by itself when a kernel frees room.'
+  );
 
   // In the dark theme, the banner's Stop waiting button shows a focus ring that stands out (WCAG 1.4.11:
   // at least 3:1 against the banner), reached by the keyboard.
