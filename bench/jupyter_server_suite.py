@@ -18,9 +18,11 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _sdist  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ("tests/services/kernels", "tests/services/sessions")
@@ -34,21 +36,7 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
     """jupyter_server's source tree (its tests) and a Python with their dependencies: (python, source)."""
     import jupyter_server
 
-    version = jupyter_server.__version__
-    workdir.mkdir(parents=True, exist_ok=True)
-    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
-    src = workdir / f"jupyter_server-{version}"
-    if not (src / "tests").is_dir():
-        subprocess.run([*pip, "download", "--no-deps", "--no-binary", ":all:", f"jupyter_server=={version}",
-                        "-d", str(workdir)], check=True, timeout=300)  # fmt: skip
-        with tarfile.open(workdir / f"jupyter_server-{version}.tar.gz") as tar:
-            tar.extractall(workdir, filter="data")
-    venv = workdir / "venv"
-    python = venv / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
-        subprocess.run([str(python), *pip[1:], "install", *SUITE_DEPS], check=True, timeout=600)
-    return python, src
+    return _sdist.prepare("jupyter_server", jupyter_server.__version__, SUITE_DEPS, workdir)
 
 
 def run(python: Path, src: Path, workdir: Path, gpushare: bool, timeout: float = 900, tests: tuple = SUITES) -> dict:

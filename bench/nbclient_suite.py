@@ -20,9 +20,11 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _sdist  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 # nbclient's [test] extra, less what our own [test] extra brings (pytest, ipykernel, nbconvert, ...)
@@ -36,20 +38,7 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
     """nbclient's source tree (its tests) and a Python that has its test dependencies: (python, source)."""
     import nbclient
 
-    workdir.mkdir(parents=True, exist_ok=True)
-    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
-    src = workdir / f"nbclient-{nbclient.__version__}"
-    if not (src / "tests").is_dir():
-        subprocess.run([*pip, "download", "--no-deps", "--no-binary", ":all:", f"nbclient=={nbclient.__version__}",
-                        "-d", str(workdir)], check=True, timeout=300)  # fmt: skip
-        with tarfile.open(workdir / f"nbclient-{nbclient.__version__}.tar.gz") as tar:
-            tar.extractall(workdir, filter="data")
-    venv = workdir / "venv"
-    python = venv / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
-        subprocess.run([str(python), *pip[1:], "install", *SUITE_DEPS], check=True, timeout=600)
-    return python, src
+    return _sdist.prepare("nbclient", nbclient.__version__, SUITE_DEPS, workdir)
 
 
 def run(python: Path, src: Path, workdir: Path, gpushare: bool, timeout: float = 900) -> dict:
