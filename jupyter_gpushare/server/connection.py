@@ -87,7 +87,7 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
             return None
         if self._kept is None:
             parking = getattr(getattr(self.kernel_manager, "provisioner", None), "parking", None)
-            if parking is not None and parking.card_of(self.kernel_id) and _runs_code(incoming_msg):
+            if parking is not None and parking.away(self.kernel_id) and _runs_code(incoming_msg):
                 self._resuming = [incoming_msg]  # the kernel is parked: its cell brings it back (parking.py)
                 asyncio.ensure_future(self._send_after(parking.resume(self.kernel_id)))
                 return None

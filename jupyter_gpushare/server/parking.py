@@ -57,6 +57,10 @@ class Parking:
     def parked(self) -> list[KernelRecord]:
         return [rec for rec in self.kernels.records.values() if rec.parked is not None]
 
+    def away(self, kernel_id: str) -> bool:
+        """Whether the kernel is parked or being parked: a cell sent to it now must bring it back first."""
+        return self.card_of(kernel_id) is not None or self._parking == kernel_id
+
     def card_of(self, kernel_id: str) -> str | None:
         """The card a parked kernel comes back on (its GPU state belongs there)."""
         rec = self.kernels.records.get(kernel_id)
@@ -81,6 +85,7 @@ class Parking:
             "after_s": self.rules.after_s,
             "frameworks": list(self.rules.frameworks),
             "host_budget_mib": self.rules.host_budget_mib,
+            "parking_now": self._parking,
             "parked_kernels": len(self.parked()),
             "parked_mib": self.parked_mib(),
             "given_back_gib_h": round(self.given_back_gib_h(), 6),
@@ -203,6 +208,8 @@ class Parking:
         """Bring a parked kernel back (idempotent: a second call joins the first); the future is done once it runs
         again, or stays parked (its wait for a reservation ended)."""
         moving = self._moving.get(kernel_id)
+        if moving is not None and self._parking == kernel_id:  # a park under way: come back right after it
+            return asyncio.ensure_future(self._after(moving, kernel_id))
         if moving is not None:
             return moving
         rec = self.kernels.records.get(kernel_id)
@@ -211,6 +218,10 @@ class Parking:
             done.set_result(None)
             return done
         return self._start(kernel_id, self._resume(rec, rec.parked))
+
+    async def _after(self, park: asyncio.Future, kernel_id: str) -> None:
+        await asyncio.wait([park])
+        await self.resume(kernel_id)
 
     async def _resume(self, rec: KernelRecord, parked: Parked) -> None:
         kid, t0 = rec.kernel_id, time.monotonic()

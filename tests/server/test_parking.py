@@ -133,3 +133,24 @@ async def test_a_kernel_with_a_framework_off_the_list_is_not_parked(gpushare, jp
 
 async def _has_framework(gpushare, kernel_id: str, name: str) -> bool:
     return name in ((await gpushare.kernel(kernel_id)).get("frameworks") or {})
+
+
+@pytest.mark.parametrize("gpushare_config", [{"park_after": 3600}], indirect=True)
+async def test_a_cell_sent_while_the_kernel_is_being_parked_brings_it_back(gpushare, jp_fetch, kernel_ws):
+    _, kid = await gpushare.open_notebook("racing.ipynb")
+    session = Session()
+    ws = await kernel_ws(kid, session.session)
+    code = "import gpushare_simulate; gpushare_simulate.use('1GiB'); kept = 5; kept"  # (its park waits for the card)
+    assert await cell_result(ws, kid, send_cell(ws, session, code)) == "5"
+    await gpushare.wait_for(lambda: _used(gpushare, 1024), what="the card to show the 1 GiB in use")
+    parking = asyncio.ensure_future(jp_fetch("api", "gpushare", "kernels", kid, "park", method="POST", body=""))
+    await gpushare.wait_for(lambda: _parking_started(gpushare, kid), what="the park to start")
+    msg_id = send_cell(ws, session, "kept * 2")  # sent while the park is under way
+    assert json.loads((await parking).body)["state"] == "parked"
+    assert await cell_result(ws, kid, msg_id) == "10"  # it came back for the cell
+    assert (await gpushare.kernel(kid))["state"] == "running"
+    ws.close()
+
+
+async def _parking_started(gpushare, kernel_id: str) -> bool:
+    return (await gpushare.get("cards"))["parking"]["parking_now"] == kernel_id
