@@ -11,6 +11,7 @@ UNWANTED_S, so that it holds no one up, and joins again at the back once wanted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any, Callable, Protocol
@@ -57,6 +58,7 @@ class Line:
         self.kernels, self.ledger, self.log = kernels, ledger, log
         self.queue = ServerQueue(timeout_s, unwatched_s)
         self._serving: asyncio.Future | None = None  # the task that serves the line while anyone waits
+        self._room = asyncio.Event()  # set when this server frees room: the line is served at once
         # How many clients are connected to a kernel (None: not known here); a kernel in line with none for
         # ``unwatched_s`` leaves it.
         self.watchers: Callable[[str], int | None] = lambda kernel_id: None
@@ -142,7 +144,14 @@ class Line:
                 await self._serve_once()
             except Exception:  # noqa: BLE001 (one bad turn must not leave every kernel waiting forever)
                 self.log.exception("jupyter-gpushare: serving the queue failed; trying again")
-            await asyncio.sleep(QUEUE_POLL_S)
+            self._room.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._room.wait(), QUEUE_POLL_S)
+
+    def room_freed(self) -> None:
+        """This server gave a reservation back: ask the ledger for its kernels in line now, not at the next poll
+        (another server's release is seen at that poll)."""
+        self._room.set()
 
     async def _serve_once(self) -> None:
         ask, ending = self.queue.due(self.watchers)

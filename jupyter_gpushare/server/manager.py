@@ -376,6 +376,7 @@ class QuotaManager:
             self.event("release-pending", kernel_id, f"Its reservation will be given back once the ledger works: {e}")
         await self.blocking(remove_reports, report_dir(), kernel_id)
         if lease is not None:
+            self.line.room_freed()
             self.event(
                 "released",
                 kernel_id,
@@ -400,6 +401,7 @@ class QuotaManager:
             self.log.warning("jupyter-gpushare: kernel %s's reservation was not given back at exit: %s", kernel_id, e)
             return
         if lease is not None:
+            self.line.room_freed()
             self.event(
                 "released",
                 kernel_id,

@@ -180,6 +180,7 @@ class Parking:
         rec.parked = Parked(lease.card_uuid, lease.card_index, tuple(pids), used_mib, lease.quota_mib,
                             lease.reserved_mib, time.time(), seconds)  # fmt: skip
         rec.lease, rec.state, rec.card = None, "parked", card
+        self.kernels.line.room_freed()
         self.kernels.event(
             "parked", kid,
             f"Parked after {format_mib(used_mib)} of GPU state moved to host memory in {seconds} s; its "
