@@ -24,12 +24,16 @@ def test_study_harness_runs_jobs_through_a_real_server_and_queues_the_one_that_d
     logs = "".join(f"\n--- {p.name}\n{p.read_text()[-6000:]}" for p in tmp_path.glob("server-*.log"))
     runs = {r["framework"]: r for r in doc["results"]}
     assert set(runs) == {"numpy", "tensorflow"}  # the study's own framework, a Keras CNN (tensorflow-cpu here)
-    for run in runs.values():
+    for framework, run in runs.items():
         assert run["scenario"] == "gpushare" and run["jobs"] == 3 and run["fit"] == 2
         assert (run["ok"], run["failed"], run["refused"]) == (3, 0, 0), f"{run['per_job']}\n{run['events']}{logs}"
-        assert run["queued"] == 1 and "queued" in run["events"] and "admitted" in run["events"]
-        waits = sorted(j["wait_s"] for j in run["per_job"])
-        assert waits[-1] >= min(j["run_s"] for j in run["per_job"])  # it waited for a job to finish
+        assert run["queued"] == 1 and "queued" in run["events"]
+        if framework == "tensorflow":  # its GPU import waited in line until a job finished, then it was admitted
+            assert "admitted" in run["events"]
+            waits = sorted(j["wait_s"] for j in run["per_job"])
+            assert waits[-1] >= min(j["run_s"] for j in run["per_job"])
+        else:  # numpy needs no GPU: the kernel in line ran its job at once, without waiting for the grant
+            assert "admitted" not in run["events"]
         assert all(j["job_s"] is not None and j["pid"] for j in run["per_job"])
         assert run["reruns"] == 0 and run["all_ok_s"] >= run["run_s_max"]
     assert (tmp_path / "jobs.csv").read_text().count("\n") == 7

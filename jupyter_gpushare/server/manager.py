@@ -78,7 +78,6 @@ class QuotaManager:
         # executor: a forked child inherits that one without its threads, and would wait on it forever.
         self._work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpushare-work")
         self.closing = False  # the server is shutting down: no new kernel is admitted
-        self._closed = False  # its ledger and threads are closed (after the last kernel, once closing)
         # A Jupyter server lists a kernel in line at once and launches its process when it is granted
         # (``hold_starts`` sets this and the three below); nbclient and papermill wait for the grant before the
         # kernel starts.
@@ -301,16 +300,6 @@ class QuotaManager:
         with the server's)."""
         self.closing = True
         self.line.close()
-        self._close_if_done()
-
-    def _close_if_done(self) -> None:
-        """Once the server is closing and its last kernel is released, close the ledger (its file and lock, or
-        the broker's socket) and the worker threads: a process that starts servers one after another (a test
-        suite, an embedding program) must not collect open files."""
-        if self.closing and not self.records and not self._closed:
-            self._closed = True
-            self.ledger.close()
-            self._work.shutdown(wait=False)
 
     def cancel_start(self, kernel_id: str, why: str = "its owner stopped it") -> KernelRecord:
         """Stop a queued kernel's wait: its start is refused with a 'cancelled' event (and the server shuts it down)."""
@@ -385,8 +374,6 @@ class QuotaManager:
             )
         elif rec is not None and rec.state == "queued":
             self.event("cancelled", kernel_id, f"Stopped waiting for a GPU ({why}).", path=rec.path, logged=not said)
-        if forget:
-            self._close_if_done()
 
     def end_at_exit(self, kernel_id: str) -> None:
         """Give a kernel's reservation back as this program exits (batch.end_at_exit), its process gone: now, in

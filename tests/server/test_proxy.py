@@ -113,7 +113,8 @@ async def test_a_kernel_that_waits_three_minutes_behind_nginx_runs_the_cell_run_
         HTTPRequest(f"ws://127.0.0.1:{port}/api/kernels/{kernel_id}/channels?session_id={session.session}",
                     headers=headers, request_timeout=30)
     )  # fmt: skip
-    msg_id = send_cell(ws, session, "import os; int(os.environ['GPUSHARE_QUOTA_MIB'])")
+    # the cell's GPU import waits for the grant (CPU cells would run at once: the kernel runs while it waits)
+    msg_id = send_cell(ws, session, "import torch, os; int(os.environ['GPUSHARE_QUOTA_MIB'])")
     t0 = time.monotonic()
     while time.monotonic() - t0 < WAIT_S:  # nothing comes while it waits; a cut connection would read None
         try:

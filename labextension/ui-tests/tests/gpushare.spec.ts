@@ -398,10 +398,17 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
       })
       .first()
   ).toBeVisible();
-  // The held cell ran once the kernel was admitted.
-  await expect(
-    frontNotebook(page).locator('.jp-OutputArea-output')
-  ).toContainText('ran after admission', { timeout: 60000 });
+  // The cell whose GPU import waited said its place, and went on once the kernel was admitted.
+  const output = (mime: string) =>
+    frontNotebook(page).locator(
+      `.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.${mime}"]`
+    );
+  await expect(output('stdout')).toContainText('ran after admission', {
+    timeout: 60000
+  });
+  await expect(output('stderr')).toContainText(
+    "torch waits for this kernel's GPU"
+  );
 
   // A quota above the maximum keeps the dialog open, with what was typed and why.
   await item(page, 'nb2.ipynb')
