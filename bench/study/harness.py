@@ -289,6 +289,10 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
         job.status, job.error = "failed", f"no reply within {timeout:.0f} s"
     ws.close()
     job.finished = time.time() - t0
+    granted = await admitted_at(server, job.kernel_id)  # a kernel in line runs at once; its GPU comes later
+    if granted is not None:
+        job.admitted = granted - t0
+        job.wait_s = round(job.admitted - job.requested, 2)
     try:  # the job is over: its kernel goes, as the study's container did
         await server.call("DELETE", f"api/kernels/{job.kernel_id}")
     except (HTTPClientError, OSError):
@@ -296,6 +300,18 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
     job.run_s = round(job.finished - start, 2)
     if job.status == "pending":
         job.status = "ok" if reply and reply.get("status") == "ok" and job.job_s is not None else "failed"
+
+
+async def admitted_at(server: Server, kernel_id: str) -> float | None:
+    """When a kernel that waited in line was granted its GPU (the server's 'admitted' event; Unix time), or None
+    for one that never waited. The kernel itself runs from the start: its job's first cell output is not the
+    grant, its first GPU import waits for it."""
+    try:
+        events = (await server.call("GET", "api/gpushare/events"))["events"]
+    except (HTTPClientError, OSError, ValueError, KeyError):
+        return None
+    times = [e["time"] for e in events if e.get("kernel_id") == kernel_id and e["kind"] == "admitted"]
+    return times[-1] if times else None
 
 
 async def refusal(server: Server, kernel_id: str) -> str | None:
