@@ -25,5 +25,6 @@ def test_jupyter_servers_kernel_and_session_tests_give_the_same_results_with_our
     # a difference counts when it repeats: the test run again on its own, twice each way (some of the suite's
     # tests are timing-sensitive on a loaded machine, with or without us)
     assert confirmed(python, src, tmp_path, differences(without, ours), tries=2) == {}, ours["tail"]
-    startup_errors = [name for name in ours["outcomes"] if "startup_error" in name or "create_bad" in name]
-    assert startup_errors and all(ours["outcomes"][name] in ("PASSED", "SKIPPED") for name in startup_errors)
+    # the kernelspecs that cannot start ran (in the one-process run some fail with and without us alike: the
+    # confirmation above reruns each alone, where they must give what they give without us)
+    assert [name for name in ours["outcomes"] if "startup_error" in name or "create_bad" in name]
