@@ -173,7 +173,7 @@ def main() -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"gpu": gpu if isinstance(gpu, str) else gpu.decode(), "driver": driver,
-            "date": datetime.date.today().isoformat(), "unavailable": checkpointer.unavailable(), "gib": GIB}  # fmt: skip
+            "date": datetime.date.today().isoformat(), "unavailable": checkpointer.probed(), "gib": GIB}  # fmt: skip
     print(json.dumps(meta), flush=True)
     for case in args.cases.split(","):
         for run in range(1, args.runs + 1):

@@ -164,7 +164,7 @@ def _cards(app: GpuShareApp) -> list:
 def _parking_finding(app: GpuShareApp) -> Finding:
     """Whether idle kernels can be parked here: the driver's checkpoint API (driver 570+), or the stand-in of
     simulated cards."""
-    from ..host.checkpoint import checkpointer_for
+    from ..host.checkpoint import DriverCheckpoint, checkpointer_for
     from ..host.gpu import open_backend
 
     if not app.park_after:
@@ -173,7 +173,7 @@ def _parking_finding(app: GpuShareApp) -> Finding:
         checkpointer = checkpointer_for(open_backend(app.gpu_backend, app.simulated_cards))
     except Exception as e:  # noqa: BLE001 (the driver finding says what is wrong with the backend)
         return Finding("parking", "warn", f"Idle kernels cannot be parked: {e}.")
-    reason = checkpointer.unavailable()
+    reason = checkpointer.probed() if isinstance(checkpointer, DriverCheckpoint) else checkpointer.unavailable()
     if reason:
         return Finding("parking", "warn", f"Idle kernels cannot be parked: {reason}. They keep their reservations "
                        "until the idle policy acts.", "Parking needs NVIDIA driver 570 or later (the CUDA checkpoint API).")  # fmt: skip

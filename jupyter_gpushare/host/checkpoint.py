@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Protocol
 
@@ -51,15 +52,25 @@ class DriverCheckpoint:
 
     def __init__(self, python: str = sys.executable) -> None:
         self.python = python
-        self._unavailable: str | None | bool = False  # (False: not asked yet)
+        # The driver is asked once, in a thread of its own: the answer is read on the server's IOLoop, which must
+        # never wait for a helper process.
+        self._unavailable: str | None = "the driver's checkpoint API is being probed"
+        self._probing = threading.Thread(target=self._probe, name="gpushare-checkpoint-probe", daemon=True)
+        self._probing.start()
+
+    def _probe(self) -> None:
+        try:
+            self._unavailable = self._helper("probe")["reason"]
+        except CheckpointError as e:
+            self._unavailable = str(e)
 
     def unavailable(self) -> str | None:
-        if self._unavailable is False:
-            try:
-                self._unavailable = self._helper("probe")["reason"]
-            except CheckpointError as e:
-                self._unavailable = str(e)
-        return self._unavailable  # type: ignore[return-value]
+        return self._unavailable
+
+    def probed(self) -> str | None:
+        """``unavailable()`` once the driver has answered (blocks: for the command line and the benchmarks)."""
+        self._probing.join(HELPER_TIMEOUT_S)
+        return self._unavailable
 
     def park(self, pids: list[int], lock_timeout_s: float) -> dict[str, float]:
         return self._helper("park", str(int(lock_timeout_s * 1000)), *map(str, pids))["seconds"]
