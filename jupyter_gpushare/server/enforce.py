@@ -102,9 +102,7 @@ class Enforcer:
             if idle:
                 states[kid] = idle
             parking.consider(rec, usage, idle_for, snap.frameworks.get(kid) or ())
-        # Someone waits for a GPU: a kernel of this server in line (known now), or another server's (its last reading)
-        waiting = bool(self.manager.line.queue.waits) or any(not q.get("mine") for q in snap.quota.get("queue", ()))
-        parking.decide(waiting)
+        parking.decide(self._line_needs(snap))
         excesses = self._excesses(snap, judged, uuids)
         for kid, (rec, usage, _) in judged.items():
             state = self._quota(kid, rec, usage, excesses.get(kid))
@@ -266,6 +264,14 @@ class Enforcer:
         )
 
     # -- idle ------------------------------------------------------------------------------------
+
+    def _line_needs(self, snap: UsageSnapshot) -> int:
+        """What the kernels in line need beyond the free room (MiB; 0: nobody waits): this server's own kernels'
+        needs as known now; another server's waiter (its last reading) counts as a need of at least 1 MiB."""
+        needs = sum(rec.need_mib or 1 for rec in self.manager.records.values() if rec.state == "queued")
+        free = sum(c.get("unreserved_mib") or 0 for c in snap.quota.get("cards", ()) if c.get("allowed", True))
+        others = any(not q.get("mine") for q in snap.quota.get("queue", ()))
+        return max(needs - free, 1 if others else 0)
 
     def _idle_for(self, kid: str, usage: Any, w: _Watch, now: float) -> tuple[float, str | None]:
         """How long the kernel has run nothing and used no GPU, and its execution state."""

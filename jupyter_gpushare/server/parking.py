@@ -30,7 +30,8 @@ from .records import Grant, KernelRecord, Parked, QuotaUnavailable
 LOCK_TIMEOUT_S = 10.0  # a running GPU call that does not end within this is not parked
 FREED_MIB = 64  # a parked process shows at most this on the card (the driver keeps a few MiB: 4 on an H100)
 FREED_WITHIN_S = 5.0  # the card must show it freed within this
-SETTLE_S = 3.0  # after a park, the line has this long to grant its room before another kernel is parked
+SETTLE_S = 1.0  # a park's room counts as coming for this long after it: until the next reading sees it granted
+AT_ONCE = 4  # parks under way at one time (each moves its state to host memory; they share the bus)
 
 
 class Parking:
@@ -48,9 +49,9 @@ class Parking:
         self._failed: dict[str, int | None] = {}  # kernels whose park failed: the process it failed for
         self.given_back_mib_s = 0.0  # reserved MiB × seconds parked, of kernels resumed or gone
         self.seconds: dict[str, list[float]] = {"park": [], "resume": []}  # the last moves' durations
-        self._parking: str | None = None  # the kernel being parked now
+        self._parking: dict[str, int] = {}  # the kernels being parked now: the reservation each gives back
         self._candidates: list[tuple[float, KernelRecord, list[int], int, int | None]] = []  # (this reading's)
-        self._settled_at = 0.0  # (monotonic) until then no other kernel is parked: one park per need
+        self._settling: list[tuple[float, int]] = []  # parks just done: (monotonic) until when, the MiB given back
 
     # -- what is parked ------------------------------------------------------------------------------
 
@@ -59,7 +60,7 @@ class Parking:
 
     def away(self, kernel_id: str) -> bool:
         """Whether the kernel is parked or being parked: a cell sent to it now must bring it back first."""
-        return self.card_of(kernel_id) is not None or self._parking == kernel_id
+        return self.card_of(kernel_id) is not None or kernel_id in self._parking
 
     def card_of(self, kernel_id: str) -> str | None:
         """The card a parked kernel comes back on (its GPU state belongs there)."""
@@ -85,7 +86,7 @@ class Parking:
             "after_s": self.rules.after_s,
             "frameworks": list(self.rules.frameworks),
             "host_budget_mib": self.rules.host_budget_mib,
-            "parking_now": self._parking,
+            "parking_now": next(iter(self._parking), None),
             "parked_kernels": len(self.parked()),
             "parked_mib": self.parked_mib(),
             "given_back_gib_h": round(self.given_back_gib_h(), 6),
@@ -118,22 +119,24 @@ class Parking:
         pids = sorted({p.pid for p in usage.processes if (p.used_mib or 0) > 0})
         self._candidates.append((idle_for, rec, pids, used, usage.pid))
 
-    def decide(self, waiting: bool) -> None:
-        """Park one of this reading's candidates if someone waits for a GPU: the one with the least GPU state
-        (the cheapest to park and bring back: a kernel that holds a reservation and uses nothing costs nothing),
-        then the one idle the longest. One at a time, and then the line has SETTLE_S to grant the room before
-        another is parked."""
+    def decide(self, need_mib: int) -> None:
+        """Park as many of this reading's candidates as the line needs: ``need_mib``, what the kernels in line need
+        beyond the free room (0: nobody waits). The ones with the least GPU state first (the cheapest to park and
+        bring back: a kernel that holds a reservation and uses nothing costs nothing), then the ones idle the
+        longest; at most AT_ONCE at a time. The reservations of parks under way, and of those done in the last
+        SETTLE_S (the line is granting them), count as room coming."""
         candidates, self._candidates = self._candidates, []
-        if (
-            not waiting
-            or not candidates
-            or self._parking is not None
-            or time.monotonic() < self._settled_at
-            or self.checkpointer.unavailable()
-        ):
+        now = time.monotonic()
+        self._settling = [(until, mib) for until, mib in self._settling if until > now]
+        coming = sum(self._parking.values()) + sum(mib for _, mib in self._settling)
+        if need_mib <= coming or not candidates or self.checkpointer.unavailable():
             return
-        _, rec, pids, used, pid = min(candidates, key=lambda c: (c[3], -c[0]))
-        self._start(rec.kernel_id, self._park(rec, pids, used, pid))
+        for _, rec, pids, used, pid in sorted(candidates, key=lambda c: (c[3], -c[0])):
+            if coming >= need_mib or len(self._parking) >= AT_ONCE:
+                break
+            assert rec.lease is not None
+            coming += rec.lease.reserved_mib
+            self._start(rec.kernel_id, self._park(rec, pids, used, pid))
 
     async def park(self, kernel_id: str) -> None:
         """Park a kernel now (an admin or its user asked): it must hold a reservation. PolicyError says why not."""
@@ -150,14 +153,17 @@ class Parking:
         await self._start(kernel_id, self._park(rec, pids, used, usage.pid if usage else None))
 
     async def _park(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None) -> None:
-        self._parking = rec.kernel_id
+        reserved = rec.lease.reserved_mib if rec.lease is not None else 0
+        self._parking[rec.kernel_id] = reserved
+        parked = False
         try:
-            await self._park_now(rec, pids, used_mib, pid)
+            parked = await self._park_now(rec, pids, used_mib, pid)
         finally:
-            self._parking = None
-            self._settled_at = time.monotonic() + SETTLE_S
+            del self._parking[rec.kernel_id]
+            if parked:
+                self._settling.append((time.monotonic() + SETTLE_S, reserved))
 
-    async def _park_now(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None) -> None:
+    async def _park_now(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None) -> bool:
         kid, lease, card = rec.kernel_id, rec.lease, rec.card
         assert lease is not None
         t0 = time.monotonic()
@@ -167,7 +173,7 @@ class Parking:
         except CheckpointError as e:
             self._failed[kid] = pid
             self.kernels.event("park-failed", kid, f"It could not be parked, and runs on: {e}", reason=str(e))
-            return
+            return False
         seconds = round(time.monotonic() - t0, 2)
         self.seconds["park"] = [*self.seconds["park"][-49:], seconds]
         try:  # the reservation goes back as it is (its notebook's history and reports stay: the kernel runs on)
@@ -176,7 +182,7 @@ class Parking:
             await self._blocking(self.checkpointer.resume, pids) if pids else None
             self._failed[kid] = pid
             self.kernels.event("park-failed", kid, f"It could not be parked, and runs on: {e}", reason=str(e))
-            return
+            return False
         rec.parked = Parked(lease.card_uuid, lease.card_index, tuple(pids), used_mib, lease.quota_mib,
                             lease.reserved_mib, time.time(), seconds)  # fmt: skip
         rec.lease, rec.state, rec.card = None, "parked", card
@@ -187,6 +193,7 @@ class Parking:
             f"{format_mib(lease.reserved_mib)} reservation went to the line. Its next cell brings it back.",
             parked_mib=used_mib, reserved_mib=lease.reserved_mib, park_s=seconds, **steps,
         )  # fmt: skip
+        return True
 
     async def _freed(self, kernel_id: str, pids: list[int]) -> None:
         """Wait until the card shows the parked processes holding nothing (its word, not the driver call's);
@@ -209,7 +216,7 @@ class Parking:
         """Bring a parked kernel back (idempotent: a second call joins the first); the future is done once it runs
         again, or stays parked (its wait for a reservation ended)."""
         moving = self._moving.get(kernel_id)
-        if moving is not None and self._parking == kernel_id:  # a park under way: come back right after it
+        if moving is not None and kernel_id in self._parking:  # a park under way: come back right after it
             return asyncio.ensure_future(self._after(moving, kernel_id))
         if moving is not None:
             return moving

@@ -154,3 +154,17 @@ async def test_a_cell_sent_while_the_kernel_is_being_parked_brings_it_back(gpush
 
 async def _parking_started(gpushare, kernel_id: str) -> bool:
     return (await gpushare.get("cards"))["parking"]["parking_now"] == kernel_id
+
+
+async def test_as_many_idle_kernels_are_parked_as_the_line_needs_at_once(gpushare, jp_serverapp):
+    idle = [(await gpushare.open_notebook(f"idle{i}.ipynb"))[1] for i in range(2)]
+    for kid in idle:
+        await run_in_kernel(jp_serverapp, kid, "import gpushare_simulate; gpushare_simulate.use('1GiB')")
+    await gpushare.wait_for(lambda: _used(gpushare, 2048), what="the card to show the 2 × 1 GiB in use")
+    late = [(await gpushare.open_notebook(f"late{i}.ipynb"))[1] for i in range(2)]
+    for kid in late:
+        await gpushare.wait_for(lambda kid=kid: _state(gpushare, kid, "running"), what="both in line to be granted")
+    assert [await gpushare.state_of(kid) for kid in idle] == ["parked", "parked"]
+    # Both parks began in the same reading (two needs, two parks), not one after the other
+    began = [e["time"] - e["params"]["park_s"] for e in [await _event(gpushare, kid, "parked") for kid in idle]]
+    assert abs(began[0] - began[1]) < 0.9, began
