@@ -11,7 +11,8 @@ through NVML (what the child holds while parked, what is free), then a *neighbou
 2 GiB of the free memory and touches it (the freed memory is really usable), exits, and the parent resumes
 the child (``DriverCheckpoint.resume``); the child then checks its data and runs a matmul. Cases: ``torch``
 (``empty_cache()`` before parking, as the server's parking would have the kernel do), ``torch-cache`` (the
-allocator's cache kept), ``cupy``, ``jax`` (XLA_PYTHON_CLIENT_PREALLOCATE=false). A child that dies while
+allocator's cache kept), ``cupy``, ``jax`` (XLA_PYTHON_CLIENT_PREALLOCATE=false), ``tensorflow`` (memory growth on; its GPU build
+through ../shared/tools/tf-gpu). A child that dies while
 parked is recorded as such. Every run is written, the failed ones too: OUT_DIR/check_park-<case>-runN.json.
 """
 
@@ -54,6 +55,17 @@ elif fw == "cupy":
     total = lambda: float(x[::4096].astype(cupy.float64).sum().get())
     def matmul():
         a = cupy.random.randn(4096, 4096, dtype=cupy.float32); t = time.perf_counter(); float((a @ a).sum().get())
+        return time.perf_counter() - t
+elif fw == "tensorflow":  # memory growth, as notebooks set it (TF's default takes the card)
+    import tensorflow as tf
+    for g in tf.config.list_physical_devices("GPU"):
+        tf.config.experimental.set_memory_growth(g, True)
+    with tf.device("/GPU:0"):
+        x = tf.math.floormod(tf.range(n, dtype=tf.float32), 9973.0)
+    total = lambda: float(tf.reduce_sum(tf.cast(x[::4096], tf.float64)).numpy())
+    def matmul():
+        with tf.device("/GPU:0"):
+            a = tf.random.normal((4096, 4096)); t = time.perf_counter(); float(tf.reduce_sum(a @ a).numpy())
         return time.perf_counter() - t
 else:
     import jax, jax.numpy as jnp

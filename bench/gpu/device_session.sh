@@ -15,6 +15,7 @@
 #                     options in $STUDY_ARGS (e.g. --learned-quota-mib 2908 for a generous scenario on its own)
 #   check-tf:N        bench/gpu/check_tf.py, run N
 #   check-learned:FWS:N  bench/gpu/check_learned.py for frameworks FWS ('+' between them), run N
+#   check-park:CASES:N  bench/gpu/check_park.py for CASES ('+' between them), N runs each, under $OUT/park
 #   check-views       bench/gpu/check_views.py (Accelerate/transformers from the carried .whl-hf)
 # Everything goes to $OUT (the device tool brings it back); the Jupyter wheels come from .whl (device_env.sh).
 set -u
@@ -52,6 +53,10 @@ for step in "$@"; do
     python3 bench/gpu/check_learned.py "$OUT/check_learned-${fws//+/-}-run$n.json" --frameworks "${fws//+/,}" \
       > "$OUT/check_learned-${fws//+/-}-run$n.log" 2>&1 || rc=1
     grep -E "^\[[a-z]+\] |^\{" "$OUT/check_learned-${fws//+/-}-run$n.log" ;;
+  check-park:*)
+    IFS=: read -r _ cases n <<< "$step"
+    python3 bench/gpu/check_park.py "$OUT/park" --cases "${cases//+/,}" --runs "$n" > "$OUT/check_park-${cases//+/-}.log" 2>&1 || rc=1
+    grep -E "^\{" "$OUT/check_park-${cases//+/-}.log" ;;
   check-views)
     if [ -d .whl-hf ]; then
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/hfsite .whl-hf/*.whl || rc=1

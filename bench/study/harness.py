@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jobs import job_code  # noqa: E402
 
 TOKEN = "study-" + uuid.uuid4().hex[:8]
-EXTENSION = ("gpushare", "learned", "generous")  # the scenarios that run with the extension
+EXTENSION = ("gpushare", "learned", "generous", "parking")  # the scenarios that run with the extension
 CONTEXT_RESERVE_MIB = 640
 HEADROOM_MIB = 512
 # What a job allocates on top of its working set (data 188 MiB, model, allocator slack), measured
@@ -198,16 +198,24 @@ class Job:
     job_s: float | None = None  # as timed inside the kernel
     peak_mib: int | None = None
     output: list[str] = field(default_factory=list)
+    first_output: float | None = None  # the cell's first output (a cell held for a resume waits for it)
+    # the idle study: the first run's own time and end, when the job ran again, and how long that cell waited
+    first_s: float | None = None
+    first_done: float | None = None
+    again: float | None = None
+    again_wait_s: float | None = None
 
 
-async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float) -> None:
+async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float, idle: Idle | None = None) -> None:
+    """One student: a kernel, the job in it; with ``idle``, the notebook then sits idle and runs the job again in
+    the same kernel (its state kept), and the kernel goes only after that."""
     job.requested = time.time() - t0
     try:
         model = await server.call("POST", "api/kernels", {"name": "python3"}, timeout=timeout)
     except HTTPClientError as e:
         job.status, job.error = "refused", _message(e)
         return
-    job.kernel_id = model["id"]  # at once: a kernel that waits for a GPU is listed in line, its process comes later
+    job.kernel_id = model["id"]  # at once: a kernel in line runs; its first GPU import waits for the grant
     session = uuid.uuid4().hex
     try:
         ws = await websocket_connect(
@@ -217,38 +225,46 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
     except (HTTPClientError, OSError, asyncio.TimeoutError) as e:
         job.status, job.error = "failed", f"could not connect to the kernel: {e}"
         return
-    msg_id = uuid.uuid4().hex
-    header = {
-        "msg_id": msg_id,
-        "username": "study",
-        "session": session,
-        "msg_type": "execute_request",
-        "version": "5.3",
-        "date": datetime.now(timezone.utc).isoformat(),
-    }
-    content = {
-        "code": code,
-        "silent": False,
-        "store_history": False,
-        "user_expressions": {},
-        "allow_stdin": False,
-        "stop_on_error": True,
-    }
-    await ws.write_message(
-        json.dumps(
-            {
-                "header": header,
-                "parent_header": {},
-                "metadata": {},
-                "content": content,
-                "channel": "shell",
-                "buffers": [],
-            }
-        )
-    )
-    start = time.time() - t0
-    reply, idle, pending = None, False, ""
     deadline = time.monotonic() + timeout
+    start = time.time() - t0
+    reply = await run_cell(server, ws, session, code, job, t0, deadline)
+    if idle is not None and job.status == "pending" and reply and reply.get("status") == "ok":
+        job.first_s, job.first_done = job.job_s, time.time() - t0
+        job.job_s = None
+        idle.since[job.kernel_id] = time.time()
+        await asyncio.sleep(idle.seconds)
+        job.again = time.time() - t0
+        del idle.since[job.kernel_id]
+        job.first_output = None
+        reply = await run_cell(server, ws, session, code, job, t0, time.monotonic() + timeout)
+        if job.first_output is not None:  # a parked kernel's cell waits for its resume (the server holds it)
+            job.again_wait_s = round(job.first_output - job.again, 2)
+    ws.close()
+    job.finished = time.time() - t0
+    granted = await admitted_at(server, job.kernel_id)  # a kernel in line runs at once; its GPU comes later
+    if granted is not None:
+        job.admitted = granted - t0
+        job.wait_s = round(job.admitted - job.requested, 2)
+    try:  # the job is over: its kernel goes, as the study's container did
+        await server.call("DELETE", f"api/kernels/{job.kernel_id}")
+    except (HTTPClientError, OSError):
+        pass  # a kernel that died is already gone
+    job.run_s = round(job.finished - start, 2)
+    if job.status == "pending":
+        job.status = "ok" if reply and reply.get("status") == "ok" and job.job_s is not None else "failed"
+
+
+async def run_cell(server: Server, ws, session: str, code: str, job: Job, t0: float, deadline: float) -> dict | None:
+    """Run ``code`` in the job's kernel as a notebook's cell; its execute_reply, or None (``job`` says why)."""
+    msg_id = uuid.uuid4().hex
+    header = {"msg_id": msg_id, "username": "study", "session": session, "msg_type": "execute_request",
+              "version": "5.3", "date": datetime.now(timezone.utc).isoformat()}  # fmt: skip
+    content = {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False,
+               "stop_on_error": True}  # fmt: skip
+    message = {"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": "shell",
+               "buffers": []}  # fmt: skip
+    await ws.write_message(json.dumps(message))
+    reply, idle, pending = None, False, ""
     try:
         while not (reply and idle):
             raw = await asyncio.wait_for(ws.read_message(), max(1.0, deadline - time.monotonic()))
@@ -256,21 +272,21 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
                 refused = await refusal(server, job.kernel_id)
                 job.status = "refused" if refused else "failed"
                 job.error = refused or "the kernel's connection closed (kernel died)"
-                break
+                return None
             msg = json.loads(raw)
             kind, body = msg["header"]["msg_type"], msg["content"]
-            if job.admitted is None and msg.get("parent_header", {}).get("msg_id") == msg_id:
-                job.admitted = time.time() - t0  # the kernel runs the job: it was admitted (and started)
-                job.wait_s = round(job.admitted - job.requested, 2)
             if kind == "status" and body.get("execution_state") in ("restarting", "dead"):
-                job.status, job.error = (
-                    "failed",
-                    f"the kernel died ({body['execution_state']}): {job.error or 'no Python error'}",
-                )
-                break
+                job.status = "failed"
+                job.error = f"the kernel died ({body['execution_state']}): {job.error or 'no Python error'}"
+                return None
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
+            if job.admitted is None:
+                job.admitted = time.time() - t0  # the kernel runs the job (a kernel in line: see admitted_at)
+                job.wait_s = round(job.admitted - job.requested, 2)
             if kind == "stream":  # the kernel flushes on a timer, so one print can arrive in pieces
+                if job.first_output is None:
+                    job.first_output = time.time() - t0
                 pending += body["text"]
                 *lines, pending = pending.split("\n")
                 for line in lines:
@@ -286,20 +302,18 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
             elif kind == "status" and body["execution_state"] == "idle":
                 idle = True
     except asyncio.TimeoutError:
-        job.status, job.error = "failed", f"no reply within {timeout:.0f} s"
-    ws.close()
-    job.finished = time.time() - t0
-    granted = await admitted_at(server, job.kernel_id)  # a kernel in line runs at once; its GPU comes later
-    if granted is not None:
-        job.admitted = granted - t0
-        job.wait_s = round(job.admitted - job.requested, 2)
-    try:  # the job is over: its kernel goes, as the study's container did
-        await server.call("DELETE", f"api/kernels/{job.kernel_id}")
-    except (HTTPClientError, OSError):
-        pass  # a kernel that died is already gone
-    job.run_s = round(job.finished - start, 2)
-    if job.status == "pending":
-        job.status = "ok" if reply and reply.get("status") == "ok" and job.job_s is not None else "failed"
+        job.status, job.error = "failed", "no reply in time"
+        return None
+    return reply
+
+
+@dataclass
+class Idle:
+    """The idle study: how long each notebook sits idle between its two runs, and who is idle now."""
+
+    seconds: float
+    since: dict[str, float] = field(default_factory=dict)  # kernel id -> (Unix time) idle since
+    held_mib_s: float = 0.0  # reserved MiB × seconds held by idle kernels (idle_held)
 
 
 async def admitted_at(server: Server, kernel_id: str) -> float | None:
@@ -348,6 +362,8 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
     }
     if scenario == "generous":
         gpushare["default_quota"] = f"{2 * sizing['learned_quota_mib']}MiB"
+    if args.idle and scenario in EXTENSION:  # the idle study: parking on (its scenario) or off (the others)
+        gpushare["park_after"] = args.park_after if scenario == "parking" else 0
     if scenario == "learned":  # the warm-up runs at a quarter of the card, so its peak is not cut by the quota
         gpushare.update(
             quota_from_history=True, history_margin=args.learn_margin, default_quota=f"{sizing['card_mib'] // 4}MiB"
@@ -362,8 +378,10 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
     try:
         await server.wait_ready()
         code = job_code(
-            framework, sizing["ws_mib"][framework], epochs=args.epochs, n=args.images, growth=scenario != "defaults"
-        )
+            framework, sizing["ws_mib"][framework], epochs=args.epochs, n=args.images, growth=scenario != "defaults",
+            free_scratch=bool(args.idle),
+        )  # fmt: skip
+        idle = Idle(args.idle) if args.idle else None
         warmup = None
         if scenario == "learned":  # one job alone teaches the peak (recorded when its kernel is shut down)
             warmup = Job(-1)
@@ -375,7 +393,10 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         monitor.start()
         jobs = [Job(i) for i in range(n_jobs)]
         quotas = asyncio.ensure_future(kernel_quotas(server, scenario))
-        await asyncio.gather(*(run_job(server, j, code, t0, args.job_timeout) for j in jobs))
+        held = asyncio.ensure_future(idle_held(server, idle)) if idle and scenario in EXTENSION else None
+        await asyncio.gather(*(run_job(server, j, code, t0, args.job_timeout, idle) for j in jobs))
+        if held is not None:
+            held.cancel()
         batch_s = round(time.time() - t0, 2)
         # said now, not only in the summary: a run cut during its reruns still tells why the batch failed
         if quotas.done():
@@ -388,7 +409,7 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
             if not again:
                 break
             print(f"[{label}] rerun {attempt}: {len(again)} failed jobs again", flush=True)
-            await asyncio.gather(*(run_job(server, j, code, t0, args.job_timeout) for j in again))
+            await asyncio.gather(*(run_job(server, j, code, t0, args.job_timeout, idle) for j in again))
             attempts += again
         monitor.stop()
         events = []
@@ -440,11 +461,83 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         ],
         "timeline": monitor.timeline,
     }
+    if args.idle:
+        result.update(idle_figures(jobs, events, idle, sizing["fit"], args.idle, result["all_ok_s"]))
+    if args.idle:
+        print(f"[{label}] idle {args.idle} s: held by idle kernels {result['idle_held_gib_h']} GiB-h, parked "
+              f"{result['parked']}, resumed {result['resumed']}, ideal {result['ideal_s']} s, "
+              f"{result['of_ideal']} of it", flush=True)  # fmt: skip
     print(f"[{label}] ok {result['ok']}, failed {result['failed']}, refused {result['refused']}, queued {result['queued']}, "
           f"batch {batch_s} s, every job ok after {result['reruns']} reruns: {result['all_ok_s']} s, run {result['run_s_min']}..{result['run_s_max']} s, peak card {result['peak_card_used_mib']} MiB", flush=True)  # fmt: skip
     for err in result["errors"][:3]:
         print(f"[{label}]   error: {err}", flush=True)
     return result
+
+
+async def idle_held(server: Server, idle: Idle, every: float = 1.0) -> None:
+    """Reserved MiB × seconds held by kernels while their notebook sits idle (not parked, not in line), read from
+    the server's API every ``every`` s until cancelled; the sum is in ``idle.held_mib_s``."""
+    idle.held_mib_s = 0.0
+    last = time.time()
+    while True:
+        await asyncio.sleep(every)
+        try:
+            kernels = (await server.call("GET", "api/gpushare/kernels", timeout=10))["kernels"]
+        except (HTTPClientError, OSError, ValueError, KeyError):
+            continue
+        now = time.time()
+        held = sum(k.get("reserved_mib") or 0 for k in kernels if k["kernel_id"] in idle.since)
+        idle.held_mib_s += held * (now - last)
+        last = now
+
+
+def idle_figures(jobs: list[Job], events: list[dict], idle: Idle | None, fit: int, idle_s: float,
+                 all_ok_s: float | None) -> dict:  # fmt: skip
+    """The idle study's figures: what idle kernels held, the parks and resumes, and the shortest schedule (every
+    switch free) against the time until every job was ok."""
+    kinds = [e["kind"] for e in events]
+    ok = [j for j in jobs if j.status == "ok" and j.first_s is not None and j.job_s is not None]
+    first = sorted(j.first_s for j in ok)
+    second = sorted(j.job_s for j in ok)
+    ideal = ideal_schedule(len(jobs), fit, first[len(first) // 2], second[len(second) // 2], idle_s) if ok else None
+    params = [e.get("params") or {} for e in events]
+    parks = [p["park_s"] for p, k in zip(params, kinds) if k == "parked" and "park_s" in p]
+    resumes = [p["resume_s"] for p, k in zip(params, kinds) if k == "resumed" and "resume_s" in p]
+    waits = sorted(j.again_wait_s for j in ok if j.again_wait_s is not None)
+    return {
+        "idle_s": idle_s,
+        "idle_held_gib_h": round((idle.held_mib_s if idle else 0) / 1024 / 3600, 4),
+        "parked": kinds.count("parked"),
+        "park_failed": kinds.count("park-failed"),
+        "resumed": kinds.count("resumed"),
+        "resume_failed": kinds.count("resume-failed"),
+        "park_s": [min(parks), sorted(parks)[len(parks) // 2], max(parks)] if parks else None,
+        "resume_s": [min(resumes), sorted(resumes)[len(resumes) // 2], max(resumes)] if resumes else None,
+        "again_wait_s": [waits[0], waits[len(waits) // 2], waits[-1]] if waits else None,
+        "run1_s_median": first[len(first) // 2] if first else None,
+        "run2_s_median": second[len(second) // 2] if second else None,
+        "ideal_s": round(ideal, 2) if ideal else None,
+        "of_ideal": round(ideal / all_ok_s, 3) if ideal and all_ok_s else None,
+    }
+
+
+def ideal_schedule(students: int, fit: int, run1: float, run2: float, idle_s: float) -> float:
+    """The shortest time for ``students`` each to run a job (``run1`` s), sit idle ``idle_s``, and run it again
+    (``run2`` s), ``fit`` at a time on the card, with every switch free (no start, park or resume cost): first
+    come, first served among the ready. The idle study's ideal waves."""
+    ready = [(0.0, i, 1) for i in range(students)]  # (ready at, student, which run)
+    slots = [0.0] * fit  # when each slot is free
+    end = 0.0
+    while ready:
+        ready.sort()
+        at, student, run = ready.pop(0)
+        slots.sort()
+        begin = max(at, slots[0])
+        slots[0] = begin + (run1 if run == 1 else run2)
+        end = max(end, slots[0])
+        if run == 1:
+            ready.append((slots[0] + idle_s, student, 2))
+    return end
 
 
 async def settled(server: Server, timeout: float = 15) -> None:
@@ -551,6 +644,9 @@ async def main() -> int:
     )
     ap.add_argument("--workdir", default=tempfile.gettempdir())
     ap.add_argument("--connections", type=int, default=6, help="HTTP requests at a time to the server (a browser: 6)")
+    ap.add_argument("--idle", type=float, default=0, help="the idle study: each notebook runs its job, sits idle "
+                    "this many seconds, and runs it again (0: one run)")  # fmt: skip
+    ap.add_argument("--park-after", type=float, default=15, help="the idle study's parking scenario: park_after")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -103,6 +103,16 @@ print("DONE", round(time.time() - t0, 3), flush=True)
 CODE = {"torch": TORCH, "jax": JAX, "tensorflow": TENSORFLOW, "numpy": NUMPY}
 
 
-def job_code(framework: str, ws_mib: int, epochs: int = 5, n: int = 60000, growth: bool = True) -> str:
-    """The job's code; ``growth``: TensorFlow's job starts with the memory-growth cell (not in ``defaults``)."""
-    return CODE[framework].format(ws_mib=ws_mib, epochs=epochs, n=n, growth=GROWTH_CELL if growth else "")
+# The idle study's job keeps its data and model between its two runs, as a notebook does, and frees its scratch
+# working set (PyTorch's cache included) at the end: what an idle kernel then holds is its real state.
+FREE_SCRATCH = {"torch": "del working_set; torch.cuda.empty_cache()", "numpy": "", "jax": "del working_set",
+                "tensorflow": "del working_set"}  # fmt: skip
+
+
+def job_code(
+    framework: str, ws_mib: int, epochs: int = 5, n: int = 60000, growth: bool = True, free_scratch: bool = False
+) -> str:
+    """The job's code; ``growth``: TensorFlow's job starts with the memory-growth cell (not in ``defaults``);
+    ``free_scratch``: it ends by freeing its scratch working set (the idle study)."""
+    code = CODE[framework].format(ws_mib=ws_mib, epochs=epochs, n=n, growth=GROWTH_CELL if growth else "")
+    return code + FREE_SCRATCH[framework] + "\n" if free_scratch else code
