@@ -47,7 +47,7 @@ from jobs import job_code  # noqa: E402
 TOKEN = "study-" + uuid.uuid4().hex[:8]
 EXTENSION = ("gpushare", "learned", "generous", "parking")  # the scenarios that run with the extension
 CONTEXT_RESERVE_MIB = 640
-HEADROOM_MIB = 512
+HEADROOM_MIB = 1024  # the product's default card_headroom (512 until 2026-11-26: an H200's CUDA sees 616 MiB less)
 # What a job allocates on top of its working set (data 188 MiB, model, allocator slack), measured
 # on the H200 (bench/results/study): PyTorch peaks 6,496 MiB with a 5,487 MiB working set; JAX
 # peaks ~9,000 MiB with the same, from XLA's autotuning scratch and BFC rounding.
@@ -228,6 +228,7 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
     deadline = time.monotonic() + timeout
     start = time.time() - t0
     reply = await run_cell(server, ws, session, code, job, t0, deadline)
+    await granted_at(server, job, t0)  # (before a parked kernel's resume is granted too)
     if idle is not None and job.status == "pending" and reply and reply.get("status") == "ok":
         job.first_s, job.first_done = job.job_s, time.time() - t0
         job.job_s = None
@@ -241,10 +242,6 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
             job.again_wait_s = round(job.first_output - job.again, 2)
     ws.close()
     job.finished = time.time() - t0
-    granted = await admitted_at(server, job.kernel_id)  # a kernel in line runs at once; its GPU comes later
-    if granted is not None:
-        job.admitted = granted - t0
-        job.wait_s = round(job.admitted - job.requested, 2)
     try:  # the job is over: its kernel goes, as the study's container did
         await server.call("DELETE", f"api/kernels/{job.kernel_id}")
     except (HTTPClientError, OSError):
@@ -282,7 +279,7 @@ async def run_cell(server: Server, ws, session: str, code: str, job: Job, t0: fl
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             if job.admitted is None:
-                job.admitted = time.time() - t0  # the kernel runs the job (a kernel in line: see admitted_at)
+                job.admitted = time.time() - t0  # the kernel runs the job (a kernel in line: see granted_at)
                 job.wait_s = round(job.admitted - job.requested, 2)
             if kind == "stream":  # the kernel flushes on a timer, so one print can arrive in pieces
                 if job.first_output is None:
@@ -314,18 +311,21 @@ class Idle:
     seconds: float
     since: dict[str, float] = field(default_factory=dict)  # kernel id -> (Unix time) idle since
     held_mib_s: float = 0.0  # reserved MiB × seconds held by idle kernels (idle_held)
+    held_waited_mib_s: float = 0.0  # the same while a kernel waited in line
 
 
-async def admitted_at(server: Server, kernel_id: str) -> float | None:
-    """When a kernel that waited in line was granted its GPU (the server's 'admitted' event; Unix time), or None
-    for one that never waited. The kernel itself runs from the start: its job's first cell output is not the
-    grant, its first GPU import waits for it."""
+async def granted_at(server: Server, job: Job, t0: float) -> None:
+    """A kernel that waited in line: its wait is until it was granted its GPU (the server's first 'admitted' event
+    for it). The kernel itself runs from the start: its job's first output is not the grant, its first GPU import
+    waits for it. A kernel that never waited keeps its first output as its start."""
     try:
         events = (await server.call("GET", "api/gpushare/events"))["events"]
     except (HTTPClientError, OSError, ValueError, KeyError):
-        return None
-    times = [e["time"] for e in events if e.get("kernel_id") == kernel_id and e["kind"] == "admitted"]
-    return times[-1] if times else None
+        return
+    times = [e["time"] for e in events if e.get("kernel_id") == job.kernel_id and e["kind"] == "admitted"]
+    if times:
+        job.admitted = times[0] - t0
+        job.wait_s = round(job.admitted - job.requested, 2)
 
 
 async def refusal(server: Server, kernel_id: str) -> str | None:
@@ -464,7 +464,8 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
     if args.idle:
         result.update(idle_figures(jobs, events, idle, sizing["fit"], args.idle, result["all_ok_s"]))
     if args.idle:
-        print(f"[{label}] idle {args.idle} s: held by idle kernels {result['idle_held_gib_h']} GiB-h, parked "
+        print(f"[{label}] idle {args.idle} s: held by idle kernels {result['idle_held_gib_h']} GiB-h "
+              f"({result['idle_held_while_waited_gib_h']} while one waited), parked "
               f"{result['parked']}, resumed {result['resumed']}, ideal {result['ideal_s']} s, "
               f"{result['of_ideal']} of it", flush=True)  # fmt: skip
     print(f"[{label}] ok {result['ok']}, failed {result['failed']}, refused {result['refused']}, queued {result['queued']}, "
@@ -488,6 +489,8 @@ async def idle_held(server: Server, idle: Idle, every: float = 1.0) -> None:
         now = time.time()
         held = sum(k.get("reserved_mib") or 0 for k in kernels if k["kernel_id"] in idle.since)
         idle.held_mib_s += held * (now - last)
+        if any(k["state"] == "queued" for k in kernels):  # what it costs: held while someone waits
+            idle.held_waited_mib_s += held * (now - last)
         last = now
 
 
@@ -496,9 +499,10 @@ def idle_figures(jobs: list[Job], events: list[dict], idle: Idle | None, fit: in
     """The idle study's figures: what idle kernels held, the parks and resumes, and the shortest schedule (every
     switch free) against the time until every job was ok."""
     kinds = [e["kind"] for e in events]
-    ok = [j for j in jobs if j.status == "ok" and j.first_s is not None and j.job_s is not None]
-    first = sorted(j.first_s for j in ok)
-    second = sorted(j.job_s for j in ok)
+    ok = [j for j in jobs if j.status == "ok" and j.first_done is not None and j.again is not None]
+    # each run's time on the card: from its grant (or first output) to its end; the second from its resume
+    first = sorted(j.first_done - j.admitted for j in ok if j.admitted is not None)
+    second = sorted(j.finished - j.again - (j.again_wait_s or 0) for j in ok)
     ideal = ideal_schedule(len(jobs), fit, first[len(first) // 2], second[len(second) // 2], idle_s) if ok else None
     params = [e.get("params") or {} for e in events]
     parks = [p["park_s"] for p, k in zip(params, kinds) if k == "parked" and "park_s" in p]
@@ -507,6 +511,7 @@ def idle_figures(jobs: list[Job], events: list[dict], idle: Idle | None, fit: in
     return {
         "idle_s": idle_s,
         "idle_held_gib_h": round((idle.held_mib_s if idle else 0) / 1024 / 3600, 4),
+        "idle_held_while_waited_gib_h": round((idle.held_waited_mib_s if idle else 0) / 1024 / 3600, 4),
         "parked": kinds.count("parked"),
         "park_failed": kinds.count("park-failed"),
         "resumed": kinds.count("resumed"),
@@ -514,8 +519,8 @@ def idle_figures(jobs: list[Job], events: list[dict], idle: Idle | None, fit: in
         "park_s": [min(parks), sorted(parks)[len(parks) // 2], max(parks)] if parks else None,
         "resume_s": [min(resumes), sorted(resumes)[len(resumes) // 2], max(resumes)] if resumes else None,
         "again_wait_s": [waits[0], waits[len(waits) // 2], waits[-1]] if waits else None,
-        "run1_s_median": first[len(first) // 2] if first else None,
-        "run2_s_median": second[len(second) // 2] if second else None,
+        "run1_s_median": round(first[len(first) // 2], 2) if first else None,
+        "run2_s_median": round(second[len(second) // 2], 2) if second else None,
         "ideal_s": round(ideal, 2) if ideal else None,
         "of_ideal": round(ideal / all_ok_s, 3) if ideal and all_ok_s else None,
     }
