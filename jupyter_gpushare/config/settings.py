@@ -252,10 +252,11 @@ class GpuShareApp(LoggingConfigurable):
     )
     park_frameworks = List(
         Unicode(),
-        default_value=["torch", "cupy"],
+        default_value=["torch", "cupy", "tensorflow"],
         config=True,
         help="The frameworks whose GPU state survives a park, as measured on the GPU (bench/results/check_park-*): "
-        "a kernel that imported any other is not parked. Default: ['torch', 'cupy'] (JAX crashed while parked).",
+        "a kernel that imported any other is not parked. Default: ['torch', 'cupy', 'tensorflow'] (measured intact "
+        "on an H200; JAX crashed while parked).",
     )
     park_host_budget = Unicode(
         "50%",

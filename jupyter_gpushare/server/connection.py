@@ -87,10 +87,12 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
             return None
         if self._kept is None:
             parking = getattr(getattr(self.kernel_manager, "provisioner", None), "parking", None)
-            if parking is not None and parking.away(self.kernel_id) and _runs_code(incoming_msg):
-                self._resuming = [incoming_msg]  # the kernel is parked: its cell brings it back (parking.py)
-                asyncio.ensure_future(self._send_after(parking.resume(self.kernel_id)))
-                return None
+            if parking is not None and _runs_code(incoming_msg):
+                if parking.away(self.kernel_id):
+                    self._resuming = [incoming_msg]  # the kernel is parked: its cell brings it back (parking.py)
+                    asyncio.ensure_future(self._send_after(parking.resume(self.kernel_id)))
+                    return None
+                parking.touch(self.kernel_id)  # a cell on its way: not idle, whatever the last reading said
             return super().handle_incoming_message(incoming_msg)
         self._kept_bytes += len(incoming_msg)
         if len(self._kept) >= KEPT_MAX or self._kept_bytes > KEPT_MAX_BYTES:

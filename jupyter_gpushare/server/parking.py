@@ -18,6 +18,7 @@ start), nor touch a card itself (host/checkpoint.py does, through the driver or 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -47,6 +48,7 @@ class Parking:
         self.kernels, self.checkpointer, self.rules, self._blocking = kernels, checkpointer, rules, blocking
         self._moving: dict[str, asyncio.Future] = {}  # kernels being parked or resumed: the move's task
         self._failed: dict[str, int | None] = {}  # kernels whose park failed: the process it failed for
+        self._touched: dict[str, float] = {}  # (monotonic) a cell sent to the kernel, or its resume: its idle clock
         self.given_back_mib_s = 0.0  # reserved MiB × seconds parked, of kernels resumed or gone
         self.seconds: dict[str, list[float]] = {"park": [], "resume": []}  # the last moves' durations
         self._parking: dict[str, int] = {}  # the kernels being parked now: the reservation each gives back
@@ -110,6 +112,7 @@ class Parking:
             or rec.lease is None
             or kid in self._moving
             or self._failed.get(kid, -1) == usage.pid
+            or time.monotonic() - self._touched.get(kid, -math.inf) < self.rules.after_s
             or not set(frameworks) <= set(self.rules.frameworks)
         ):
             return
@@ -118,6 +121,11 @@ class Parking:
             return
         pids = sorted({p.pid for p in usage.processes if (p.used_mib or 0) > 0})
         self._candidates.append((idle_for, rec, pids, used, usage.pid))
+
+    def touch(self, kernel_id: str) -> None:
+        """A cell goes to the kernel now (connection.py), or it came back: it is not idle, whatever the last reading
+        said (a reading can predate the cell; a park must never freeze a running cell)."""
+        self._touched[kernel_id] = time.monotonic()
 
     def decide(self, need_mib: int) -> None:
         """Park as many of this reading's candidates as the line needs: ``need_mib``, what the kernels in line need
@@ -263,6 +271,7 @@ class Parking:
         self.seconds["resume"] = [*self.seconds["resume"][-49:], seconds]
         self.given_back_mib_s += parked.reserved_mib * (time.time() - parked.since)
         rec.parked = None
+        self.touch(kid)  # its cell runs next: its idle clock starts again
         self.kernels.settle(rec, Grant("gpu", lease=lease, card=self.kernels.card(lease.card_uuid)))
         await self.kernels.attach(kid, rec.pid)
         self.kernels.event(
@@ -277,6 +286,7 @@ class Parking:
             self.given_back_mib_s += rec.parked.reserved_mib * (time.time() - rec.parked.since)
             rec.parked = None
         self._failed.pop(kernel_id, None)
+        self._touched.pop(kernel_id, None)
 
     def _start(self, kernel_id: str, move: Awaitable[None]) -> asyncio.Future:
         task = asyncio.ensure_future(move)
