@@ -168,3 +168,26 @@ async def test_as_many_idle_kernels_are_parked_as_the_line_needs_at_once(gpushar
     # Both parks began in the same reading (two needs, two parks), not one after the other
     began = [e["time"] - e["params"]["park_s"] for e in [await _event(gpushare, kid, "parked") for kid in idle]]
     assert abs(began[0] - began[1]) < 0.9, began
+
+
+async def test_a_cell_held_for_a_parked_kernel_survives_a_reload_and_runs_at_its_resume(
+    gpushare, jp_serverapp, kernel_ws
+):
+    _, idle = await gpushare.open_notebook("idle.ipynb")
+    busy_session, busy = await gpushare.open_notebook("busy.ipynb")
+    await run_in_kernel(jp_serverapp, idle, "import gpushare_simulate; gpushare_simulate.use('1GiB'); kept = 7")
+    await run_in_kernel(jp_serverapp, busy, "import gpushare_simulate; gpushare_simulate.use('2GiB')")  # (kept)
+    await gpushare.wait_for(lambda: _used(gpushare, 3072), what="the card to show the 1 + 2 GiB in use")
+    await gpushare.open_notebook("late.ipynb")
+    await gpushare.wait_for(lambda: _state(gpushare, idle, "parked"), what="the idle kernel to be parked")
+    session = Session()
+    ws = await kernel_ws(idle, session.session)
+    send_cell(ws, session, "ran = kept + 1")  # held by the server: the kernel must come back first
+    await gpushare.wait_for(lambda: _state(gpushare, idle, "queued"), what="the parked kernel to ask for its GPU")
+    ws.close()  # the page reloads while its cell waits for the resume
+    await gpushare.close_notebook(busy_session)
+    await gpushare.wait_for(lambda: _state(gpushare, idle, "running"), what="the resume")
+    again = Session()
+    ws = await kernel_ws(idle, again.session)
+    assert await cell_result(ws, idle, send_cell(ws, again, "ran")) == "8"
+    ws.close()

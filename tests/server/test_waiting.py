@@ -282,3 +282,27 @@ async def _failed(failed: list) -> bool:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_cell_waiting_for_the_gpu_survives_three_reloads_and_runs_after_the_grant(gpushare, kernel_ws):
+    """The cell that waits is in the kernel (its GPU import waits there), not in a page: the page reloads three
+    times (each a new websocket, a new session, as JupyterLab opens after a reload), and the cell runs at the grant."""
+    sessions = await full_card(gpushare)
+    _, kid = await gpushare.open_notebook("reloaded.ipynb")
+    session = Session()
+    ws = await kernel_ws(kid, session.session)
+    waiting = send_cell(ws, session, "import torch; ran = 'after the grant'")
+    await _stream_until(ws, waiting, "waits for this kernel's GPU")
+    ws.close()
+    for _ in range(3):  # three reloads while it waits
+        again = Session()
+        ws = await kernel_ws(kid, again.session)
+        await asyncio.sleep(0.5)
+        ws.close()
+    assert await gpushare.state_of(kid) == "queued"
+    await gpushare.close_notebook(sessions[0])
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the grant")
+    last = Session()
+    ws = await kernel_ws(kid, last.session)
+    assert await cell_result(ws, kid, send_cell(ws, last, "ran")) == "'after the grant'"
+    ws.close()
