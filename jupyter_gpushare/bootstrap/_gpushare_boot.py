@@ -109,6 +109,8 @@ def _guarded(fn, name: str, module) -> None:
     try:
         fn(module)
     except Exception as e:
+        if getattr(e, "stops_import", False):  # a hook's word to the cell (a wait for the GPU that ended), not a fault
+            raise
         rep.warn(f"the {name} hook failed ({type(e).__name__}: {e}); {name} was imported without it")
 
 

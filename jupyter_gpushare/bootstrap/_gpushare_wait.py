@@ -107,9 +107,16 @@ def _size(mib: int) -> str:
     return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib} MiB"
 
 
+class GpuWaitEnded(RuntimeError):
+    """The wait for this kernel's GPU ended without one (stopped, or past the line's timeout) while a cell waited."""
+
+    stops_import = True  # the import fails with it (_gpushare_boot lets it through), and the next one runs
+
+
 def wait_for_gpu(module) -> None:
-    """A framework's pre-import hook: return once the kernel holds its grant (or never will). An interrupt raises
-    KeyboardInterrupt here: the import fails, the kernel stays in line, and the next import waits again."""
+    """A framework's pre-import hook: return once the kernel holds its grant. An interrupt raises KeyboardInterrupt
+    here: the import fails, the kernel stays in line, and the next import waits again. A wait that ends without a
+    GPU raises GpuWaitEnded in the cell that waited; later imports go on without a GPU."""
     name = module.__name__
     with _cond:
         if _state["granted"] or not _state["reading"]:
@@ -126,6 +133,11 @@ def wait_for_gpu(module) -> None:
             _cond.wait(0.5)  # (a timed wait: the main thread's interrupt is seen at once)
     if os.environ.get(env.MODE) != "gpu":
         reason = os.environ.get(env.REASON) or "the wait for a GPU ended"
+        if said is not None:  # this cell waited: it says that it did not run, and why (the next one runs on the CPU)
+            raise GpuWaitEnded(
+                f"jupyter-gpushare: this cell did not run: {reason} Run it again to use the CPU, or choose "
+                "Join again above the notebook to wait for a GPU (the kernel restarts in line)."
+            )
         sys.stderr.write(f"jupyter-gpushare: {name} runs without a GPU: {reason}\n")
     elif said is not None:
         sys.stderr.write(f"jupyter-gpushare: the GPU is this kernel's now; {name} goes on.\n")

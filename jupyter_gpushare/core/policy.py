@@ -411,5 +411,5 @@ class ParkRules:
     """The admin's parking settings (GpuShareApp.park_*)."""
 
     after_s: float = 600.0  # idle this long while someone waits: parked (0: never)
-    frameworks: tuple[str, ...] = ("torch", "cupy", "tensorflow")  # the frameworks whose state survives a park (measured)
+    frameworks: tuple[str, ...] = ("torch", "cupy", "tensorflow")  # whose state survives a park (measured)
     host_budget_mib: int | None = None  # host memory all parked state may take (None: no limit)

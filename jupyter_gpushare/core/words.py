@@ -16,6 +16,7 @@ an event without a template of its own is said by its ``message``.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,8 +29,11 @@ CATALOGUE: dict[str, str] = {
     # a kernel's state as the server judges it: a short label (badge, status bar) and a sentence
     "status.queued.label": "#{position} in line",
     "status.queued.detail": "Waiting for a GPU: #{position} in line, needs {need_mib}[; {free_mib} unreserved now]"
-    "[; about {wait_left_s} at most]. CPU cells run now; a cell that uses the GPU waits for it and goes on by "
+    "[; gives up at {gives_up_at}]. CPU cells run now; a cell that uses the GPU waits for it and goes on by "
     "itself when a kernel frees room.",
+    "status.wait_ended.label": "no GPU",
+    "status.wait_ended.detail": "{reason} Its cells run on without a GPU. Join again to wait for one: the kernel "
+    "restarts in line, and its variables are lost.",
     "status.parked.label": "parked",
     "status.parked.detail": "Parked while others needed the GPU: its {parked_mib} of GPU state waits in host memory, "
     "and its {reserved_mib} reservation went to the line. Your next cell brings it back (it may wait its turn).",
@@ -211,6 +215,8 @@ def _figure(name: str, value: Any) -> str:
         return format_mib(value)
     if name.endswith("_s"):
         return format_duration(value)
+    if name.endswith("_at") and isinstance(value, (int, float)):
+        return time.strftime("%H:%M", time.localtime(value))  # a time of day (the server's clock; the UI: its own)
     return str(value)
 
 

@@ -94,7 +94,7 @@ class Line:
         """A kernel the ledger answered with a place in line joins this server's waits (or keeps its place)."""
         self.leave(request.kernel_id, "it asked for another quota")
         self.queue.join(request).last = got
-        rec.state, rec.queued_since = "queued", time.time()
+        rec.state, rec.queued_since, rec.wait_ended = "queued", time.time(), None
         rec.wait_until = (
             time.time() + self.kernels.policy.queue_timeout_s
             if self.kernels.policy.queue_timeout_s < float("inf")

@@ -39,6 +39,9 @@ from .snapshot import take_snapshot
 T = TypeVar("T")
 
 
+WAIT_ENDED = ("refused-timeout", "cancelled")  # a kernel that ran while it waited, whose wait ended so
+
+
 class QuotaManager:
     """Reserve, keep and release GPU quotas for the kernels this process starts."""
 
@@ -316,6 +319,7 @@ class QuotaManager:
         can be made now), no-gpu-full (the cards are full and the policy starts it without)."""
         rec.state = "running" if grant.mode == "gpu" else grant.mode
         rec.lease, rec.card, rec.reason, rec.position = grant.lease, grant.card, grant.reason, None
+        rec.wait_ended = why if grant.mode == "cpu" and why in WAIT_ENDED else None
         if grant.mode == "gpu" and grant.lease:
             self.event(
                 "reserved",

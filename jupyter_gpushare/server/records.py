@@ -124,6 +124,7 @@ class KernelRecord:
     since: float = field(default_factory=time.time)
     queued_since: float | None = None
     wait_until: float | None = None  # (time.time) when a queued start gives up; None: it waits without limit
+    wait_ended: str | None = None  # its wait for a GPU ended without one (the event's code): it runs on without
     pid: int | None = None
     path: str | None = None  # the notebook, when started through a session
     cancelled: bool = False  # a queued start the user gave up on
@@ -170,6 +171,8 @@ class KernelRecord:
             "wait_left_s": round(max(0.0, self.wait_until - time.time()))
             if self.wait_until and self.queued_since
             else None,
+            "gives_up_at": round(self.wait_until) if self.wait_until and self.queued_since else None,
+            "wait_ended": self.wait_ended,
             "reason": self.reason,
             "parked": self.parked.to_dict() if self.parked else None,
             "pid": self.pid,

@@ -48,8 +48,8 @@ def event_view(event: Mapping[str, Any]) -> dict[str, Any]:
 
 STATE_SEVERITY = {"queued": "warn", "over_quota": "error", "near_quota": "warn", "idle": "warn", "running": "ok",
                   "starting": "info", "cpu": "error", "none": "muted", "failed": "error", "parked": "info"}  # fmt: skip
-STATUS_PARAMS = ("position", "need_mib", "free_mib", "wait_left_s", "used_mib", "reserved_mib", "quota_mib",
-                 "reserve_mib", "reason")  # fmt: skip
+STATUS_PARAMS = ("position", "need_mib", "free_mib", "wait_left_s", "gives_up_at", "used_mib", "reserved_mib",
+                 "quota_mib", "reserve_mib", "reason")  # fmt: skip
 
 
 def kernel_status(k: Mapping[str, Any]) -> dict[str, Any]:
@@ -59,6 +59,8 @@ def kernel_status(k: Mapping[str, Any]) -> dict[str, Any]:
     state, used, limit = k.get("state"), k.get("used_mib"), k.get("reserved_mib")
     code = str(state) if state in STATE_SEVERITY else "failed"
     severity = STATE_SEVERITY[code]
+    if code == "cpu" and k.get("wait_ended"):
+        code = "wait_ended"  # it ran while it waited; its wait ended without a GPU (the notebook's banner says so)
     if code == "running" and used is None:
         code = "running_unmeasured"
     params = {name: k.get(name) for name in STATUS_PARAMS if k.get(name) is not None}

@@ -23,8 +23,10 @@ export interface IKernelActions {
   /** Restart with the quota the server offers after an out-of-memory error (it waits if the GPU is full). */
   restartWith(kernel: IKernel, mib: number): Promise<void>;
   shutdown(kernel: IKernel): Promise<void>;
-  /** Stop waiting for a GPU (a queued kernel: it is shut down), after asking. */
+  /** Stop waiting for a GPU, after asking: the kernel leaves the line and runs on without a GPU. */
   stopWaiting(kernel: IKernel): Promise<void>;
+  /** After a wait that ended without a GPU: restart the kernel in line, after asking (its variables go). */
+  joinAgain(kernel: IKernel): Promise<void>;
   refresh(): void;
   /** Open or close the "This host" section. */
   toggleHost(): void;
@@ -229,22 +231,36 @@ export function kernelActions(
         buttons: [
           Dialog.cancelButton({ label: say('ui.stop.keep') }),
           Dialog.warnButton({ label: say('ui.stop.button') })
-        ]
+        ],
+        defaultButton: 0 // Enter keeps waiting: stopping is the one to choose
       });
       if (!result.button.accept) {
         return;
       }
-      // The kernel (and its session) is shut down as any kernel is: the notebook is left with no kernel,
-      // and nothing reopens the line by itself.
+      // The kernel stays (its variables too) and runs on without a GPU; the banner then offers to join again.
       try {
-        const widget = tracker.widgetOf(k);
-        if (widget) {
-          await widget.sessionContext.shutdown();
-        } else {
-          await shutdownKernel(k.kernel_id);
-        }
+        await model.stopWaiting(k.kernel_id);
       } catch (e) {
         void showErrorMessage(say('ui.stop.failed'), (e as Error).message);
+      }
+    },
+    joinAgain: async k => {
+      const result = await showDialog({
+        title: say('ui.join.title'),
+        body: say('ui.join.body', { name: nameOf(k) }),
+        buttons: [
+          Dialog.cancelButton(),
+          Dialog.warnButton({ label: say('ui.join.button') })
+        ],
+        defaultButton: 0
+      });
+      if (!result.button.accept) {
+        return;
+      }
+      try {
+        await restart(k);
+      } catch (e) {
+        void showErrorMessage(say('ui.join.failed'), (e as Error).message);
       }
       void model.refresh();
     },

@@ -11,10 +11,11 @@ import { say } from './words';
 
 /**
  * In a notebook whose kernel waits for a GPU: a banner above its cells that says
- * so, with its place in line, what it needs and how long it may wait at most,
- * and a button to stop waiting. The kernel exists from the start (the server
- * launches its process once it is granted): cells run meanwhile are queued by
- * JupyterLab and kept by the server, and run once it has its GPU.
+ * so, with its place in line, what it needs and when the wait gives up, and a
+ * button to stop waiting. The kernel runs from the start: CPU cells run, and a
+ * cell that uses the GPU waits in the kernel until the grant. When a wait ends
+ * without a GPU (stopped, or past the line's timeout) the banner stays, with the
+ * reason and *Join again*, until the kernel restarts or the notebook closes.
  */
 export class QueuedBanner extends Widget {
   constructor(
@@ -41,11 +42,11 @@ export class QueuedBanner extends Widget {
     const k = this.tracker.kernelOf(this.panel);
     const queued = k?.state === 'queued';
     this.model.setWatching(this.panel.id, queued);
-    if (!queued) {
+    if (!k || !(queued || (k.state === 'cpu' && k.wait_ended))) {
       this.hide();
       return;
     }
-    this._render(k!);
+    this._render(k);
     this.show();
     this._fit();
   }
@@ -57,16 +58,23 @@ export class QueuedBanner extends Widget {
     const text = document.createElement('span');
     text.className = 'jp-gpushare-banner-text';
     text.textContent = status.detail;
-    const stop = document.createElement('button');
-    stop.className =
-      'jp-Button jp-mod-styled jp-mod-reject jp-gpushare-banner-stop';
-    stop.textContent = say('ui.stop.button');
-    stop.setAttribute(
-      'aria-label',
-      say('ui.stop.label', { name: this.actions.nameOf(k) })
-    );
-    stop.onclick = () => void this.actions.stopWaiting(k);
-    this.node.append(text, stop);
+    this.node.dataset.severity = status.severity;
+    const name = this.actions.nameOf(k);
+    const button = document.createElement('button');
+    if (k.state === 'queued') {
+      button.className =
+        'jp-Button jp-mod-styled jp-mod-reject jp-gpushare-banner-stop';
+      button.textContent = say('ui.stop.button');
+      button.setAttribute('aria-label', say('ui.stop.label', { name }));
+      button.onclick = () => void this.actions.stopWaiting(k);
+    } else {
+      button.className =
+        'jp-Button jp-mod-styled jp-mod-accept jp-gpushare-banner-join';
+      button.textContent = say('ui.join.button');
+      button.setAttribute('aria-label', say('ui.join.label', { name }));
+      button.onclick = () => void this.actions.joinAgain(k);
+    }
+    this.node.append(text, button);
   }
 
   protected onResize(msg: Widget.ResizeMessage): void {

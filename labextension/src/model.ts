@@ -152,6 +152,16 @@ export class GpuShareModel {
     return k;
   }
 
+  /** Stop a kernel's wait for a GPU: it leaves the line and runs on without a GPU (the server says why). */
+  async stopWaiting(kernelId: string): Promise<void> {
+    await requestAPI<unknown>(
+      `kernels/${encodeURIComponent(kernelId)}`,
+      this.serverSettings,
+      { method: 'DELETE' }
+    );
+    void this.refresh();
+  }
+
   /** The "This host" section is open: /host is read with each refresh. */
   get hostOpen(): boolean {
     return this._hostOpen;

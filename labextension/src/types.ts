@@ -78,6 +78,7 @@ export interface IStatus {
     | 'idle'
     | 'running'
     | 'running_unmeasured'
+    | 'wait_ended'
     | 'starting'
     | 'cpu'
     | 'none'
@@ -128,6 +129,10 @@ export interface IKernel {
   waited_s?: number | null;
   /** How much longer a queued kernel may wait before its start is refused (null: no limit). */
   wait_left_s?: number | null;
+  /** A queued kernel: when its wait gives up (Unix time). */
+  gives_up_at?: number | null;
+  /** Its wait for a GPU ended without one (the event's code): it runs on without a GPU. */
+  wait_ended?: string | null;
   reason?: string | null;
   /** A parked kernel: its GPU state is in host memory, its reservation went to the line. */
   parked?: IParked | null;

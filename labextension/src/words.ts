@@ -23,7 +23,7 @@ function catalogue(trans: Bundle): { [code: string]: string } {
   return {
     'status.queued.label': __('#{position} in line'),
     'status.queued.detail': __(
-      'Waiting for a GPU: #{position} in line, needs {need_mib}[; {free_mib} unreserved now][; about {wait_left_s} at most]. CPU cells run now; a cell that uses the GPU waits for it and goes on by itself when a kernel frees room.'
+      'Waiting for a GPU: #{position} in line, needs {need_mib}[; {free_mib} unreserved now][; gives up at {gives_up_at}]. CPU cells run now; a cell that uses the GPU waits for it and goes on by itself when a kernel frees room.'
     ),
     'status.parked.label': __('parked'),
     'status.parked.detail': __(
@@ -53,6 +53,10 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'status.starting.detail': __('Reserving GPU memory for this kernel…'),
     'status.cpu.label': __('no GPU'),
     'status.cpu.detail': __('Started without a GPU.[ {reason}]'),
+    'status.wait_ended.label': __('no GPU'),
+    'status.wait_ended.detail': __(
+      '{reason} Its cells run on without a GPU. Join again to wait for one: the kernel restarts in line, and its variables are lost.'
+    ),
     'status.none.label': __('no GPU'),
     'status.none.detail': __(
       'This kind of kernel reserves no GPU memory, so it sees no GPU.[ {reason}]'
@@ -458,8 +462,15 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.stop.title': __('Stop waiting for a GPU?'),
     'ui.stop.keep': __('Keep waiting'),
     'ui.stop.body': __(
-      '{name}’s kernel is shut down and leaves the line; cells waiting to run do not run. Start a kernel later to ask for a GPU again.'
+      '{name}’s kernel leaves the line and runs on without a GPU, with its variables; a cell waiting for the GPU stops and says so. Join again later to wait for a GPU.'
     ),
+    'ui.join.title': __('Join the line again?'),
+    'ui.join.body': __(
+      '{name}’s kernel restarts and waits in line for a GPU; CPU cells run meanwhile. Its variables are lost.'
+    ),
+    'ui.join.button': __('Join again'),
+    'ui.join.failed': __('Could not join the line again'),
+    'ui.join.label': __('Join the line for a GPU again for {name}'),
     'ui.stop.failed': __('Could not stop waiting'),
     'ui.restart.failed': __('{name} did not restart: {message}'),
     'ui.caption': __('GPU memory quotas'),
@@ -535,6 +546,13 @@ function figure(name: string, value: unknown): string {
   }
   if (typeof value === 'number' && name.endsWith('_s')) {
     return formatDuration(value);
+  }
+  if (typeof value === 'number' && name.endsWith('_at')) {
+    // a time of day, on this browser's clock
+    return new Date(value * 1000).toLocaleTimeString([], {
+      hour: '2-digit',
+      minute: '2-digit'
+    });
   }
   return String(value);
 }

@@ -225,7 +225,7 @@ def test_runs_are_pruned_by_age_and_bounded(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_an_old_ledger_gains_the_table_and_loses_nothing(tmp_path, version):
-    from test_ledger import V1_SCHEMA
+    from old_ledgers import V1_SCHEMA
 
     path = tmp_path / "l.sqlite"
     me = ProcessRef.me()

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from old_ledgers import V1_SCHEMA
 
 from jupyter_gpushare.core.policy import Policy, Size
 from jupyter_gpushare.host.gpu import Card
@@ -229,18 +230,6 @@ def test_room_held_by_the_dead_is_found_between_periodic_reaps(tmp_path):
     got = ledger.reserve(req("k", 4), POLICY, CARDS[:1], wait=False)
     assert isinstance(got, Lease)  # ...except before it answers "no room"
     assert [lease.kernel_id for lease in ledger.leases()] == ["k"]
-
-
-V1_SCHEMA = """
-CREATE TABLE leases (kernel_id TEXT PRIMARY KEY, card_uuid TEXT NOT NULL, card_index INTEGER NOT NULL,
-    quota_mib INTEGER NOT NULL, reserve_mib INTEGER NOT NULL, user TEXT NOT NULL DEFAULT '',
-    kernel_name TEXT NOT NULL DEFAULT '', owner_pid INTEGER NOT NULL, owner_start REAL NOT NULL,
-    kernel_pid INTEGER, kernel_start REAL, created REAL NOT NULL);
-CREATE TABLE waiters (ticket INTEGER PRIMARY KEY AUTOINCREMENT, kernel_id TEXT NOT NULL UNIQUE,
-    quota TEXT NOT NULL, user TEXT NOT NULL DEFAULT '', kernel_name TEXT NOT NULL DEFAULT '',
-    owner_pid INTEGER NOT NULL, owner_start REAL NOT NULL, created REAL NOT NULL, heartbeat REAL NOT NULL);
-PRAGMA user_version=1;
-"""
 
 
 def test_a_schema_1_ledger_is_migrated_with_its_leases(tmp_path):

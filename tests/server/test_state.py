@@ -126,9 +126,12 @@ async def test_a_renamed_notebook_is_followed_by_its_kernel_id(gpushare, jp_fetc
 def test_the_words_and_the_split_have_one_definition():
     over = {"state": "over_quota", "used_mib": 1740, "reserved_mib": 1536, "quota_mib": 1024, "reserve_mib": 512}
     assert kernel_status(over)["label"] == "over quota"
-    queued = {"state": "queued", "position": 2, "need_mib": 2560, "free_mib": 1024, "wait_left_s": 300}
+    gives_up = time.mktime((2026, 11, 26, 14, 32, 0, 0, 0, -1))
+    queued = {"state": "queued", "position": 2, "need_mib": 2560, "free_mib": 1024, "gives_up_at": gives_up}
     text = kernel_status(queued)["detail"]
-    assert "#2 in line, needs 2.5 GiB; 1 GiB unreserved now; about 5 min at most" in text
+    assert "#2 in line, needs 2.5 GiB; 1 GiB unreserved now; gives up at 14:32" in text  # the timeout, said so
+    ended = {"state": "cpu", "wait_ended": "refused-timeout", "reason": "No GPU memory came in 10 min."}
+    assert kernel_status(ended)["code"] == "wait_ended" and "Join again" in kernel_status(ended)["detail"]
     assert "GpuShareApp" not in text
     assert kernel_status(queued)["code"] == "queued" and kernel_status(queued)["params"]["need_mib"] == 2560
     card = {"total_mib": 10240, "usable_mib": 9216, "reserved_mib": 9000, "outside_mib": 4000}

@@ -100,6 +100,23 @@ async def _stream_until(ws, msg_id: str, text: str, timeout: float = 60) -> str:
     return got
 
 
+async def _error_of(ws, msg_id: str, timeout: float = 60) -> dict:
+    """The error the cell ``msg_id`` ended with, once its reply came (a cell sent before it would be aborted)."""
+    deadline = time.monotonic() + timeout
+    error = None
+    while True:
+        raw = await asyncio.wait_for(ws.read_message(), max(0.1, deadline - time.monotonic()))
+        assert raw is not None, "the websocket closed"
+        msg = json.loads(raw)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "error":
+            error = msg["content"]
+        elif msg["msg_type"] == "execute_reply":
+            assert error is not None, msg["content"]
+            return error
+
+
 async def _reason_is(jp_fetch, kernel_id: str, reason: str) -> bool:
     return (await kernel_model(jp_fetch, kernel_id)).get("reason") == reason
 
@@ -233,10 +250,20 @@ async def test_a_kernel_whose_wait_is_stopped_runs_on_without_a_gpu_and_says_why
     gpu = send_cell(ws, session, "import torch, os; kept, os.environ['GPUSHARE_MODE'], os.getpid()")
     await _stream_until(ws, gpu, "waits for this kernel's GPU")
     await jp_fetch("api", "gpushare", "kernels", kid, method="DELETE")  # stop waiting
-    assert await cell_result(ws, kid, gpu) == f"('mine', 'cpu', {pid})"
+    error = await _error_of(ws, gpu)  # the cell that waited says that it did not run, and why
+    assert error["ename"] == "GpuWaitEnded" and "this cell did not run: Stopped waiting for a GPU" in error["evalue"]
+    again = send_cell(ws, session, "import torch, os; kept, os.environ['GPUSHARE_MODE'], os.getpid()")
+    assert await cell_result(ws, kid, again) == f"('mine', 'cpu', {pid})"  # run again: on the CPU, state kept
     rec = await gpushare.kernel(kid)
     assert rec["state"] == "cpu" and rec["reason"].startswith("Stopped waiting for a GPU")
+    assert rec["wait_ended"] == "cancelled"
     assert [e for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == kid][-1]["code"] == "cancelled"
+    said = next(k for k in (await gpushare.get("state"))["kernels"] if k["kernel_id"] == kid)["status"]
+    assert said["code"] == "wait_ended" and "Join again" in said["detail"]
+    # Join again: the kernel restarts in line (the card is still full), and the wait's end is forgotten
+    await jp_fetch("api", "kernels", kid, "restart", method="POST", body="")
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "queued"), what="the kernel back in line")
+    assert (await gpushare.kernel(kid))["wait_ended"] is None
     ws.close()
 
 

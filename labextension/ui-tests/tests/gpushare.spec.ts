@@ -501,12 +501,18 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await expect(item(page, 'renamed.ipynb')).not.toHaveClass(
     /jp-gpushare-current/
   );
-  // Stop waiting: asked first; the notebook is left with no kernel, said as information, and no dialog
-  // (JupyterLab's kernel chooser) offers to put it back in line.
+  // Stop waiting: asked first (Enter keeps waiting); the kernel stays and runs on without a GPU, said as
+  // information, and the banner stays with the reason and Join again, which restarts it in line after asking.
   await banner(page)
     .getByRole('button', { name: 'Stop waiting for a GPU for nb1.ipynb' })
     .click();
   await expect(dialog).toContainText('Stop waiting for a GPU?');
+  await page.keyboard.press('Enter'); // the safe button has the focus
+  await expect(page.locator('.jp-Dialog')).toHaveCount(0);
+  await expect(status(page)).toHaveText('GPU #1 in line');
+  await banner(page)
+    .getByRole('button', { name: 'Stop waiting for a GPU for nb1.ipynb' })
+    .click();
   await dialog.locator('button', { hasText: 'Stop waiting' }).click();
   await expect(
     page
@@ -514,12 +520,23 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
       .filter({ hasText: 'nb1.ipynb: Stopped waiting for a GPU' })
       .first()
   ).toBeVisible();
-  await expect(banner(page)).toBeHidden();
+  await expect(banner(page)).toContainText('Stopped waiting for a GPU');
+  await expect(banner(page)).toContainText('Join again');
   await expect(
     frontNotebook(page).locator('.jp-Toolbar-kernelName')
-  ).toHaveText('No Kernel');
+  ).not.toHaveText('No Kernel');
   await page.waitForTimeout(1500);
   await expect(page.locator('.jp-Dialog')).toHaveCount(0);
+  await expect(banner(page)).toBeVisible(); // lasting
+  await banner(page)
+    .getByRole('button', {
+      name: 'Join the line for a GPU again for nb1.ipynb'
+    })
+    .click();
+  await expect(dialog).toContainText('Join the line again?');
+  await dialog.locator('button', { hasText: 'Join again' }).click();
+  await expect(status(page)).toHaveText('GPU #1 in line');
+  await expect(banner(page)).toContainText('gives up at');
 
   // Dark theme: screenshot and contrast.
   await changeTheme(page, 'JupyterLab Dark');
@@ -732,7 +749,8 @@ test('eight notebooks waiting in one page: the page stays usable, reloads add no
     sessions: 10
   });
 
-  // Stop waiting on the notebook in front: its kernel is gone within a second, the others keep their places.
+  // Stop waiting on the notebook in front: it leaves the line within a second (its kernel stays, without a GPU),
+  // the others keep their places.
   const front = await page.evaluate(
     () =>
       (window as any).jupyterapp.shell.currentWidget.sessionContext.session
@@ -749,15 +767,17 @@ test('eight notebooks waiting in one page: the page stays usable, reloads add no
   await expect
     .poll(
       async () =>
-        (await (await page.request.get('/api/kernels')).json()).some(
-          (k: any) => k.id === front
+        (
+          await (await page.request.get('/api/gpushare/state')).json()
+        ).kernels.some(
+          (k: any) => k.kernel_id === front && k.state === 'queued'
         ),
       { intervals: [50] }
     )
     .toBe(false);
   figures.stop_waiting_ms = Date.now() - t0;
   expect(figures.stop_waiting_ms).toBeLessThan(1000);
-  expect(await census(page)).toMatchObject({ queued: 7, kernels: 9 });
+  expect(await census(page)).toMatchObject({ queued: 7, kernels: 10 });
 
   // Room for two more: every kernel that holds a reservation is a notebook's (has a session).
   const running = (await census(page)).reserved;
