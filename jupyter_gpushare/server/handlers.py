@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
 
 from jupyter_client.jsonutil import json_default
 from jupyter_core.utils import ensure_async
@@ -18,6 +17,7 @@ from ..core.policy import PolicyError, parse_size
 from ..ledger.ledger import LedgerError
 from .manager import QuotaManager
 from .records import KernelRecord
+from .refusals import RefusalErrors, SessionsHandler, StartKernelHandler
 from .sampler import UsageSnapshot
 from .state import build_state, event_view
 from .views import card_view, config_view, kernel_view
@@ -28,27 +28,14 @@ API = r"/api/gpushare"
 AUTH_RESOURCE = "gpushare"
 
 
-class GpuShareHandler(APIHandler):
+class GpuShareHandler(RefusalErrors, APIHandler):
+    """The extension's handlers: errors as refusals.error_body says them (a rule's code and figures too)."""
+
     auth_resource = AUTH_RESOURCE
 
     @property
     def manager(self) -> QuotaManager:
         return self.settings["gpushare_manager"]
-
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        """Jupyter's JSON error, with the message as written: tornado doubles every '%' of a message given
-        without arguments ("0%%"), and jupyter-server sends it on as is. An error raised from a PolicyError
-        with a code carries that code and its figures too."""
-        error = (kwargs.get("exc_info") or (None, None))[1]
-        if isinstance(error, web.HTTPError) and error.log_message:
-            body = {"message": error.log_message % error.args, "reason": error.reason}
-            rule = error.__cause__
-            if isinstance(rule, PolicyError) and rule.code:  # the rule and its figures: the sidebar words it
-                body.update(code=rule.code, params=rule.params)
-            self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps(body))
-            return
-        super().write_error(status_code, **kwargs)
 
     @property
     def usage(self) -> UsageSnapshot:
@@ -236,7 +223,7 @@ class StateHandler(GpuShareHandler):
         self.finish(state)
 
 
-class KernelRestartHandler(KernelActionHandler):
+class KernelRestartHandler(RefusalErrors, KernelActionHandler):
     """jupyter_server's ``POST /api/kernels/<id>/restart``, but a restart that would hold the request open answers
     as soon as the kernel is back in Jupyter's hands: the restart of a kernel that waits for a GPU (it keeps its place
     in line), or of one whose new quota may have to wait (it joins the line). jupyter_server's restart waits for the
@@ -289,4 +276,6 @@ handlers = [
     (rf"{API}/config", ConfigHandler),
     (rf"{API}/state", StateHandler),
     (rf"/api/kernels/{_kernel_id_regex}/(?P<action>restart)", KernelRestartHandler),
+    (r"/api/kernels", StartKernelHandler),  # a refused start: its status, code and figures (refusals.py)
+    (r"/api/sessions", SessionsHandler),
 ]
