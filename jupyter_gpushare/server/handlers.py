@@ -115,9 +115,11 @@ class KernelHandler(GpuShareHandler):
                 400, f'Send {{"quota": "<size>"}}, e.g. {{"quota": "6GiB"}}; got fields {sorted(body)}.'
             )
         try:
-            rec = await self.manager.request_quota(kernel_id, parse_size(body["quota"], "quota"))
-        except PolicyError as e:
-            raise web.HTTPError(400, str(e)) from e
+            rec = await self.manager.quotas.request(kernel_id, parse_size(body["quota"], "quota"))
+        except PolicyError as e:  # 409: the card has not the extra now (the kernel keeps what it holds)
+            raise web.HTTPError(409 if e.code == "grow-no-room" else 400, str(e)) from e
+        except LedgerError as e:
+            raise web.HTTPError(503, str(e)) from e
         self.finish(self.kernel(rec))
 
     @web.authenticated
@@ -241,7 +243,7 @@ class KernelRestartHandler(RefusalErrors, KernelActionHandler):
         km = self.kernel_manager
         restarting.add(kernel_id)
         try:
-            if rec is None or (rec.state != "queued" and rec.pending_quota is None):
+            if rec is None or (rec.state != "queued" and (rec.pending_quota is None or rec.lease is not None)):
                 return await super().post(kernel_id, action)  # type: ignore[misc]  # (async, typed Awaitable | None)
             kernel = km.get_kernel(kernel_id)
             before = getattr(kernel.provisioner, "held", None)

@@ -217,6 +217,9 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'policy.user-max-waiting.one': __(
       'You have {waiting} kernel waiting for a GPU already, the most one user may have in line here. Stop waiting on it (the banner’s Stop waiting, or shut its kernel down), or wait until it starts.'
     ),
+    'policy.grow-no-room': __(
+      '{quota_mib} needs {extra_mib} more on GPU {card_index}, which has {free_mib} unreserved now. The kernel keeps its quota and its GPU; ask again once others have shut down, or ask for less.'
+    ),
     'limits.use': __('You hold {held}.'),
     'limits.total': __('{quota_mib} of {max_total_mib}'),
     'limits.kernels': __('{kernels} of {max_kernels} GPU kernels'),

@@ -624,3 +624,28 @@ def test_the_broker_measures_memory_used_outside_reservations(inproc):
         assert "lease" in broker.handle(who["alice"], "reserve", {"kernel_id": "k1", "mib": 3072})
     finally:
         script.kill()
+
+
+def test_a_kernels_quota_is_resized_on_its_own_lease_by_its_own_server_only(inproc):
+    """resize keeps the lease and its card: smaller always, larger only from what the card has unreserved; another
+    user's kernel is refused, and the per-user limits count the new quota."""
+    from jupyter_gpushare.broker import BrokerRefused
+
+    broker, who = inproc
+    broker.rules = broker.rules.__class__.parse({"max_kernel": "6GiB"}, {}, {})
+    first = broker.handle(who["alice"], "reserve", {"kernel_id": "a0", "mib": 4096})["lease"]
+    broker.handle(who["bob"], "reserve", {"kernel_id": "b0", "mib": 4096})  # 9 GiB of 10 reserved
+    with pytest.raises(BrokerRefused, match="another user's"):
+        broker.handle(who["bob"], "resize", {"kernel_id": "a0", "quota_mib": 1024})
+    with pytest.raises(PolicyError) as e:
+        broker.handle(who["alice"], "resize", {"kernel_id": "a0", "quota_mib": 6144})
+    assert e.value.code == "grow-no-room" and e.value.params["free_mib"] == 1024
+    smaller = broker.handle(who["alice"], "resize", {"kernel_id": "a0", "quota_mib": 2048})
+    assert (smaller["card_uuid"], smaller["created"], smaller["quota_mib"]) == (first["card_uuid"], first["created"], 2048)
+    assert broker.handle(who["alice"], "resize", {"kernel_id": "a0", "quota_mib": 5120})["quota_mib"] == 5120
+    broker.handle(who["bob"], "release", {"kernel_id": "b0"})
+    with pytest.raises(PolicyError) as e:  # room enough now, but past alice's per-user max_kernel
+        broker.handle(who["alice"], "resize", {"kernel_id": "a0", "quota_mib": 7168})
+    assert e.value.code in ("user-max-kernel", "quota-above-max")
+    with pytest.raises(BrokerRefused, match="quota_mib"):
+        broker.handle(who["alice"], "resize", {"kernel_id": "a0", "quota_mib": -1})
