@@ -641,7 +641,11 @@ def test_a_kernels_quota_is_resized_on_its_own_lease_by_its_own_server_only(inpr
         broker.handle(who["alice"], "resize", {"kernel_id": "a0", "quota_mib": 6144})
     assert e.value.code == "grow-no-room" and e.value.params["free_mib"] == 1024
     smaller = broker.handle(who["alice"], "resize", {"kernel_id": "a0", "quota_mib": 2048})
-    assert (smaller["card_uuid"], smaller["created"], smaller["quota_mib"]) == (first["card_uuid"], first["created"], 2048)
+    assert (smaller["card_uuid"], smaller["created"], smaller["quota_mib"]) == (
+        first["card_uuid"],
+        first["created"],
+        2048,
+    )
     assert broker.handle(who["alice"], "resize", {"kernel_id": "a0", "quota_mib": 5120})["quota_mib"] == 5120
     broker.handle(who["bob"], "release", {"kernel_id": "b0"})
     with pytest.raises(PolicyError) as e:  # room enough now, but past alice's per-user max_kernel
