@@ -295,7 +295,9 @@ class Operations:
     def _op_waiters(self, caller: Caller, args: NoArgs) -> list[dict]:
         assert self._ledger is not None
         return [
-            waiter_to_json(w if self._mine(caller, w.user) else Waiter(w.ticket, "", "", "", "", ANONYMOUS, w.created))
+            waiter_to_json(
+                w if self._mine(caller, w.user) else Waiter(w.ticket, "", None, "", "", ANONYMOUS, w.created)
+            )
             for w in self._ledger.waiters()
         ]
 

@@ -70,9 +70,9 @@ CATALOGUE: dict[str, str] = {
     "card is {free_mib}.",
     "event.refused-closing": "Not started: the Jupyter server is shutting down.",
     "event.cancelled-unwatched": "Stopped waiting for a GPU: nothing was connected to it for {unwatched_s}.",
-    "event.refused-quota-below-min": "Not started: its quota {quota} is below the minimum here, {least_mib}.",
-    "event.refused-quota-above-max": "Not started: its quota {quota} is above the maximum here, {most_mib}.",
-    "event.refused-quota-unfit": "Not started: its quota {quota} fits on no card; the most is {most_mib}.",
+    "event.refused-quota-below-min": "Not started: its quota {quota_mib} is below the minimum here, {least_mib}.",
+    "event.refused-quota-above-max": "Not started: its quota {quota_mib} is above the maximum here, {most_mib}.",
+    "event.refused-quota-unfit": "Not started: its quota {quota_mib} fits on no card; the most is {most_mib}.",
     "event.refused-user-max-kernel": "Not started: one kernel of yours may hold at most {limit_mib}; it asks for {quota_mib}.",
     "event.refused-user-max-kernels": "Not started: you may run at most {max_kernels} GPU kernels at once.",
     "event.refused-user-max-kernels.one": "Not started: you may run only {max_kernels} GPU kernel at a time.",
@@ -94,7 +94,7 @@ CATALOGUE: dict[str, str] = {
     "event.idle": "Holds {reserved_mib} of GPU memory unused for {idle_s}: shut it down when you are done.",
     "event.out-of-memory": "{framework} ran out of GPU memory at quota {quota_mib}: restart with {retry_mib} to run "
     "it with more.",
-    "event.quota-requested": "Quota {quota} requested; it applies at the next restart.",
+    "event.quota-requested": "Quota {quota_mib} requested; it applies at the next restart.",
     "event.over-quota-notify": "Still over its {reserved_mib} reservation after {over_s}: free memory or ask for "
     "a larger quota.",
     "event.over-quota-interrupt": "Interrupted: it used {used_mib}, over its {reserved_mib} reservation[, for "
@@ -117,9 +117,9 @@ CATALOGUE: dict[str, str] = {
     "event.group-ended": "{processes} processes it had started were still running and were ended with it.",
     "event.group-ended.one": "{processes} process it had started was still running and was ended with it.",
     # a rule's refusal, said in the quota dialog (policy.PolicyError's code and figures)
-    "policy.quota-below-min": "A quota of {quota} is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.",
-    "policy.quota-above-max": "A quota of {quota} is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.",
-    "policy.quota-unfit": "A quota of {quota} does not fit on any card even when it is empty: the most a kernel can reserve here is {most_mib} plus the {reserve_mib} CUDA context reserve.",
+    "policy.quota-below-min": "A quota of {quota_mib} is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.",
+    "policy.quota-above-max": "A quota[ of {quota_mib}] is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.",
+    "policy.quota-unfit": "A quota of {quota_mib} does not fit on any card even when it is empty: the most a kernel can reserve here is {most_mib} plus the {reserve_mib} CUDA context reserve.",
     "policy.user-max-kernel": "You may give one kernel at most {limit_mib} of GPU memory; this one asks for {quota_mib}. Ask for at most {limit_mib}.",
     "policy.user-max-kernels": "You may run at most {max_kernels} GPU kernels at once and already run {kernels}. Shut down a kernel you no longer use, then start this one again.",
     "policy.user-max-kernels.one": "You may run only {max_kernels} GPU kernel at a time and already run {kernels}. Shut down a kernel you no longer use, then start this one again.",

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 
 from ..core.history import HistoryRules, Run, notebooks
-from ..core.policy import PolicyError, parse_size
+from ..core.policy import PolicyError, Size, parse_size
 from ..host.gpu import Card
 from ..host.procs import Owner, ProcessRef, SessionRef
 from .file import open_readonly
@@ -33,9 +33,9 @@ def owner_columns(owner: Owner) -> tuple[int, float, str | None]:
 
 def waiter_of(r: sqlite3.Row) -> Waiter:
     try:
-        quota = str(parse_size(r["quota"]))
-    except PolicyError:
-        quota = str(r["quota"])[:40]
+        quota: Size | None = parse_size(r["quota"])
+    except PolicyError:  # never written by this code: shown as unknown
+        quota = None
     return Waiter(r["ticket"], r["kernel_id"], quota, r["user"], r["kernel_name"], owner_of(r), r["created"])
 
 

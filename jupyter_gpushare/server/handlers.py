@@ -13,7 +13,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.services.kernels.handlers import KernelActionHandler, _kernel_id_regex
 from tornado import web
 
-from ..core.policy import PolicyError, parse_size
+from ..core.policy import PolicyError
 from ..ledger.ledger import LedgerError
 from .manager import QuotaManager
 from .records import KernelRecord
@@ -115,7 +115,8 @@ class KernelHandler(GpuShareHandler):
                 400, f'Send {{"quota": "<size>"}}, e.g. {{"quota": "6GiB"}}; got fields {sorted(body)}.'
             )
         try:
-            rec = await self.manager.quotas.request(kernel_id, parse_size(body["quota"], "quota"))
+            quotas = self.manager.quotas
+            rec = await quotas.request(kernel_id, quotas.parse(body["quota"]))
         except PolicyError as e:  # 409: the card has not the extra now (the kernel keeps what it holds)
             raise web.HTTPError(409 if e.code == "grow-no-room" else 400, str(e)) from e
         except LedgerError as e:

@@ -60,7 +60,7 @@ class Learning:
         if not self.rules.enabled or rec.quota_source != "default":
             return quota, None
         learned = learned_quota(self.policy, got, self.rules.margin, cards, limits, held)
-        rec.quota, rec.quota_source = str(learned), "learned"
+        rec.quota, rec.quota_source = learned, "learned"
         return learned, "a run that ran out of memory" if got.failed else f"peak {format_mib(got.peak_mib)}"
 
     async def at_stop(self, rec: KernelRecord, usage: Any, card: Card | None) -> None:

@@ -163,7 +163,12 @@ class QuotaManager:
         rec = self.records.get(kernel_id)
         if rec is None:
             rec = self.records[kernel_id] = KernelRecord(
-                kernel_id, kernel_name, language, self.user, on_change=self._on_change
+                kernel_id,
+                kernel_name,
+                language,
+                self.user,
+                on_change=self._on_change,
+                largest_mib=max((c.total_mib for c in self.cards), default=0),
             )
             self._on_change(kernel_id)
         return rec
@@ -201,7 +206,7 @@ class QuotaManager:
                     reason=f"Kernels of {kernel_name or language!r} reserve no GPU memory here, so they see no GPU.",
                 ),
             )
-        rec.quota = str(quota)
+        rec.quota = quota
         if self.closing:
             raise self.refuse(
                 kernel_id,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.policy import PolicyError, Size
+from ..core.policy import PolicyError, Size, format_mib, parse_size
 from ..ledger.ledger import Lease, LedgerError, Reservations
 from .records import KernelRecord
 
@@ -22,6 +22,24 @@ class QuotaChanges:
 
     def __init__(self, kernels: Any) -> None:  # the registry (QuotaManager): records, policy, cards, ledger, events
         self.kernels = kernels
+
+    def parse(self, typed: object) -> Size:
+        """What a person typed for a quota, as the one parser reads it (policy.parse_size), with this server's
+        figures in its reasons: the fix it suggests for a bare number is never below the minimum, and a size past
+        any card is refused with the largest quota here, as a quota above the maximum is."""
+        k = self.kernels
+        biggest = max((c.total_mib for c in k.cards), default=0)
+        try:
+            return parse_size(typed, "quota", least_mib=k.policy.min_quota.resolve(biggest))
+        except PolicyError as e:
+            if e.code != "size-too-large" or not k.cards:
+                raise
+            most = max(k.policy.largest_quota_mib(c.total_mib) for c in k.cards)
+            raise PolicyError(
+                f"A quota of {str(typed)[:40]!r} is more than the largest a kernel may have here ({format_mib(most)}). "
+                f"Ask for at most {format_mib(most)}.",
+                "quota-above-max", most_mib=most,
+            ) from e  # fmt: skip
 
     async def request(self, kernel_id: str, quota: Size) -> KernelRecord:
         """Ask for another quota for a kernel (the module's docstring says when it applies). PolicyError with the
@@ -38,7 +56,10 @@ class QuotaChanges:
             await k.ledger.on(lambda ledger: self._check_limits(ledger, kernel_id, quota))
         rec.pending_quota = quota  # exactly what the server took, applied as it is at the restart
         k.event(
-            "quota-requested", kernel_id, f"Quota {quota} requested; it applies at the next restart.", quota=str(quota)
+            "quota-requested",
+            kernel_id,
+            f"Quota {quota} requested; it applies at the next restart.",
+            quota_mib=rec.pending_quota_mib(),
         )
         return rec
 
@@ -58,7 +79,7 @@ class QuotaChanges:
         except (PolicyError, LedgerError) as e:
             k.event("quota-kept", kernel_id, f"Quota {quota} was not applied; it keeps {rec.quota}: {e}")
             return
-        rec.quota, rec.quota_source = str(quota), "requested"
+        rec.quota, rec.quota_source = quota, "requested"
         k.line.room_freed()  # a smaller reservation leaves room for the line
 
     async def _resize(self, kernel_id: str, quota_mib: int) -> Lease | None:

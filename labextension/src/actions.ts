@@ -30,6 +30,14 @@ export interface IKernelActions {
   toggleHost(): void;
 }
 
+/** A size to type again as it is: "4.5 GiB" where that is exact, else whole MiB ("4291 MiB"); "" unknown. */
+export function exactSize(mib: number | null | undefined): string {
+  if (!isMeasured(mib)) {
+    return '';
+  }
+  return mib < 1024 || (mib * 10) % 1024 === 0 ? formatMiB(mib) : `${mib} MiB`;
+}
+
 /** The dialog body that asks for a new quota; it keeps what was typed and says why it was not taken. */
 class QuotaBody extends Widget implements Dialog.IBodyWidget<string> {
   constructor(kernel: IKernel, limits: string, value: string, problem: string) {
@@ -37,7 +45,9 @@ class QuotaBody extends Widget implements Dialog.IBodyWidget<string> {
     this.addClass('jp-gpushare-quota-dialog');
     const p = document.createElement('p');
     p.textContent = [
-      say('ui.dialog.current', { quota: kernel.quota ?? '–' }),
+      say('ui.dialog.current', {
+        quota_mib: kernel.quota_mib ?? kernel.requested_quota_mib
+      }),
       limits,
       say('ui.dialog.restarts')
     ]
@@ -102,10 +112,16 @@ export function kernelActions(
   };
 
   /** Restart a kernel whose new quota the server took (it waits in line if the GPU has no room). */
-  const restartWithQuota = (k: IKernel, quota: string) => {
-    Notification.info(say('ui.quota.restarting', { name: nameOf(k), quota }), {
-      autoClose: 5000
-    });
+  const restartWithQuota = (
+    k: IKernel,
+    quotaMib: number | null | undefined
+  ) => {
+    Notification.info(
+      say('ui.quota.restarting', { name: nameOf(k), quota_mib: quotaMib }),
+      {
+        autoClose: 5000
+      }
+    );
     restart(k)
       .then(() => model.refresh())
       .catch(e =>
@@ -120,17 +136,14 @@ export function kernelActions(
     void model.refresh();
   };
 
-  /** The quota the server took, in its figures (what "4.5 gb" became), else as it says it. */
-  const taken = (k: IKernel): string =>
-    isMeasured(k.pending_quota_mib)
-      ? formatMiB(k.pending_quota_mib)
-      : (k.pending_quota ?? '');
+  /** The quota the server took, in its figures (what "4.5 gb" became: MiB, said by formatMiB). */
+  const taken = (k: IKernel): number | null | undefined => k.pending_quota_mib;
 
   /**
    * Ask until the server takes the quota typed, or the person cancels. The server is the one parser of
    * sizes and the judge of the limits: what was typed goes to it as typed, and its reason comes back.
    */
-  const askQuota = async (k: IKernel): Promise<string | null> => {
+  const askQuota = async (k: IKernel): Promise<number | null | undefined> => {
     const cfg = model.snapshot.state?.config;
     const limits = [
       cfg?.min_quota
@@ -142,7 +155,9 @@ export function kernelActions(
     ]
       .filter(Boolean)
       .join(say('ui.dialog.and'));
-    let value = k.pending_quota ?? k.quota ?? '';
+    let value = exactSize(
+      k.pending_quota_mib ?? k.quota_mib ?? k.requested_quota_mib
+    );
     let problem = '';
     for (;;) {
       const result = await showDialog({

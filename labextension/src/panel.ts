@@ -297,19 +297,19 @@ function renderKernel(
   const where = k.card
     ? cardLabel(k.card)
     : say(k.state === 'queued' ? 'ui.kernel.waiting' : 'ui.kernel.no_card');
-  const quota =
-    isMeasured(k.quota_mib) || k.quota
-      ? say(
-          isMeasured(k.reserve_mib) && isMeasured(k.reserved_mib)
-            ? 'ui.kernel.quota_reserved'
-            : 'ui.kernel.quota',
-          {
-            quota: isMeasured(k.quota_mib) ? formatMiB(k.quota_mib) : k.quota,
-            reserve_mib: k.reserve_mib,
-            reserved_mib: k.reserved_mib
-          }
-        )
-      : '';
+  const quotaMib = k.quota_mib ?? k.requested_quota_mib;
+  const quota = isMeasured(quotaMib)
+    ? say(
+        isMeasured(k.reserve_mib) && isMeasured(k.reserved_mib)
+          ? 'ui.kernel.quota_reserved'
+          : 'ui.kernel.quota',
+        {
+          quota_mib: quotaMib,
+          reserve_mib: k.reserve_mib,
+          reserved_mib: k.reserved_mib
+        }
+      )
+    : '';
   const fw = view.settings.showFrameworks ? frameworks(k) : null;
   const learned = historyText(k);
   const tl =
@@ -317,13 +317,12 @@ function renderKernel(
   const act: VirtualElement[] = [];
   // the quota to restart with after an out-of-memory error, in the server's words
   const retryMib = k.oom?.retry_quota_mib;
-  const retry = isMeasured(retryMib) ? formatMiB(retryMib) : null;
-  if (retryMib && retry && k.state !== 'queued') {
+  if (retryMib && isMeasured(retryMib) && k.state !== 'queued') {
     act.push(
       button(
         'retry-btn',
-        say('ui.btn.retry', { quota: retry }),
-        say('ui.btn.retry_label', { name, quota: retry }),
+        say('ui.btn.retry', { quota_mib: retryMib }),
+        say('ui.btn.retry_label', { name, quota_mib: retryMib }),
         () => void actions.restartWith(k, retryMib)
       )
     );
@@ -386,12 +385,8 @@ function renderKernel(
       [
         where,
         quota,
-        k.pending_quota
-          ? say('ui.kernel.pending', {
-              quota: isMeasured(k.pending_quota_mib)
-                ? formatMiB(k.pending_quota_mib)
-                : k.pending_quota
-            })
+        isMeasured(k.pending_quota_mib)
+          ? say('ui.kernel.pending', { quota_mib: k.pending_quota_mib })
           : ''
       ]
         .filter(Boolean)

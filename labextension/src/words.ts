@@ -91,13 +91,13 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       'Stopped waiting for a GPU: nothing was connected to it for {unwatched_s}.'
     ),
     'event.refused-quota-below-min': __(
-      'Not started: its quota {quota} is below the minimum here, {least_mib}.'
+      'Not started: its quota {quota_mib} is below the minimum here, {least_mib}.'
     ),
     'event.refused-quota-above-max': __(
-      'Not started: its quota {quota} is above the maximum here, {most_mib}.'
+      'Not started: its quota {quota_mib} is above the maximum here, {most_mib}.'
     ),
     'event.refused-quota-unfit': __(
-      'Not started: its quota {quota} fits on no card; the most is {most_mib}.'
+      'Not started: its quota {quota_mib} fits on no card; the most is {most_mib}.'
     ),
     'event.refused-user-max-kernel': __(
       'Not started: one kernel of yours may hold at most {limit_mib}; it asks for {quota_mib}.'
@@ -149,7 +149,7 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       '{framework} ran out of GPU memory at quota {quota_mib}: restart with {retry_mib} to run it with more.'
     ),
     'event.quota-requested': __(
-      'Quota {quota} requested; it applies at the next restart.'
+      'Quota {quota_mib} requested; it applies at the next restart.'
     ),
     'event.over-quota-notify': __(
       'Still over its {reserved_mib} reservation after {over_s}: free memory or ask for a larger quota.'
@@ -188,13 +188,13 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       '{processes} process it had started was still running and was ended with it.'
     ),
     'policy.quota-below-min': __(
-      'A quota of {quota} is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.'
+      'A quota of {quota_mib} is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.'
     ),
     'policy.quota-above-max': __(
-      'A quota of {quota} is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.'
+      'A quota[ of {quota_mib}] is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.'
     ),
     'policy.quota-unfit': __(
-      'A quota of {quota} does not fit on any card even when it is empty: the most a kernel can reserve here is {most_mib} plus the {reserve_mib} CUDA context reserve.'
+      'A quota of {quota_mib} does not fit on any card even when it is empty: the most a kernel can reserve here is {most_mib} plus the {reserve_mib} CUDA context reserve.'
     ),
     'policy.user-max-kernel': __(
       'You may give one kernel at most {limit_mib} of GPU memory; this one asks for {quota_mib}. Ask for at most {limit_mib}.'
@@ -319,15 +319,15 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     ),
     'ui.kernel.waiting': __('waiting'),
     'ui.kernel.no_card': __('no card'),
-    'ui.kernel.quota': __('quota {quota}'),
+    'ui.kernel.quota': __('quota {quota_mib}'),
     'ui.kernel.quota_reserved': __(
-      'quota {quota} + {reserve_mib} CUDA context = {reserved_mib} reserved'
+      'quota {quota_mib} + {reserve_mib} CUDA context = {reserved_mib} reserved'
     ),
-    'ui.kernel.pending': __('→ {quota} at next restart'),
+    'ui.kernel.pending': __('→ {quota_mib} at next restart'),
     'ui.kernel.utilisation': __('GPU utilisation {utilisation}'),
-    'ui.btn.retry': __('Restart with {quota}'),
+    'ui.btn.retry': __('Restart with {quota_mib}'),
     'ui.btn.retry_label': __(
-      'Restart {name} with a {quota} GPU quota (it ran out of memory; waits if the GPU is full)'
+      'Restart {name} with a {quota_mib} GPU quota (it ran out of memory; waits if the GPU is full)'
     ),
     'ui.btn.quota': __('Change quota…'),
     'ui.btn.quota_label': __('Change the GPU quota of {name} (restarts it)'),
@@ -431,15 +431,15 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.limits.up_to': __('up to {parts}'),
     'ui.queue.kind': __('{kernel} kernel'),
     'ui.queue.kernel': __('kernel'),
-    'ui.queue.yours': __('your {kind}[, {quota}]'),
-    'ui.queue.user': __('{user}’s {kind}[, {quota}]'),
+    'ui.queue.yours': __('your {kind}[, {quota_mib}]'),
+    'ui.queue.user': __('{user}’s {kind}[, {quota_mib}]'),
     'ui.queue.another': __('another user’s kernel'),
     'ui.queue.entry': __('#{position} {who} · waiting {waited_s}'),
     'ui.host.pid_hidden': __('not visible'),
     'ui.host.row': __(
       'kernel {kernel_id} ({kernel}) on {card}: quota {quota_mib} + {reserve_mib} CUDA context = {reserved_mib} reserved; server pid {server_pid}, kernel pid {kernel_pid}'
     ),
-    'ui.dialog.current': __('Current quota: {quota}.'),
+    'ui.dialog.current': __('Current quota: {quota_mib}.'),
     'ui.dialog.restarts': __(
       'The kernel restarts to apply the new quota: its variables and state will be lost. If the GPU has no room, it waits in line.'
     ),
@@ -489,7 +489,9 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.config.queue': __('When the GPU is full, kernels wait in line.'),
     'ui.config.cpu': __('When the GPU is full, kernels start on the CPU.'),
     'ui.config.reject': __('When the GPU is full, kernels are refused.'),
-    'ui.quota.restarting': __('Restarting {name} with a {quota} GPU quota…'),
+    'ui.quota.restarting': __(
+      'Restarting {name} with a {quota_mib} GPU quota…'
+    ),
     'ui.size.pair_mib': __('{used} / {total} MiB'),
     'ui.size.pair_gib': __('{used} / {total} GiB'),
     'ui.size.share': __('{percent}% of a card')
@@ -599,10 +601,18 @@ export function isMeasured(value: number | null | undefined): value is number {
   return typeof value === 'number' && isFinite(value);
 }
 
+/**
+ * GiB to one decimal place, halves rounded up (15,616 MiB is 15.25 GiB: "15.3"), as the server's format_mib
+ * does: the one rounding of every size the sidebar shows.
+ */
+function gibText(mib: number): string {
+  const tenths = Math.floor((Math.abs(mib) * 10) / 1024 + 0.5);
+  return ((mib < 0 && tenths ? -tenths : tenths) / 10).toFixed(1);
+}
+
 /** One decimal place, without a trailing ".0" (the server's format_mib) and never "-0". */
-function decimal(x: number): string {
-  const s = x.toFixed(1).replace(/\.0$/, '');
-  return s === '-0' ? '0' : s;
+function decimal(mib: number): string {
+  return gibText(mib).replace(/\.0$/, '');
 }
 
 /** A size for people, as the server says it: "512 MiB" below 1 GiB, else "1.5 GiB", "3 GiB"; "–" unknown. */
@@ -612,7 +622,7 @@ export function formatMiB(mib: number | null | undefined): string {
   }
   return Math.abs(mib) < 1024
     ? say('size.mib', { n: Math.round(mib) })
-    : say('size.gib', { n: decimal(mib / 1024) });
+    : say('size.gib', { n: decimal(mib) });
 }
 
 /**
@@ -629,7 +639,7 @@ export function formatUsage(
   }
   const gib = totalMiB >= 1024;
   const num = (x: number | null | undefined): string =>
-    !isMeasured(x) ? '–' : gib ? (x / 1024).toFixed(1) : String(Math.round(x));
+    !isMeasured(x) ? '–' : gib ? gibText(x) : String(Math.round(x));
   return say(gib ? 'ui.size.pair_gib' : 'ui.size.pair_mib', {
     used: num(usedMiB),
     total: num(totalMiB)

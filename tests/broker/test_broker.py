@@ -256,8 +256,8 @@ def _lease(kid: str, user: str, quota: int = 2048, card: str = "GPU-0") -> Lease
 def test_view_for_a_student_names_no_one_else():
     leases = [_lease("k-alice", "alice"), _lease("k-bob", "bob")]
     waiters = [
-        Waiter(1, "k-alice-2", "2 GiB", "alice", "python3", ProcessRef(10, 1.0), 0.0),
-        Waiter(2, "k-bob-2", "1 GiB", "bob", "python3", ProcessRef(12, 1.0), 0.0),
+        Waiter(1, "k-alice-2", Size(mib=2048), "alice", "python3", ProcessRef(10, 1.0), 0.0),
+        Waiter(2, "k-bob-2", Size(mib=1024), "bob", "python3", ProcessRef(12, 1.0), 0.0),
     ]
     cards = [Card(0, "GPU-0", "H200", 10240)]
     view = view_for(
@@ -267,9 +267,9 @@ def test_view_for_a_student_names_no_one_else():
     assert "alice" not in text
     assert [k["kernel_id"] for k in view["kernels"]] == ["k-bob"]
     assert view["cards"][0]["others_reserved_mib"] == 2560 and view["cards"][0]["mine_reserved_mib"] == 2560
-    assert [(q["position"], q["mine"], q["kernel_id"]) for q in view["queue"]] == [
-        (1, False, None),
-        (2, True, "k-bob-2"),
+    assert [(q["position"], q["mine"], q["kernel_id"], q["quota_mib"], q["need_mib"]) for q in view["queue"]] == [
+        (1, False, None, None, None),
+        (2, True, "k-bob-2", 1024, 1536),  # typed sizes: the need is what the banner says, quota + context reserve
     ]
     admin = view_for(Caller("root", 0, admin=True), leases, waiters, cards, Policy())
     assert {k["user"] for k in admin["kernels"]} == {"alice", "bob"} and len(admin["users"]) == 2
@@ -330,7 +330,8 @@ def test_queue_and_cancel_across_users(inproc):
             "kernel_id": None,
             "kernel_name": None,
             "user": None,
-            "quota": None,
+            "quota_mib": None,
+            "need_mib": None,
             "waited_s": queue[0]["waited_s"],
         }
     ]

@@ -52,7 +52,7 @@ async def test_a_smaller_quota_keeps_the_card_and_the_lines_order(gpushare, jp_f
     await restart(jp_fetch, k1)
     after = await gpushare.kernel(k1)
     assert after["state"] == "running" and after["card"]["uuid"] == before["card"]["uuid"]
-    assert (after["quota_mib"], after["reserved_mib"], after["pending_quota"]) == (3072, 3584, None)
+    assert (after["quota_mib"], after["reserved_mib"], after["pending_quota_mib"]) == (3072, 3584, None)
     assert await caps(jp_serverapp, k1) == "3072"
     # The line was not involved: the same two wait, in the same order (3 GiB free fits neither), and k1 never
     # joined it nor gave its reservation back
@@ -77,7 +77,12 @@ async def test_a_larger_quota_is_reserved_at_once_or_refused_at_once_with_why(gp
         "GPU; ask again once others have shut down, or ask for less."
     )
     rec = await gpushare.kernel(k1)
-    assert (rec["state"], rec["quota_mib"], rec["reserved_mib"], rec["pending_quota"]) == ("running", 4096, 4608, None)
+    assert (rec["state"], rec["quota_mib"], rec["reserved_mib"], rec["pending_quota_mib"]) == (
+        "running",
+        4096,
+        4608,
+        None,
+    )
     # Once there is room, the extra is reserved at once, and the caps follow at the restart, on the same card
     await gpushare.stop_kernel(k2)
     got = await patch_quota(jp_fetch, k1, "6GiB")
@@ -89,3 +94,25 @@ async def test_a_larger_quota_is_reserved_at_once_or_refused_at_once_with_why(gp
     assert (rec["state"], rec["quota_mib"], rec["reserved_mib"]) == ("running", 6144, 6656)
     assert await caps(jp_serverapp, k1) == "6144"
     assert await line(gpushare) == [late]
+
+
+@pytest.mark.parametrize(
+    "typed, status, said, code",
+    [
+        ("-1", 400, "quota: '-1' is negative: a size counts memory from zero up, and at least 256 MiB here", None),
+        ("1e9 GiB", 400, "is more than the largest a kernel may have here (9.5 GiB). Ask for at most 9.5 GiB.",
+         "quota-above-max"),
+        ("0", 400, "add a unit, e.g. '4GiB'", None),  # never '0MiB': it is below the 256 MiB minimum
+        ("1", 400, "add a unit, e.g. '1GiB'.", None),  # not '1MiB' either
+        ("0 GiB", 400, "Ask for at least 256 MiB.", "quota-below-min"),
+    ],
+)  # fmt: skip
+async def test_each_bad_size_gets_its_own_accurate_reason(gpushare, jp_fetch, typed, status, said, code):
+    kid = await gpushare.start_kernel()
+    with pytest.raises(HTTPClientError) as e:
+        await patch_quota(jp_fetch, kid, typed)
+    body = json.loads(e.value.response.body)
+    assert e.value.code == status and said in body["message"] and body.get("code") == code
+    if code:  # the sidebar words it from the figures, typed sizes in MiB
+        assert all(isinstance(v, int) for k, v in body["params"].items() if k.endswith("_mib"))
+        assert said in render(f"policy.{code}", body["params"])

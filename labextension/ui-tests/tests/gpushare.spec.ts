@@ -566,7 +566,7 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
             user: 'student',
             path: `course/week${i % 10}/notebook-${i}.ipynb`,
             state,
-            quota: '2 GiB',
+            requested_quota_mib: 2048,
             quota_mib: 2048,
             reserve_mib: 512,
             reserved_mib: 2560,
@@ -651,7 +651,7 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   });
   const after = await (await page.request.get('/api/gpushare/state')).json();
   const restarted = after.kernels.find((k: any) => k.path === 'renamed.ipynb');
-  expect([restarted.quota, restarted.oom ?? null]).toEqual(['3 GiB', null]);
+  expect([restarted.quota_mib, restarted.oom ?? null]).toEqual([3072, null]);
   expect(errors).toEqual([]);
 });
 
