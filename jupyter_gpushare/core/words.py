@@ -192,6 +192,9 @@ PLURALS: dict[str, str] = {
     "policy.user-max-waiting": "waiting",
 }
 
+# One name per framework, wherever it is said (the sidebar's FRAMEWORK_NAMES is the same)
+FRAMEWORKS: dict[str, str] = {"cupy": "CuPy", "jax": "JAX", "tensorflow": "TensorFlow", "torch": "PyTorch"}
+
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 _OPTIONAL = re.compile(r"\[([^\[\]]*)\]")
 
@@ -212,6 +215,8 @@ def _figure(name: str, value: Any) -> str:
         return format_mib(value)
     if name.endswith("_s"):
         return format_duration(value)
+    if name == "framework":
+        return FRAMEWORKS.get(value, str(value))
     return str(value)
 
 

@@ -8,7 +8,7 @@ import {
 import { KernelAPI } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
-import { basename, formatMiB, isMeasured } from './format';
+import { formatMiB, isMeasured, notebookName } from './format';
 import { GpuShareModel } from './model';
 import { KernelTracker } from './tracker';
 import type { IKernel } from './types';
@@ -87,8 +87,25 @@ export function kernelActions(
   tracker: KernelTracker
 ): IKernelActions {
   const { commands, serviceManager } = app;
+  /** The notebook's name as JupyterLab has it now (its session follows renames), else the server's path. */
+  const pathOf = (k: IKernel): string | null =>
+    [...serviceManager.sessions.running()].find(
+      s => s.kernel?.id === k.kernel_id
+    )?.path ??
+    k.path ??
+    null;
+  /** A notebook's name, its relative path where two share a file name; a kernel without one by its kind. */
   const nameOf = (k: IKernel) =>
-    basename(k.path) || `${k.kernel_name} kernel ${k.kernel_id.slice(0, 8)}`;
+    notebookName(
+      pathOf(k),
+      model.kernels.filter(x => x.kernel_id !== k.kernel_id).map(pathOf)
+    ) ||
+    (pathOf(k) // a session not yet renamed to its notebook's path: never its UUID
+      ? say('ui.kernel.unnamed', { kernel: k.kernel_name })
+      : say('ui.kernel.unnamed_id', {
+          kernel: k.kernel_name,
+          id: k.kernel_id.slice(0, 8)
+        }));
 
   /** Shut a kernel down with its session, if it has one (a notebook's kernel). */
   const shutdownKernel = async (kernelId: string) => {
@@ -203,6 +220,41 @@ export function kernelActions(
       }
     },
     restartWith: async (k, mib) => {
+      // Asked first, as Change quota does: the restart loses the kernel's state. Where it stands: whether its
+      // card has the extra the larger quota needs (the server reserves it at once, or refuses).
+      const card = model.snapshot.state?.cards.find(
+        c => c.uuid === k.card?.uuid
+      );
+      const extra = mib - (k.quota_mib ?? 0);
+      const where =
+        !card || extra <= 0
+          ? ''
+          : extra <= card.unreserved_mib
+            ? say('ui.retry.fits', { extra_mib: extra })
+            : say('ui.retry.short', {
+                extra_mib: extra,
+                free_mib: card.unreserved_mib
+              });
+      const asked = await showDialog({
+        title: say('ui.retry.title', { name: nameOf(k), quota_mib: mib }),
+        body: [say('ui.retry.body', { name: nameOf(k) }), where]
+          .filter(Boolean)
+          .join(' '),
+        buttons: [
+          Dialog.cancelButton(),
+          Dialog.warnButton({
+            label: say('ui.btn.retry', { quota_mib: mib }),
+            ariaLabel: say('ui.btn.retry_label', {
+              name: nameOf(k),
+              quota_mib: mib
+            })
+          })
+        ],
+        defaultButton: 0 // the safe one: Enter keeps the kernel's state
+      });
+      if (!asked.button.accept) {
+        return;
+      }
       let got: IKernel;
       try {
         got = await model.requestQuota(k.kernel_id, `${mib}MiB`);
@@ -222,7 +274,8 @@ export function kernelActions(
         buttons: [
           Dialog.cancelButton(),
           Dialog.warnButton({ label: say('ui.btn.shutdown') })
-        ]
+        ],
+        defaultButton: 0 // the safe one
       });
       if (!result.button.accept) {
         return;
@@ -244,7 +297,8 @@ export function kernelActions(
         buttons: [
           Dialog.cancelButton({ label: say('ui.stop.keep') }),
           Dialog.warnButton({ label: say('ui.stop.button') })
-        ]
+        ],
+        defaultButton: 0 // the safe one: Enter, Enter keeps the kernel in line
       });
       if (!result.button.accept) {
         return;

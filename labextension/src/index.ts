@@ -93,11 +93,15 @@ const core: JupyterFrontEndPlugin<IGpuShare> = {
         );
       }
     });
-    model.changed.connect(() => {
+    const follow = () => {
       if (model.snapshot.state) {
-        notifier.forget(new Set(model.kernels.map(k => k.kernel_id)));
+        notifier.update(
+          new Map(model.kernels.map(k => [k.kernel_id, k.status?.code ?? null]))
+        );
       }
-    });
+    };
+    model.changed.connect(follow);
+    serviceManager.sessions.runningChanged.connect(follow); // a rename
 
     if (settingRegistry) {
       void settingRegistry

@@ -15,7 +15,13 @@ import { GpuShareModel, ISettings, ISnapshot } from './model';
 import { historyText, quotaMiB, statusOf } from './state';
 import { ICurrent, KernelTracker } from './tracker';
 import type { ICard, IKernel } from './types';
-import { say, segmentText, segmentTitle, sizeText } from './words';
+import {
+  FRAMEWORK_NAMES,
+  say,
+  segmentText,
+  segmentTitle,
+  sizeText
+} from './words';
 
 /** What the panel shows: the server's state, the notebook in front, the user's settings. */
 export interface IPanelView {
@@ -207,13 +213,6 @@ function timeline(k: IKernel): VirtualElement | null {
   );
 }
 
-const FRAMEWORK_NAMES: { [name: string]: string } = {
-  cupy: 'CuPy',
-  jax: 'JAX',
-  tensorflow: 'TensorFlow',
-  torch: 'PyTorch'
-};
-
 function frameworks(k: IKernel): VirtualElement | null {
   const fw = k.frameworks;
   if (!fw || Object.keys(fw).length === 0) {
@@ -237,7 +236,7 @@ function frameworks(k: IKernel): VirtualElement | null {
             title: say('ui.fw.detail', { detail: f.detail ?? '' })
           },
           say(f.capped ? 'ui.fw.capped' : 'ui.fw.uncapped', {
-            name,
+            name: FRAMEWORK_NAMES[name] ?? name, // one name per framework
             limit_mib: f.limit_mib
           })
         );
@@ -393,13 +392,13 @@ function renderKernel(
         .join(' · ')
     ),
     ...(learned ? [h.div({ className: `${C}-kernel-history` }, learned)] : []),
-    ...(k.oom
+    ...(k.oom && k.state !== 'queued' // (in line it has no quota to speak of: no "at quota –")
       ? [
           h.div(
             { className: `${C}-kernel-oom`, role: 'status' },
             say('event.out-of-memory', {
-              framework: FRAMEWORK_NAMES[k.oom.framework] ?? k.oom.framework,
-              quota_mib: quotaMiB(k),
+              framework: k.oom.framework, // worded by say(): one name per framework
+              quota_mib: quotaMiB(k) ?? k.requested_quota_mib,
               retry_mib: retryMib
             })
           )

@@ -319,6 +319,8 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     ),
     'ui.kernel.waiting': __('waiting'),
     'ui.kernel.no_card': __('no card'),
+    'ui.kernel.unnamed': __('{kernel} kernel'),
+    'ui.kernel.unnamed_id': __('{kernel} kernel {id}'),
     'ui.kernel.quota': __('quota {quota_mib}'),
     'ui.kernel.quota_reserved': __(
       'quota {quota_mib} + {reserve_mib} CUDA context = {reserved_mib} reserved'
@@ -327,7 +329,7 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.kernel.utilisation': __('GPU utilisation {utilisation}'),
     'ui.btn.retry': __('Restart with {quota_mib}'),
     'ui.btn.retry_label': __(
-      'Restart {name} with a {quota_mib} GPU quota (it ran out of memory; waits if the GPU is full)'
+      'Restart {name} with a {quota_mib} GPU quota (it ran out of memory; asks first)'
     ),
     'ui.btn.quota': __('Change quota…'),
     'ui.btn.quota_label': __('Change the GPU quota of {name} (restarts it)'),
@@ -441,7 +443,7 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     ),
     'ui.dialog.current': __('Current quota: {quota_mib}.'),
     'ui.dialog.restarts': __(
-      'The kernel restarts to apply the new quota: its variables and state will be lost. If the GPU has no room, it waits in line.'
+      'The kernel restarts to apply the new quota: its variables and state will be lost. It keeps its GPU: a larger quota is reserved at once, or refused now if its GPU has not the room.'
     ),
     'ui.dialog.placeholder': __('e.g. 6GiB or 512MiB'),
     'ui.dialog.input': __('New GPU memory quota'),
@@ -453,6 +455,16 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.dialog.restart': __('Restart with new quota'),
     'ui.dialog.restart_label': __('Restart {name} with the new quota'),
     'ui.dialog.not_changed': __('GPU quota not changed'),
+    'ui.retry.title': __('Restart {name} with {quota_mib}?'),
+    'ui.retry.body': __(
+      '{name} ran out of GPU memory. Restarting it loses its state: its variables, imports and data in memory are gone, and its cells must run again.'
+    ),
+    'ui.retry.fits': __(
+      'Its GPU has the {extra_mib} more it needs now: the kernel keeps its card and reserves the extra at once.'
+    ),
+    'ui.retry.short': __(
+      'It needs {extra_mib} more on its GPU, which has {free_mib} unreserved now: the larger quota is refused until others free that much, and the kernel keeps what it has.'
+    ),
     'ui.shutdown.title': __('Shut down {name}?'),
     'ui.shutdown.body': __(
       'Its variables and state will be lost, and its GPU memory goes back to the others.'
@@ -534,7 +546,18 @@ function known(value: unknown): boolean {
   return value !== null && value !== undefined && value !== '';
 }
 
+/** One name per framework, wherever it is said (the server's words.FRAMEWORKS is the same). */
+export const FRAMEWORK_NAMES: { [name: string]: string } = {
+  cupy: 'CuPy',
+  jax: 'JAX',
+  tensorflow: 'TensorFlow',
+  torch: 'PyTorch'
+};
+
 function figure(name: string, value: unknown): string {
+  if (name === 'framework' && typeof value === 'string') {
+    return FRAMEWORK_NAMES[value] ?? value;
+  }
   if (typeof value === 'number' && name.endsWith('_mib')) {
     return formatMiB(value);
   }

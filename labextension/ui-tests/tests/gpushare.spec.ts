@@ -643,9 +643,14 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   );
   await renamed
     .getByRole('button', {
-      name: 'Restart renamed.ipynb with a 3 GiB GPU quota (it ran out of memory; waits if the GPU is full)'
+      name: 'Restart renamed.ipynb with a 3 GiB GPU quota (it ran out of memory; asks first)'
     })
     .click();
+  // It asks first, as Change quota does: the state will be lost; Enter would keep it (the safe button)
+  await expect(dialog).toContainText('Restart renamed.ipynb with 3 GiB?');
+  await expect(dialog).toContainText('loses its state');
+  await expect(dialog.locator('button.jp-mod-reject')).toBeFocused();
+  await dialog.locator('button.jp-mod-warn').click();
   await expect(renamed.locator('.jp-gpushare-kernel-oom')).toHaveCount(0, {
     timeout: 30000
   });
