@@ -13,6 +13,7 @@ import {
 import { renderHostSection } from './hostpanel';
 import { GpuShareModel, ISettings, ISnapshot } from './model';
 import { historyText, quotaMiB, statusOf } from './state';
+import { keepRoomForToasts } from './toastroom';
 import { ICurrent, KernelTracker } from './tracker';
 import type { ICard, IKernel } from './types';
 import {
@@ -640,11 +641,16 @@ export class GpuSharePanel extends Widget {
   protected onAfterAttach(): void {
     this.model.setPanelVisible(this.isVisible);
     this.renderNow();
+    this._toastRoom = keepRoomForToasts(this.node);
   }
 
   protected onBeforeDetach(): void {
     this.model.setPanelVisible(false);
+    this._toastRoom?.();
+    this._toastRoom = null;
   }
+
+  private _toastRoom: (() => void) | null = null;
 
   private _schedule(): void {
     if (!this.isVisible || this._pending) {

@@ -180,9 +180,10 @@ test('names, toasts and dialogs a student can read and trust', async ({
   expect((await stateOf(page, 'r3/c.ipynb')).state).toBe('queued');
 
   // The waiting notebook's toast closes when its wait ends (r3/a.ipynb is shut down: c.ipynb gets its GPU)
-  await page.request.delete(
-    `/api/kernels/${(await stateOf(page, 'r3/a.ipynb')).kernel_id}`
-  );
+  await panel(page)
+    .getByRole('button', { name: 'Shut down r3/a.ipynb' })
+    .click();
+  await dialog(page).locator('button.jp-mod-warn').click();
   await expect
     .poll(async () => (await stateOf(page, 'r3/c.ipynb'))?.state, {
       timeout: 30000
@@ -213,5 +214,41 @@ test('names, toasts and dialogs a student can read and trust', async ({
   await expect(
     panel(page).getByRole('button', { name: 'Shut down a.ipynb' })
   ).toHaveCount(1, { timeout: 30000 });
+
+  // r3/a.ipynb again: it waits, and the host view says what it needs with the banner's figure (quota + CUDA
+  // context), both of them "r3/a.ipynb" now that another a.ipynb runs
+  await open(page, 'r3/a.ipynb'); // its tab, whose kernel was shut down: start one as Kernel › Change does
+  await page.evaluate(() => {
+    const w = (window as any).jupyterapp.shell.currentWidget;
+    void w.sessionContext.changeKernel({ name: 'python3' });
+  });
+  await expect(
+    page.locator('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-gpushare-banner')
+  ).toContainText('needs 3.5 GiB', { timeout: 30000 });
+  // Toasts are up (c.ipynb's, JupyterLab's own): the sidebar's last button scrolls above them, uncovered
+  const toggle = panel(page).locator('.jp-gpushare-host-toggle');
+  await expect(toasts(page).first()).toBeVisible();
+  await panel(page).evaluate(n => (n.scrollTop = n.scrollHeight));
+  await expect
+    .poll(() =>
+      toggle.evaluate(el => {
+        const r = el.getBoundingClientRect();
+        const top = document.elementFromPoint(
+          r.left + r.width / 2,
+          r.top + r.height / 2
+        );
+        return !!top && el.contains(top);
+      })
+    )
+    .toBe(true);
+  await toggle.click();
+  await expect(panel(page).locator('.jp-gpushare-host-queue')).toContainText(
+    '#1 your python3 kernel, 3.5 GiB'
+  );
+  await expect(
+    panel(page).getByRole('button', {
+      name: 'Stop waiting for a GPU for r3/a.ipynb'
+    })
+  ).toHaveCount(1);
   expect(errors).toEqual([]);
 });
