@@ -1,5 +1,7 @@
 import { expect, test } from '@playwright/test';
 
+import { notebook, waitForLab } from '../notebooks';
+
 // The over-quota policy interrupts a kernel 2 s over its reservation (playwright-enforce.config.js): the
 // interrupted cell says why, with the figures and what to do, where the student sees the KeyboardInterrupt.
 
@@ -20,36 +22,11 @@ test('an interrupted cell says why in its output', async ({
     data: {
       type: 'notebook',
       format: 'json',
-      content: {
-        cells: [
-          {
-            cell_type: 'code',
-            execution_count: null,
-            id: 'c1',
-            metadata: {},
-            outputs: [],
-            source: SOURCE
-          }
-        ],
-        metadata: {
-          kernelspec: {
-            display_name: 'Python 3 (ipykernel)',
-            language: 'python',
-            name: 'python3'
-          },
-          language_info: { name: 'python' }
-        },
-        nbformat: 4,
-        nbformat_minor: 5
-      }
+      content: notebook(SOURCE)
     }
   });
   await page.goto('/lab');
-  await page.waitForFunction(() => {
-    const app = (window as any).jupyterapp;
-    return !!app && app.commands.hasCommand('gpushare:open-panel');
-  });
-  await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
+  await waitForLab(page);
   await page.evaluate(() =>
     (window as any).jupyterapp.commands.execute('docmanager:open', {
       path: 'over.ipynb',

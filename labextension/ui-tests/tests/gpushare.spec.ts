@@ -3,6 +3,8 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 
+import { notebook, waitForLab } from '../notebooks';
+
 // A real JupyterLab (start-lab.sh): one simulated 10 GiB card, 3 GiB quotas + 512 MiB context reserve per
 // kernel, so nb1 and nb2 fit (7 GiB) and nb3 waits in the queue. Kernels on the simulated card say what they
 // "use" of it with gpushare_simulate, which is how the near- and over-quota states are reached here.
@@ -16,31 +18,6 @@ const OUT = process.env.GPUSHARE_UPDATE_DOCS
 const IMG = OUT ?? path.join(REPO, 'docs', 'img');
 const RESULTS = OUT ?? path.join(REPO, 'bench', 'results');
 const AXE = require.resolve('axe-core/axe.min.js');
-
-function notebook(source: string) {
-  return {
-    cells: [
-      {
-        cell_type: 'code',
-        execution_count: null,
-        id: 'c1',
-        metadata: {},
-        outputs: [],
-        source: [source]
-      }
-    ],
-    metadata: {
-      kernelspec: {
-        display_name: 'Python 3 (ipykernel)',
-        language: 'python',
-        name: 'python3'
-      },
-      language_info: { name: 'python' }
-    },
-    nbformat: 4,
-    nbformat_minor: 5
-  };
-}
 
 async function run(page: Page, command: string, args: any = {}): Promise<any> {
   return page.evaluate(
@@ -64,15 +41,6 @@ async function openNotebook(page: Page, name: string): Promise<void> {
       .filter({ hasText: path.basename(name) })
       .first()
   ).toBeVisible();
-}
-
-/** The lab is up: our commands exist and the workspace is restored (the splash screen is gone). */
-async function waitForLab(page: Page): Promise<void> {
-  await page.waitForFunction(() => {
-    const app = (window as any).jupyterapp;
-    return !!app && app.commands.hasCommand('gpushare:open-panel');
-  });
-  await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
 }
 
 /**
