@@ -12,7 +12,7 @@ import {
 } from './format';
 import { renderHostSection } from './hostpanel';
 import { GpuShareModel, ISettings, ISnapshot } from './model';
-import { historyText, quotaMiB, statusOf } from './state';
+import { historyText, IWorded, quotaMiB, statusOf } from './state';
 import { keepRoomForToasts } from './toastroom';
 import { ICurrent, KernelTracker } from './tracker';
 import type { ICard, IKernel } from './types';
@@ -408,28 +408,45 @@ function renderKernel(
     ...(k.state === 'queued' || k.state === 'starting'
       ? []
       : [quotaBar(k, s.severity)]),
-    ...(tl ? [tl] : []),
-    ...(isMeasured(k.utilization)
-      ? [
-          h.div(
-            { className: `${C}-kernel-util` },
-            say('ui.kernel.utilisation', {
-              utilisation: formatPercent(k.utilization)
-            })
-          )
-        ]
-      : []),
-    ...(fw ? [fw] : []),
-    ...[held(k)].filter((e): e is VirtualElement => e !== null),
-    ...(s.severity !== 'ok'
-      ? [
-          h.div(
-            { className: `${C}-kernel-detail ${C}-sev-text-${s.severity}` },
-            s.detail
-          )
-        ]
-      : []),
-    h.div({ className: `${C}-actions` }, ...act)
+    // what the student acts on stays in sight (a warning's sentence says what to do); the rest is one click away
+    ...(s.severity !== 'ok' && k.state !== 'queued' ? [detail(s)] : []),
+    h.div({ className: `${C}-actions` }, ...act),
+    more(k, [
+      ...(k.state === 'queued' ? [detail(s)] : []), // the banner's sentence, in full
+      ...(tl ? [tl] : []),
+      ...(isMeasured(k.utilization)
+        ? [
+            h.div(
+              { className: `${C}-kernel-util` },
+              say('ui.kernel.utilisation', {
+                utilisation: formatPercent(k.utilization)
+              })
+            )
+          ]
+        : []),
+      ...(fw ? [fw] : []),
+      ...[held(k)].filter((e): e is VirtualElement => e !== null)
+    ])
+  );
+}
+
+function detail(s: IWorded): VirtualElement {
+  return h.div(
+    { className: `${C}-kernel-detail ${C}-sev-text-${s.severity}` },
+    s.detail
+  );
+}
+
+/** A kernel's details behind a disclosure (closed at first): its history, caps, and how the server holds it. */
+function more(k: IKernel, parts: VirtualElement[]): VirtualElement {
+  if (parts.length === 0) {
+    return h.div({ className: `${C}-more-none` });
+  }
+  return h(
+    'details',
+    { className: `${C}-more`, key: `more-${k.kernel_id}` },
+    h.summary({ className: `${C}-more-summary` }, say('ui.kernel.more')),
+    ...parts
   );
 }
 

@@ -319,6 +319,7 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     ),
     'ui.kernel.waiting': __('waiting'),
     'ui.kernel.no_card': __('no card'),
+    'ui.kernel.more': __('Details'),
     'ui.cell.gpu': __('GPU memory quota: {text}'),
     'ui.kernel.unnamed': __('{kernel} kernel'),
     'ui.kernel.unnamed_id': __('{kernel} kernel {id}'),

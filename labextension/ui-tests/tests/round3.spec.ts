@@ -1,35 +1,12 @@
 import { expect, Page, test } from '@playwright/test';
 
+import { notebook, waitForLab } from '../notebooks';
+
 // Names a person reads, toasts that follow their state, and dialogs whose Enter is safe (issue 32), in a real
 // JupyterLab (start-lab.sh: one simulated 10 GiB card, 3 GiB quotas + 512 MiB context reserve: two notebooks
 // fit, a third waits). Its notebooks live under r3/, two of them named a.ipynb.
 
 const UUID = /[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/i;
-
-function notebook(source: string) {
-  return {
-    cells: [
-      {
-        cell_type: 'code',
-        execution_count: null,
-        id: 'c1',
-        metadata: {},
-        outputs: [],
-        source: [source]
-      }
-    ],
-    metadata: {
-      kernelspec: {
-        display_name: 'Python 3 (ipykernel)',
-        language: 'python',
-        name: 'python3'
-      },
-      language_info: { name: 'python' }
-    },
-    nbformat: 4,
-    nbformat_minor: 5
-  };
-}
 
 const panel = (page: Page) => page.locator('#jp-gpushare');
 const kernelItems = (page: Page) => panel(page).locator('.jp-gpushare-kernel');
@@ -117,11 +94,7 @@ test('names, toasts and dialogs a student can read and trust', async ({
     });
   });
   await page.goto('/lab');
-  await page.waitForFunction(() => {
-    const app = (window as any).jupyterapp;
-    return !!app && app.commands.hasCommand('gpushare:open-panel');
-  });
-  await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
+  await waitForLab(page);
   await run(page, 'gpushare:open-panel');
 
   // Two notebooks of the same name: the sidebar, its accessible names and its dialogs say their paths
@@ -251,4 +224,52 @@ test('names, toasts and dialogs a student can read and trust', async ({
     })
   ).toHaveCount(1);
   expect(errors).toEqual([]);
+});
+
+test('a student reads a place, a bar and one action; details are one click away; no sideways scroll at 200%', async ({
+  page
+}) => {
+  // 200% zoom of a 1280 x 860 window: a 640 x 430 CSS-pixel viewport
+  await page.setViewportSize({ width: 640, height: 430 });
+  await page.goto('/lab');
+  await waitForLab(page);
+  await run(page, 'gpushare:open-panel');
+  const queued = kernelItems(page).filter({
+    has: page.locator('.jp-gpushare-badge', { hasText: '#1 in line' })
+  });
+  await expect(queued).toHaveCount(1, { timeout: 30000 });
+  // The waiting card: its name, its place, its one action; the banner's long sentence is behind Details
+  await expect(queued.locator('.jp-gpushare-kernel-detail')).toBeHidden();
+  await expect(
+    queued.getByRole('button', { name: /^Stop waiting for a GPU for / })
+  ).toBeVisible();
+  await queued.locator('.jp-gpushare-more-summary').click();
+  await expect(queued.locator('.jp-gpushare-kernel-detail')).toBeVisible();
+  await expect(queued.locator('.jp-gpushare-kernel-detail')).toContainText(
+    'Waiting for a GPU: #1 in line'
+  );
+  // A running card: the bar of use against the reservation in sight, how the server holds it behind Details
+  const running = kernelItems(page).filter({
+    has: page.locator('.jp-gpushare-badge', { hasText: 'running' })
+  });
+  await expect(
+    running.first().locator('.jp-gpushare-quota').first()
+  ).toBeVisible();
+  await expect(running.first().locator('.jp-gpushare-held')).toBeHidden();
+  // Nothing scrolls sideways, and no button's text spills out of it
+  const spills = await panel(page).evaluate(root => {
+    const out: string[] = [];
+    if (root.scrollWidth > root.clientWidth + 1) {
+      out.push(`panel ${root.scrollWidth} > ${root.clientWidth}`);
+    }
+    root.querySelectorAll('button').forEach(b => {
+      if (b.offsetParent && b.scrollWidth > b.clientWidth + 1) {
+        out.push(
+          `button "${b.textContent}" ${b.scrollWidth} > ${b.clientWidth}`
+        );
+      }
+    });
+    return out;
+  });
+  expect(spills).toEqual([]);
 });
