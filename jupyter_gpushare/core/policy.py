@@ -160,6 +160,21 @@ IDLE_ACTIONS = ("warn", "shutdown")
 DEFAULT_MIN_QUOTA_MIB = 256
 
 
+def _quota_figures(quota: Size, total_mib: int) -> dict[str, Any]:
+    """A refused quota's figures: its MiB on the largest card, and the share typed for a percentage."""
+    figures: dict[str, Any] = {"quota_mib": quota.resolve(total_mib)}
+    if quota.percent is not None:
+        figures["share_pct"] = int(quota.percent) if quota.percent == int(quota.percent) else quota.percent
+    return figures
+
+
+def _quota_text(quota: Size, total_mib: int) -> str:
+    """The same in English, as words.CATALOGUE's "{quota_mib}[ ({share_pct}% of a card)]" says it."""
+    figures = _quota_figures(quota, total_mib)
+    share = f" ({figures['share_pct']}% of a card)" if "share_pct" in figures else ""
+    return format_mib(figures["quota_mib"]) + share
+
+
 @dataclass(frozen=True)
 class CardView:
     """What placement needs to know of a card: identity, capacity, what is already reserved, and what
@@ -239,9 +254,9 @@ class Policy:
         least = [self.min_quota.resolve(t) for t in totals if quota.resolve(t) < self.min_quota.resolve(t)]
         if least:
             raise PolicyError(
-                f"A quota of {format_mib(quota.resolve(max(totals)))} is less than the smallest a kernel may have here ({format_mib(max(least))}). "
+                f"A quota of {_quota_text(quota, max(totals))} is less than the smallest a kernel may have here ({format_mib(max(least))}). "
                 f"Ask for at least {format_mib(max(least))}.",
-                "quota-below-min", quota_mib=quota.resolve(max(totals)), least_mib=max(least),
+                "quota-below-min", **_quota_figures(quota, max(totals)), least_mib=max(least),
             )  # fmt: skip
         if not cards:
             return
@@ -250,17 +265,17 @@ class Policy:
         ):
             biggest = max(self.max_quota.resolve(c.total_mib) for c in cards)
             raise PolicyError(
-                f"A quota of {format_mib(quota.resolve(max(c.total_mib for c in cards)))} is more than the largest a kernel may have here "
+                f"A quota of {_quota_text(quota, max(c.total_mib for c in cards))} is more than the largest a kernel may have here "
                 f"({format_mib(biggest)}). Ask for at most {format_mib(biggest)}.",
-                "quota-above-max", quota_mib=quota.resolve(max(c.total_mib for c in cards)), most_mib=biggest,
+                "quota-above-max", **_quota_figures(quota, max(c.total_mib for c in cards)), most_mib=biggest,
             )  # fmt: skip
         if all(self.need_mib(quota, c.total_mib) > self.usable_mib(c.total_mib) for c in cards):
             biggest = max(self.usable_mib(c.total_mib) - self.context_reserve_mib for c in cards)
             raise PolicyError(
-                f"A quota of {format_mib(quota.resolve(max(c.total_mib for c in cards)))} does not fit on any card even when it is empty: the most a kernel can "
+                f"A quota of {_quota_text(quota, max(c.total_mib for c in cards))} does not fit on any card even when it is empty: the most a kernel can "
                 f"reserve here is {format_mib(max(0, biggest))} plus the {format_mib(self.context_reserve_mib)} "
                 "CUDA context reserve.",
-                "quota-unfit", quota_mib=quota.resolve(max(c.total_mib for c in cards)), most_mib=max(0, biggest),
+                "quota-unfit", **_quota_figures(quota, max(c.total_mib for c in cards)), most_mib=max(0, biggest),
                 reserve_mib=self.context_reserve_mib,
             )  # fmt: skip
 

@@ -117,9 +117,9 @@ CATALOGUE: dict[str, str] = {
     "event.group-ended": "{processes} processes it had started were still running and were ended with it.",
     "event.group-ended.one": "{processes} process it had started was still running and was ended with it.",
     # a rule's refusal, said in the quota dialog (policy.PolicyError's code and figures)
-    "policy.quota-below-min": "A quota of {quota_mib} is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.",
-    "policy.quota-above-max": "A quota[ of {quota_mib}] is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.",
-    "policy.quota-unfit": "A quota of {quota_mib} does not fit on any card even when it is empty: the most a kernel can reserve here is {most_mib} plus the {reserve_mib} CUDA context reserve.",
+    "policy.quota-below-min": "A quota of {quota_mib}[ ({share_pct}% of a card)] is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.",
+    "policy.quota-above-max": "A quota[ of {quota_mib}][ ({share_pct}% of a card)] is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.",
+    "policy.quota-unfit": "A quota of {quota_mib}[ ({share_pct}% of a card)] does not fit on any card even when it is empty: the most a kernel can reserve here is {most_mib} plus the {reserve_mib} CUDA context reserve.",
     "policy.user-max-kernel": "You may give one kernel at most {limit_mib} of GPU memory; this one asks for {quota_mib}. Ask for at most {limit_mib}.",
     "policy.user-max-kernels": "You may run at most {max_kernels} GPU kernels at once and already run {kernels}. Shut down a kernel you no longer use, then start this one again.",
     "policy.user-max-kernels.one": "You may run only {max_kernels} GPU kernel at a time and already run {kernels}. Shut down a kernel you no longer use, then start this one again.",

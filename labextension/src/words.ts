@@ -188,13 +188,13 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       '{processes} process it had started was still running and was ended with it.'
     ),
     'policy.quota-below-min': __(
-      'A quota of {quota_mib} is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.'
+      'A quota of {quota_mib}[ ({share_pct}% of a card)] is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.'
     ),
     'policy.quota-above-max': __(
-      'A quota[ of {quota_mib}] is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.'
+      'A quota[ of {quota_mib}][ ({share_pct}% of a card)] is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.'
     ),
     'policy.quota-unfit': __(
-      'A quota of {quota_mib} does not fit on any card even when it is empty: the most a kernel can reserve here is {most_mib} plus the {reserve_mib} CUDA context reserve.'
+      'A quota of {quota_mib}[ ({share_pct}% of a card)] does not fit on any card even when it is empty: the most a kernel can reserve here is {most_mib} plus the {reserve_mib} CUDA context reserve.'
     ),
     'policy.user-max-kernel': __(
       'You may give one kernel at most {limit_mib} of GPU memory; this one asks for {quota_mib}. Ask for at most {limit_mib}.'
