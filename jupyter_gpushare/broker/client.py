@@ -262,6 +262,20 @@ class BrokerLedger:
                 raise
             self._pending_attach[kernel_id] = pid
 
+    def resize(
+        self,
+        kernel_id: str,
+        quota_mib: int,
+        policy: Any = None,
+        cards: Any = None,
+        limits: Any = None,
+        outside: Any = None,
+    ) -> Lease | None:
+        """Change a kernel's quota on its lease through the broker: its rules, limits and measurements apply, not
+        this server's (``policy``, ``cards``, ``limits`` and ``outside`` are not sent)."""
+        got = self._call("resize", kernel_id=kernel_id, quota_mib=quota_mib)
+        return lease_from_json(got) if got else None
+
     def release(self, kernel_id: str) -> Lease | None:
         try:
             got = self._call("release", kernel_id=kernel_id)

@@ -21,7 +21,7 @@ import psutil
 
 from ..core.history import HistoryRules, OthersBudget
 from ..core.levels import WHAT, below, level_of
-from ..core.policy import CardView, Policy, UserLimits, format_mib
+from ..core.policy import CardView, Policy, Size, UserLimits, format_mib
 from ..host.cgroups import held_in_group
 from ..host.gpu import Card, DeviceSample, GpuBackend
 from ..ledger.leases import lease_to_json, waiter_to_json
@@ -38,6 +38,7 @@ from .protocol import (
     NoArgs,
     RecordPeakArgs,
     ReserveArgs,
+    ResizeArgs,
     decode_request,
 )
 from .unleased import UnleasedPolicy
@@ -209,6 +210,20 @@ class Operations:
             "run as root or with a delegated cgroup subtree); `jupyter gpushare doctor` says what is missing."
         )
 
+    def _op_resize(self, caller: Caller, args: ResizeArgs) -> dict | None:
+        """A kernel's new quota on its own lease (ledger.resize), for the server that holds it, within the broker's
+        rules and the caller's per-user limits."""
+        ledger = self._ledger
+        assert ledger is not None
+        lease = ledger.get(args.kernel_id)
+        if lease is None:
+            return None
+        self._may_change(caller, args.kernel_id, lease.user, lease.owner, "resize")
+        self.policy.check_quota(Size(mib=args.quota_mib), [CardView(c.uuid, c.index, c.total_mib) for c in self.cards])
+        outside = ledger.outside(self._latest_samples())
+        got = ledger.resize(args.kernel_id, args.quota_mib, self.policy, self.cards, self.limits_for(caller), outside)
+        return lease_to_json(got) if got else None
+
     def _op_release(self, caller: Caller, args: KernelArgs) -> dict | None:
         ledger = self._ledger
         assert ledger is not None
@@ -280,7 +295,9 @@ class Operations:
     def _op_waiters(self, caller: Caller, args: NoArgs) -> list[dict]:
         assert self._ledger is not None
         return [
-            waiter_to_json(w if self._mine(caller, w.user) else Waiter(w.ticket, "", "", "", "", ANONYMOUS, w.created))
+            waiter_to_json(
+                w if self._mine(caller, w.user) else Waiter(w.ticket, "", None, "", "", ANONYMOUS, w.created)
+            )
             for w in self._ledger.waiters()
         ]
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ..core.addresses import DEFAULT_LEDGER, DEFAULT_SOCKET, is_tcp, parse_tcp  # noqa: F401  (the broker's names)
 from ..core.history import MAX_PATH, MAX_PEAK_MIB, PATH, Run
-from ..core.policy import PolicyError, Size
+from ..core.policy import MAX_MIB, PolicyError, Size
 
 MAX_LINE = (
     64 << 10
@@ -61,6 +61,12 @@ class ReserveArgs:
 class AttachArgs:
     kernel_id: str
     pid: int | None
+
+
+@dataclass(frozen=True)
+class ResizeArgs:
+    kernel_id: str
+    quota_mib: int  # the kernel's new quota on the card it holds, in whole MiB
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,13 @@ def _record_peak(f: _Fields) -> RecordPeakArgs:
     return RecordPeakArgs(f.kernel_id(), f.text("path", PATH, MAX_PATH, default=""), run)
 
 
+def _resize(f: _Fields) -> ResizeArgs:
+    quota = f.number("quota_mib", (int,))
+    if quota is None or not 0 < quota <= MAX_MIB:
+        raise f.refuse("quota_mib", f"a whole number of MiB from 1 to {MAX_MIB}")
+    return ResizeArgs(f.kernel_id(), quota)
+
+
 def _learned(f: _Fields) -> LearnedArgs:
     return LearnedArgs(f.text("kernel_name", NAME, 200, default=""), f.text("path", PATH, MAX_PATH, default=""))
 
@@ -185,6 +198,7 @@ REQUESTS: dict[str, Callable[[_Fields], Any]] = {
     "reserve": _reserve,
     "cancel_wait": lambda f: KernelArgs(f.kernel_id()),
     "attach": _attach,
+    "resize": _resize,
     "release": lambda f: KernelArgs(f.kernel_id()),
     "release_owned_except": _keep,
     "reap": lambda f: NoArgs(),

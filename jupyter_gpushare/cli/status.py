@@ -191,8 +191,8 @@ def format_status(view: dict[str, Any]) -> str:
     if view["queue"]:
         out.append(
             _table(
-                [(q["position"], "yes" if q["mine"] else "", q["user"], q["kernel_id"], q["quota"], format_duration(q["waited_s"])) for q in view["queue"]],
-                ("POS", "MINE", "USER", "KERNEL ID", "QUOTA", "WAITED"),
+                [(q["position"], "yes" if q["mine"] else "", q["user"], q["kernel_id"], format_mib(q["need_mib"]) if q.get("need_mib") is not None else "", format_duration(q["waited_s"])) for q in view["queue"]],
+                ("POS", "MINE", "USER", "KERNEL ID", "NEEDS", "WAITED"),
             )
         )  # fmt: skip
     else:

@@ -31,7 +31,9 @@ _UNIT_MIB = {
 }
 # ASCII digits only (``\\d`` would take Arabic-Indic or full-width digits too), at most 15 before the point
 # and 9 after it: enough for any card, and no 5,000-digit number reaches float().
-_SIZE_RE = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*([A-Za-z]{0,12}|%)\s*", re.ASCII)
+_SIZE_RE = re.compile(
+    r"\s*(-?)\s*([0-9]{1,15}(?:\.[0-9]{1,9})?(?:[eE][+-]?[0-9]{1,3})?)\s*([A-Za-z]{0,12}|%)\s*", re.ASCII
+)
 MAX_MIB = 1 << 30  # 1 PiB: no card comes near it; a bigger figure is a typo or a crafted request
 
 
@@ -98,12 +100,14 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else text[:40] + "..."
 
 
-def parse_size(value: object, name: str = "size", allow_percent: bool = True) -> Size:
-    """Parse "4GiB", "4096MiB", "4G", "1.5 GiB", "25%" (or a Size) into a Size.
+def parse_size(value: object, name: str = "size", allow_percent: bool = True, least_mib: int = 1) -> Size:
+    """Parse "4GiB", "4096MiB", "4G", "1.5 GiB", "25%", "1e3 MiB" (or a Size) into a Size.
 
-    A bare number is refused: without a unit it is ambiguous (bytes? MiB?). So are numbers that are not
-    text (``True``, ``1e999``), digits other than ASCII's, and sizes past ``MAX_MIB``.
-    Raises PolicyError naming ``name``, the bad value and a good example.
+    A bare number is refused: without a unit it is ambiguous (bytes? MiB?); the fix it suggests is never below
+    ``least_mib`` (a quota's minimum). So are numbers that are not text (``True``, ``1e999``), digits other than
+    ASCII's, negative sizes and sizes past ``MAX_MIB``, each with its own reason (code ``size-too-large`` for the
+    last, which a caller may say with its own maximum). Raises PolicyError naming ``name``, the bad value and a
+    good example.
     """
     if isinstance(value, Size):
         return value
@@ -113,7 +117,10 @@ def parse_size(value: object, name: str = "size", allow_percent: bool = True) ->
     m = _SIZE_RE.fullmatch(value)
     if not m:
         raise PolicyError(f"{name}: {shown} is not a size. Use a number with a unit, e.g. {SIZE_EXAMPLES}.")
-    number, unit = float(m.group(1)), m.group(2).lower()
+    number, unit = float(m.group(2)), m.group(3).lower()
+    if m.group(1) and number > 0:
+        least = f", and at least {format_mib(least_mib)} here" if least_mib > 1 else ""
+        raise PolicyError(f"{name}: {shown} is negative: a size counts memory from zero up{least}, e.g. '4GiB'.")
     if unit == "%":
         if not allow_percent:
             raise PolicyError(
@@ -124,27 +131,48 @@ def parse_size(value: object, name: str = "size", allow_percent: bool = True) ->
         return Size(percent=number)
     if unit not in _UNIT_MIB:
         if unit == "":
-            hint = f"add a unit, e.g. '{m.group(1)}MiB' or '{m.group(1)}GiB'"
+            fixes = [f"'{m.group(2)}{u}'" for u in ("MiB", "GiB") if number * _UNIT_MIB[u.lower()] >= max(1, least_mib)]
+            hint = f"add a unit, e.g. {' or '.join(fixes)}" if fixes else f"add a unit, e.g. {SIZE_EXAMPLES}"
         else:
-            hint = f"the unit {m.group(2)!r} is not known; use e.g. {SIZE_EXAMPLES}"
+            hint = f"the unit {m.group(3)!r} is not known; use e.g. {SIZE_EXAMPLES}"
         raise PolicyError(f"{name}: {shown} is not a size: {hint}.")
-    mib = math.floor(number * _UNIT_MIB[unit])
-    if mib > MAX_MIB:
-        raise PolicyError(f"{name}: {shown} is more than 1 PiB; no GPU has that much memory.")
-    return Size(mib=int(mib))
+    mib = number * _UNIT_MIB[unit]
+    if not mib <= MAX_MIB:
+        raise PolicyError(
+            f"{name}: {shown} is more than 1 PiB; no GPU has that much memory. Use e.g. {SIZE_EXAMPLES}.",
+            "size-too-large",
+        )
+    return Size(mib=int(math.floor(mib)))
 
 
 def format_mib(mib: float) -> str:
-    """512 -> '512 MiB', 3584 -> '3.5 GiB', 0 -> '0 MiB'."""
+    """512 -> '512 MiB', 3584 -> '3.5 GiB', 0 -> '0 MiB'. Halves round up (15,616 MiB is 15.25 GiB: '15.3 GiB'), as
+    the sidebar's formatMiB does, so that a figure reads the same wherever it is said."""
     if abs(mib) >= 1024:
-        return f"{mib / 1024:.1f} GiB".replace(".0 GiB", " GiB")
-    return f"{int(round(mib))} MiB"
+        tenths = math.floor(abs(mib) * 10 / 1024 + 0.5) * (1 if mib >= 0 else -1)
+        return f"{tenths / 10:.1f} GiB".replace(".0 GiB", " GiB")
+    return f"{math.floor(mib + 0.5)} MiB"
 
 
 ON_FULL_CHOICES = ("queue", "cpu", "reject")
 OVER_QUOTA_ACTIONS = ("protect", "notify", "interrupt", "restart", "shutdown")
 IDLE_ACTIONS = ("warn", "shutdown")
 DEFAULT_MIN_QUOTA_MIB = 256
+
+
+def _quota_figures(quota: Size, total_mib: int) -> dict[str, Any]:
+    """A refused quota's figures: its MiB on the largest card, and the share typed for a percentage."""
+    figures: dict[str, Any] = {"quota_mib": quota.resolve(total_mib)}
+    if quota.percent is not None:
+        figures["share_pct"] = int(quota.percent) if quota.percent == int(quota.percent) else quota.percent
+    return figures
+
+
+def _quota_text(quota: Size, total_mib: int) -> str:
+    """The same in English, as words.CATALOGUE's "{quota_mib}[ ({share_pct}% of a card)]" says it."""
+    figures = _quota_figures(quota, total_mib)
+    share = f" ({figures['share_pct']}% of a card)" if "share_pct" in figures else ""
+    return format_mib(figures["quota_mib"]) + share
 
 
 @dataclass(frozen=True)
@@ -226,9 +254,9 @@ class Policy:
         least = [self.min_quota.resolve(t) for t in totals if quota.resolve(t) < self.min_quota.resolve(t)]
         if least:
             raise PolicyError(
-                f"A quota of {quota} is less than the smallest a kernel may have here ({format_mib(max(least))}). "
+                f"A quota of {_quota_text(quota, max(totals))} is less than the smallest a kernel may have here ({format_mib(max(least))}). "
                 f"Ask for at least {format_mib(max(least))}.",
-                "quota-below-min", quota=str(quota), least_mib=max(least),
+                "quota-below-min", **_quota_figures(quota, max(totals)), least_mib=max(least),
             )  # fmt: skip
         if not cards:
             return
@@ -237,17 +265,18 @@ class Policy:
         ):
             biggest = max(self.max_quota.resolve(c.total_mib) for c in cards)
             raise PolicyError(
-                f"A quota of {quota} is more than the largest a kernel may have here "
+                f"A quota of {_quota_text(quota, max(c.total_mib for c in cards))} is more than the largest a kernel may have here "
                 f"({format_mib(biggest)}). Ask for at most {format_mib(biggest)}.",
-                "quota-above-max", quota=str(quota), most_mib=biggest,
+                "quota-above-max", **_quota_figures(quota, max(c.total_mib for c in cards)), most_mib=biggest,
             )  # fmt: skip
         if all(self.need_mib(quota, c.total_mib) > self.usable_mib(c.total_mib) for c in cards):
             biggest = max(self.usable_mib(c.total_mib) - self.context_reserve_mib for c in cards)
             raise PolicyError(
-                f"A quota of {quota} does not fit on any card even when it is empty: the most a kernel can "
+                f"A quota of {_quota_text(quota, max(c.total_mib for c in cards))} does not fit on any card even when it is empty: the most a kernel can "
                 f"reserve here is {format_mib(max(0, biggest))} plus the {format_mib(self.context_reserve_mib)} "
                 "CUDA context reserve.",
-                "quota-unfit", quota=str(quota), most_mib=max(0, biggest), reserve_mib=self.context_reserve_mib,
+                "quota-unfit", **_quota_figures(quota, max(c.total_mib for c in cards)), most_mib=max(0, biggest),
+                reserve_mib=self.context_reserve_mib,
             )  # fmt: skip
 
     def place(self, quota: Size, cards: Sequence[CardView]) -> CardView | None:

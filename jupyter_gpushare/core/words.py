@@ -74,9 +74,9 @@ CATALOGUE: dict[str, str] = {
     "card is {free_mib}.",
     "event.refused-closing": "Not started: the Jupyter server is shutting down.",
     "event.cancelled-unwatched": "Stopped waiting for a GPU: nothing was connected to it for {unwatched_s}.",
-    "event.refused-quota-below-min": "Not started: its quota {quota} is below the minimum here, {least_mib}.",
-    "event.refused-quota-above-max": "Not started: its quota {quota} is above the maximum here, {most_mib}.",
-    "event.refused-quota-unfit": "Not started: its quota {quota} fits on no card; the most is {most_mib}.",
+    "event.refused-quota-below-min": "Not started: its quota {quota_mib} is below the minimum here, {least_mib}.",
+    "event.refused-quota-above-max": "Not started: its quota {quota_mib} is above the maximum here, {most_mib}.",
+    "event.refused-quota-unfit": "Not started: its quota {quota_mib} fits on no card; the most is {most_mib}.",
     "event.refused-user-max-kernel": "Not started: one kernel of yours may hold at most {limit_mib}; it asks for {quota_mib}.",
     "event.refused-user-max-kernels": "Not started: you may run at most {max_kernels} GPU kernels at once.",
     "event.refused-user-max-kernels.one": "Not started: you may run only {max_kernels} GPU kernel at a time.",
@@ -98,7 +98,7 @@ CATALOGUE: dict[str, str] = {
     "event.idle": "Holds {reserved_mib} of GPU memory unused for {idle_s}: shut it down when you are done.",
     "event.out-of-memory": "{framework} ran out of GPU memory at quota {quota_mib}: restart with {retry_mib} to run "
     "it with more.",
-    "event.quota-requested": "Quota {quota} requested; it applies at the next restart.",
+    "event.quota-requested": "Quota {quota_mib} requested; it applies at the next restart.",
     "event.over-quota-notify": "Still over its {reserved_mib} reservation after {over_s}: free memory or ask for "
     "a larger quota.",
     "event.over-quota-interrupt": "Interrupted: it used {used_mib}, over its {reserved_mib} reservation[, for "
@@ -121,9 +121,9 @@ CATALOGUE: dict[str, str] = {
     "event.group-ended": "{processes} processes it had started were still running and were ended with it.",
     "event.group-ended.one": "{processes} process it had started was still running and was ended with it.",
     # a rule's refusal, said in the quota dialog (policy.PolicyError's code and figures)
-    "policy.quota-below-min": "A quota of {quota} is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.",
-    "policy.quota-above-max": "A quota of {quota} is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.",
-    "policy.quota-unfit": "A quota of {quota} does not fit on any card even when it is empty: the most a kernel can reserve here is {most_mib} plus the {reserve_mib} CUDA context reserve.",
+    "policy.quota-below-min": "A quota of {quota_mib}[ ({share_pct}% of a card)] is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.",
+    "policy.quota-above-max": "A quota[ of {quota_mib}][ ({share_pct}% of a card)] is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.",
+    "policy.quota-unfit": "A quota of {quota_mib}[ ({share_pct}% of a card)] does not fit on any card even when it is empty: the most a kernel can reserve here is {most_mib} plus the {reserve_mib} CUDA context reserve.",
     "policy.user-max-kernel": "You may give one kernel at most {limit_mib} of GPU memory; this one asks for {quota_mib}. Ask for at most {limit_mib}.",
     "policy.user-max-kernels": "You may run at most {max_kernels} GPU kernels at once and already run {kernels}. Shut down a kernel you no longer use, then start this one again.",
     "policy.user-max-kernels.one": "You may run only {max_kernels} GPU kernel at a time and already run {kernels}. Shut down a kernel you no longer use, then start this one again.",
@@ -131,6 +131,7 @@ CATALOGUE: dict[str, str] = {
     "policy.user-max-total": "You may hold at most {limit_mib} of GPU memory in all your kernels together; they hold {held_mib} and this one asks for {quota_mib}. Shut down a kernel you no longer use.",
     "policy.user-max-waiting": "You have {waiting} kernels waiting for a GPU already, the most one user may have in line here. Stop waiting on one of them (the banner’s Stop waiting, or shut its kernel down), or wait until one starts.",
     "policy.user-max-waiting.one": "You have {waiting} kernel waiting for a GPU already, the most one user may have in line here. Stop waiting on it (the banner’s Stop waiting, or shut its kernel down), or wait until it starts.",
+    "policy.grow-no-room": "{quota_mib} needs {extra_mib} more on GPU {card_index}, which has {free_mib} unreserved now. The kernel keeps its quota and its GPU; ask again once others have shut down, or ask for less.",
     "limits.use": "You hold {held}.",
     "limits.total": "{quota_mib} of {max_total_mib}",
     "limits.kernels": "{kernels} of {max_kernels} GPU kernels",
@@ -195,6 +196,9 @@ PLURALS: dict[str, str] = {
     "policy.user-max-waiting": "waiting",
 }
 
+# One name per framework, wherever it is said (the sidebar's FRAMEWORK_NAMES is the same)
+FRAMEWORKS: dict[str, str] = {"cupy": "CuPy", "jax": "JAX", "tensorflow": "TensorFlow", "torch": "PyTorch"}
+
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 _OPTIONAL = re.compile(r"\[([^\[\]]*)\]")
 
@@ -217,6 +221,8 @@ def _figure(name: str, value: Any) -> str:
         return format_duration(value)
     if name.endswith("_at") and isinstance(value, (int, float)):
         return time.strftime("%H:%M", time.localtime(value))  # a time of day (the server's clock; the UI: its own)
+    if name == "framework":
+        return FRAMEWORKS.get(value, str(value))
     return str(value)
 
 

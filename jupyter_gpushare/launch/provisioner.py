@@ -106,12 +106,10 @@ class GpuShareProvisioner(LocalProvisioner):
         language = (self.kernel_spec.language or "").lower()
         rec = manager.record(self.kernel_id, self._kernel_name, language)
         rec.path = self._notebook_path((kwargs.get("env") or {}).get("JPY_SESSION_NAME")) or rec.path
-        keep = (
-            self._grant is not None
-            and self._grant.mode == "gpu"
-            and rec.pending_quota is None
-            and rec.lease is not None
-        )
+        keep = self._grant is not None and self._grant.mode == "gpu" and rec.lease is not None
+        if keep and rec.pending_quota is not None:  # a restart for a new quota keeps the reservation, resized
+            await manager.quotas.apply(self.kernel_id)
+            self._grant.lease = rec.lease  # type: ignore[union-attr]  # (kept above)
         if not keep:
             if self._grant is not None and self._grant.mode == "gpu":
                 await manager.release(self.kernel_id, "quota changed", forget=False)

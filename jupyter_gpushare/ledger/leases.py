@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.policy import PolicyError, Size, parse_size
 from ..host.procs import Owner, ProcessRef, SessionRef
 
 ADOPTED = "(no kernel)"  # the kernelspec name of a lease the broker gave a process that held memory without one
@@ -58,7 +59,7 @@ class Waiting:
 class Waiter:
     ticket: int
     kernel_id: str
-    quota: str
+    quota: Size | None  # None: a row this code did not write, whose quota cannot be read
     user: str
     kernel_name: str
     owner: Owner
@@ -115,7 +116,7 @@ def waiter_to_json(w: Waiter) -> dict:
     return {
         "ticket": w.ticket,
         "kernel_id": w.kernel_id,
-        "quota": w.quota,
+        "quota": size_to_json(w.quota),
         "user": w.user,
         "kernel_name": w.kernel_name,
         "owner": owner_to_json(w.owner),
@@ -125,5 +126,24 @@ def waiter_to_json(w: Waiter) -> dict:
 
 def waiter_from_json(d: dict) -> Waiter:
     return Waiter(
-        d["ticket"], d["kernel_id"], d["quota"], d["user"], d["kernel_name"], owner_from_json(d["owner"]), d["created"]
-    )
+        d["ticket"], d["kernel_id"], size_from_json(d.get("quota")), d["user"], d["kernel_name"],
+        owner_from_json(d["owner"]), d["created"],
+    )  # fmt: skip
+
+
+def size_to_json(size: Size | None) -> dict | None:
+    """A size on the wire, typed: ``{"mib": 4096}`` or ``{"percent": 25}`` (None: unknown)."""
+    if size is None:
+        return None
+    return {"mib": size.mib} if size.percent is None else {"percent": size.percent}
+
+
+def size_from_json(value: object) -> Size | None:
+    """A size from the wire, through Size's one constructor (anything it refuses is unknown); an older broker's
+    text ("4 GiB") is read by the one parser."""
+    try:
+        if isinstance(value, dict):
+            return Size(mib=value.get("mib"), percent=value.get("percent"))
+        return parse_size(value) if isinstance(value, str) else None
+    except PolicyError:
+        return None

@@ -28,18 +28,30 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
-from ..core.history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Learned, Run, choose_peak, notebooks
-from ..core.policy import CardView, Policy, PolicyError, Size, UserLimits, parse_size
+from ..core.history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Learned, Run, choose_peak
+from ..core.policy import CardView, Policy, PolicyError, Size, UserLimits, format_mib
 from ..host.gpu import Card, DeviceSample
 from ..host.procs import Owner, ProcessRef, SessionRef
 from .attribution import unreserved_use
-from .file import PEAK_COLUMNS, LedgerError, LedgerFile, check_ledger, open_readonly
+from .file import PEAK_COLUMNS, LedgerError, LedgerFile, check_ledger
 from .leases import ADOPTED, Lease, Waiter, Waiting
 from .queue import Entry, Request, check_waiting, choose_card
+from .rows import (
+    held_by,
+    lease_of,
+    line_of,
+    notebooks_in,
+    owner_columns,
+    owner_of,
+    read_ledger,
+    read_notebooks,
+    reserved_by_card,
+    waiter_of,
+)
 
 __all__ = [
     "Lease", "Ledger", "LedgerError", "Owner", "ProcessRef", "Request", "SessionRef", "Waiter", "Waiting",
-    "check_ledger", "read_ledger",
+    "check_ledger", "read_ledger", "read_notebooks",
 ]  # fmt: skip
 
 WAITER_STALE_S = 30.0  # a waiter not heard from for this long has been abandoned
@@ -55,19 +67,6 @@ def host_clock() -> float:
 
 ALIVE_CACHE_S = 1.0  # how long a "still running" answer is trusted (a gone process stays gone)
 REAP_EVERY_S = 1.0  # reserve() reaps at most this often, and always before it answers "no room"
-
-
-def _owner(row: sqlite3.Row) -> Owner:
-    if "owner_session" in row.keys() and row["owner_session"]:  # (read_ledger may read a schema-1 file)
-        return SessionRef(row["owner_session"])
-    return ProcessRef(row["owner_pid"], row["owner_start"])
-
-
-def _owner_columns(owner: Owner) -> tuple[int, float, str | None]:
-    """(owner_pid, owner_start, owner_session) for a row."""
-    if isinstance(owner, SessionRef):
-        return 0, 0.0, owner.id
-    return owner.pid, owner.start, None
 
 
 class Reservations(Protocol):
@@ -110,6 +109,15 @@ class Reservations(Protocol):
 
     def cancel_wait(self, kernel_id: str) -> None: ...
     def attach(self, kernel_id: str, kernel: ProcessRef | None) -> None: ...
+    def resize(
+        self,
+        kernel_id: str,
+        quota_mib: int,
+        policy: Policy,
+        cards: Sequence[Card],
+        limits: UserLimits | None = None,
+        outside: Mapping[str, int] | None = None,
+    ) -> Lease | None: ...
     def release(self, kernel_id: str) -> Lease | None: ...
     def release_owned_except(self, keep: set[str]) -> list[Lease]: ...
     def reap(self) -> list[Lease]: ...
@@ -117,14 +125,6 @@ class Reservations(Protocol):
     def get(self, kernel_id: str) -> Lease | None: ...
     def waiters(self) -> list[Waiter]: ...
     def close(self) -> None: ...
-
-
-def _waiter(r: sqlite3.Row) -> Waiter:
-    try:
-        quota = str(parse_size(r["quota"]))
-    except PolicyError:
-        quota = str(r["quota"])[:40]
-    return Waiter(r["ticket"], r["kernel_id"], quota, r["user"], r["kernel_name"], _owner(r), r["created"])
 
 
 def _exact(quota: Size) -> str:
@@ -137,22 +137,6 @@ def _exact(quota: Size) -> str:
 def _before(line: Sequence[Entry], mine: Entry | None) -> list[Entry]:
     """The kernels ahead of ``mine`` in line (all of them for a request not in line)."""
     return [e for e in line if mine is None or e.ticket < mine.ticket]
-
-
-def _lease(row: sqlite3.Row) -> Lease:
-    kernel = ProcessRef(row["kernel_pid"], row["kernel_start"]) if row["kernel_pid"] else None
-    return Lease(
-        kernel_id=row["kernel_id"],
-        card_uuid=row["card_uuid"],
-        card_index=row["card_index"],
-        quota_mib=row["quota_mib"],
-        reserve_mib=row["reserve_mib"],
-        user=row["user"],
-        kernel_name=row["kernel_name"],
-        owner=_owner(row),
-        kernel=kernel,
-        created=row["created"],
-    )
 
 
 class Ledger:
@@ -194,7 +178,7 @@ class Ledger:
 
     def _seen(self, rows: list[sqlite3.Row]) -> list[Lease]:
         """The whole leases table as just read: remembered for a re-creation."""
-        leases = [_lease(r) for r in rows]
+        leases = [lease_of(r) for r in rows]
         self._known = {lease.kernel_id: lease for lease in leases}
         return leases
 
@@ -208,7 +192,7 @@ class Ledger:
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     lease.kernel_id, lease.card_uuid, lease.card_index, lease.quota_mib, lease.reserve_mib, lease.user,
-                    lease.kernel_name, *_owner_columns(lease.owner), kernel.pid if kernel else None,
+                    lease.kernel_name, *owner_columns(lease.owner), kernel.pid if kernel else None,
                     kernel.start if kernel else None, lease.created,
                 ),
             )  # fmt: skip
@@ -223,15 +207,15 @@ class Ledger:
     def get(self, kernel_id: str) -> Lease | None:
         with self._file.read() as db:
             row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
-        return _lease(row) if row else None
+        return lease_of(row) if row else None
 
     def waiters(self) -> list[Waiter]:
         with self._file.read() as db:
-            return [_waiter(r) for r in db.execute("SELECT * FROM waiters ORDER BY ticket")]
+            return [waiter_of(r) for r in db.execute("SELECT * FROM waiters ORDER BY ticket")]
 
     def reserved_by_card(self) -> dict[str, int]:
         with self._file.read() as db:
-            return self._reserved(db)
+            return reserved_by_card(db)
 
     # -- changes ---------------------------------------------------------------------------
 
@@ -266,23 +250,23 @@ class Ledger:
                 self._reap(db, now)
             row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone()
             if row:
-                return _lease(row)
+                return lease_of(row)
             settling = self._file.settle_until(db) - now
-            line = self._line(db)
+            line = line_of(db)
             mine = next((e for e in line if e.kernel_id == req.kernel_id), None)
             views = self._views(db, cards, outside)
             if mine is not None and wait and now - mine.created >= policy.queue_timeout_s:
                 db.execute("DELETE FROM waiters WHERE kernel_id=?", (req.kernel_id,))
                 return self._waiting(req, policy, views, len(_before(line, mine)), expired=True)
             if limits is not None:  # before queueing: a request over a limit never waits
-                held = self._held_by(db, req.user, req.kernel_id, line, cards)
+                held = held_by(db, req.user, req.kernel_id, line, cards)
                 biggest = max((c.total_mib for c in cards if policy.card_allowed(c.uuid, c.index)), default=0)
                 limits.check(req.user, req.quota.resolve(biggest), biggest, held)
             entry = mine or Entry(0, req.kernel_id, req.quota, req.user, now, frozenset(uuids))
             card = choose_card(entry, _before(line, mine), views, policy, now) if settling <= 0 else None
             if card is None and not reaped and settling <= 0:  # room held by kernels that are gone is room
                 self._reap(db, now)
-                line = self._line(db)
+                line = line_of(db)
                 mine = next((e for e in line if e.kernel_id == req.kernel_id), None)
                 views = self._views(db, cards, outside)
                 card = choose_card(entry, _before(line, mine), views, policy, now)
@@ -292,7 +276,7 @@ class Ledger:
                     db.execute(
                         "INSERT INTO waiters (kernel_id, quota, user, kernel_name, owner_pid, owner_start, owner_session,"
                         " created, heartbeat, cards) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                        (req.kernel_id, _exact(req.quota), req.user, req.kernel_name, *_owner_columns(self.owner), now,
+                        (req.kernel_id, _exact(req.quota), req.user, req.kernel_name, *owner_columns(self.owner), now,
                          host_clock(), ",".join(uuids)),
                     )  # fmt: skip
                 elif wait:
@@ -319,12 +303,12 @@ class Ledger:
                     policy.context_reserve_mib,
                     req.user,
                     req.kernel_name,
-                    *_owner_columns(self.owner),
+                    *owner_columns(self.owner),
                     now,
                 ),
             )
             db.execute("DELETE FROM waiters WHERE kernel_id=?", (req.kernel_id,))
-            lease = _lease(db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone())
+            lease = lease_of(db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone())
         self._known[lease.kernel_id] = lease
         return lease
 
@@ -349,29 +333,6 @@ class Ledger:
             expired=expired,
         )
 
-    @staticmethod
-    def _line(db: sqlite3.Connection) -> list[Entry]:
-        """The queue, in order; a row whose quota cannot be read (never written by this code) holds no one back."""
-        line = []
-        for r in db.execute("SELECT * FROM waiters ORDER BY ticket"):
-            try:
-                quota = parse_size(r["quota"], "a waiter's quota")
-            except PolicyError:
-                continue
-            cards = frozenset(filter(None, (r["cards"] or "").split(",")))
-            line.append(Entry(r["ticket"], r["kernel_id"], quota, r["user"], r["created"], cards))
-        return line
-
-    @staticmethod
-    def _held_by(
-        db: sqlite3.Connection, user: str, kernel_id: str, line: Sequence[Entry], cards: Sequence[Card]
-    ) -> list[int]:
-        """The quotas a user holds (leases) and asks for (kernels in line, on the largest card), but for
-        ``kernel_id``'s own: what per-user limits count."""
-        held = [r[0] for r in db.execute("SELECT quota_mib FROM leases WHERE user=?", (user,))]
-        biggest = max((c.total_mib for c in cards), default=0)
-        return held + [e.quota.resolve(biggest) for e in line if e.user == user and e.kernel_id != kernel_id]
-
     def cancel_wait(self, kernel_id: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM waiters WHERE kernel_id=?", (kernel_id,))
@@ -393,8 +354,8 @@ class Ledger:
         with self._tx() as db:
             row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
             if row:
-                return _lease(row)
-            if self._reserved(db).get(card.uuid, 0) + mib > policy.usable_mib(card.total_mib):
+                return lease_of(row)
+            if reserved_by_card(db).get(card.uuid, 0) + mib > policy.usable_mib(card.total_mib):
                 return None
             if limits is not None:
                 held = [r[0] for r in db.execute("SELECT quota_mib FROM leases WHERE user=?", (user,))]
@@ -406,10 +367,10 @@ class Ledger:
                 "INSERT INTO leases (kernel_id, card_uuid, card_index, quota_mib, reserve_mib, user, kernel_name,"
                 " owner_pid, owner_start, owner_session, kernel_pid, kernel_start, created)"
                 " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (kernel_id, card.uuid, card.index, mib, 0, user, ADOPTED, *_owner_columns(process), process.pid,
+                (kernel_id, card.uuid, card.index, mib, 0, user, ADOPTED, *owner_columns(process), process.pid,
                  process.start, time.time()),
             )  # fmt: skip
-            lease = _lease(db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone())
+            lease = lease_of(db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone())
         self._known[kernel_id] = lease
         return lease
 
@@ -423,6 +384,49 @@ class Ledger:
         if kernel_id in self._known:
             self._known[kernel_id] = dataclasses.replace(self._known[kernel_id], kernel=kernel)
 
+    def resize(
+        self,
+        kernel_id: str,
+        quota_mib: int,
+        policy: Policy,
+        cards: Sequence[Card],
+        limits: UserLimits | None = None,
+        outside: Mapping[str, int] | None = None,
+    ) -> Lease | None:
+        """Change a kernel's reservation in place: the same lease on the same card, with ``quota_mib`` (the CUDA
+        context reserve is kept). A smaller quota always fits. A larger one takes the extra from what its card has
+        unreserved, ahead of the kernels in line (it holds the card already), or changes nothing and raises
+        PolicyError ``grow-no-room`` with the figures. ``cards``, ``limits`` and ``outside`` as for ``reserve``.
+        None when the kernel holds no reservation."""
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
+            if row is None:
+                return None
+            lease = lease_of(row)
+            extra = quota_mib - lease.quota_mib
+            if extra > 0:
+                card = next((c for c in cards if c.uuid == lease.card_uuid), None)
+                total = card.total_mib if card else 0
+                view = self._views(db, [card], outside)[0] if card else None
+                free = max(0, view.room_mib(policy)) if view else 0
+                if limits is not None:
+                    others = "SELECT quota_mib FROM leases WHERE user=? AND kernel_id!=?"
+                    limits.check(
+                        lease.user, quota_mib, total, [r[0] for r in db.execute(others, (lease.user, kernel_id))]
+                    )
+                if extra > free:
+                    raise PolicyError(
+                        f"A quota of {format_mib(quota_mib)} needs {format_mib(extra)} more on its card, "
+                        f"GPU {lease.card_index}, which has {format_mib(free)} unreserved now. The kernel keeps its "
+                        f"{format_mib(lease.quota_mib)} quota and its card; ask again once others have shut down, or "
+                        "ask for less.",
+                        "grow-no-room", quota_mib=quota_mib, extra_mib=extra, free_mib=free, card_index=lease.card_index,
+                    )  # fmt: skip
+            db.execute("UPDATE leases SET quota_mib=? WHERE kernel_id=?", (quota_mib, kernel_id))
+            lease = lease_of(db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone())
+        self._known[kernel_id] = lease
+        return lease
+
     def release(self, kernel_id: str) -> Lease | None:
         """Give a kernel's reservation back. Idempotent: None when it held none."""
         with self._tx() as db:
@@ -430,16 +434,16 @@ class Ledger:
             db.execute("DELETE FROM leases WHERE kernel_id=?", (kernel_id,))
             db.execute("DELETE FROM waiters WHERE kernel_id=?", (kernel_id,))
         self._known.pop(kernel_id, None)
-        return _lease(row) if row else None
+        return lease_of(row) if row else None
 
     def release_owned_except(self, keep: set[str]) -> list[Lease]:
         """Release this owner's leases for kernels it no longer knows (died past the restart limit)."""
         with self._tx() as db:
             rows = db.execute(
                 "SELECT * FROM leases WHERE owner_pid=? AND owner_start=? AND owner_session IS ?",
-                _owner_columns(self.owner),
+                owner_columns(self.owner),
             ).fetchall()
-            gone = [_lease(r) for r in rows if r["kernel_id"] not in keep]
+            gone = [lease_of(r) for r in rows if r["kernel_id"] not in keep]
             db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in gone])
         for lease in gone:
             self._known.pop(lease.kernel_id, None)
@@ -455,7 +459,7 @@ class Ledger:
             row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
             if row is None:
                 return False
-            lease = _lease(row)
+            lease = lease_of(row)
             key = f"{lease.kernel.pid}:{lease.kernel.start}" if lease.kernel else ""
             db.execute(
                 f"INSERT OR REPLACE INTO peaks ({PEAK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -486,7 +490,7 @@ class Ledger:
     def notebooks(self, rules: HistoryRules) -> list[dict]:
         """Every user's notebooks with recorded runs, and what they teach (history.notebooks), within the age."""
         with self._file.read() as db:
-            return _notebooks(db, time.time() - rules.max_age_s)
+            return notebooks_in(db, time.time() - rules.max_age_s)
 
     def touch_session(self, session: SessionRef, user: str, expires: float) -> None:
         """Open or extend a session: its leases live until ``expires`` unless touched again."""
@@ -533,7 +537,7 @@ class Ledger:
     def _views(
         self, db: sqlite3.Connection, cards: Sequence[Card], outside: Mapping[str, int] | None = None
     ) -> list[CardView]:
-        reserved, outside = self._reserved(db), outside or {}
+        reserved, outside = reserved_by_card(db), outside or {}
         return [CardView(c.uuid, c.index, c.total_mib, reserved.get(c.uuid, 0), outside.get(c.uuid, 0)) for c in cards]
 
     def _reap(self, db: sqlite3.Connection, now: float) -> list[Lease]:
@@ -554,43 +558,6 @@ class Ledger:
         for lease in dead:
             self._known.pop(lease.kernel_id, None)
         for row in db.execute("SELECT * FROM waiters").fetchall():
-            if tick - row["heartbeat"] > WAITER_STALE_S or not self._alive(_owner(row), sessions):
+            if tick - row["heartbeat"] > WAITER_STALE_S or not self._alive(owner_of(row), sessions):
                 db.execute("DELETE FROM waiters WHERE ticket=?", (row["ticket"],))
         return dead
-
-    @staticmethod
-    def _reserved(db: sqlite3.Connection) -> dict[str, int]:
-        rows = db.execute("SELECT card_uuid, SUM(quota_mib + reserve_mib) FROM leases GROUP BY card_uuid")
-        return {uuid: int(total) for uuid, total in rows}
-
-
-# -- read-only access (status and doctor) ------------------------------------------------------------
-
-
-def _notebooks(db: sqlite3.Connection, since: float) -> list[dict]:
-    rows = db.execute(
-        "SELECT user, kernel_name, path, peak_mib, need_mib, failed, recorded FROM peaks WHERE recorded >= ?", (since,)
-    ).fetchall()
-    return notebooks((r[0], r[1], r[2], Run(r[3], r[4], bool(r[5])), r[6]) for r in rows)
-
-
-def read_notebooks(path: str | os.PathLike, rules: HistoryRules) -> list[dict]:
-    """The notebooks with recorded runs in a ledger file, read without writing to it ([] before any was)."""
-    db = open_readonly(path)
-    try:
-        return _notebooks(db, time.time() - rules.max_age_s)
-    except sqlite3.OperationalError:  # a file without the peaks table (or its newer columns)
-        return []
-    finally:
-        db.close()
-
-
-def read_ledger(path: str | os.PathLike) -> tuple[list[Lease], list[Waiter]]:
-    """Leases and waiters of a ledger file, read without writing to it (no reaping)."""
-    db = open_readonly(path)
-    try:
-        leases = [_lease(r) for r in db.execute("SELECT * FROM leases ORDER BY created")]
-        waiters = [_waiter(r) for r in db.execute("SELECT * FROM waiters ORDER BY ticket")]
-        return leases, waiters
-    finally:
-        db.close()

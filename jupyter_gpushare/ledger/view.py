@@ -106,8 +106,10 @@ def view_for(
         row["quota_mib"] += lease.quota_mib
         row["reserved_mib"] += lease.reserved_mib
     queue = []
+    biggest = max((c.total_mib for c in cards if policy.card_allowed(c.uuid, c.index)), default=0)
     for position, w in enumerate(waiters, start=1):
         visible = caller.admin or w.user == caller.user
+        quota_mib = w.quota.resolve(biggest) if w.quota is not None and visible else None
         queue.append(
             {
                 "position": position,
@@ -115,7 +117,8 @@ def view_for(
                 "kernel_id": w.kernel_id if visible else None,
                 "kernel_name": w.kernel_name if visible else None,
                 "user": w.user if visible else None,
-                "quota": w.quota if visible else None,
+                "quota_mib": quota_mib,  # a share of a card: on the largest card
+                "need_mib": None if quota_mib is None else quota_mib + policy.context_reserve_mib,
                 "waited_s": round(now - w.created, 1),
             }
         )

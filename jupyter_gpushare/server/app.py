@@ -17,6 +17,7 @@ from ..core.addresses import PROVISIONER_NAME
 from ..core.policy import PolicyError
 from ..ledger.ledger import LedgerError
 from .manager import QuotaManager, build_manager
+from .refusals import quiet_refusals
 from .state import SCHEMA_FILE, STATE_SCHEMA
 
 if TYPE_CHECKING:
@@ -116,6 +117,7 @@ class GpuShareExtension(ExtensionApp):
         self._make_sampler(manager)
         self._hold_waiting_kernels(manager)
         self._make_default_provisioner()
+        self._quiet = quiet_refusals(self.server.log)  # a refused start is logged once, by the manager
         self._start_reconciling()
         info = manager.backend.describe()
         if manager.backend.simulated:
@@ -279,6 +281,8 @@ class GpuShareExtension(ExtensionApp):
             task.cancel()
         if getattr(self, "announcer", None) is not None:
             self.announcer.stop()
+        if getattr(self, "_quiet", None) is not None:
+            self.server.log.removeFilter(self._quiet)
         if getattr(self, "_published", None):
             with contextlib.suppress(OSError):
                 os.unlink(self._published)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
 
 from jupyter_client.jsonutil import json_default
 from jupyter_core.utils import ensure_async
@@ -14,10 +13,11 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.services.kernels.handlers import KernelActionHandler, _kernel_id_regex
 from tornado import web
 
-from ..core.policy import PolicyError, parse_size
+from ..core.policy import PolicyError
 from ..ledger.ledger import LedgerError
 from .manager import QuotaManager
 from .records import KernelRecord
+from .refusals import RefusalErrors, SessionsHandler, StartKernelHandler
 from .sampler import UsageSnapshot
 from .state import build_state, event_view
 from .views import card_view, config_view, kernel_view
@@ -28,27 +28,14 @@ API = r"/api/gpushare"
 AUTH_RESOURCE = "gpushare"
 
 
-class GpuShareHandler(APIHandler):
+class GpuShareHandler(RefusalErrors, APIHandler):
+    """The extension's handlers: errors as refusals.error_body says them (a rule's code and figures too)."""
+
     auth_resource = AUTH_RESOURCE
 
     @property
     def manager(self) -> QuotaManager:
         return self.settings["gpushare_manager"]
-
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        """Jupyter's JSON error, with the message as written: tornado doubles every '%' of a message given
-        without arguments ("0%%"), and jupyter-server sends it on as is. An error raised from a PolicyError
-        with a code carries that code and its figures too."""
-        error = (kwargs.get("exc_info") or (None, None))[1]
-        if isinstance(error, web.HTTPError) and error.log_message:
-            body = {"message": error.log_message % error.args, "reason": error.reason}
-            rule = error.__cause__
-            if isinstance(rule, PolicyError) and rule.code:  # the rule and its figures: the sidebar words it
-                body.update(code=rule.code, params=rule.params)
-            self.set_header("Content-Type", "application/json")
-            self.finish(json.dumps(body))
-            return
-        super().write_error(status_code, **kwargs)
 
     @property
     def usage(self) -> UsageSnapshot:
@@ -128,9 +115,12 @@ class KernelHandler(GpuShareHandler):
                 400, f'Send {{"quota": "<size>"}}, e.g. {{"quota": "6GiB"}}; got fields {sorted(body)}.'
             )
         try:
-            rec = await self.manager.request_quota(kernel_id, parse_size(body["quota"], "quota"))
-        except PolicyError as e:
-            raise web.HTTPError(400, str(e)) from e
+            quotas = self.manager.quotas
+            rec = await quotas.request(kernel_id, quotas.parse(body["quota"]))
+        except PolicyError as e:  # 409: the card has not the extra now (the kernel keeps what it holds)
+            raise web.HTTPError(409 if e.code == "grow-no-room" else 400, str(e)) from e
+        except LedgerError as e:
+            raise web.HTTPError(503, str(e)) from e
         self.finish(self.kernel(rec))
 
     @web.authenticated
@@ -236,7 +226,7 @@ class StateHandler(GpuShareHandler):
         self.finish(state)
 
 
-class KernelRestartHandler(KernelActionHandler):
+class KernelRestartHandler(RefusalErrors, KernelActionHandler):
     """jupyter_server's ``POST /api/kernels/<id>/restart``, but a restart that would hold the request open answers
     as soon as the kernel is back in Jupyter's hands: the restart of a kernel that waits for a GPU (it keeps its place
     in line), or of one whose new quota may have to wait (it joins the line). jupyter_server's restart waits for the
@@ -254,7 +244,7 @@ class KernelRestartHandler(KernelActionHandler):
         km = self.kernel_manager
         restarting.add(kernel_id)
         try:
-            if rec is None or (rec.state != "queued" and rec.pending_quota is None):
+            if rec is None or (rec.state != "queued" and (rec.pending_quota is None or rec.lease is not None)):
                 return await super().post(kernel_id, action)  # type: ignore[misc]  # (async, typed Awaitable | None)
             kernel = km.get_kernel(kernel_id)
             before = getattr(kernel.provisioner, "held", None)
@@ -289,4 +279,6 @@ handlers = [
     (rf"{API}/config", ConfigHandler),
     (rf"{API}/state", StateHandler),
     (rf"/api/kernels/{_kernel_id_regex}/(?P<action>restart)", KernelRestartHandler),
+    (r"/api/kernels", StartKernelHandler),  # a refused start: its status, code and figures (refusals.py)
+    (r"/api/sessions", SessionsHandler),
 ]

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from ..core.history import HistoryRules, Run, history_key, learned_quota, lookup, need_of, retry_quota_mib
 from ..core.policy import CardView, Policy, Size, format_mib
+from ..core.words import FRAMEWORKS
 from ..host.gpu import Card
 from ..host.reports import report_dir, run_figures
 from ..ledger.ledger import LedgerError
@@ -60,7 +61,7 @@ class Learning:
         if not self.rules.enabled or rec.quota_source != "default":
             return quota, None
         learned = learned_quota(self.policy, got, self.rules.margin, cards, limits, held)
-        rec.quota, rec.quota_source = str(learned), "learned"
+        rec.quota, rec.quota_source = learned, "learned"
         return learned, "a run that ran out of memory" if got.failed else f"peak {format_mib(got.peak_mib)}"
 
     async def at_stop(self, rec: KernelRecord, usage: Any, card: Card | None) -> None:
@@ -91,7 +92,7 @@ class Learning:
         rec.oom, rec.retry_quota_mib = framework, min(retry_quota_mib(rec.lease.quota_mib), most)
         self.event(
             "out-of-memory", rec.kernel_id,
-            f"{framework} ran out of memory at a quota of {format_mib(rec.lease.quota_mib)}; restart with "
+            f"{FRAMEWORKS.get(framework, framework)} ran out of memory at a quota of {format_mib(rec.lease.quota_mib)}; restart with "
             f"{format_mib(rec.retry_quota_mib)} to run it with more.",
             framework=framework, quota_mib=rec.lease.quota_mib, retry_mib=rec.retry_quota_mib,
         )  # fmt: skip

@@ -33,6 +33,7 @@ from .learning import Learning
 from .ledger_worker import LedgerWorker
 from .line import Line
 from .parking import Parking
+from .quota_change import QuotaChanges
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message, rule_figures
 from .snapshot import take_snapshot
 
@@ -98,6 +99,7 @@ class QuotaManager:
             history or HistoryRules(), policy, self.ledger, self.user, self.blocking, self.log, self.event
         )
         self.parking = Parking(self, checkpointer_for(backend), parking or ParkRules(), self.blocking)
+        self.quotas = QuotaChanges(self)
 
     # -- process-wide instance -------------------------------------------------------------
 
@@ -164,7 +166,12 @@ class QuotaManager:
         rec = self.records.get(kernel_id)
         if rec is None:
             rec = self.records[kernel_id] = KernelRecord(
-                kernel_id, kernel_name, language, self.user, on_change=self._on_change
+                kernel_id,
+                kernel_name,
+                language,
+                self.user,
+                on_change=self._on_change,
+                largest_mib=max((c.total_mib for c in self.cards), default=0),
             )
             self._on_change(kernel_id)
         return rec
@@ -202,7 +209,7 @@ class QuotaManager:
                     reason=f"Kernels of {kernel_name or language!r} reserve no GPU memory here, so they see no GPU.",
                 ),
             )
-        rec.quota = str(quota)
+        rec.quota = quota
         if self.closing:
             raise self.refuse(
                 kernel_id,
@@ -418,34 +425,6 @@ class QuotaManager:
                 f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel this server no longer has.",
             )
         self._reclaimed(await self.ledger.on(lambda ledger: ledger.reap()) or [])
-
-    async def request_quota(self, kernel_id: str, quota: Size) -> KernelRecord:
-        """Ask for another quota for a kernel; it applies when the kernel next restarts. PolicyError, with the limit,
-        for a quota the admin's rules or (through a broker) the user's per-user limits would refuse at the restart."""
-        rec = self.records[kernel_id]
-        self.policy.check_quota(quota, self._views({}))
-        await self.ledger.on(lambda ledger: self._check_user_limits(ledger, kernel_id, quota))
-        rec.pending_quota = quota  # exactly what the server took, applied as it is at the restart
-        self.event(
-            "quota-requested", kernel_id, f"Quota {quota} requested; it applies at the next restart.", quota=str(quota)
-        )
-        return rec
-
-    def _check_user_limits(self, ledger: Reservations, kernel_id: str, quota: Size) -> None:
-        """On the ledger thread: the broker's per-user limits for this user, against the quotas of their other
-        kernels. Nothing to check with an embedded ledger (no per-user limits) or while the broker is down (the
-        restart then starts without a GPU and says why)."""
-        try:
-            user, _admin, limits = ledger.caller()
-            leases = ledger.leases() if limits is not None else []
-        except LedgerError:
-            return
-        if limits is None:
-            return
-        user = user or self.user
-        held = [x.quota_mib for x in leases if x.user == user and not x.anonymous and x.kernel_id != kernel_id]
-        biggest = max((c.total_mib for c in self.cards), default=0)
-        limits.check(user, quota.resolve(biggest), biggest, held)
 
     # -- views for the API ------------------------------------------------------------------------
 

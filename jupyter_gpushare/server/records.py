@@ -113,7 +113,7 @@ class KernelRecord:
     language: str
     user: str
     state: KernelState = "starting"  # 'failed': a restart was refused
-    quota: str | None = None  # requested (or default) quota
+    quota: Size | None = None  # requested (or default) quota
     pending_quota: Size | None = None  # applied at the next restart
     lease: Lease | None = None
     card: Card | None = None
@@ -137,14 +137,16 @@ class KernelRecord:
     retry_quota_mib: int | None = None  # then: the quota to restart with (history.retry_quota_mib)
     parked: Parked | None = None  # its GPU state is in host memory (parking.py)
     on_change: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
+    largest_mib: int = 0  # the largest card's memory: a share's size before the kernel has a card
 
-    def _pending(self) -> dict[str, Any]:
-        """The quota asked for, for people and in MiB on its card (a share before the kernel has a card: null)."""
-        size = self.pending_quota
+    def mib_of(self, size: Size | None) -> int | None:
+        """A size in MiB on the kernel's card (a share before it has a card: on the largest card)."""
         if size is None:
-            return {"pending_quota": None, "pending_quota_mib": None}
-        mib = size.mib if size.percent is None else size.resolve(self.card.total_mib) if self.card else None
-        return {"pending_quota": str(size), "pending_quota_mib": mib}
+            return None
+        return size.resolve(self.card.total_mib if self.card else self.largest_mib)
+
+    def pending_quota_mib(self) -> int | None:
+        return self.mib_of(self.pending_quota)
 
     def to_dict(self) -> dict[str, Any]:
         lease = self.lease
@@ -155,11 +157,11 @@ class KernelRecord:
             "language": self.language,
             "user": self.user,
             "state": self.state,
-            "quota": self.quota,
+            "requested_quota_mib": self.mib_of(self.quota),
             "quota_source": self.quota_source,
             "learned_peak_mib": self.learned_peak_mib,
             "learned_from": self.learned_from,
-            **self._pending(),
+            "pending_quota_mib": self.pending_quota_mib(),
             "quota_mib": lease.quota_mib if lease else None,
             "reserve_mib": lease.reserve_mib if lease else None,
             "reserved_mib": lease.reserved_mib if lease else None,
@@ -180,7 +182,6 @@ class KernelRecord:
             "oom": {
                 "framework": self.oom,
                 "retry_quota_mib": self.retry_quota_mib,
-                "retry_quota": format_mib(self.retry_quota_mib) if self.retry_quota_mib else None,
             }
             if self.oom
             else None,

@@ -89,15 +89,17 @@ def server_view(
                 "outside_mib": outside.get(card.uuid) if outside is not None else None,
             }
         )
-    queue = [
-        {
+    biggest = max((c.total_mib for c in cards if policy.card_allowed(c.uuid, c.index)), default=0)
+    queue = []
+    for i, w in enumerate(waiters):
+        quota_mib = w.quota.resolve(biggest) if w.quota is not None else None  # a share: on the largest card
+        queue.append({
             "position": i + 1,
             "kernel_id": w.kernel_id if w.kernel_id in mine else None,
             "mine": w.kernel_id in mine,
-            "quota": w.quota,
+            "quota_mib": quota_mib,
+            "need_mib": None if quota_mib is None else quota_mib + policy.context_reserve_mib,
             "waited_s": round(time.time() - w.created, 1),
-        }
-        for i, w in enumerate(waiters)
-    ]
+        })  # fmt: skip
     kernels = [{**r.to_dict(), "frameworks": (reports.get(r.kernel_id) or {}).get("frameworks")} for r in records]
     return {"cards": rows, "kernels": kernels, "queue": queue}

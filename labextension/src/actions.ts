@@ -8,7 +8,7 @@ import {
 import { KernelAPI } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
-import { basename, formatMiB, isMeasured } from './format';
+import { formatMiB, isMeasured, notebookName } from './format';
 import { GpuShareModel } from './model';
 import { KernelTracker } from './tracker';
 import type { IKernel } from './types';
@@ -32,6 +32,14 @@ export interface IKernelActions {
   toggleHost(): void;
 }
 
+/** A size to type again as it is: "4.5 GiB" where that is exact, else whole MiB ("4291 MiB"); "" unknown. */
+export function exactSize(mib: number | null | undefined): string {
+  if (!isMeasured(mib)) {
+    return '';
+  }
+  return mib < 1024 || (mib * 10) % 1024 === 0 ? formatMiB(mib) : `${mib} MiB`;
+}
+
 /** The dialog body that asks for a new quota; it keeps what was typed and says why it was not taken. */
 class QuotaBody extends Widget implements Dialog.IBodyWidget<string> {
   constructor(kernel: IKernel, limits: string, value: string, problem: string) {
@@ -39,7 +47,9 @@ class QuotaBody extends Widget implements Dialog.IBodyWidget<string> {
     this.addClass('jp-gpushare-quota-dialog');
     const p = document.createElement('p');
     p.textContent = [
-      say('ui.dialog.current', { quota: kernel.quota ?? '–' }),
+      say('ui.dialog.current', {
+        quota_mib: kernel.quota_mib ?? kernel.requested_quota_mib
+      }),
       limits,
       say('ui.dialog.restarts')
     ]
@@ -79,8 +89,25 @@ export function kernelActions(
   tracker: KernelTracker
 ): IKernelActions {
   const { commands, serviceManager } = app;
+  /** The notebook's name as JupyterLab has it now (its session follows renames), else the server's path. */
+  const pathOf = (k: IKernel): string | null =>
+    [...serviceManager.sessions.running()].find(
+      s => s.kernel?.id === k.kernel_id
+    )?.path ??
+    k.path ??
+    null;
+  /** A notebook's name, its relative path where two share a file name; a kernel without one by its kind. */
   const nameOf = (k: IKernel) =>
-    basename(k.path) || `${k.kernel_name} kernel ${k.kernel_id.slice(0, 8)}`;
+    notebookName(
+      pathOf(k),
+      model.kernels.filter(x => x.kernel_id !== k.kernel_id).map(pathOf)
+    ) ||
+    (pathOf(k) // a session not yet renamed to its notebook's path: never its UUID
+      ? say('ui.kernel.unnamed', { kernel: k.kernel_name })
+      : say('ui.kernel.unnamed_id', {
+          kernel: k.kernel_name,
+          id: k.kernel_id.slice(0, 8)
+        }));
 
   /** Shut a kernel down with its session, if it has one (a notebook's kernel). */
   const shutdownKernel = async (kernelId: string) => {
@@ -104,10 +131,16 @@ export function kernelActions(
   };
 
   /** Restart a kernel whose new quota the server took (it waits in line if the GPU has no room). */
-  const restartWithQuota = (k: IKernel, quota: string) => {
-    Notification.info(say('ui.quota.restarting', { name: nameOf(k), quota }), {
-      autoClose: 5000
-    });
+  const restartWithQuota = (
+    k: IKernel,
+    quotaMib: number | null | undefined
+  ) => {
+    Notification.info(
+      say('ui.quota.restarting', { name: nameOf(k), quota_mib: quotaMib }),
+      {
+        autoClose: 5000
+      }
+    );
     restart(k)
       .then(() => model.refresh())
       .catch(e =>
@@ -122,17 +155,14 @@ export function kernelActions(
     void model.refresh();
   };
 
-  /** The quota the server took, in its figures (what "4.5 gb" became), else as it says it. */
-  const taken = (k: IKernel): string =>
-    isMeasured(k.pending_quota_mib)
-      ? formatMiB(k.pending_quota_mib)
-      : (k.pending_quota ?? '');
+  /** The quota the server took, in its figures (what "4.5 gb" became: MiB, said by formatMiB). */
+  const taken = (k: IKernel): number | null | undefined => k.pending_quota_mib;
 
   /**
    * Ask until the server takes the quota typed, or the person cancels. The server is the one parser of
    * sizes and the judge of the limits: what was typed goes to it as typed, and its reason comes back.
    */
-  const askQuota = async (k: IKernel): Promise<string | null> => {
+  const askQuota = async (k: IKernel): Promise<number | null | undefined> => {
     const cfg = model.snapshot.state?.config;
     const limits = [
       cfg?.min_quota
@@ -144,7 +174,9 @@ export function kernelActions(
     ]
       .filter(Boolean)
       .join(say('ui.dialog.and'));
-    let value = k.pending_quota ?? k.quota ?? '';
+    let value = exactSize(
+      k.pending_quota_mib ?? k.quota_mib ?? k.requested_quota_mib
+    );
     let problem = '';
     for (;;) {
       const result = await showDialog({
@@ -190,6 +222,41 @@ export function kernelActions(
       }
     },
     restartWith: async (k, mib) => {
+      // Asked first, as Change quota does: the restart loses the kernel's state. Where it stands: whether its
+      // card has the extra the larger quota needs (the server reserves it at once, or refuses).
+      const card = model.snapshot.state?.cards.find(
+        c => c.uuid === k.card?.uuid
+      );
+      const extra = mib - (k.quota_mib ?? 0);
+      const where =
+        !card || extra <= 0
+          ? ''
+          : extra <= card.unreserved_mib
+            ? say('ui.retry.fits', { extra_mib: extra })
+            : say('ui.retry.short', {
+                extra_mib: extra,
+                free_mib: card.unreserved_mib
+              });
+      const asked = await showDialog({
+        title: say('ui.retry.title', { name: nameOf(k), quota_mib: mib }),
+        body: [say('ui.retry.body', { name: nameOf(k) }), where]
+          .filter(Boolean)
+          .join(' '),
+        buttons: [
+          Dialog.cancelButton(),
+          Dialog.warnButton({
+            label: say('ui.btn.retry', { quota_mib: mib }),
+            ariaLabel: say('ui.btn.retry_label', {
+              name: nameOf(k),
+              quota_mib: mib
+            })
+          })
+        ],
+        defaultButton: 0 // the safe one: Enter keeps the kernel's state
+      });
+      if (!asked.button.accept) {
+        return;
+      }
       let got: IKernel;
       try {
         got = await model.requestQuota(k.kernel_id, `${mib}MiB`);
@@ -209,7 +276,8 @@ export function kernelActions(
         buttons: [
           Dialog.cancelButton(),
           Dialog.warnButton({ label: say('ui.btn.shutdown') })
-        ]
+        ],
+        defaultButton: 0 // the safe one
       });
       if (!result.button.accept) {
         return;
@@ -232,7 +300,7 @@ export function kernelActions(
           Dialog.cancelButton({ label: say('ui.stop.keep') }),
           Dialog.warnButton({ label: say('ui.stop.button') })
         ],
-        defaultButton: 0 // Enter keeps waiting: stopping is the one to choose
+        defaultButton: 0 // the safe one: Enter, Enter keeps the kernel in line
       });
       if (!result.button.accept) {
         return;

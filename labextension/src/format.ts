@@ -29,3 +29,31 @@ export function basename(path: string | null | undefined): string {
   const parts = path.split(/[\\/]/).filter(p => p.length > 0);
   return parts.length ? parts[parts.length - 1] : path;
 }
+
+/** JupyterLab 4 starts a notebook's session at a temporary path (a bare UUID), then renames it to the notebook's. */
+const TEMPORARY =
+  /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/** True for a session path that is not yet its notebook's (no name for people). */
+export function isTemporaryPath(path: string | null | undefined): boolean {
+  return !!path && TEMPORARY.test(basename(path));
+}
+
+/**
+ * What a person calls a notebook among the others shown: its file name, or, where
+ * another notebook has the same file name (a.ipynb and week2/a.ipynb), its path
+ * relative to the server's root. "" for no path or a temporary one.
+ */
+export function notebookName(
+  path: string | null | undefined,
+  others: ReadonlyArray<string | null | undefined> = []
+): string {
+  if (!path || isTemporaryPath(path)) {
+    return '';
+  }
+  const name = basename(path);
+  const clash = others.some(
+    o => !!o && o !== path && !isTemporaryPath(o) && basename(o) === name
+  );
+  return clash ? path.replace(/^[\\/]+/, '') : name;
+}

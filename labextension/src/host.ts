@@ -111,7 +111,7 @@ export function queueEntryText(entry: IHostQueueEntry): string {
     kind: entry.kernel_name
       ? say('ui.queue.kind', { kernel: entry.kernel_name })
       : say('ui.queue.kernel'),
-    quota: entry.quota,
+    quota_mib: entry.need_mib, // what it needs, quota + CUDA context: the banner's figure
     user: entry.user
   };
   const who = entry.mine

@@ -29,6 +29,7 @@ import {
 import { QueuedBanner, ToolbarIndicator } from './banner';
 import { gpuIcon } from './icon';
 import { DEFAULT_SETTINGS, GpuShareModel, ISettings } from './model';
+import { explainInCell } from './explain';
 import { Notifier } from './notify';
 import { GpuSharePanel } from './panel';
 import { KernelTracker } from './tracker';
@@ -84,6 +85,11 @@ const core: JupyterFrontEndPlugin<IGpuShare> = {
       return k ? actions.nameOf(k) : null;
     });
     model.events.connect((_, events) => {
+      for (const e of events) {
+        // why the server interrupted or restarted a kernel, said where its cell shows the KeyboardInterrupt
+        const k = e.kernel_id ? model.kernel(e.kernel_id) : undefined;
+        explainInCell(k ? tracker.widgetOf(k) : null, e);
+      }
       if (model.settings.notifications) {
         notifier.show(
           events.map(e => ({
@@ -93,11 +99,15 @@ const core: JupyterFrontEndPlugin<IGpuShare> = {
         );
       }
     });
-    model.changed.connect(() => {
+    const follow = () => {
       if (model.snapshot.state) {
-        notifier.forget(new Set(model.kernels.map(k => k.kernel_id)));
+        notifier.update(
+          new Map(model.kernels.map(k => [k.kernel_id, k.status?.code ?? null]))
+        );
       }
-    });
+    };
+    model.changed.connect(follow);
+    serviceManager.sessions.runningChanged.connect(follow); // a rename
 
     if (settingRegistry) {
       void settingRegistry

@@ -1,12 +1,34 @@
 import { Notification } from '@jupyterlab/apputils';
 
-import { basename } from './format';
+import { notebookName } from './format';
 import { eventText } from './state';
 import type { IEvent } from './types';
 
+/** How long a toast stays on screen; it stays listed in JupyterLab's notification center after. */
+const SHOWN_MS = 8000;
+const ERROR_SHOWN_MS = 20000; // longer, but never for good: a toast over the sidebar hides its buttons
+
+/** An event said while its kernel is in a state: its toast closes once the kernel's state is another. */
+const HOLDS: { [kind: string]: string } = {
+  queued: 'queued',
+  'near-quota': 'near_quota',
+  'over-quota': 'over_quota',
+  'over-quota-notify': 'over_quota',
+  idle: 'idle'
+};
+
+interface IShown {
+  id: string;
+  event: IEvent;
+  type: Notification.TypeOptions;
+  name: string | null;
+}
+
 /**
- * Announce new events, each once, naming the notebook (never a kernel id); a
- * notification about a kernel is closed when that kernel goes away.
+ * Announce new events, each once, naming the notebook (never a kernel id or the
+ * temporary UUID path of a session being opened). A notification follows its
+ * notebook's name as JupyterLab renames the session, closes when the state it
+ * announced clears, and goes when its kernel goes away.
  */
 export class Notifier {
   constructor(readonly nameOf: (kernelId: string) => string | null) {}
@@ -18,33 +40,60 @@ export class Notifier {
       if (!type) {
         continue;
       }
-      // the notebook's name now (it follows renames), or the one the event was said for
+      // the notebook's name now, or the one the event was said for
       const name =
         (e.kernel_id ? this.nameOf(e.kernel_id) : null) ??
-        (e.path ? basename(e.path) : null);
+        (notebookName(e.path) || null);
       const id = Notification.emit(eventText(e, name), type, {
-        autoClose: type === 'error' ? false : 8000
+        autoClose: type === 'error' ? ERROR_SHOWN_MS : SHOWN_MS
       });
       if (e.kernel_id && e.kind !== 'refused' && e.kind !== 'cancelled') {
-        // (what ended a kernel stays until read: the kernel is gone by then)
-        const ids = this._byKernel.get(e.kernel_id) ?? [];
-        ids.push(id);
-        this._byKernel.set(e.kernel_id, ids);
+        // (what ended a kernel is not followed: the kernel is gone by then)
+        const said = this._byKernel.get(e.kernel_id) ?? [];
+        said.push({ id, event: e, type, name });
+        this._byKernel.set(e.kernel_id, said);
       }
       shown++;
     }
     return shown;
   }
 
-  /** Close what was said about kernels that are gone. */
-  forget(present: Set<string>): void {
-    for (const [kernelId, ids] of this._byKernel) {
+  /**
+   * After a change: ``present`` maps each kernel the server has to its state's
+   * code (status.code). What was said of a kernel that is gone, or of a state it
+   * has left, is closed; the rest follows its notebook's name.
+   */
+  update(present: Map<string, string | null>): void {
+    for (const [kernelId, said] of this._byKernel) {
       if (!present.has(kernelId)) {
-        ids.forEach(id => Notification.dismiss(id));
+        said.forEach(s => Notification.dismiss(s.id));
         this._byKernel.delete(kernelId);
+        continue;
       }
+      const state = present.get(kernelId);
+      const kept = said.filter(s => {
+        const holds = HOLDS[s.event.kind];
+        if (holds && state !== holds) {
+          Notification.dismiss(s.id);
+          return false;
+        }
+        return true;
+      });
+      const name = this.nameOf(kernelId);
+      for (const s of kept) {
+        if (name && name !== s.name) {
+          s.name = name;
+          Notification.update({
+            id: s.id,
+            message: eventText(s.event, name),
+            type: s.type,
+            autoClose: s.type === 'error' ? ERROR_SHOWN_MS : SHOWN_MS
+          });
+        }
+      }
+      this._byKernel.set(kernelId, kept);
     }
   }
 
-  private _byKernel = new Map<string, string[]>();
+  private _byKernel = new Map<string, IShown[]>();
 }

@@ -12,10 +12,17 @@ import {
 } from './format';
 import { renderHostSection } from './hostpanel';
 import { GpuShareModel, ISettings, ISnapshot } from './model';
-import { historyText, quotaMiB, statusOf } from './state';
+import { historyText, IWorded, quotaMiB, statusOf } from './state';
+import { keepRoomForToasts } from './toastroom';
 import { ICurrent, KernelTracker } from './tracker';
 import type { ICard, IKernel } from './types';
-import { say, segmentText, segmentTitle, sizeText } from './words';
+import {
+  FRAMEWORK_NAMES,
+  say,
+  segmentText,
+  segmentTitle,
+  sizeText
+} from './words';
 
 /** What the panel shows: the server's state, the notebook in front, the user's settings. */
 export interface IPanelView {
@@ -207,13 +214,6 @@ function timeline(k: IKernel): VirtualElement | null {
   );
 }
 
-const FRAMEWORK_NAMES: { [name: string]: string } = {
-  cupy: 'CuPy',
-  jax: 'JAX',
-  tensorflow: 'TensorFlow',
-  torch: 'PyTorch'
-};
-
 function frameworks(k: IKernel): VirtualElement | null {
   const fw = k.frameworks;
   if (!fw || Object.keys(fw).length === 0) {
@@ -237,7 +237,7 @@ function frameworks(k: IKernel): VirtualElement | null {
             title: say('ui.fw.detail', { detail: f.detail ?? '' })
           },
           say(f.capped ? 'ui.fw.capped' : 'ui.fw.uncapped', {
-            name,
+            name: FRAMEWORK_NAMES[name] ?? name, // one name per framework
             limit_mib: f.limit_mib
           })
         );
@@ -297,19 +297,19 @@ function renderKernel(
   const where = k.card
     ? cardLabel(k.card)
     : say(k.state === 'queued' ? 'ui.kernel.waiting' : 'ui.kernel.no_card');
-  const quota =
-    isMeasured(k.quota_mib) || k.quota
-      ? say(
-          isMeasured(k.reserve_mib) && isMeasured(k.reserved_mib)
-            ? 'ui.kernel.quota_reserved'
-            : 'ui.kernel.quota',
-          {
-            quota: isMeasured(k.quota_mib) ? formatMiB(k.quota_mib) : k.quota,
-            reserve_mib: k.reserve_mib,
-            reserved_mib: k.reserved_mib
-          }
-        )
-      : '';
+  const quotaMib = k.quota_mib ?? k.requested_quota_mib;
+  const quota = isMeasured(quotaMib)
+    ? say(
+        isMeasured(k.reserve_mib) && isMeasured(k.reserved_mib)
+          ? 'ui.kernel.quota_reserved'
+          : 'ui.kernel.quota',
+        {
+          quota_mib: quotaMib,
+          reserve_mib: k.reserve_mib,
+          reserved_mib: k.reserved_mib
+        }
+      )
+    : '';
   const fw = view.settings.showFrameworks ? frameworks(k) : null;
   const learned = historyText(k);
   const tl =
@@ -317,13 +317,12 @@ function renderKernel(
   const act: VirtualElement[] = [];
   // the quota to restart with after an out-of-memory error, in the server's words
   const retryMib = k.oom?.retry_quota_mib;
-  const retry = isMeasured(retryMib) ? formatMiB(retryMib) : null;
-  if (retryMib && retry && k.state !== 'queued') {
+  if (retryMib && isMeasured(retryMib) && k.state !== 'queued') {
     act.push(
       button(
         'retry-btn',
-        say('ui.btn.retry', { quota: retry }),
-        say('ui.btn.retry_label', { name, quota: retry }),
+        say('ui.btn.retry', { quota_mib: retryMib }),
+        say('ui.btn.retry_label', { name, quota_mib: retryMib }),
         () => void actions.restartWith(k, retryMib)
       )
     );
@@ -386,25 +385,21 @@ function renderKernel(
       [
         where,
         quota,
-        k.pending_quota
-          ? say('ui.kernel.pending', {
-              quota: isMeasured(k.pending_quota_mib)
-                ? formatMiB(k.pending_quota_mib)
-                : k.pending_quota
-            })
+        isMeasured(k.pending_quota_mib)
+          ? say('ui.kernel.pending', { quota_mib: k.pending_quota_mib })
           : ''
       ]
         .filter(Boolean)
         .join(' · ')
     ),
     ...(learned ? [h.div({ className: `${C}-kernel-history` }, learned)] : []),
-    ...(k.oom
+    ...(k.oom && k.state !== 'queued' // (in line it has no quota to speak of: no "at quota –")
       ? [
           h.div(
             { className: `${C}-kernel-oom`, role: 'status' },
             say('event.out-of-memory', {
-              framework: FRAMEWORK_NAMES[k.oom.framework] ?? k.oom.framework,
-              quota_mib: quotaMiB(k),
+              framework: k.oom.framework, // worded by say(): one name per framework
+              quota_mib: quotaMiB(k) ?? k.requested_quota_mib,
               retry_mib: retryMib
             })
           )
@@ -413,28 +408,45 @@ function renderKernel(
     ...(k.state === 'queued' || k.state === 'starting'
       ? []
       : [quotaBar(k, s.severity)]),
-    ...(tl ? [tl] : []),
-    ...(isMeasured(k.utilization)
-      ? [
-          h.div(
-            { className: `${C}-kernel-util` },
-            say('ui.kernel.utilisation', {
-              utilisation: formatPercent(k.utilization)
-            })
-          )
-        ]
-      : []),
-    ...(fw ? [fw] : []),
-    ...[held(k)].filter((e): e is VirtualElement => e !== null),
-    ...(s.severity !== 'ok'
-      ? [
-          h.div(
-            { className: `${C}-kernel-detail ${C}-sev-text-${s.severity}` },
-            s.detail
-          )
-        ]
-      : []),
-    h.div({ className: `${C}-actions` }, ...act)
+    // what the student acts on stays in sight (a warning's sentence says what to do); the rest is one click away
+    ...(s.severity !== 'ok' && k.state !== 'queued' ? [detail(s)] : []),
+    h.div({ className: `${C}-actions` }, ...act),
+    more(k, [
+      ...(k.state === 'queued' ? [detail(s)] : []), // the banner's sentence, in full
+      ...(tl ? [tl] : []),
+      ...(isMeasured(k.utilization)
+        ? [
+            h.div(
+              { className: `${C}-kernel-util` },
+              say('ui.kernel.utilisation', {
+                utilisation: formatPercent(k.utilization)
+              })
+            )
+          ]
+        : []),
+      ...(fw ? [fw] : []),
+      ...[held(k)].filter((e): e is VirtualElement => e !== null)
+    ])
+  );
+}
+
+function detail(s: IWorded): VirtualElement {
+  return h.div(
+    { className: `${C}-kernel-detail ${C}-sev-text-${s.severity}` },
+    s.detail
+  );
+}
+
+/** A kernel's details behind a disclosure (closed at first): its history, caps, and how the server holds it. */
+function more(k: IKernel, parts: VirtualElement[]): VirtualElement {
+  if (parts.length === 0) {
+    return h.div({ className: `${C}-more-none` });
+  }
+  return h(
+    'details',
+    { className: `${C}-more`, key: `more-${k.kernel_id}` },
+    h.summary({ className: `${C}-more-summary` }, say('ui.kernel.more')),
+    ...parts
   );
 }
 
@@ -646,11 +658,16 @@ export class GpuSharePanel extends Widget {
   protected onAfterAttach(): void {
     this.model.setPanelVisible(this.isVisible);
     this.renderNow();
+    this._toastRoom = keepRoomForToasts(this.node);
   }
 
   protected onBeforeDetach(): void {
     this.model.setPanelVisible(false);
+    this._toastRoom?.();
+    this._toastRoom = null;
   }
+
+  private _toastRoom: (() => void) | null = null;
 
   private _schedule(): void {
     if (!this.isVisible || this._pending) {

@@ -109,9 +109,9 @@ export interface IKernel {
   language: string;
   user: string;
   state: KernelState;
-  quota?: string | null;
-  pending_quota?: string | null;
-  /** The quota asked for, in MiB on its card (null: none asked, or a share before it has a card). */
+  /** The quota it starts with or holds, in MiB (a share before it has a card: on the largest card). */
+  requested_quota_mib?: number | null;
+  /** A quota asked for, in MiB on its card, applied at the next restart (null: none asked). */
   pending_quota_mib?: number | null;
   /** Where the quota came from; 'learned' = from earlier runs of its notebook. */
   quota_source?: 'default' | 'kernelspec' | 'requested' | 'learned';
@@ -173,7 +173,10 @@ export interface IQueueEntry {
   position: number;
   kernel_id?: string | null;
   mine: boolean;
-  quota: string;
+  /** Its quota in MiB (a share of a card: on the largest card); null when it cannot be read. */
+  quota_mib: number | null;
+  /** What it needs on a card: its quota + the CUDA context reserve (the banner's figure). */
+  need_mib: number | null;
   waited_s: number;
 }
 
@@ -274,7 +277,9 @@ export interface IHostQueueEntry {
   kernel_id?: string | null;
   kernel_name?: string | null;
   user?: string | null;
-  quota?: string | null;
+  /** Another user's entry: null (a student's view). */
+  quota_mib?: number | null;
+  need_mib?: number | null;
   waited_s: number;
 }
 
@@ -315,6 +320,4 @@ export interface IState {
 export interface IOom {
   framework: 'cupy' | 'jax' | 'tensorflow' | 'torch';
   retry_quota_mib: number | null;
-  /** The same in the server's words ("3 GiB"). */
-  retry_quota: string | null;
 }

@@ -95,13 +95,13 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       'Stopped waiting for a GPU: nothing was connected to it for {unwatched_s}.'
     ),
     'event.refused-quota-below-min': __(
-      'Not started: its quota {quota} is below the minimum here, {least_mib}.'
+      'Not started: its quota {quota_mib} is below the minimum here, {least_mib}.'
     ),
     'event.refused-quota-above-max': __(
-      'Not started: its quota {quota} is above the maximum here, {most_mib}.'
+      'Not started: its quota {quota_mib} is above the maximum here, {most_mib}.'
     ),
     'event.refused-quota-unfit': __(
-      'Not started: its quota {quota} fits on no card; the most is {most_mib}.'
+      'Not started: its quota {quota_mib} fits on no card; the most is {most_mib}.'
     ),
     'event.refused-user-max-kernel': __(
       'Not started: one kernel of yours may hold at most {limit_mib}; it asks for {quota_mib}.'
@@ -153,7 +153,7 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       '{framework} ran out of GPU memory at quota {quota_mib}: restart with {retry_mib} to run it with more.'
     ),
     'event.quota-requested': __(
-      'Quota {quota} requested; it applies at the next restart.'
+      'Quota {quota_mib} requested; it applies at the next restart.'
     ),
     'event.over-quota-notify': __(
       'Still over its {reserved_mib} reservation after {over_s}: free memory or ask for a larger quota.'
@@ -192,13 +192,13 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       '{processes} process it had started was still running and was ended with it.'
     ),
     'policy.quota-below-min': __(
-      'A quota of {quota} is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.'
+      'A quota of {quota_mib}[ ({share_pct}% of a card)] is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.'
     ),
     'policy.quota-above-max': __(
-      'A quota of {quota} is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.'
+      'A quota[ of {quota_mib}][ ({share_pct}% of a card)] is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.'
     ),
     'policy.quota-unfit': __(
-      'A quota of {quota} does not fit on any card even when it is empty: the most a kernel can reserve here is {most_mib} plus the {reserve_mib} CUDA context reserve.'
+      'A quota of {quota_mib}[ ({share_pct}% of a card)] does not fit on any card even when it is empty: the most a kernel can reserve here is {most_mib} plus the {reserve_mib} CUDA context reserve.'
     ),
     'policy.user-max-kernel': __(
       'You may give one kernel at most {limit_mib} of GPU memory; this one asks for {quota_mib}. Ask for at most {limit_mib}.'
@@ -220,6 +220,9 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     ),
     'policy.user-max-waiting.one': __(
       'You have {waiting} kernel waiting for a GPU already, the most one user may have in line here. Stop waiting on it (the banner’s Stop waiting, or shut its kernel down), or wait until it starts.'
+    ),
+    'policy.grow-no-room': __(
+      '{quota_mib} needs {extra_mib} more on GPU {card_index}, which has {free_mib} unreserved now. The kernel keeps its quota and its GPU; ask again once others have shut down, or ask for less.'
     ),
     'limits.use': __('You hold {held}.'),
     'limits.total': __('{quota_mib} of {max_total_mib}'),
@@ -320,15 +323,19 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     ),
     'ui.kernel.waiting': __('waiting'),
     'ui.kernel.no_card': __('no card'),
-    'ui.kernel.quota': __('quota {quota}'),
+    'ui.kernel.more': __('Details'),
+    'ui.cell.gpu': __('GPU memory quota: {text}'),
+    'ui.kernel.unnamed': __('{kernel} kernel'),
+    'ui.kernel.unnamed_id': __('{kernel} kernel {id}'),
+    'ui.kernel.quota': __('quota {quota_mib}'),
     'ui.kernel.quota_reserved': __(
-      'quota {quota} + {reserve_mib} CUDA context = {reserved_mib} reserved'
+      'quota {quota_mib} + {reserve_mib} CUDA context = {reserved_mib} reserved'
     ),
-    'ui.kernel.pending': __('→ {quota} at next restart'),
+    'ui.kernel.pending': __('→ {quota_mib} at next restart'),
     'ui.kernel.utilisation': __('GPU utilisation {utilisation}'),
-    'ui.btn.retry': __('Restart with {quota}'),
+    'ui.btn.retry': __('Restart with {quota_mib}'),
     'ui.btn.retry_label': __(
-      'Restart {name} with a {quota} GPU quota (it ran out of memory; waits if the GPU is full)'
+      'Restart {name} with a {quota_mib} GPU quota (it ran out of memory; asks first)'
     ),
     'ui.btn.quota': __('Change quota…'),
     'ui.btn.quota_label': __('Change the GPU quota of {name} (restarts it)'),
@@ -432,17 +439,17 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.limits.up_to': __('up to {parts}'),
     'ui.queue.kind': __('{kernel} kernel'),
     'ui.queue.kernel': __('kernel'),
-    'ui.queue.yours': __('your {kind}[, {quota}]'),
-    'ui.queue.user': __('{user}’s {kind}[, {quota}]'),
+    'ui.queue.yours': __('your {kind}[, {quota_mib}]'),
+    'ui.queue.user': __('{user}’s {kind}[, {quota_mib}]'),
     'ui.queue.another': __('another user’s kernel'),
     'ui.queue.entry': __('#{position} {who} · waiting {waited_s}'),
     'ui.host.pid_hidden': __('not visible'),
     'ui.host.row': __(
       'kernel {kernel_id} ({kernel}) on {card}: quota {quota_mib} + {reserve_mib} CUDA context = {reserved_mib} reserved; server pid {server_pid}, kernel pid {kernel_pid}'
     ),
-    'ui.dialog.current': __('Current quota: {quota}.'),
+    'ui.dialog.current': __('Current quota: {quota_mib}.'),
     'ui.dialog.restarts': __(
-      'The kernel restarts to apply the new quota: its variables and state will be lost. If the GPU has no room, it waits in line.'
+      'The kernel restarts to apply the new quota: its variables and state will be lost. It keeps its GPU: a larger quota is reserved at once, or refused now if its GPU has not the room.'
     ),
     'ui.dialog.placeholder': __('e.g. 6GiB or 512MiB'),
     'ui.dialog.input': __('New GPU memory quota'),
@@ -454,6 +461,16 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.dialog.restart': __('Restart with new quota'),
     'ui.dialog.restart_label': __('Restart {name} with the new quota'),
     'ui.dialog.not_changed': __('GPU quota not changed'),
+    'ui.retry.title': __('Restart {name} with {quota_mib}?'),
+    'ui.retry.body': __(
+      '{name} ran out of GPU memory. Restarting it loses its state: its variables, imports and data in memory are gone, and its cells must run again.'
+    ),
+    'ui.retry.fits': __(
+      'Its GPU has the {extra_mib} more it needs now: the kernel keeps its card and reserves the extra at once.'
+    ),
+    'ui.retry.short': __(
+      'It needs {extra_mib} more on its GPU, which has {free_mib} unreserved now: the larger quota is refused until others free that much, and the kernel keeps what it has.'
+    ),
     'ui.shutdown.title': __('Shut down {name}?'),
     'ui.shutdown.body': __(
       'Its variables and state will be lost, and its GPU memory goes back to the others.'
@@ -497,7 +514,9 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.config.queue': __('When the GPU is full, kernels wait in line.'),
     'ui.config.cpu': __('When the GPU is full, kernels start on the CPU.'),
     'ui.config.reject': __('When the GPU is full, kernels are refused.'),
-    'ui.quota.restarting': __('Restarting {name} with a {quota} GPU quota…'),
+    'ui.quota.restarting': __(
+      'Restarting {name} with a {quota_mib} GPU quota…'
+    ),
     'ui.size.pair_mib': __('{used} / {total} MiB'),
     'ui.size.pair_gib': __('{used} / {total} GiB'),
     'ui.size.share': __('{percent}% of a card')
@@ -540,7 +559,18 @@ function known(value: unknown): boolean {
   return value !== null && value !== undefined && value !== '';
 }
 
+/** One name per framework, wherever it is said (the server's words.FRAMEWORKS is the same). */
+export const FRAMEWORK_NAMES: { [name: string]: string } = {
+  cupy: 'CuPy',
+  jax: 'JAX',
+  tensorflow: 'TensorFlow',
+  torch: 'PyTorch'
+};
+
 function figure(name: string, value: unknown): string {
+  if (name === 'framework' && typeof value === 'string') {
+    return FRAMEWORK_NAMES[value] ?? value;
+  }
   if (typeof value === 'number' && name.endsWith('_mib')) {
     return formatMiB(value);
   }
@@ -614,10 +644,18 @@ export function isMeasured(value: number | null | undefined): value is number {
   return typeof value === 'number' && isFinite(value);
 }
 
+/**
+ * GiB to one decimal place, halves rounded up (15,616 MiB is 15.25 GiB: "15.3"), as the server's format_mib
+ * does: the one rounding of every size the sidebar shows.
+ */
+function gibText(mib: number): string {
+  const tenths = Math.floor((Math.abs(mib) * 10) / 1024 + 0.5);
+  return ((mib < 0 && tenths ? -tenths : tenths) / 10).toFixed(1);
+}
+
 /** One decimal place, without a trailing ".0" (the server's format_mib) and never "-0". */
-function decimal(x: number): string {
-  const s = x.toFixed(1).replace(/\.0$/, '');
-  return s === '-0' ? '0' : s;
+function decimal(mib: number): string {
+  return gibText(mib).replace(/\.0$/, '');
 }
 
 /** A size for people, as the server says it: "512 MiB" below 1 GiB, else "1.5 GiB", "3 GiB"; "–" unknown. */
@@ -627,7 +665,7 @@ export function formatMiB(mib: number | null | undefined): string {
   }
   return Math.abs(mib) < 1024
     ? say('size.mib', { n: Math.round(mib) })
-    : say('size.gib', { n: decimal(mib / 1024) });
+    : say('size.gib', { n: decimal(mib) });
 }
 
 /**
@@ -644,7 +682,7 @@ export function formatUsage(
   }
   const gib = totalMiB >= 1024;
   const num = (x: number | null | undefined): string =>
-    !isMeasured(x) ? '–' : gib ? (x / 1024).toFixed(1) : String(Math.round(x));
+    !isMeasured(x) ? '–' : gib ? gibText(x) : String(Math.round(x));
   return say(gib ? 'ui.size.pair_gib' : 'ui.size.pair_mib', {
     used: num(usedMiB),
     total: num(totalMiB)

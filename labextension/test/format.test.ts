@@ -9,7 +9,9 @@ import {
   formatDuration,
   formatMiB,
   formatPercent,
-  formatUsage
+  formatUsage,
+  isTemporaryPath,
+  notebookName
 } from '../src/format';
 import { say } from '../src/words';
 
@@ -59,4 +61,23 @@ test('small helpers', () => {
 test('cardLabel: the server\'s label, else "GPU <index>"', () => {
   assert.equal(cardLabel({ index: 0, label: 'GPU 0 MIG 3' }), 'GPU 0 MIG 3');
   assert.equal(cardLabel({ index: 2 }), 'GPU 2');
+});
+
+test('notebook names: the file name, the relative path where two collide, never a temporary UUID path', () => {
+  const temp = '35f7ece3-8124-4c7b-9f0e-0c1d2e3f4a5b';
+  assert.equal(isTemporaryPath(temp), true);
+  assert.equal(isTemporaryPath('week2/a.ipynb'), false);
+  assert.equal(notebookName(temp), '');
+  assert.equal(notebookName('week2/a.ipynb'), 'a.ipynb');
+  assert.equal(notebookName('a.ipynb', ['week2/a.ipynb']), 'a.ipynb');
+  assert.equal(notebookName('week2/a.ipynb', ['a.ipynb']), 'week2/a.ipynb');
+  assert.equal(
+    notebookName('week2/a.ipynb', ['week2/b.ipynb', temp, null]),
+    'a.ipynb'
+  );
+});
+
+test('sizes in GiB round halves up, in formatMiB and formatUsage alike', () => {
+  assert.equal(formatMiB(15616), '15.3 GiB');
+  assert.equal(formatUsage(15616, 15616), '15.3 / 15.3 GiB');
 });

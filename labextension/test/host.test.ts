@@ -129,10 +129,11 @@ test('queue lines: mine in detail, another user’s entry says only that it is o
       kernel_id: 'k2',
       kernel_name: 'python3',
       user: 'me',
-      quota: '2 GiB',
+      quota_mib: 2048,
+      need_mib: 2560,
       waited_s: 75
     }),
-    '#2 your python3 kernel, 2 GiB · waiting 1 min'
+    '#2 your python3 kernel, 2.5 GiB · waiting 1 min' // what it needs, as the banner says it
   );
   const hidden = queueEntryText({
     position: 1,
@@ -140,7 +141,8 @@ test('queue lines: mine in detail, another user’s entry says only that it is o
     kernel_id: null,
     kernel_name: null,
     user: null,
-    quota: null,
+    quota_mib: null,
+    need_mib: null,
     waited_s: 12
   });
   assert.equal(hidden, '#1 another user’s kernel · waiting 12 s');
@@ -153,10 +155,11 @@ test('queue lines: mine in detail, another user’s entry says only that it is o
       kernel_id: 'k9',
       kernel_name: 'ir',
       user: 'alice',
-      quota: '1 GiB',
+      quota_mib: 1024,
+      need_mib: 1536,
       waited_s: 3
     }),
-    '#3 alice’s ir kernel, 1 GiB · waiting 3 s'
+    '#3 alice’s ir kernel, 1.5 GiB · waiting 3 s'
   );
 });
 

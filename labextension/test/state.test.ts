@@ -21,7 +21,7 @@ function kernel(over: Partial<IKernel> = {}): IKernel {
     user: 'student',
     state: 'running',
     path: 'week3/train.ipynb',
-    quota: '1 GiB',
+    requested_quota_mib: 1024,
     quota_mib: 1024,
     reserve_mib: 512,
     reserved_mib: 1536,

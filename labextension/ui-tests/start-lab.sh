@@ -2,6 +2,7 @@
 # A JupyterLab for the browser tests: one simulated 10 GiB card, 3 GiB quotas + 512 MiB
 # context reserve, no headroom, so two notebooks fit and a third waits in the queue. Workspaces and
 # user settings live in the run's own folder, so no earlier run's open notebooks or theme come back.
+# GPUSHARE_UI_ARGS: more options for a spec that needs other settings (playwright-enforce.config.js).
 set -e
 ROOT="${GPUSHARE_UI_ROOT:-$(mktemp -d -t gpushare-ui-XXXXXX)}"
 mkdir -p "$ROOT"
@@ -16,4 +17,4 @@ exec "$PYTHON" -m jupyterlab --allow-root --no-browser \
   --GpuShareApp.gpu_backend=simulated --GpuShareApp.simulated_cards=10GiB \
   --GpuShareApp.ledger_path="$ROOT/.gpushare/ledger.sqlite" \
   --GpuShareApp.default_quota=3GiB --GpuShareApp.context_reserve=512MiB \
-  --GpuShareApp.card_headroom=0MiB --GpuShareApp.max_quota=6GiB
+  --GpuShareApp.card_headroom=0MiB --GpuShareApp.max_quota=6GiB ${GPUSHARE_UI_ARGS:-}

@@ -153,8 +153,8 @@ def test_a_quota_past_the_users_limit_is_refused_when_asked_not_at_the_restart(h
         bob.call("PATCH", f"api/gpushare/kernels/{k1}", {"quota": "4GiB"})
     message = json.loads(e.value.read())["message"]
     assert e.value.code == 400 and "at most 5 GiB of GPU memory in all kernels together" in message
-    assert bob.kernel(k1)["pending_quota"] is None
-    assert bob.call("PATCH", f"api/gpushare/kernels/{k1}", {"quota": "3GiB"})["pending_quota"] == "3 GiB"
+    assert bob.kernel(k1)["pending_quota_mib"] is None
+    assert bob.call("PATCH", f"api/gpushare/kernels/{k1}", {"quota": "3GiB"})["pending_quota_mib"] == 3072
     # through the broker, bob's server counts only bob's kernels on the card, never the others' total
     assert bob.call("GET", "api/gpushare/cards")["cards"][0]["kernels"] == 2
     for kid in (k1, k2):

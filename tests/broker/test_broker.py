@@ -256,8 +256,8 @@ def _lease(kid: str, user: str, quota: int = 2048, card: str = "GPU-0") -> Lease
 def test_view_for_a_student_names_no_one_else():
     leases = [_lease("k-alice", "alice"), _lease("k-bob", "bob")]
     waiters = [
-        Waiter(1, "k-alice-2", "2 GiB", "alice", "python3", ProcessRef(10, 1.0), 0.0),
-        Waiter(2, "k-bob-2", "1 GiB", "bob", "python3", ProcessRef(12, 1.0), 0.0),
+        Waiter(1, "k-alice-2", Size(mib=2048), "alice", "python3", ProcessRef(10, 1.0), 0.0),
+        Waiter(2, "k-bob-2", Size(mib=1024), "bob", "python3", ProcessRef(12, 1.0), 0.0),
     ]
     cards = [Card(0, "GPU-0", "H200", 10240)]
     view = view_for(
@@ -267,9 +267,9 @@ def test_view_for_a_student_names_no_one_else():
     assert "alice" not in text
     assert [k["kernel_id"] for k in view["kernels"]] == ["k-bob"]
     assert view["cards"][0]["others_reserved_mib"] == 2560 and view["cards"][0]["mine_reserved_mib"] == 2560
-    assert [(q["position"], q["mine"], q["kernel_id"]) for q in view["queue"]] == [
-        (1, False, None),
-        (2, True, "k-bob-2"),
+    assert [(q["position"], q["mine"], q["kernel_id"], q["quota_mib"], q["need_mib"]) for q in view["queue"]] == [
+        (1, False, None, None, None),
+        (2, True, "k-bob-2", 1024, 1536),  # typed sizes: the need is what the banner says, quota + context reserve
     ]
     admin = view_for(Caller("root", 0, admin=True), leases, waiters, cards, Policy())
     assert {k["user"] for k in admin["kernels"]} == {"alice", "bob"} and len(admin["users"]) == 2
@@ -330,7 +330,8 @@ def test_queue_and_cancel_across_users(inproc):
             "kernel_id": None,
             "kernel_name": None,
             "user": None,
-            "quota": None,
+            "quota_mib": None,
+            "need_mib": None,
             "waited_s": queue[0]["waited_s"],
         }
     ]
@@ -624,3 +625,32 @@ def test_the_broker_measures_memory_used_outside_reservations(inproc):
         assert "lease" in broker.handle(who["alice"], "reserve", {"kernel_id": "k1", "mib": 3072})
     finally:
         script.kill()
+
+
+def test_a_kernels_quota_is_resized_on_its_own_lease_by_its_own_server_only(inproc):
+    """resize keeps the lease and its card: smaller always, larger only from what the card has unreserved; another
+    user's kernel is refused, and the per-user limits count the new quota."""
+    from jupyter_gpushare.broker import BrokerRefused
+
+    broker, who = inproc
+    broker.rules = broker.rules.__class__.parse({"max_kernel": "6GiB"}, {}, {})
+    first = broker.handle(who["alice"], "reserve", {"kernel_id": "a0", "mib": 4096})["lease"]
+    broker.handle(who["bob"], "reserve", {"kernel_id": "b0", "mib": 4096})  # 9 GiB of 10 reserved
+    with pytest.raises(BrokerRefused, match="another user's"):
+        broker.handle(who["bob"], "resize", {"kernel_id": "a0", "quota_mib": 1024})
+    with pytest.raises(PolicyError) as e:
+        broker.handle(who["alice"], "resize", {"kernel_id": "a0", "quota_mib": 6144})
+    assert e.value.code == "grow-no-room" and e.value.params["free_mib"] == 1024
+    smaller = broker.handle(who["alice"], "resize", {"kernel_id": "a0", "quota_mib": 2048})
+    assert (smaller["card_uuid"], smaller["created"], smaller["quota_mib"]) == (
+        first["card_uuid"],
+        first["created"],
+        2048,
+    )
+    assert broker.handle(who["alice"], "resize", {"kernel_id": "a0", "quota_mib": 5120})["quota_mib"] == 5120
+    broker.handle(who["bob"], "release", {"kernel_id": "b0"})
+    with pytest.raises(PolicyError) as e:  # room enough now, but past alice's per-user max_kernel
+        broker.handle(who["alice"], "resize", {"kernel_id": "a0", "quota_mib": 7168})
+    assert e.value.code in ("user-max-kernel", "quota-above-max")
+    with pytest.raises(BrokerRefused, match="quota_mib"):
+        broker.handle(who["alice"], "resize", {"kernel_id": "a0", "quota_mib": -1})

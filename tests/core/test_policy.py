@@ -37,7 +37,10 @@ def test_percent_resolves_against_the_card():
         ("4 parsecs", "not known"),
         ("150%", "more than a whole card"),
         ("", "is not a size"),
-        ("-1GiB", "is not a size"),
+        ("-1GiB", "is negative"),
+        ("-1", "is negative"),
+        ("1e9 GiB", "more than 1 PiB"),
+        ("0", "add a unit, e.g. '4GiB'"),  # not '0MiB': no size below the least is suggested
     ],
 )
 def test_bad_sizes_name_the_setting_the_value_and_an_example(bad, hint):

@@ -13,7 +13,7 @@ import time
 import pytest
 from old_ledgers import V1_SCHEMA
 
-from jupyter_gpushare.core.policy import Policy, Size
+from jupyter_gpushare.core.policy import Policy, PolicyError, Size
 from jupyter_gpushare.host.gpu import Card
 from jupyter_gpushare.ledger.ledger import Lease, Ledger, LedgerError, ProcessRef, Request, Waiting
 
@@ -177,8 +177,16 @@ def _stress(path: str, seed: int, steps: int, queue) -> None:
     mine: list[str] = []
     try:
         for step in range(steps):
-            if mine and rng.random() < 0.45:
+            roll = rng.random()
+            if mine and roll < 0.35:
                 ledger.release(mine.pop(rng.randrange(len(mine))))
+            elif mine and roll < 0.55:  # a quota change in place: smaller always, larger only where it fits
+                kid, quota = rng.choice(mine), rng.choice([256, 1024, 3072, 6144])
+                try:
+                    lease = ledger.resize(kid, quota, POLICY, cards)
+                    assert lease is not None and lease.quota_mib == quota, lease
+                except PolicyError as e:
+                    assert e.code == "grow-no-room", e
             else:
                 kid = f"{seed}-{step}"
                 got = ledger.reserve(
@@ -195,6 +203,7 @@ def _stress(path: str, seed: int, steps: int, queue) -> None:
 
 
 def test_concurrent_processes_never_overbook(tmp_path):
+    """Six processes reserve, resize and release at random on one file: no card is ever overbooked."""
     path = str(tmp_path / "stress.sqlite")
     Ledger(path).close()
     ctx = multiprocessing.get_context("spawn")

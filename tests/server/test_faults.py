@@ -50,7 +50,7 @@ async def test_a_quota_below_the_minimum_or_not_a_size_is_a_400(gpushare, jp_fet
     with pytest.raises(HTTPClientError) as e:
         await jp_fetch("api", "gpushare", "kernels", kid, method="PATCH", body=json.dumps({"quota": quota}))
     assert e.value.code == 400 and why in json.loads(e.value.response.body)["message"]
-    assert (await gpushare.kernel(kid))["pending_quota"] is None
+    assert (await gpushare.kernel(kid))["pending_quota_mib"] is None
     await gpushare.stop_kernel(kid)
 
 
@@ -87,19 +87,21 @@ async def test_a_kernel_without_a_quota_sees_no_gpu(gpushare, jp_serverapp):
 
 
 @pytest.mark.parametrize("gpushare_config", [{"on_full": "reject"}], indirect=True)
-async def test_a_refused_restart_leaves_the_kernel_listed_as_failed_with_why(gpushare, jp_fetch):
+async def test_a_larger_quota_on_a_full_card_is_refused_before_the_restart_not_by_it(gpushare, jp_fetch):
+    """A restart once gave the reservation back and failed to get the larger one (the kernel was left 'failed').
+    Now the larger quota is refused when asked for, and the restart keeps what the kernel holds."""
     kernels = [await gpushare.start_kernel() for _ in range(4)]  # 4 x 2.5 GiB: the 10 GiB card is full
     k1 = kernels[0]
-    await jp_fetch("api", "gpushare", "kernels", k1, method="PATCH", body=json.dumps({"quota": "3GiB"}))
-    with pytest.raises(HTTPClientError):
-        await jp_fetch("api", "kernels", k1, "restart", method="POST", body="{}")
+    with pytest.raises(HTTPClientError) as e:
+        await jp_fetch("api", "gpushare", "kernels", k1, method="PATCH", body=json.dumps({"quota": "3GiB"}))
+    assert e.value.code == 409
+    await jp_fetch("api", "kernels", k1, "restart", method="POST", body="{}")
     rec = await gpushare.kernel(k1)
-    assert rec["state"] == "failed" and "No GPU has room" in rec["reason"] and rec["reserved_mib"] is None
-    assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 3 * 2560
-    await gpushare.stop_kernel(k1)  # (jupyter_client drops a kernel whose restart failed, without cleaning it up)
-    await gpushare.wait_for(lambda: _gone(gpushare, k1), what="the failed kernel forgotten")
-    for kid in kernels[1:]:
+    assert (rec["state"], rec["quota_mib"], rec["reserved_mib"]) == ("running", 2048, 2560)
+    assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 4 * 2560
+    for kid in kernels:
         await gpushare.stop_kernel(kid)
+    await gpushare.wait_for(lambda: _gone(gpushare, k1), what="the kernel forgotten")
 
 
 async def _gone(gpushare, kernel_id: str) -> bool:

@@ -177,20 +177,6 @@ async def test_a_second_restart_while_one_runs_is_refused_with_409(gpushare, jp_
     assert (await first).code == 200
 
 
-async def test_a_new_quota_that_must_wait_restarts_into_the_line_at_once(gpushare, jp_fetch):
-    _, k1 = await gpushare.open_notebook("small.ipynb")
-    _, k2 = await gpushare.open_notebook("other.ipynb")
-    await jp_fetch("api", "gpushare", "kernels", k1, method="PATCH", body=json.dumps({"quota": "6GiB"}))
-    t0 = time.monotonic()
-    await jp_fetch("api", "kernels", k1, "restart", method="POST", body="{}")
-    assert time.monotonic() - t0 < 3.0
-    rec = await gpushare.kernel(k1)
-    assert rec["state"] == "queued" and rec["quota"] == "6 GiB" and rec["need_mib"] == 6656
-    await gpushare.stop_kernel(k2)
-    await gpushare.wait_for(lambda: _state(gpushare, k1, "running"), what="the larger quota admitted")
-    assert (await gpushare.kernel(k1))["quota_mib"] == 6144
-
-
 class TestUnwatched:
     @pytest.fixture
     def gpushare_config(self, gpushare_config):

@@ -106,6 +106,30 @@ def test_browser():
     assert " passed" in r.stdout, out
 
 
+@pytest.mark.timeout(600)
+def test_browser_over_quota_interrupt():
+    """A JupyterLab whose policy interrupts a kernel 2 s over its reservation
+    (labextension/ui-tests/enforce-tests/interrupt.spec.ts): the interrupted cell's output says why, with the
+    figures and what to do, beside its KeyboardInterrupt."""
+    jlpm = _need_node()
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set CHROMIUM=/path)")
+    test_labextension_is_installed()
+    _install(jlpm, UI)
+    with tempfile.TemporaryDirectory(prefix="gpushare-ui-") as root:
+        env = {
+            **os.environ, "GPUSHARE_UI_PORT": str(_free_port()), "GPUSHARE_UI_ROOT": root, "PYTHON": sys.executable,
+            "CHROMIUM": CHROMIUM, "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1", "CI": os.environ.get("CI", "1"),
+        }  # fmt: skip
+        r = subprocess.run(
+            [*jlpm, "playwright", "test", "--config", "playwright-enforce.config.js"],
+            cwd=UI, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+    out = r.stdout[-8000:] + r.stderr[-4000:]
+    assert r.returncode == 0, out
+    assert " passed" in r.stdout, out
+
+
 # -- the host view through a broker: a student's page and an admin's page ------------------------------
 
 

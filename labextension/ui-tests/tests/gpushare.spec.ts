@@ -3,6 +3,8 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 
+import { notebook, waitForLab } from '../notebooks';
+
 // A real JupyterLab (start-lab.sh): one simulated 10 GiB card, 3 GiB quotas + 512 MiB context reserve per
 // kernel, so nb1 and nb2 fit (7 GiB) and nb3 waits in the queue. Kernels on the simulated card say what they
 // "use" of it with gpushare_simulate, which is how the near- and over-quota states are reached here.
@@ -16,31 +18,6 @@ const OUT = process.env.GPUSHARE_UPDATE_DOCS
 const IMG = OUT ?? path.join(REPO, 'docs', 'img');
 const RESULTS = OUT ?? path.join(REPO, 'bench', 'results');
 const AXE = require.resolve('axe-core/axe.min.js');
-
-function notebook(source: string) {
-  return {
-    cells: [
-      {
-        cell_type: 'code',
-        execution_count: null,
-        id: 'c1',
-        metadata: {},
-        outputs: [],
-        source: [source]
-      }
-    ],
-    metadata: {
-      kernelspec: {
-        display_name: 'Python 3 (ipykernel)',
-        language: 'python',
-        name: 'python3'
-      },
-      language_info: { name: 'python' }
-    },
-    nbformat: 4,
-    nbformat_minor: 5
-  };
-}
 
 async function run(page: Page, command: string, args: any = {}): Promise<any> {
   return page.evaluate(
@@ -64,15 +41,6 @@ async function openNotebook(page: Page, name: string): Promise<void> {
       .filter({ hasText: path.basename(name) })
       .first()
   ).toBeVisible();
-}
-
-/** The lab is up: our commands exist and the workspace is restored (the splash screen is gone). */
-async function waitForLab(page: Page): Promise<void> {
-  await page.waitForFunction(() => {
-    const app = (window as any).jupyterapp;
-    return !!app && app.commands.hasCommand('gpushare:open-panel');
-  });
-  await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
 }
 
 /**
@@ -583,7 +551,7 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
             user: 'student',
             path: `course/week${i % 10}/notebook-${i}.ipynb`,
             state,
-            quota: '2 GiB',
+            requested_quota_mib: 2048,
             quota_mib: 2048,
             reserve_mib: 512,
             reserved_mib: 2560,
@@ -660,15 +628,20 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   );
   await renamed
     .getByRole('button', {
-      name: 'Restart renamed.ipynb with a 3 GiB GPU quota (it ran out of memory; waits if the GPU is full)'
+      name: 'Restart renamed.ipynb with a 3 GiB GPU quota (it ran out of memory; asks first)'
     })
     .click();
+  // It asks first, as Change quota does: the state will be lost; Enter would keep it (the safe button)
+  await expect(dialog).toContainText('Restart renamed.ipynb with 3 GiB?');
+  await expect(dialog).toContainText('loses its state');
+  await expect(dialog.locator('button.jp-mod-reject')).toBeFocused();
+  await dialog.locator('button.jp-mod-warn').click();
   await expect(renamed.locator('.jp-gpushare-kernel-oom')).toHaveCount(0, {
     timeout: 30000
   });
   const after = await (await page.request.get('/api/gpushare/state')).json();
   const restarted = after.kernels.find((k: any) => k.path === 'renamed.ipynb');
-  expect([restarted.quota, restarted.oom ?? null]).toEqual(['3 GiB', null]);
+  expect([restarted.quota_mib, restarted.oom ?? null]).toEqual([3072, null]);
   expect(errors).toEqual([]);
 });
 

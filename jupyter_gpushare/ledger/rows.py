@@ -1,0 +1,115 @@
+"""The ledger's rows read as values (a lease, a kernel in line, their owner; the line in order, what a user holds,
+what each card has reserved), and read-only access to a ledger file for `jupyter gpushare status` and `doctor`
+(no transaction, no reaping)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Sequence
+
+from ..core.history import HistoryRules, Run, notebooks
+from ..core.policy import PolicyError, Size, parse_size
+from ..host.gpu import Card
+from ..host.procs import Owner, ProcessRef, SessionRef
+from .file import open_readonly
+from .leases import Lease, Waiter
+from .queue import Entry
+
+
+def owner_of(row: sqlite3.Row) -> Owner:
+    if "owner_session" in row.keys() and row["owner_session"]:  # (read_ledger may read a schema-1 file)
+        return SessionRef(row["owner_session"])
+    return ProcessRef(row["owner_pid"], row["owner_start"])
+
+
+def owner_columns(owner: Owner) -> tuple[int, float, str | None]:
+    """(owner_pid, owner_start, owner_session) for a row."""
+    if isinstance(owner, SessionRef):
+        return 0, 0.0, owner.id
+    return owner.pid, owner.start, None
+
+
+def waiter_of(r: sqlite3.Row) -> Waiter:
+    try:
+        quota: Size | None = parse_size(r["quota"])
+    except PolicyError:  # never written by this code: shown as unknown
+        quota = None
+    return Waiter(r["ticket"], r["kernel_id"], quota, r["user"], r["kernel_name"], owner_of(r), r["created"])
+
+
+def lease_of(row: sqlite3.Row) -> Lease:
+    kernel = ProcessRef(row["kernel_pid"], row["kernel_start"]) if row["kernel_pid"] else None
+    return Lease(
+        kernel_id=row["kernel_id"],
+        card_uuid=row["card_uuid"],
+        card_index=row["card_index"],
+        quota_mib=row["quota_mib"],
+        reserve_mib=row["reserve_mib"],
+        user=row["user"],
+        kernel_name=row["kernel_name"],
+        owner=owner_of(row),
+        kernel=kernel,
+        created=row["created"],
+    )
+
+
+# -- read-only access (status and doctor) ------------------------------------------------------------
+
+
+def line_of(db: sqlite3.Connection) -> list[Entry]:
+    """The queue, in order; a row whose quota cannot be read (never written by this code) holds no one back."""
+    line = []
+    for r in db.execute("SELECT * FROM waiters ORDER BY ticket"):
+        try:
+            quota = parse_size(r["quota"], "a waiter's quota")
+        except PolicyError:
+            continue
+        cards = frozenset(filter(None, (r["cards"] or "").split(",")))
+        line.append(Entry(r["ticket"], r["kernel_id"], quota, r["user"], r["created"], cards))
+    return line
+
+
+def held_by(
+    db: sqlite3.Connection, user: str, kernel_id: str, line: Sequence[Entry], cards: Sequence[Card]
+) -> list[int]:
+    """The quotas a user holds (leases) and asks for (kernels in line, on the largest card), but for
+    ``kernel_id``'s own: what per-user limits count."""
+    held = [r[0] for r in db.execute("SELECT quota_mib FROM leases WHERE user=?", (user,))]
+    biggest = max((c.total_mib for c in cards), default=0)
+    return held + [e.quota.resolve(biggest) for e in line if e.user == user and e.kernel_id != kernel_id]
+
+
+def reserved_by_card(db: sqlite3.Connection) -> dict[str, int]:
+    rows = db.execute("SELECT card_uuid, SUM(quota_mib + reserve_mib) FROM leases GROUP BY card_uuid")
+    return {uuid: int(total) for uuid, total in rows}
+
+
+def notebooks_in(db: sqlite3.Connection, since: float) -> list[dict]:
+    rows = db.execute(
+        "SELECT user, kernel_name, path, peak_mib, need_mib, failed, recorded FROM peaks WHERE recorded >= ?", (since,)
+    ).fetchall()
+    return notebooks((r[0], r[1], r[2], Run(r[3], r[4], bool(r[5])), r[6]) for r in rows)
+
+
+def read_notebooks(path: str | os.PathLike, rules: HistoryRules) -> list[dict]:
+    """The notebooks with recorded runs in a ledger file, read without writing to it ([] before any was)."""
+    db = open_readonly(path)
+    try:
+        return notebooks_in(db, time.time() - rules.max_age_s)
+    except sqlite3.OperationalError:  # a file without the peaks table (or its newer columns)
+        return []
+    finally:
+        db.close()
+
+
+def read_ledger(path: str | os.PathLike) -> tuple[list[Lease], list[Waiter]]:
+    """Leases and waiters of a ledger file, read without writing to it (no reaping)."""
+    db = open_readonly(path)
+    try:
+        leases = [lease_of(r) for r in db.execute("SELECT * FROM leases ORDER BY created")]
+        waiters = [waiter_of(r) for r in db.execute("SELECT * FROM waiters ORDER BY ticket")]
+        return leases, waiters
+    finally:
+        db.close()

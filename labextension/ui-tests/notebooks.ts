@@ -1,0 +1,36 @@
+import type { Page } from '@playwright/test';
+
+/** A one-cell Python notebook of ``source`` (a string, or its lines), as the contents API takes it. */
+export function notebook(source: string | string[]) {
+  return {
+    cells: [
+      {
+        cell_type: 'code',
+        execution_count: null,
+        id: 'c1',
+        metadata: {},
+        outputs: [],
+        source: Array.isArray(source) ? source : [source]
+      }
+    ],
+    metadata: {
+      kernelspec: {
+        display_name: 'Python 3 (ipykernel)',
+        language: 'python',
+        name: 'python3'
+      },
+      language_info: { name: 'python' }
+    },
+    nbformat: 4,
+    nbformat_minor: 5
+  };
+}
+
+/** The lab is up: our commands exist and the workspace is restored (the splash screen is gone). */
+export async function waitForLab(page: Page): Promise<void> {
+  await page.waitForFunction(() => {
+    const app = (window as any).jupyterapp;
+    return !!app && app.commands.hasCommand('gpushare:open-panel');
+  });
+  await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
+}

@@ -1,0 +1,275 @@
+import { expect, Page, test } from '@playwright/test';
+
+import { notebook, waitForLab } from '../notebooks';
+
+// Names a person reads, toasts that follow their state, and dialogs whose Enter is safe (issue 32), in a real
+// JupyterLab (start-lab.sh: one simulated 10 GiB card, 3 GiB quotas + 512 MiB context reserve: two notebooks
+// fit, a third waits). Its notebooks live under r3/, two of them named a.ipynb.
+
+const UUID = /[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/i;
+
+const panel = (page: Page) => page.locator('#jp-gpushare');
+const kernelItems = (page: Page) => panel(page).locator('.jp-gpushare-kernel');
+const toasts = (page: Page) => page.locator('.Toastify__toast');
+const dialog = (page: Page) => page.locator('.jp-Dialog');
+
+async function run(page: Page, command: string, args: any = {}): Promise<any> {
+  return page.evaluate(
+    ([c, a]) => (window as any).jupyterapp.commands.execute(c, a),
+    [command, args] as const
+  );
+}
+
+async function open(page: Page, path: string): Promise<void> {
+  await run(page, 'docmanager:open', { path, factory: 'Notebook' });
+}
+
+/** Run code in the kernel of the notebook at ``path`` (its session's kernel, as the notebook would). */
+async function runIn(page: Page, path: string, code: string): Promise<void> {
+  await page.evaluate(
+    async ([p, c]) => {
+      const app = (window as any).jupyterapp;
+      const session = [...app.serviceManager.sessions.running()].find(
+        (s: any) => s.path === p
+      );
+      const kernel = app.serviceManager.sessions.connectTo({
+        model: session
+      }).kernel;
+      await kernel.requestExecute({ code: c }).done;
+    },
+    [path, code] as const
+  );
+}
+
+async function stateOf(page: Page, path: string): Promise<any> {
+  const state = await (await page.request.get('/api/gpushare/state')).json();
+  return state.kernels.find((k: any) => k.path === path);
+}
+
+test.describe.configure({ mode: 'serial' });
+
+test.beforeAll(async ({ request }) => {
+  // A clean slate: no kernel of an earlier spec holds the card
+  for (const s of await (await request.get('/api/sessions')).json()) {
+    await request.delete(`/api/sessions/${s.id}`);
+  }
+  for (const k of await (await request.get('/api/kernels')).json()) {
+    await request.delete(`/api/kernels/${k.id}`);
+  }
+  for (const dir of ['r3', 'r3/week2']) {
+    await request.put(`/api/contents/${dir}`, { data: { type: 'directory' } });
+  }
+  const cells: Record<string, string> = {
+    'r3/a.ipynb': 'x = 1',
+    'r3/week2/a.ipynb': 'y = 2',
+    'r3/c.ipynb': 'z = 3'
+  };
+  for (const [name, source] of Object.entries(cells)) {
+    await request.put(`/api/contents/${name}`, {
+      data: { type: 'notebook', format: 'json', content: notebook(source) }
+    });
+  }
+});
+
+test('names, toasts and dialogs a student can read and trust', async ({
+  page
+}) => {
+  const errors: string[] = [];
+  page.on('pageerror', e => errors.push(String(e)));
+  // Every toast's text, as it is shown and as it changes (a UUID must never be seen, even for a moment)
+  await page.exposeFunction('gpushareSawToast', (text: string) => {
+    if (UUID.test(text)) {
+      errors.push(`a toast named a UUID: ${text}`);
+    }
+  });
+  await page.addInitScript(() => {
+    new MutationObserver(() => {
+      document
+        .querySelectorAll('.Toastify__toast')
+        .forEach(t => (window as any).gpushareSawToast(t.textContent ?? ''));
+    }).observe(document, {
+      subtree: true,
+      childList: true,
+      characterData: true
+    });
+  });
+  await page.goto('/lab');
+  await waitForLab(page);
+  await run(page, 'gpushare:open-panel');
+
+  // Two notebooks of the same name: the sidebar, its accessible names and its dialogs say their paths
+  await open(page, 'r3/a.ipynb');
+  await open(page, 'r3/week2/a.ipynb');
+  await expect(kernelItems(page)).toHaveCount(2, { timeout: 60000 });
+  await expect
+    .poll(
+      async () =>
+        (
+          await kernelItems(page).locator('.jp-gpushare-link').allTextContents()
+        ).sort(),
+      { timeout: 30000 }
+    )
+    .toEqual(['r3/a.ipynb', 'r3/week2/a.ipynb']);
+  await expect(
+    panel(page).getByRole('button', { name: 'Shut down r3/a.ipynb' })
+  ).toHaveCount(1);
+  await expect(
+    panel(page).getByRole('button', { name: 'Shut down r3/week2/a.ipynb' })
+  ).toHaveCount(1);
+  await panel(page)
+    .getByRole('button', { name: 'Shut down r3/week2/a.ipynb' })
+    .click();
+  await expect(dialog(page)).toContainText('Shut down r3/week2/a.ipynb?');
+  await expect(dialog(page).locator('button.jp-mod-reject')).toBeFocused();
+  await page.keyboard.press('Enter'); // the safe button: nothing is shut down
+  await expect(dialog(page)).toHaveCount(0);
+  expect((await stateOf(page, 'r3/week2/a.ipynb')).state).toBe('running');
+
+  // A third notebook waits: its notification names it (JupyterLab opens its session at a UUID path first)
+  await open(page, 'r3/c.ipynb');
+  const waiting = toasts(page).filter({
+    hasText: /^c\.ipynb: Waiting for a GPU: #1 in line/
+  });
+  await expect(waiting).toHaveCount(1, { timeout: 30000 });
+  const queuedShown = Date.now();
+
+  // Stop waiting asks, and focuses Keep waiting: Enter, Enter keeps the kernel in line
+  await page
+    .locator('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-gpushare-banner')
+    .getByRole('button', { name: 'Stop waiting for a GPU for c.ipynb' })
+    .click();
+  await expect(dialog(page)).toContainText('Stop waiting for a GPU?');
+  await expect(
+    dialog(page).locator('button', { hasText: 'Keep waiting' })
+  ).toBeFocused();
+  await page.keyboard.press('Enter'); // keeps waiting; focus is back on the banner's button...
+  await page.keyboard.press('Enter'); // ...which asks again, Keep waiting focused again
+  await expect(dialog(page)).toContainText('Stop waiting for a GPU?');
+  await expect(
+    dialog(page).locator('button', { hasText: 'Keep waiting' })
+  ).toBeFocused();
+  await page.keyboard.press('Escape');
+  await expect(dialog(page)).toHaveCount(0);
+  expect((await stateOf(page, 'r3/c.ipynb')).state).toBe('queued');
+
+  // The waiting notebook's toast closes when its wait ends (r3/a.ipynb is shut down: c.ipynb gets its GPU)
+  await panel(page)
+    .getByRole('button', { name: 'Shut down r3/a.ipynb' })
+    .click();
+  await dialog(page).locator('button.jp-mod-warn').click();
+  await expect
+    .poll(async () => (await stateOf(page, 'r3/c.ipynb'))?.state, {
+      timeout: 30000
+    })
+    .toBe('running');
+  await expect(waiting).toHaveCount(0, { timeout: 5000 });
+  expect(Date.now() - queuedShown).toBeLessThan(8000); // closed by its state, before its own 8 s
+
+  // An over-quota toast (an error: on screen 20 s at most) closes as soon as the kernel is back under its
+  // reservation, not minutes later
+  await runIn(
+    page,
+    'r3/week2/a.ipynb',
+    "import gpushare_simulate; gpushare_simulate.use('3.7GiB')"
+  );
+  const over = toasts(page).filter({ hasText: /a\.ipynb: Uses 3\.7 GiB/ });
+  await expect(over).toHaveCount(1, { timeout: 30000 });
+  const t0 = Date.now();
+  await runIn(
+    page,
+    'r3/week2/a.ipynb',
+    "import gpushare_simulate; gpushare_simulate.use('1GiB')"
+  );
+  await expect(over).toHaveCount(0, { timeout: 12000 });
+  expect(Date.now() - t0).toBeLessThan(12000); // closed by its state, before its own 20 s
+
+  // Once c.ipynb has the GPU, a.ipynb's name is its own again (no other a.ipynb left running)
+  await expect(
+    panel(page).getByRole('button', { name: 'Shut down a.ipynb' })
+  ).toHaveCount(1, { timeout: 30000 });
+
+  // r3/a.ipynb again: it waits, and the host view says what it needs with the banner's figure (quota + CUDA
+  // context), both of them "r3/a.ipynb" now that another a.ipynb runs
+  await open(page, 'r3/a.ipynb'); // its tab, whose kernel was shut down: start one as Kernel › Change does
+  await page.evaluate(() => {
+    const w = (window as any).jupyterapp.shell.currentWidget;
+    void w.sessionContext.changeKernel({ name: 'python3' });
+  });
+  await expect(
+    page.locator('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-gpushare-banner')
+  ).toContainText('needs 3.5 GiB', { timeout: 30000 });
+  // Toasts are up (c.ipynb's, JupyterLab's own): the sidebar's last button scrolls above them, uncovered
+  const toggle = panel(page).locator('.jp-gpushare-host-toggle');
+  await expect(toasts(page).first()).toBeVisible();
+  await panel(page).evaluate(n => (n.scrollTop = n.scrollHeight));
+  await expect
+    .poll(() =>
+      toggle.evaluate(el => {
+        const r = el.getBoundingClientRect();
+        const top = document.elementFromPoint(
+          r.left + r.width / 2,
+          r.top + r.height / 2
+        );
+        return !!top && el.contains(top);
+      })
+    )
+    .toBe(true);
+  await toggle.click();
+  await expect(panel(page).locator('.jp-gpushare-host-queue')).toContainText(
+    '#1 your python3 kernel, 3.5 GiB'
+  );
+  await expect(
+    panel(page).getByRole('button', {
+      name: 'Stop waiting for a GPU for r3/a.ipynb'
+    })
+  ).toHaveCount(1);
+  expect(errors).toEqual([]);
+});
+
+test('a student reads a place, a bar and one action; details are one click away; no sideways scroll at 200%', async ({
+  page
+}) => {
+  // 200% zoom of a 1280 x 860 window: a 640 x 430 CSS-pixel viewport
+  await page.setViewportSize({ width: 640, height: 430 });
+  await page.goto('/lab');
+  await waitForLab(page);
+  await run(page, 'gpushare:open-panel');
+  const queued = kernelItems(page).filter({
+    has: page.locator('.jp-gpushare-badge', { hasText: '#1 in line' })
+  });
+  await expect(queued).toHaveCount(1, { timeout: 30000 });
+  // The waiting card: its name, its place, its one action; the banner's long sentence is behind Details
+  await expect(queued.locator('.jp-gpushare-kernel-detail')).toBeHidden();
+  await expect(
+    queued.getByRole('button', { name: /^Stop waiting for a GPU for / })
+  ).toBeVisible();
+  await queued.locator('.jp-gpushare-more-summary').click();
+  await expect(queued.locator('.jp-gpushare-kernel-detail')).toBeVisible();
+  await expect(queued.locator('.jp-gpushare-kernel-detail')).toContainText(
+    'Waiting for a GPU: #1 in line'
+  );
+  // A running card: the bar of use against the reservation in sight, how the server holds it behind Details
+  const running = kernelItems(page).filter({
+    has: page.locator('.jp-gpushare-badge', { hasText: 'running' })
+  });
+  await expect(
+    running.first().locator('.jp-gpushare-quota').first()
+  ).toBeVisible();
+  await expect(running.first().locator('.jp-gpushare-held')).toBeHidden();
+  // Nothing scrolls sideways, and no button's text spills out of it
+  const spills = await panel(page).evaluate(root => {
+    const out: string[] = [];
+    if (root.scrollWidth > root.clientWidth + 1) {
+      out.push(`panel ${root.scrollWidth} > ${root.clientWidth}`);
+    }
+    root.querySelectorAll('button').forEach(b => {
+      if (b.offsetParent && b.scrollWidth > b.clientWidth + 1) {
+        out.push(
+          `button "${b.textContent}" ${b.scrollWidth} > ${b.clientWidth}`
+        );
+      }
+    });
+    return out;
+  });
+  expect(spills).toEqual([]);
+});
