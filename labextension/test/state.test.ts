@@ -57,13 +57,20 @@ test('quotaMiB: the framework cap, else the reservation less the context reserve
   assert.equal(quotaMiB(kernel({ quota_mib: null, reserved_mib: null })), null);
 });
 
+// the line's timeout, said as a time of day on this browser's clock (not as "about N min", which read as an estimate)
+const GIVES_UP = 1795700000;
+const clock = new Date(GIVES_UP * 1000).toLocaleTimeString([], {
+  hour: '2-digit',
+  minute: '2-digit'
+});
+
 test('status bar: use against the reservation, the judgment the server made', () => {
   assert.equal(statusText(kernel()), 'GPU 1.4 / 1.5 GiB'); // not "/ 1.0 GiB": one definition
   const queued = kernel({
     state: 'queued',
     status: {
       code: 'queued',
-      params: { position: 2, need_mib: 4710, wait_left_s: 560 },
+      params: { position: 2, need_mib: 4710, gives_up_at: GIVES_UP },
       severity: 'warn',
       label: '',
       detail: ''
@@ -74,7 +81,7 @@ test('status bar: use against the reservation, the judgment the server made', ()
   assert.equal(statusOf(queued).label, '#2 in line');
   assert.equal(
     statusOf(queued).detail,
-    'Waiting for a GPU: #2 in line, needs 4.6 GiB; about 9 min at most. CPU cells run now; a cell that uses the GPU waits for it and goes on by itself when a kernel frees room.'
+    `Waiting for a GPU: #2 in line, needs 4.6 GiB; gives up at ${clock}. CPU cells run now; a cell that uses the GPU waits for it and goes on by itself when a kernel frees room.`
   );
   assert.equal(statusText(kernel({ state: 'none' })), 'no GPU');
   assert.equal(statusText(undefined, { hasKernel: true }), 'GPU –');
