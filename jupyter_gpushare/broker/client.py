@@ -21,7 +21,7 @@ from ..core.policy import Policy, UserLimits, parse_limits
 from ..host.gpu import Card
 from ..ledger.leases import lease_from_json, waiter_from_json
 from ..ledger.ledger import Lease, LedgerError, ProcessRef, Request, Waiter, Waiting
-from .protocol import HUB_TOKEN_ENV, MAX_LINE, is_tcp, parse_tcp, policy_error_from
+from .protocol import HUB_TOKEN_ENV, MAX_REPLY, is_tcp, parse_tcp, policy_error_from
 
 log = logging.getLogger("jupyter_gpushare.broker")
 
@@ -126,9 +126,11 @@ class BrokerLedger:
     def _exchange(self, op: str, args: dict) -> dict:
         assert self._sock is not None
         self._sock.sendall(json.dumps({"op": op, "args": args}).encode() + b"\n")
-        line = self._file.readline(MAX_LINE)
+        line = self._file.readline(MAX_REPLY)  # (the broker's answers may be long; requests are capped on its side)
         if not line:
             raise ConnectionResetError("the broker closed the connection")
+        if not line.endswith(b"\n"):
+            raise ValueError(f"the broker's answer to {op!r} is longer than {MAX_REPLY >> 20} MiB")
         return json.loads(line)
 
     def _down_message(self, e: BaseException) -> str:

@@ -306,7 +306,7 @@ class Operations:
         led = self._ledger
         view = view_for(caller, led.leases(), led.waiters(), self.cards, self.policy, self.limits_for(caller))
         # what notebooks taught: every user's for an admin, else the caller's own (nothing of others' files)
-        view["notebooks"] = [n for n in led.notebooks(self.history) if caller.admin or n["user"] == caller.user]
+        view["notebooks"] = led.notebooks(self.history, None if caller.admin else caller.user)
         if caller.admin:  # processes without a lease, with their user and command, and how each kernel is held
             view["unleased"] = list(self.unleased.current)
             view["levels"] = {

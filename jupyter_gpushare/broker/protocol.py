@@ -24,6 +24,7 @@ from ..core.policy import MAX_MIB, PolicyError, Size
 MAX_LINE = (
     64 << 10
 )  # bytes of one request line (a real one is under 1 KB; a server's keep list of 1,000 kernels ~40 KB)
+MAX_REPLY = 64 << 20  # bytes of one answer the client reads (an admin's view of a busy host: a few MB)
 HUB_TOKEN_ENV = "JUPYTERHUB_API_TOKEN"  # what a server started by a JupyterHub authenticates with
 MAX_PID = 1 << 22  # Linux's pid_max ceiling
 KERNEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", re.ASCII)  # a jupyter uuid4, or a test's "k1"

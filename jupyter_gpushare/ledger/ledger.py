@@ -487,10 +487,11 @@ class Ledger:
             ).fetchall()
         return choose_peak([(r[0], Run(r[1], r[2], bool(r[3])), r[4]) for r in rows], user, rules)
 
-    def notebooks(self, rules: HistoryRules) -> list[dict]:
-        """Every user's notebooks with recorded runs, and what they teach (history.notebooks), within the age."""
+    def notebooks(self, rules: HistoryRules, user: str | None = None) -> list[dict]:
+        """Every user's notebooks with recorded runs (or ``user``'s only), and what they teach (history.notebooks),
+        within the age."""
         with self._file.read() as db:
-            return notebooks_in(db, time.time() - rules.max_age_s)
+            return notebooks_in(db, time.time() - rules.max_age_s, user)
 
     def touch_session(self, session: SessionRef, user: str, expires: float) -> None:
         """Open or extend a session: its leases live until ``expires`` unless touched again."""

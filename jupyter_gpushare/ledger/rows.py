@@ -86,10 +86,14 @@ def reserved_by_card(db: sqlite3.Connection) -> dict[str, int]:
     return {uuid: int(total) for uuid, total in rows}
 
 
-def notebooks_in(db: sqlite3.Connection, since: float) -> list[dict]:
-    rows = db.execute(
-        "SELECT user, kernel_name, path, peak_mib, need_mib, failed, recorded FROM peaks WHERE recorded >= ?", (since,)
-    ).fetchall()
+def notebooks_in(db: sqlite3.Connection, since: float, user: str | None = None) -> list[dict]:
+    """The notebooks with runs recorded since ``since``: every user's, or ``user``'s only (read by its index: one
+    student's view never reads the others' rows)."""
+    query = "SELECT user, kernel_name, path, peak_mib, need_mib, failed, recorded FROM peaks WHERE recorded >= ?"
+    args: tuple = (since,)
+    if user is not None:
+        query, args = query + " AND user = ?", (since, user)
+    rows = db.execute(query, args).fetchall()
     return notebooks((r[0], r[1], r[2], Run(r[3], r[4], bool(r[5])), r[6]) for r in rows)
 
 

@@ -654,3 +654,31 @@ def test_a_kernels_quota_is_resized_on_its_own_lease_by_its_own_server_only(inpr
     assert e.value.code in ("user-max-kernel", "quota-above-max")
     with pytest.raises(BrokerRefused, match="quota_mib"):
         broker.handle(who["alice"], "resize", {"kernel_id": "a0", "quota_mib": -1})
+
+
+def test_an_admins_view_of_a_host_with_many_history_rows_is_read_whole(tmp_path):
+    """A student filled the history (thousands of notebooks' runs): the admin's view through the broker is some
+    MB on one line, and is read whole (it used to be cut at 64 KiB and said 'not reachable'); a student's view
+    holds only their own notebooks."""
+    import sqlite3
+    import time
+
+    broker = Broker(tmp_path).start()
+    try:
+        db = sqlite3.connect(broker.ledger, timeout=30)
+        now = time.time()
+        rows = [
+            (f"k{i}", "r", "mallory", "python3", f"flood/{'x' * 200}-{i}.ipynb", 512, 1024, now) for i in range(3000)
+        ]
+        db.executemany(
+            "INSERT INTO peaks (kernel_id, run, user, kernel_name, path, peak_mib, reserved_mib, recorded)"
+            " VALUES (?,?,?,?,?,?,?,?)",
+            rows,
+        )
+        db.commit()
+        db.close()
+        view = BrokerLedger(broker.socket).view()
+        assert view["admin"] and len(view["notebooks"]) == 3000
+        assert len(json.dumps(view)) > 64 << 10
+    finally:
+        broker.stop()

@@ -124,6 +124,7 @@ class TestWhenFull:
         # no GPU memory.
         rec = await gpushare.kernel(kid)
         assert rec["state"] == "cpu" and rec["reserved_mib"] in (None, 0) and rec["reason"] == message
+        assert rec["wait_ended"] == "refused-timeout"  # the notebook's banner stays, with Join again
         assert session in [s["id"] for s in await jp_serverapp.session_manager.list_sessions()]
         assert await jp_serverapp.kernel_manager.get_kernel(kid).is_alive()
         assert (await gpushare.get("queue"))["queue"] == []
