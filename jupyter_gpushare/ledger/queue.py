@@ -126,6 +126,7 @@ class Wait:
     last: Waiting | None = None  # the ledger's last answer
     unwanted_since: float | None = None  # no notebook and no client wants it since then (QuotaManager.may_grant)
     stepped_out: bool = False  # its place in the host's line was given up while nothing wanted it
+    ledger_down: bool = False  # the ledger (its broker, its disk) could not be asked at the last turn
 
     @property
     def kernel_id(self) -> str:

@@ -211,11 +211,17 @@ class Line:
             wait.result.set_result(
                 self.kernels.settle(rec, Grant("gpu", lease=got, card=self.kernels.card(got.card_uuid)))
             )
-        elif isinstance(got, LedgerError):  # the broker is down, the disk is full: start without a GPU, say why
-            self.queue.leave(wait.kernel_id)
-            wait.result.set_result(
-                self.kernels.settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {got}"))
-            )
+        elif isinstance(got, LedgerError):
+            # The broker is down, the disk is full: a kernel keeps its place and is asked for again at the next turn
+            # (until its wait's own timeout); the line's outage is said once per wait, not ended by it.
+            if not wait.ledger_down:
+                self.log.warning(
+                    "jupyter-gpushare: kernel %s stays in line; the ledger cannot be reached now: %s",
+                    wait.kernel_id,
+                    got,
+                )
+            wait.ledger_down = True
+            rec.reason = f"Still in line: no GPU reservation can be made now ({got}); asked again every few seconds."
         elif isinstance(got, Exception):
             self.queue.leave(wait.kernel_id)
             status, rule = (400, rule_figures(got)) if isinstance(got, PolicyError) else (503, {})
@@ -227,6 +233,8 @@ class Line:
             rec.need_mib, rec.free_mib = got.need_mib, got.free_mib
             self.end_wait(wait, got)
         else:
+            if wait.ledger_down:  # the ledger answers again
+                wait.ledger_down, rec.reason = False, None
             wait.last = got
             self._update(rec, got)
 

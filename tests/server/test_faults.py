@@ -362,3 +362,31 @@ async def test_no_record_is_left_starting_when_a_start_fails(gpushare, jp_server
     assert rec["state"] == "cpu" and "cannot be used now" in rec["reason"]
     assert not [k for k in (await gpushare.get("kernels"))["kernels"] if k["state"] == "starting"]
     await gpushare.stop_kernel(kid)
+
+
+@needs_root
+def test_a_full_disk_while_a_kernel_waits_keeps_its_place_and_it_is_granted_after(tmp_path, small_disk):
+    """The ledger cannot be written while a notebook waits (a full disk; a broker that is down takes the same
+    path): the kernel stays in line, says why, and is granted once the ledger answers and room frees."""
+    ledger = small_disk.path / "ledger.sqlite"
+    server = SimulatedServer(tmp_path, f"--GpuShareApp.ledger_path={ledger}", "--GpuShareApp.default_quota=4GiB")
+    try:
+        server.wait_ready()
+        full = [server.call("POST", "api/sessions", _session(f"full{i}.ipynb")) for i in range(2)]
+        late = server.call("POST", "api/sessions", _session("late.ipynb"))["kernel"]["id"]
+        assert gpu_kernel(server, late)["state"] == "queued"
+        small_disk.fill()
+        wait_until(lambda: "no GPU reservation can be made now" in (gpu_kernel(server, late)["reason"] or ""),
+                   what="the kernel in line to say that the ledger cannot be asked")  # fmt: skip
+        time.sleep(2)  # several turns of the line with the disk full
+        assert gpu_kernel(server, late)["state"] == "queued"
+        small_disk.free()
+        server.call("DELETE", f"api/sessions/{full[0]['id']}")
+        wait_until(lambda: gpu_kernel(server, late)["state"] == "running", timeout=30, what="the grant")
+        assert gpu_kernel(server, late)["reason"] is None and " 500 " not in server.output()
+    finally:
+        server.stop()
+
+
+def _session(path: str) -> dict:
+    return {"path": path, "type": "notebook", "name": path, "kernel": {"name": "python3"}}
