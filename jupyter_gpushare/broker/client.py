@@ -10,6 +10,8 @@ import logging
 import os
 import socket
 import ssl
+import stat
+import struct
 import time
 import uuid
 from collections.abc import Sequence
@@ -32,8 +34,9 @@ class _Outage:
     message: str
 
 
-class _AuthRefused(Exception):
-    """The broker did not accept this server's JupyterHub token."""
+class _Refused(Exception):
+    """What trying again does not mend, said as it is: the broker did not accept this server's JupyterHub token,
+    the socket is not the broker's, or its answer is too large."""
 
 
 @dataclass
@@ -76,7 +79,7 @@ class BrokerLedger:
     def _connect(self) -> None:
         token = os.environ.get(HUB_TOKEN_ENV, "") if self.token is None and self.tcp else self.token
         if self.tcp and not token:
-            raise _AuthRefused(
+            raise _Refused(
                 f"This server has no JupyterHub API token (${HUB_TOKEN_ENV}) to identify itself to the GPU broker at "
                 f"{self.path}. A broker on TCP serves servers started by a JupyterHub; outside one, use its Unix socket."
             )
@@ -90,7 +93,8 @@ class BrokerLedger:
             sock.settimeout(self.timeout)
             try:
                 sock.connect(self.path)
-            except OSError:
+                self._check_peer(sock)
+            except (OSError, _Refused):
                 sock.close()
                 raise
         self._sock, self._file = sock, sock.makefile("rb")
@@ -98,14 +102,35 @@ class BrokerLedger:
             reply = self._exchange("auth", {"token": token, "instance": self.instance})
             if not reply.get("ok"):
                 self._drop()
-                raise _AuthRefused(f"The GPU broker at {self.path} refused this server: {reply.get('message', reply)}")
+                raise _Refused(f"The GPU broker at {self.path} refused this server: {reply.get('message', reply)}")
+
+    def _check_peer(self, sock: socket.socket) -> None:
+        """Whoever listens at the socket must be the broker, as the host says it: root, this server's own user (a
+        broker a user runs for themself), or the owner of the socket's directory where no one else may write in it
+        (a broker run as a dedicated user). Anyone else would receive this server's leases and answer its quotas."""
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _ = struct.unpack("3i", creds)
+        trusted = {0, os.getuid()}
+        try:
+            folder = os.stat(os.path.dirname(os.path.abspath(self.path)))
+            if not folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                trusted.add(folder.st_uid)
+        except OSError:
+            pass
+        if uid not in trusted:
+            raise _Refused(
+                f"The socket {self.path} is served by uid {uid} (pid {pid}): not root, not this server's user, and "
+                "not the owner of a directory only it may write. It is not the GPU broker, and nothing was sent to "
+                "it. Check GpuShareApp.broker_socket, and that the socket's directory is writable by the broker's "
+                "user only."
+            )
 
     def _wrap_tls(self, sock: socket.socket, host: str) -> ssl.SSLSocket:
         try:
             return ssl.create_default_context(cafile=self.ca_file or None).wrap_socket(sock, server_hostname=host)
         except ssl.SSLCertVerificationError as e:
             sock.close()
-            raise _AuthRefused(
+            raise _Refused(
                 f"This server does not trust the GPU broker's certificate at {self.path} ({e.verify_message}). Set "
                 "GpuShareApp.broker_ca_file to the CA that signed GpuShareBroker.tcp_certfile; the certificate "
                 f"must name {host!r}."
@@ -130,7 +155,7 @@ class BrokerLedger:
         if not line:
             raise ConnectionResetError("the broker closed the connection")
         if not line.endswith(b"\n"):
-            raise ValueError(f"the broker's answer to {op!r} is longer than {MAX_REPLY >> 20} MiB")
+            raise _Refused(f"The GPU broker's answer to {op!r} is too large (more than {MAX_REPLY >> 20} MiB).")
         return json.loads(line)
 
     def _down_message(self, e: BaseException) -> str:
@@ -153,10 +178,10 @@ class BrokerLedger:
                     self._replay()
                 reply = self._exchange(op, args)
                 break
-            except (OSError, ValueError, _AuthRefused) as e:
+            except (OSError, ValueError, _Refused) as e:
                 self._drop()
-                if attempt or isinstance(e, _AuthRefused):
-                    message = str(e) if isinstance(e, _AuthRefused) else self._down_message(e)
+                if attempt or isinstance(e, _Refused):
+                    message = str(e) if isinstance(e, _Refused) else self._down_message(e)
                     if self.outage is None or self.outage.message != message:
                         self.outage = _Outage(time.time(), message)
                         log.error("%s", message)

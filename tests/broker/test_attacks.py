@@ -159,3 +159,59 @@ def test_a_quota_past_the_users_limit_is_refused_when_asked_not_at_the_restart(h
     assert bob.call("GET", "api/gpushare/cards")["cards"][0]["kernels"] == 2
     for kid in (k1, k2):
         bob.call("DELETE", f"api/kernels/{kid}")
+
+
+FAKE_BROKER = r"""
+import json, socket, sys
+path, said = sys.argv[1], sys.argv[2]
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(path)
+server.listen(8)
+got = b""
+while True:
+    conn, _ = server.accept()
+    conn.settimeout(2)
+    try:
+        got += conn.recv(65536)
+        conn.sendall(json.dumps({"ok": True, "result": {"GPUSHARE_QUOTA_MIB": "999999"}}).encode() + b"\n")
+    except OSError:
+        pass
+    conn.close()
+    open(said, "w").write(str(len(got)))
+"""
+
+
+@needs_root
+def test_a_socket_another_user_serves_is_not_taken_for_the_broker(tmp_path):
+    """An admin's mistake: the broker's socket named in a directory anyone may write, the broker not running.
+    Another student listens there; the server sends nothing to it and says why (it used to hand her its leases,
+    waiters and peaks, and take her quotas)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from multiuser import ensure_user, root_traversable
+
+    from jupyter_gpushare.broker import BrokerLedger
+    from jupyter_gpushare.ledger.ledger import LedgerError
+
+    mallory = ensure_user(BOB)
+    shared = Path(tempfile.mkdtemp(prefix="gpushare-shared-", dir="/tmp"))
+    os.chmod(shared, 0o1777)
+    socket_path, said = shared / "broker.sock", shared / "said"
+    home = shared / "home"
+    home.mkdir()
+    os.chown(home, mallory.pw_uid, mallory.pw_gid)
+    with root_traversable():
+        fake = subprocess.Popen(
+            [sys.executable, "-c", FAKE_BROKER, str(socket_path), str(said)], **run_as(mallory, home)
+        )
+        try:
+            wait_until(socket_path.exists, what="the fake broker to listen")
+            with pytest.raises(LedgerError, match="is served by uid .* It is not the GPU broker, and nothing was sent"):
+                BrokerLedger(str(socket_path)).view()
+            time.sleep(0.5)
+            assert not said.exists() or said.read_text() == "0"  # it received nothing
+        finally:
+            fake.kill()
+            fake.wait()
