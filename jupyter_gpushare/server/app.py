@@ -17,6 +17,7 @@ from ..core.addresses import PROVISIONER_NAME
 from ..core.policy import PolicyError
 from ..ledger.ledger import LedgerError
 from .manager import QuotaManager, build_manager
+from .records import Changes
 from .state import SCHEMA_FILE, STATE_SCHEMA
 
 if TYPE_CHECKING:
@@ -109,11 +110,13 @@ class GpuShareExtension(ExtensionApp):
     def _initialize(self) -> None:
         self.gpushare = settings = GpuShareApp(parent=self)
         self.announcer = Announcer(getattr(self.serverapp, "event_logger", None))
-        manager = build_manager(settings, self.log, on_change=self.announcer.changed)
+        changes = Changes()  # the registry's changes: heard by the announcer, and by the snapshot once it is made
+        changes.listen(self.announcer.changed)
+        manager = build_manager(settings, self.log, on_change=changes)
         QuotaManager.install(manager)
         self.settings["gpushare_manager"] = manager
         self._published = publish(settings)  # for this user's `jupyter gpushare status` and `doctor`
-        self._make_sampler(manager)
+        self._make_sampler(manager, changes)
         self._hold_waiting_kernels(manager)
         self._make_default_provisioner()
         self._start_reconciling()
@@ -131,21 +134,26 @@ class GpuShareExtension(ExtensionApp):
                 settings.broker_socket or settings.ledger_path,
             )
 
-    def _make_sampler(self, manager: QuotaManager) -> None:
-        """The sampler thread (started with the server) and the policies it feeds."""
+    def _make_sampler(self, manager: QuotaManager, changes: Changes) -> None:
+        """The sampler thread (started with the server), the policies it feeds, and the server's one snapshot,
+        built at each of its ticks and at each change of the registry (snapshot.py), which the handlers read."""
         from . import metrics
         from .enforce import Enforcer
         from .sampler import Sampler
+        from .snapshot import Snapshots
 
         settings = self.gpushare
         enforcer = Enforcer(
-            manager, self.server.kernel_manager, settings.build_enforce_policy(), log=self.log,
-            on_change=self.announcer.changed,
-        )  # fmt: skip
+            manager, self.server.kernel_manager, settings.build_enforce_policy(), log=self.log, on_change=changes
+        )
+        snapshots = Snapshots(manager, judged=lambda: enforcer.states, log=self.log)
+        changes.listen(snapshots.changed)
         loop = self._server_loop()
 
-        def on_sample(snap: Any) -> None:
-            sampler.hurry(enforcer.on_sample(snap))  # read often while a kernel is over its reservation
+        def on_sample(usage: Any) -> None:
+            # read often while a kernel is over its reservation
+            sampler.hurry(enforcer.on_sample(usage, snapshots.current))
+            snapshots.tick(usage)
 
         sampler = Sampler(manager, settings.sample_interval, loop=loop, on_sample=on_sample, log=self.log)
         manager.measured_by(
@@ -155,7 +163,8 @@ class GpuShareExtension(ExtensionApp):
         )
         self.settings["gpushare_sampler"] = sampler
         self.settings["gpushare_enforcer"] = enforcer
-        metrics.install(sampler, enforcer)
+        self.settings["gpushare_snapshots"] = snapshots
+        metrics.install(snapshots)
         # Started here, not in the start hook: embedders and test fixtures do not always run that hook.
         sampler.start()
 
@@ -286,6 +295,8 @@ class GpuShareExtension(ExtensionApp):
         if sampler is not None:
             from . import metrics
 
-            metrics.uninstall(sampler)
+            snapshots = self.settings["gpushare_snapshots"]
+            metrics.uninstall(snapshots)
+            snapshots.stop()
             sampler.stop()
             await self.settings["gpushare_enforcer"].close()

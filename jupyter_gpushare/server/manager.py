@@ -27,7 +27,6 @@ from ..host.gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
 from ..host.gpu.simulated import SimulatedBackend
 from ..host.reports import remove_reports, report_dir
 from ..ledger.ledger import Lease, LedgerError, ProcessRef, Request, Reservations, Waiting
-from ..ledger.view import host_view
 from .holding import Holding
 from .learning import Learning
 from .ledger_worker import LedgerWorker
@@ -444,10 +443,6 @@ class QuotaManager:
         limits.check(user, quota.resolve(biggest), biggest, held)
 
     # -- views for the API ------------------------------------------------------------------------
-
-    async def host_view(self) -> dict[str, Any] | None:
-        """Every reservation on the host as this user may see it (broker.view_for); None without a ledger."""
-        return await self.ledger.on(lambda ledger: host_view(ledger, self.user, self.cards, self.policy))
 
     async def snapshot(self) -> dict[str, Any]:
         """Cards with their reservations, this process's kernels, and the host-wide queue (snapshot.py)."""

@@ -17,12 +17,13 @@ from .sampler import UsageSnapshot
 # -- the REST API's kernels and cards, with the sampler's measurement -----------------------------------
 
 
-def kernel_view(rec: dict[str, Any], snap: UsageSnapshot, policy_state: str | None = None) -> dict[str, Any]:
-    """A kernel record (``KernelRecord.to_dict()``) with the measured use and the policy state."""
+def kernel_view(rec: Mapping[str, Any], snap: UsageSnapshot, policy_state: str | None = None) -> dict[str, Any]:
+    """A kernel record (``KernelRecord.to_dict()``, with its ``frameworks`` where its reports were read, as
+    ``server_view`` gives it) with the measured use and the policy state."""
     usage = snap.kernels.get(rec["kernel_id"])
     view = {
         **rec,
-        "frameworks": snap.frameworks.get(rec["kernel_id"]),
+        "frameworks": rec.get("frameworks"),
         "used_mib": usage.used_mib if usage else None,
         "peak_mib": usage.peak_mib if usage else None,
         "utilization": usage.utilization if usage else None,
@@ -34,7 +35,7 @@ def kernel_view(rec: dict[str, Any], snap: UsageSnapshot, policy_state: str | No
     return view
 
 
-def card_view(card: dict[str, Any], snap: UsageSnapshot) -> dict[str, Any]:
+def card_view(card: Mapping[str, Any], snap: UsageSnapshot) -> dict[str, Any]:
     """A card of QuotaManager.snapshot() with the measured use (null figures when not measured)."""
     usage = snap.cards.get(card["uuid"])
     if usage is None:
