@@ -138,8 +138,10 @@ class KernelMoveHandler(GpuShareHandler):
     async def post(self, kernel_id: str, move: str) -> None:
         self._record(kernel_id)
         parking = self.manager.parking
+        moving = asyncio.ensure_future(parking.park(kernel_id) if move == "park" else parking.resume(kernel_id))
+        self.manager.services.changes(kernel_id)  # a move under way is a change: the snapshot shows it meanwhile
         try:
-            await (parking.park(kernel_id) if move == "park" else parking.resume(kernel_id))
+            await moving
         except PolicyError as e:
             raise web.HTTPError(409, str(e)) from e
         self.finish(await self.kernel(kernel_id))

@@ -30,6 +30,7 @@ from ..host.gpu import DeviceSample, GpuUnavailable
 from ..host.procs import ProcessTrees
 
 HISTORY_EVERY_S, HISTORY_POINTS = 5.0, 72  # a kernel's use over the last 6 minutes, for the sidebar's timeline
+READING_KEPT_S = 5.0  # a reading older than this (or five sampler intervals) says nothing of the card now
 EMPTY: Mapping = MappingProxyType({})
 
 
@@ -117,8 +118,29 @@ class UsageSnapshot:
         }
 
 
+class Readings:
+    """The cards as this process's sampler last read them (none yet: an empty reading), where the sampler publishes
+    each reading and the manager reads it (services.Services)."""
+
+    def __init__(self) -> None:
+        self.usage = UsageSnapshot()
+
+    def publish(self, usage: UsageSnapshot) -> None:
+        """A new reading (the sampler's thread)."""
+        self.usage = usage
+
+    def latest_samples(self) -> tuple[DeviceSample, ...]:
+        """The driver's last per-process reading, if no older than a few intervals (else none: nothing is known)."""
+        usage = self.usage
+        return usage.samples if time.time() - usage.time <= max(READING_KEPT_S, 5 * usage.interval_s) else ()
+
+    def kernel_usage(self, kernel_id: str) -> KernelUsage | None:
+        """A kernel's last reading (None: not measured)."""
+        return self.usage.kernels.get(kernel_id)
+
+
 class Sampler:
-    """One background thread per server that keeps ``snapshot`` fresh.
+    """One background thread per server that keeps ``snapshot`` fresh, published into ``readings``.
 
     ``tick()`` can also be called directly (tests, benchmarks). ``on_sample`` is called on the
     IOLoop with each new snapshot (the enforcer, then the server's snapshot).
@@ -131,13 +153,17 @@ class Sampler:
         loop: asyncio.AbstractEventLoop | None = None,
         on_sample: Callable[[UsageSnapshot], None] | None = None,
         log: logging.Logger | None = None,
+        readings: Readings | None = None,
     ) -> None:
+        """``manager``: whose kernels and cards are read (QuotaManager); ``readings``: where each reading is
+        published (the manager's, services.Services; None: a place of the sampler's own)."""
         self.manager = manager
         self.interval_s = max(MIN_INTERVAL_S, float(interval_s))
         self.loop = loop
         self.on_sample = on_sample
         self.log = log or logging.getLogger("jupyter_gpushare")
-        self.snapshot = UsageSnapshot(interval_s=self.interval_s)
+        self.readings = readings or Readings()
+        self.readings.publish(UsageSnapshot(interval_s=self.interval_s))
         self._trees = ProcessTrees()
         self._peaks: dict[str, tuple[int | None, int]] = {}  # kernel id -> (pid, peak MiB)
         self._history: dict[str, tuple[int | None, tuple[tuple[float, int], ...]]] = {}  # kernel id -> (pid, points)
@@ -147,10 +173,14 @@ class Sampler:
         self._seq = 0
         self._hurried = False
 
+    @property
+    def snapshot(self) -> UsageSnapshot:
+        """The last reading."""
+        return self.readings.usage
+
     def latest_samples(self) -> tuple[DeviceSample, ...]:
         """The driver's last reading, if no older than a few intervals (else none: nothing is known)."""
-        snap = self.snapshot
-        return snap.samples if time.time() - snap.time <= max(5.0, 5 * self.interval_s) else ()
+        return self.readings.latest_samples()
 
     # -- thread ------------------------------------------------------------------------------
 
@@ -258,7 +288,7 @@ class Sampler:
             seq=self._seq,
             samples=tuple(samples),
         )
-        self.snapshot = snap
+        self.readings.publish(snap)
         if self.on_sample is not None and self.loop is not None and not self._stop.is_set():
             try:
                 self.loop.call_soon_threadsafe(self.on_sample, snap)

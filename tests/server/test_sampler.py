@@ -190,8 +190,7 @@ def test_memory_of_processes_outside_kernels_is_taken_when_placing(tmp_path, tre
     backend = SimulatedBackend([20480])
     manager = make_manager(backend, tmp_path)
     manager.policy = dataclasses.replace(manager.policy, on_full="cpu")  # say why at once instead of queueing
-    sampler = Sampler(manager)
-    manager.latest_samples = sampler.latest_samples  # as app.py wires them
+    sampler = Sampler(manager, readings=manager.services.readings)  # as app.py makes it
     other = Ledger(tmp_path / "ledger.sqlite", owner=ProcessRef.me())  # another server of this host
     script, other_kernel, gone = (subprocess.Popen(["sleep", "60"]) for _ in range(3))
     gone.kill()
