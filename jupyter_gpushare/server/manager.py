@@ -19,7 +19,6 @@ from typing import Any, Callable, TypeVar
 
 from ..config.settings import GpuShareApp
 from ..core.history import HistoryRules
-from ..core.levels import check_required
 from ..core.policy import CardView, ParkRules, Policy, PolicyError, Size, format_mib
 from ..host.cgroups import KernelCgroups
 from ..host.checkpoint import checkpointer_for
@@ -27,12 +26,13 @@ from ..host.gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
 from ..host.gpu.simulated import SimulatedBackend
 from ..host.reports import remove_reports, report_dir
 from ..ledger.ledger import Lease, LedgerError, ProcessRef, Request, Reservations, Waiting
+from . import admission
 from .holding import Holding
 from .learning import Learning
 from .ledger_worker import LedgerWorker
 from .line import Line
 from .parking import Parking
-from .records import Grant, KernelRecord, QuotaUnavailable, full_message, rule_figures
+from .records import Grant, KernelRecord, QuotaUnavailable
 from .sampler import KernelUsage
 from .services import Services
 from .snapshot import take_snapshot
@@ -166,71 +166,60 @@ class QuotaManager:
         start; a kernel that was restarting then stays listed as 'failed', with that reason.
         """
         rec = self.record(kernel_id, kernel_name, language)
-        restarting = rec.state not in ("starting", "queued")  # a new record starts so; a restart's record ran before
-        rec.quota_source = "kernelspec" if requested is not None else "default"
-        if rec.pending_quota is not None:
-            requested, rec.pending_quota, rec.quota_source = rec.pending_quota, None, "requested"
-        quota = self.policy.quota_for(kernel_name, language, requested)
-        if quota is None:
+        ask = admission.StartRequest(
+            kernel_name, language, requested, rec.pending_quota,
+            restarting=rec.state not in ("starting", "queued"),  # a new record starts so; a restart's ran before
+        )  # fmt: skip
+        rec.pending_quota = None  # applied now, as it is
+        cards = self._cards_now()
+        planned = admission.plan(ask, cards, self.policy)
+        rec.quota_source = planned.source
+        if planned.quota is None:
             self.line.leave(kernel_id, "it reserves no GPU memory now")
-            return self.settle(
-                rec,
-                Grant(
-                    "none",
-                    reason=f"Kernels of {kernel_name or language!r} reserve no GPU memory here, so they see no GPU.",
-                ),
-            )
-        rec.quota = str(quota)
-        if self.closing:
-            raise self.refuse(
-                kernel_id,
-                "The Jupyter server is shutting down; start the kernel again once it is back.",
-                code="refused-closing",
-            )
-        if not self.cards:
-            return self.settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"), "no-gpu-none")
-        try:
-            check_required(self.holding.level(), self.policy.required_level, self.holding.missing())
-        except PolicyError as e:
-            raise self.refuse(kernel_id, str(e), keep=restarting, **rule_figures(e)) from e
+        else:
+            rec.quota = str(planned.quota)
+        if planned.outcome is not None:
+            return self._carry_out(rec, planned.outcome)
+        assert planned.quota is not None  # (none: decided above, without a GPU)
         if not await self.ledger.available():
-            return self.settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {self.ledger.error}"))
-        quota, learned_from = await self.learning.at_start(rec, quota, self._views({}))
+            return self._carry_out(rec, admission.no_ledger(self.ledger.error))
+        quota, learned_from = await self.learning.at_start(rec, planned.quota, cards.views())
         if learned_from:
             self.event("learned", kernel_id, f"Quota {quota} learned from earlier runs ({learned_from}).")
-        try:
-            self.policy.check_quota(quota, self._views({}))
-        except PolicyError as e:
-            raise self.refuse(kernel_id, str(e), status=400, keep=restarting, **rule_figures(e)) from e
+        refused = admission.check(quota, ask, cards, self.policy)
+        if refused is not None:
+            return self._carry_out(rec, refused)
         request = Request(kernel_id, quota, self.user, kernel_name)
         wait = self.line.waiting(kernel_id)
         if wait is not None and wait.request == request and wait.ending is None:
             return Grant("queued") if hold else await self.line.granted(kernel_id)  # still in line: keep its place
-        queue = self.policy.on_full == "queue"
+        got: Lease | Waiting | LedgerError | PolicyError
         try:
+            queue = self.policy.on_full == "queue"
             got = await self.ledger.run(self.ledger.must, lambda ledger: self.reserve(ledger, request, queue))
-        except LedgerError as e:  # the broker is down, the disk is full: start without a GPU, say why
-            return self.settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {e}"))
-        except PolicyError as e:  # a per-user limit the broker enforces, or too many kernels in line
-            raise self.refuse(kernel_id, str(e), status=400, keep=restarting, **rule_figures(e)) from e
-        if isinstance(got, Lease):
-            self.line.leave(kernel_id, "it was admitted")
-            return self.settle(rec, Grant("gpu", lease=got, card=self.card(got.card_uuid)))
-        if queue:
-            self.line.join(rec, request, got)
+        except (LedgerError, PolicyError) as e:  # the broker down, a full disk; a per-user limit the broker enforces
+            got = e
+        outcome = admission.answer(got, quota, ask, cards, self.policy)
+        if isinstance(outcome, admission.Queue):
+            self.line.join(rec, request, outcome.waiting)
             return Grant("queued") if hold else await self.line.granted(kernel_id)
-        message = full_message(quota, got, self.policy.context_reserve_mib, waited=None)
-        if self.policy.on_full == "cpu":
-            return self.settle(
-                rec,
-                Grant("cpu", reason=message + " This kernel was started without a GPU."),
-                "no-gpu-full",
-                need_mib=got.need_mib,
-                free_mib=got.free_mib,
-            )
-        raise self.refuse(
-            kernel_id, message, keep=restarting, code="refused-no-room", need_mib=got.need_mib, free_mib=got.free_mib
-        )
+        return self._carry_out(rec, outcome)
+
+    def _cards_now(self) -> admission.Cards:
+        """What admission judges a start against: the cards, and how this server holds kernels now."""
+        missing = self.holding.missing()
+        return admission.Cards(tuple(self.cards), self.backend.reason, self.holding.level(), missing, self.closing)
+
+    def _carry_out(self, rec: KernelRecord, outcome: admission.Start | admission.Refusal) -> Grant:
+        """What admission decided for a start: its grant (settled), or its refusal (raised)."""
+        if isinstance(outcome, admission.Refusal):
+            raise self.refuse(
+                rec.kernel_id, outcome.message, status=outcome.status, keep=outcome.keep, code=outcome.code,
+                **outcome.figures,
+            ) from outcome.cause  # fmt: skip
+        if outcome.grant.mode == "gpu":
+            self.line.leave(rec.kernel_id, "it was admitted")
+        return self.settle(rec, outcome.grant, outcome.why, **outcome.figures)
 
     def keeps(self, rec: KernelRecord | None) -> bool:
         """Whether a refused kernel stays listed as 'failed' (a restart of a kernel nbclient holds); a kernel a
