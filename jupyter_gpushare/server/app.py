@@ -312,6 +312,6 @@ class GpuShareExtension(ExtensionApp):
 
             snapshots = self.settings["gpushare_snapshots"]
             metrics.uninstall(snapshots)
-            snapshots.stop()
             sampler.stop()
+            snapshots.stop()
             await self.settings["gpushare_enforcer"].close()

@@ -80,16 +80,18 @@ async def read_kernel_reports(manager: Any, kernel_ids: Sequence[str]) -> dict[s
     return reports
 
 
-def reservations(manager: Any, reading: LedgerReading, reports: Mapping[str, Any]) -> dict[str, Any]:
+def reservations(
+    manager: Any, reading: LedgerReading, reports: Mapping[str, Any], records: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
     """The server's reservations in the API's shape (views.server_view): cards with what is reserved on them, its
-    kernels as recorded now with their frameworks, the host's line, the ledger and the enforcement level."""
+    kernels (``records``, as KernelRecord.to_dict() took them) with their frameworks, the host's line, the ledger
+    and the enforcement level."""
     ledger = {
         "path": None if manager.ledger.broker_socket else manager.ledger.path,
         "broker": manager.ledger.broker_socket,
         "error": manager.ledger.error,
         "replaced": manager.ledger.replaced,
     }
-    records = list(manager.records.values())
     return {
         **manager.backend.describe(),
         "ledger": ledger,
@@ -104,7 +106,7 @@ async def take_snapshot(manager: Any) -> dict[str, Any]:
     """Cards with their reservations, ``manager``'s kernels and the host-wide queue, read now (QuotaManager.snapshot,
     for programs and tests; a server's handlers read ``Snapshots``)."""
     reading, reports = await asyncio.gather(read_ledger(manager), read_kernel_reports(manager, list(manager.records)))
-    return reservations(manager, reading, reports)
+    return reservations(manager, reading, reports, [rec.to_dict() for rec in list(manager.records.values())])
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,7 @@ class Snapshots:
         self._reading = LedgerReading()
         self._reports: dict[str, Any] = {}
         self._reports_at = float("-inf")
+        self._stopped = False
 
     def _version(self) -> int:
         """The registry's version: every change of a record (KernelRecord.changes), and every change said."""
@@ -181,7 +184,8 @@ class Snapshots:
     def tick(self, usage: UsageSnapshot) -> None:
         """A new reading of the sampler (on the IOLoop): build the snapshot that holds it."""
         self._usage = usage
-        self._kick()
+        if not self._stopped:
+            self._kick()
 
     def changed(self, kernel_id: str | None = None) -> None:
         """A change of the registry (a kernel's record, an event, a judgment), said from any thread: a snapshot that
@@ -194,7 +198,7 @@ class Snapshots:
                 self._loop.call_soon_threadsafe(self.changed, kernel_id)
             return
         self._loop = loop
-        if self._timer is None:
+        if self._timer is None and not self._stopped:
             self._timer = loop.call_later(SETTLE_S, self._settled)
 
     def _settled(self) -> None:
@@ -204,14 +208,18 @@ class Snapshots:
     async def latest(self) -> ServerSnapshot:
         """The current snapshot, once it holds every change made before this call (a build is awaited if not)."""
         wanted = self._version()
-        while self._built_for < wanted:
+        while self._built_for < wanted and not self._stopped:
             await asyncio.shield(self._kick(again=self._building_for < wanted))
         return self.current
 
     def stop(self) -> None:
+        """The server is stopping: no more builds (the manager's ledger closes after this)."""
+        self._stopped = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._task is not None:
+            self._task.cancel()
 
     def _kick(self, again: bool = True) -> asyncio.Future:
         """Start a build, or (``again``) ask the one under way for another after it; the future is done when they
@@ -236,7 +244,13 @@ class Snapshots:
 
     async def _build(self) -> None:
         manager = self.manager
-        ids = list(manager.records)
+        # What is in memory is taken first, at once: the registry as it is at this build's version (a reply to a
+        # request made after a change shows the change, not what came of it meanwhile).
+        records = [rec.to_dict() for rec in list(manager.records.values())]
+        usage, judged, events = self._usage, MappingProxyType(dict(self._judged())), tuple(manager.events)
+        parking = MappingProxyType(manager.parking.view())
+        moves_s = MappingProxyType({move: took[-1] for move, took in manager.parking.seconds.items() if took})
+        ids = [rec["kernel_id"] for rec in records]
         due = set(ids) != set(self._reports) or time.monotonic() - self._reports_at >= REPORTS_EVERY_S
         reading, reports = await asyncio.gather(
             read_ledger(manager), read_kernel_reports(manager, ids) if due else _nothing(), return_exceptions=True
@@ -252,9 +266,7 @@ class Snapshots:
         elif isinstance(reading, BaseException):
             raise reading
         self._reading = reading
-        # The rest is in memory and taken at once, so it is all of one moment.
-        usage, judged = self._usage, MappingProxyType(dict(self._judged()))
-        held = reservations(manager, reading, self._reports)
+        held = reservations(manager, reading, self._reports, records)
         kernels = []
         for rec in held["kernels"]:
             view = kernel_view(rec, usage, judged.get(rec["kernel_id"]))
@@ -266,9 +278,9 @@ class Snapshots:
             reservations=MappingProxyType(held),
             kernels=tuple(kernels),
             judged=judged,
-            events=tuple(manager.events),
-            parking=MappingProxyType(manager.parking.view()),
-            moves_s=MappingProxyType({move: took[-1] for move, took in manager.parking.seconds.items() if took}),
+            events=events,
+            parking=parking,
+            moves_s=moves_s,
             config=MappingProxyType(config_view(manager.policy)),
             host=reading.host,
             host_error=reading.host_error,

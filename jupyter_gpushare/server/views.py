@@ -11,7 +11,6 @@ from ..core.policy import Policy, Size
 from ..host.gpu import Card
 from ..ledger.ledger import Lease, Waiter
 from ..ledger.view import card_row
-from .records import KernelRecord
 from .sampler import UsageSnapshot
 
 # -- the REST API's kernels and cards, with the sampler's measurement -----------------------------------
@@ -73,13 +72,13 @@ def server_view(
     leases: Sequence[Lease],
     waiters: Sequence[Waiter],
     outside: Mapping[str, int] | None,
-    records: Sequence[KernelRecord],
+    records: Sequence[Mapping[str, Any]],
     reports: Mapping[str, Any],
 ) -> dict[str, Any]:
     """A server's cards (with what every lease it may see reserves on them, and what processes without a lease
-    use), its own kernels (``records``, with their frameworks' reports), and the host's line, in which only its
-    own kernels are named."""
-    mine = {r.kernel_id for r in records}
+    use), its own kernels (``records``, KernelRecord.to_dict(), with their frameworks' reports), and the host's
+    line, in which only its own kernels are named."""
+    mine = {r["kernel_id"] for r in records}
     rows = []
     for card in cards:
         on_card = [lease for lease in leases if lease.card_uuid == card.uuid]  # (through a broker: others' too)
@@ -100,5 +99,5 @@ def server_view(
         }
         for i, w in enumerate(waiters)
     ]
-    kernels = [{**r.to_dict(), "frameworks": (reports.get(r.kernel_id) or {}).get("frameworks")} for r in records]
+    kernels = [{**r, "frameworks": (reports.get(r["kernel_id"]) or {}).get("frameworks")} for r in records]
     return {"cards": rows, "kernels": kernels, "queue": queue}

@@ -120,3 +120,18 @@ async def _next(snapshots: Snapshots, before):
             return snapshots.current
         await asyncio.sleep(0.01)
     raise AssertionError("no new snapshot after the tick")
+
+
+def test_a_stopped_owner_builds_nothing_more_and_answers_with_what_it_has(manager):
+    async def case():
+        snapshots = Snapshots(manager)
+        last = await snapshots.latest()
+        snapshots.stop()
+        snapshots.tick(Sampler(manager).tick())
+        snapshots.changed("k1")
+        await manager.admit("k1", "python3", "python")
+        assert await snapshots.latest() is last
+        await asyncio.sleep(0.2)
+        assert snapshots.current is last
+
+    run(case())
