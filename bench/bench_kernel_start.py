@@ -24,7 +24,7 @@ from jupyter_client import AsyncKernelManager
 from jupyter_client.provisioning import KernelProvisionerFactory
 from traitlets.config import Config
 
-from jupyter_gpushare.server.manager import QuotaManager
+from jupyter_gpushare.server.manager import process_manager
 
 
 async def start_once(provisioner: str, config: Config) -> float:
@@ -59,7 +59,7 @@ async def main() -> None:
         order = list(times) if i % 2 == 0 else list(reversed(times))
         for name in order:
             times[name].append(await start_once(name, config))
-    manager = QuotaManager.current()
+    manager = process_manager()
     if manager:
         manager.close()
     med = {name: statistics.median(v) * 1000 for name, v in times.items()}

@@ -176,7 +176,7 @@ async def phase(url: str) -> dict:
 async def bench_server(trees) -> dict:
     from jupyter_server.serverapp import ServerApp
 
-    from jupyter_gpushare.server.manager import QuotaManager
+    from jupyter_gpushare.server.manager import process_manager
 
     root = tempfile.mkdtemp()
     os.environ["JUPYTER_RUNTIME_DIR"] = tempfile.mkdtemp()
@@ -207,7 +207,7 @@ async def bench_server(trees) -> dict:
     app.start_app()
     await app._post_start()
     base = f"http://127.0.0.1:{port}"
-    manager = QuotaManager.current()
+    manager = process_manager()
     fill(manager, trees)
 
     import urllib.request

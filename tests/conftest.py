@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from jupyter_client.provisioning import KernelProvisionerFactory
 
-from jupyter_gpushare.server.manager import QuotaManager
+from jupyter_gpushare.server.manager import process_manager, use_in_process
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
@@ -72,10 +72,10 @@ def jp_server_config(gpushare_config, ledger_file):
 def _fresh_singletons():
     """Each test gets a new QuotaManager and provisioner factory (both are process-wide)."""
     yield
-    manager = QuotaManager.current()
+    manager = process_manager()
     if manager is not None:
         manager.close()
-    QuotaManager.install(None)
+    use_in_process(None)
     KernelProvisionerFactory.clear_instance()
 
 

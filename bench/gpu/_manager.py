@@ -12,7 +12,7 @@ from jupyter_client.provisioning import KernelProvisionerFactory
 
 from jupyter_gpushare.core.policy import Policy, Size
 from jupyter_gpushare.host.gpu import GpuBackend
-from jupyter_gpushare.server.manager import QuotaManager
+from jupyter_gpushare.server.manager import QuotaManager, use_in_process
 
 SMOKE = os.environ.get("GPUSHARE_CHECK_SMOKE") == "1"  # the plumbing only, on a simulated card, no GPU
 
@@ -53,7 +53,7 @@ def install_quota_manager(backend: GpuBackend, quota_mib: int, reserve_mib: int)
     jupyter_client's default, registered here so that no installed entry point is needed."""
     policy = Policy(default_quota=Size(mib=quota_mib), context_reserve_mib=reserve_mib, on_full="reject")
     manager = QuotaManager(policy, backend, os.path.join(os.environ.get("JUPYTER_DATA_DIR", "/tmp"), "ledger.sqlite"))
-    QuotaManager.install(manager)
+    use_in_process(manager)
     factory = KernelProvisionerFactory.instance()
     factory.provisioners["gpushare-provisioner"] = EntryPoint(
         name="gpushare-provisioner",

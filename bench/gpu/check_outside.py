@@ -41,7 +41,7 @@ from jupyter_client.multikernelmanager import AsyncMultiKernelManager  # noqa: E
 
 from jupyter_gpushare.host.gpu.nvml import NvmlBackend  # noqa: E402
 from jupyter_gpushare.ledger.attribution import unreserved_use  # noqa: E402
-from jupyter_gpushare.server.sampler import Sampler  # noqa: E402
+from jupyter_gpushare.server.sampler import Readings, Sampler, UsageSnapshot  # noqa: E402
 
 QUOTA_MIB, RESERVE_MIB = 30 * 1024, 1024
 INTERVAL_S = 0.5
@@ -82,8 +82,8 @@ async def main(path: str) -> int:
     backend = NvmlBackend()
     manager = install_quota_manager(backend, QUOTA_MIB, RESERVE_MIB)
     mkm = AsyncMultiKernelManager()
-    sampler = Sampler(manager, INTERVAL_S, loop=asyncio.get_running_loop())
-    manager.latest_samples = sampler.latest_samples  # as app.py wires them
+    readings = manager.services.readings
+    sampler = Sampler(manager, INTERVAL_S, loop=asyncio.get_running_loop(), readings=readings)  # as app.py makes it
     sampler.start()
     checks, steps = result["checks"], result["steps"]
     script = None
@@ -107,7 +107,8 @@ async def main(path: str) -> int:
             kid is None and "hold no reservation" in error
         )
 
-        manager.latest_samples = tuple  # as before this feature
+        sampler.readings = Readings()  # as before this feature: the manager reads nothing of the card
+        readings.publish(UsageSnapshot())
         kid, b = await start(mkm, result, "4 kernel B, outside use not counted")
         if b is not None:
             run = await execute(b, FILL.format(gib=28))
@@ -117,7 +118,7 @@ async def main(path: str) -> int:
             )
             b.stop_channels()
             await mkm.shutdown_kernel(kid, now=True)
-        manager.latest_samples = sampler.latest_samples
+        sampler.readings = readings
 
         script.kill()
         script.wait()

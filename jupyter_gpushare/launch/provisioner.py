@@ -37,8 +37,9 @@ from ..config.sources import load_config
 from ..core.addresses import PROVISIONER_NAME
 from ..core.policy import PolicyError, Size, format_mib, parse_size
 from ..host.reports import report_dir
-from ..server.manager import QuotaManager, build_manager
+from ..server.manager import QuotaManager, build_manager, process_manager, use_in_process
 from ..server.records import Grant, QuotaUnavailable
+from ..server.services import ProgramStarts, Services
 from .batch import (
     DEFAULT_ENV,
     StoppedWaiting,
@@ -81,17 +82,17 @@ class GpuShareProvisioner(LocalProvisioner):
     _admitting: asyncio.Future | None = None
 
     def _manager(self) -> QuotaManager:
-        manager = QuotaManager.current()
+        manager = process_manager()
         if manager is None:  # outside a Jupyter server (nbclient, papermill, `jupyter execute`): the same settings
             # The server's files, then this program's own config and command line (batch.program_config).
             program, name = program_config(self.config)
             config, sources = load_config(over=program)
             if name:
                 sources.append(f"the options of {name}")
-            manager = build_manager(settings_from(config), self.log)
-            manager.line.on_wait = WaitProgress()
+            # A program's kernels wait for their grant in their start, and say where they stand on stderr.
+            manager = build_manager(settings_from(config), self.log, Services(starts=ProgramStarts(WaitProgress())))
             self.log.info("jupyter-gpushare: settings from %s", ", ".join(sources) or "no config file (the defaults)")
-            QuotaManager.install(manager)
+            use_in_process(manager)
         return manager
 
     @property
@@ -148,7 +149,7 @@ class GpuShareProvisioner(LocalProvisioner):
         config, so the choice reached it only through JUPYTER_DEFAULT_PROVISIONER_NAME, which the .pth set."""
         if "provisioner_name" in self.kernel_spec.metadata.get("kernel_provisioner", {}):
             return None
-        manager = QuotaManager.current()
+        manager = process_manager()
         if manager is not None and manager.holds_starts:
             return None  # a server: its factory has the server's config
         config, _ = program_config(self.config)
@@ -385,7 +386,7 @@ class GpuShareProvisioner(LocalProvisioner):
         """The program exits while this kernel still holds its reservation (``jupyter console`` asks its kernel to
         shut down and exits without cleanup()): wait until ``deadline`` for the kernel to end (it was asked to, or
         ipykernel sees its parent gone), end it then, and give the reservation back (batch.end_at_exit)."""
-        manager = QuotaManager.current()
+        manager = process_manager()
         rec = manager.records.get(self.kernel_id) if manager is not None else None
         if manager is None or rec is None or rec.lease is None:
             return  # cleaned up already, or nothing reserved

@@ -153,14 +153,24 @@ def limits_use(limits: UserLimits | None, mine: dict[str, int] | None, cards: Se
             "max_kernels": limits.max_kernels, "full": full}  # fmt: skip
 
 
-def host_view(ledger: Reservations | None, user: str, cards: Sequence[Card], policy: Policy) -> dict[str, Any] | None:
+def host_view(
+    ledger: Reservations | None,
+    user: str,
+    cards: Sequence[Card],
+    policy: Policy,
+    leases: Sequence[Lease] | None = None,
+    waiters: Sequence[Waiter] | None = None,
+) -> dict[str, Any] | None:
     """The host view for a server's API, whichever ledger it has (call it on the ledger thread): what its
     user may see (``Reservations.caller``: through a broker, their own kernels and others as totals; in their
-    own ledger file, all of it). Raises LedgerError while the broker is down; None when there is no ledger."""
+    own ledger file, all of it). ``leases`` and ``waiters``: the ledger's, when the caller has just read them.
+    Raises LedgerError while the broker is down; None when there is no ledger."""
     if ledger is None:
         return None
     who, admin, limits = ledger.caller()
-    return view_for(_Me(who or user, admin), ledger.leases(), ledger.waiters(), cards, policy, limits)
+    leases = ledger.leases() if leases is None else leases
+    waiters = ledger.waiters() if waiters is None else waiters
+    return view_for(_Me(who or user, admin), leases, waiters, cards, policy, limits)
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,13 @@ from traitlets import TraitError
 from ..config.settings import GpuShareApp
 from ..config.sources import publish
 from ..core.addresses import PROVISIONER_NAME
-from ..core.policy import PolicyError
-from ..ledger.ledger import LedgerError
-from .manager import QuotaManager, build_manager
+from ..core.policy import EnforcePolicy, PolicyError
+from ..ledger.ledger import LedgerError, Waiting
+from .manager import QuotaManager, build_manager, use_in_process
+from .records import Changes, KernelRecord
 from .refusals import quiet_refusals
+from .sampler import Readings
+from .services import Services
 from .state import SCHEMA_FILE, STATE_SCHEMA
 
 if TYPE_CHECKING:
@@ -69,6 +72,51 @@ class Announcer:
             self._handle = None
 
 
+class ServerStarts:
+    """How a Jupyter server starts kernels (services.KernelStarts): a kernel in line is listed at once and launched
+    when granted (held.py). It is granted only while a notebook (a session) or a client wants it, and a kernel whose
+    wait ends without a grant is shut down with its session."""
+
+    holds = True
+
+    def __init__(self, kernels: Any, sessions: Any, log: Any) -> None:
+        """``kernels``, ``sessions``: the server's kernel and session managers."""
+        self.kernels, self.sessions, self.log = kernels, sessions, log
+
+    def watchers(self, kernel_id: str) -> int:
+        if kernel_id not in self.kernels:
+            return 0
+        try:
+            return self.kernels.kernel_model(kernel_id).get("connections", 0)
+        except TraitError:  # a kernel jupyter_server is still starting has no model yet (no last_activity)
+            return 0
+
+    def may_grant(self, kernel_id: str) -> bool:
+        return kernel_id in self.kernels and (self.watchers(kernel_id) > 0 or self._has_session(kernel_id))
+
+    def _has_session(self, kernel_id: str) -> bool:
+        row = self.sessions.cursor.execute("SELECT 1 FROM session WHERE kernel_id=?", (kernel_id,)).fetchone()
+        return row is not None
+
+    def end_kernel(self, kernel_id: str) -> None:
+        asyncio.ensure_future(self._end(kernel_id))
+
+    async def _end(self, kernel_id: str) -> None:
+        try:
+            found = [
+                s["id"] for s in await self.sessions.list_sessions() if (s.get("kernel") or {}).get("id") == kernel_id
+            ]
+            for session_id in found:
+                await self.sessions.delete_session(session_id)
+            if kernel_id in self.kernels:
+                await self.kernels.shutdown_kernel(kernel_id, now=True)
+        except Exception:
+            self.log.exception("jupyter-gpushare: kernel %s, whose wait ended, could not be shut down", kernel_id)
+
+    def on_wait(self, rec: KernelRecord, got: Waiting) -> None:
+        """Nothing: the server's kernel model and the sidebar say where a kernel stands."""
+
+
 class GpuShareExtension(ExtensionApp):
     """GPU memory quotas for notebook kernels on a shared GPU server: the jupyter-server extension.
 
@@ -110,12 +158,22 @@ class GpuShareExtension(ExtensionApp):
     def _initialize(self) -> None:
         self.gpushare = settings = GpuShareApp(parent=self)
         self.announcer = Announcer(getattr(self.serverapp, "event_logger", None))
-        manager = build_manager(settings, self.log, on_change=self.announcer.changed)
-        QuotaManager.install(manager)
+        enforcing = settings.build_enforce_policy()
+        # What the manager works with, made first: its sampler's readings are filled in once the sampler is made (it
+        # needs the manager), and the registry's changes are heard by the announcer, then by the snapshot.
+        services = Services(
+            starts=ServerStarts(self.server.kernel_manager, self.server.session_manager, self.log),
+            readings=Readings(),
+            changes=Changes(),
+            watchdog=enforcing.over_action,
+        )
+        services.changes.listen(self.announcer.changed)
+        manager = build_manager(settings, self.log, services)
+        use_in_process(manager)
         self.settings["gpushare_manager"] = manager
         self._published = publish(settings)  # for this user's `jupyter gpushare status` and `doctor`
-        self._make_sampler(manager)
-        self._hold_waiting_kernels(manager)
+        self._make_sampler(manager, services, enforcing)
+        self._wait_websockets()
         self._make_default_provisioner()
         self._quiet = quiet_refusals(self.server.log)  # a refused start is logged once, by the manager
         self._start_reconciling()
@@ -133,41 +191,40 @@ class GpuShareExtension(ExtensionApp):
                 settings.broker_socket or settings.ledger_path,
             )
 
-    def _make_sampler(self, manager: QuotaManager) -> None:
-        """The sampler thread (started with the server) and the policies it feeds."""
+    def _make_sampler(self, manager: QuotaManager, services: Services, enforcing: EnforcePolicy) -> None:
+        """The sampler thread (started with the server), the policies it feeds, and the server's one snapshot,
+        built at each of its ticks and at each change of the registry (snapshot.py), which the handlers read."""
         from . import metrics
         from .enforce import Enforcer
         from .sampler import Sampler
+        from .snapshot import Snapshots
 
         settings = self.gpushare
-        enforcer = Enforcer(
-            manager, self.server.kernel_manager, settings.build_enforce_policy(), log=self.log,
-            on_change=self.announcer.changed,
-        )  # fmt: skip
+        enforcer = Enforcer(manager, self.server.kernel_manager, enforcing, log=self.log, on_change=services.changes)
+        snapshots = Snapshots(manager, judged=lambda: enforcer.states, log=self.log)
+        services.changes.listen(snapshots.changed)
         loop = self._server_loop()
 
-        def on_sample(snap: Any) -> None:
-            sampler.hurry(enforcer.on_sample(snap))  # read often while a kernel is over its reservation
+        def on_sample(usage: Any) -> None:
+            # read often while a kernel is over its reservation
+            sampler.hurry(enforcer.on_sample(usage, snapshots.current))
+            snapshots.tick(usage)
 
-        sampler = Sampler(manager, settings.sample_interval, loop=loop, on_sample=on_sample, log=self.log)
-        manager.measured_by(
-            sampler.latest_samples,
-            lambda kernel_id: sampler.snapshot.kernels.get(kernel_id),
-            enforcer.policy.over_action,
+        sampler = Sampler(
+            manager, settings.sample_interval, loop=loop, on_sample=on_sample, log=self.log, readings=services.readings
         )
         self.settings["gpushare_sampler"] = sampler
         self.settings["gpushare_enforcer"] = enforcer
-        metrics.install(sampler, enforcer)
+        self.settings["gpushare_snapshots"] = snapshots
+        metrics.install(snapshots)
         # Started here, not in the start hook: embedders and test fixtures do not always run that hook.
         sampler.start()
 
-    def _hold_waiting_kernels(self, manager: QuotaManager) -> None:
-        """A kernel that waits for a GPU is listed at once, its process launched when it is granted (held.py); its
-        websockets open at once (connection.py). It is granted only while a notebook or client wants it, and
-        leaves the line when none has been connected for queue_unwatched_timeout."""
+    def _wait_websockets(self) -> None:
+        """A kernel that waits for a GPU is listed at once, its process launched when it is granted (ServerStarts);
+        its websockets open at once (connection.py)."""
         from .connection import waiting_connection_class
 
-        kernels, sessions = self.server.kernel_manager, self.server.session_manager
         configured = self.settings.get("kernel_websocket_connection_class")  # (a copy of the server's settings)
         ours = waiting_connection_class(configured) if configured is not None else None
         if ours is None:
@@ -178,39 +235,6 @@ class GpuShareExtension(ExtensionApp):
             )
         else:
             self.settings["kernel_websocket_connection_class"] = ours  # copied back into the server's
-
-        def watchers(kernel_id: str) -> int:
-            if kernel_id not in kernels:
-                return 0
-            try:
-                return kernels.kernel_model(kernel_id).get("connections", 0)
-            except TraitError:  # a kernel jupyter_server is still starting has no model yet (no last_activity)
-                return 0
-
-        def has_session(kernel_id: str) -> bool:
-            row = sessions.cursor.execute("SELECT 1 FROM session WHERE kernel_id=?", (kernel_id,)).fetchone()
-            return row is not None
-
-        async def end(kernel_id: str) -> None:
-            try:
-                found = [
-                    s["id"] for s in await sessions.list_sessions() if (s.get("kernel") or {}).get("id") == kernel_id
-                ]
-                for session_id in found:
-                    await sessions.delete_session(session_id)
-                if kernel_id in kernels:
-                    await kernels.shutdown_kernel(kernel_id, now=True)
-            except Exception:
-                self.log.exception("jupyter-gpushare: kernel %s, whose wait ended, could not be shut down", kernel_id)
-
-        def end_kernel(kernel_id: str) -> None:
-            asyncio.ensure_future(end(kernel_id))
-
-        manager.hold_starts(
-            watchers=watchers,
-            may_grant=lambda kernel_id: kernel_id in kernels and (watchers(kernel_id) > 0 or has_session(kernel_id)),
-            end_kernel=end_kernel,
-        )
 
     def _make_default_provisioner(self) -> None:
         """Give every kernel without a provisioner stanza ours, unless the admin chose another.
@@ -290,6 +314,8 @@ class GpuShareExtension(ExtensionApp):
         if sampler is not None:
             from . import metrics
 
-            metrics.uninstall(sampler)
+            snapshots = self.settings["gpushare_snapshots"]
+            metrics.uninstall(snapshots)
             sampler.stop()
+            snapshots.stop()
             await self.settings["gpushare_enforcer"].close()

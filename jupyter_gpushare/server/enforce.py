@@ -12,8 +12,9 @@ activity for ``idle_timeout_s`` is warned (state ``idle``) and, when configured,
 ``idle_shutdown_delay_s`` later to give its memory back.
 
 Every warning and action is an event (``/api/gpushare/events``) with the figures behind it.
-Decisions need only the snapshot and the kernel manager's in-memory state, so they run on the
-IOLoop (where the kernel manager lives); actions are coroutines of the server's kernel manager.
+Decisions need only the sampler's reading, the server's last snapshot (frameworks, the host's line) and the
+kernel manager's in-memory state, so they run on the IOLoop (where the kernel manager lives); actions are
+coroutines of the server's kernel manager.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Callable, Literal
 from ..core.overuse import CardRoom, Excess, OverUseJudge, Verdict, card_room, over_use
 from ..core.policy import EnforcePolicy, format_mib
 from .sampler import KernelUsage, UsageSnapshot
+from .snapshot import ServerSnapshot
 
 Judged = dict[str, tuple[Any, KernelUsage, dict[str, int]]]  # kernel id -> (record, usage, card uuid -> MiB)
 Judgment = Literal["near_quota", "over_quota", "idle"]  # (the API's Kernel.state, where the policies judge it)
@@ -71,13 +73,14 @@ class Enforcer:
         self._on_change = on_change or (lambda kernel_id: None)
         self.judge = OverUseJudge(policy.over_action, policy.over_grace_s)
         self.states: dict[str, Judgment] = {}
-        self.version = 0  # counts on_sample calls (the API caches its reply per version)
         self._watch: dict[str, _Watch] = {}
         self._tasks: set[asyncio.Task] = set()
 
-    def on_sample(self, snap: UsageSnapshot) -> bool:
-        """Judge every kernel of this snapshot (called on the IOLoop, once per sampler tick). Returns whether any
-        kernel is over its reservation (the sampler then reads the driver more often)."""
+    def on_sample(self, snap: UsageSnapshot, last: ServerSnapshot | None = None) -> bool:
+        """Judge every kernel of this reading (called on the IOLoop, once per sampler tick), with the frameworks and
+        the host's line of the server's ``last`` snapshot. Returns whether any kernel is over its reservation (the
+        sampler then reads the driver more often)."""
+        last = last or ServerSnapshot()
         now = self.clock()
         states: dict[str, Judgment] = {}
         judged: Judged = {}
@@ -101,9 +104,9 @@ class Enforcer:
             idle = self._idle(kid, rec, usage, w, now, idle_for, execution)
             if idle:
                 states[kid] = idle
-            parking.consider(rec, usage, idle_for, snap.frameworks.get(kid) or ())
-        parking.decide(self._line_needs(snap))
-        excesses = self._excesses(snap, judged, uuids)
+            parking.consider(rec, usage, idle_for, last.frameworks.get(kid) or ())
+        parking.decide(self._line_needs(last))
+        excesses = self._excesses(snap, last, judged, uuids)
         for kid, (rec, usage, _) in judged.items():
             state = self._quota(kid, rec, usage, excesses.get(kid))
             if state:
@@ -115,17 +118,18 @@ class Enforcer:
         for kid in sorted({k for k in states.keys() | self.states.keys() if states.get(k) != self.states.get(k)}):
             self._on_change(kid)
         self.states = states
-        self.version += 1
         return bool(excesses)
 
     # -- over quota ----------------------------------------------------------------------------
 
-    def _excesses(self, snap: UsageSnapshot, judged: Judged, uuids: dict[int, str]) -> dict[str, Excess]:
+    def _excesses(
+        self, snap: UsageSnapshot, last: ServerSnapshot, judged: Judged, uuids: dict[int, str]
+    ) -> dict[str, Excess]:
         """The kernels over their reservations, with how much of that other kernels had reserved. Leases of other
         servers (other users', through a broker) are not seen here: what they may still allocate is guessed at
         its smallest, so no theft is imagined (the broker, which sees them all, judges them too)."""
         rooms: dict[str, CardRoom] = {}
-        reserved_on = {c.get("uuid"): c.get("reserved_mib") or 0 for c in snap.quota.get("cards", ())}
+        reserved_on = {c.get("uuid"): c.get("reserved_mib") or 0 for c in last.reservations.get("cards", ())}
         for uuid, card in snap.cards.items():
             seen = [
                 (kid, rec.lease.reserved_mib, used.get(uuid, 0))
@@ -142,7 +146,7 @@ class Enforcer:
                 continue
             stolen = sum(rooms[card].stolen(kid, mib) for card, mib in over.items() if card in rooms)
             processes = tuple((p.pid, uuids.get(p.card_index, ""), p.used_mib or 0) for p in usage.processes)
-            shared = self._shared(lease.card_uuid, snap)
+            shared = self._shared(lease.card_uuid, snap, last)
             out[kid] = Excess(kid, lease.card_uuid, lease.reserved_mib, over, stolen, processes, usage.pid, shared)
         return out
 
@@ -189,9 +193,10 @@ class Enforcer:
         }
 
     @staticmethod
-    def _shared(card_uuid: str, snap: UsageSnapshot) -> bool:
-        """Whether other kernels hold reservations on the card, or other processes use it."""
-        card = next((c for c in snap.quota.get("cards", ()) if c.get("uuid") == card_uuid), None)
+    def _shared(card_uuid: str, snap: UsageSnapshot, last: ServerSnapshot) -> bool:
+        """Whether other kernels hold reservations on the card (as of the ``last`` snapshot), or other processes
+        use it."""
+        card = next((c for c in last.reservations.get("cards", ()) if c.get("uuid") == card_uuid), None)
         usage = snap.cards.get(card_uuid)
         return (card is not None and card.get("kernels", 0) > 1) or (
             usage is not None and (usage.used_by_others_mib or 0) > 0
@@ -265,12 +270,13 @@ class Enforcer:
 
     # -- idle ------------------------------------------------------------------------------------
 
-    def _line_needs(self, snap: UsageSnapshot) -> int:
+    def _line_needs(self, last: ServerSnapshot) -> int:
         """What the kernels in line need beyond the free room (MiB; 0: nobody waits): this server's own kernels'
-        needs as known now; another server's waiter (its last reading) counts as a need of at least 1 MiB."""
+        needs as known now; another server's waiter (the last snapshot) counts as a need of at least 1 MiB."""
         needs = sum(rec.need_mib or 1 for rec in self.manager.records.values() if rec.state == "queued")
-        free = sum(c.get("unreserved_mib") or 0 for c in snap.quota.get("cards", ()) if c.get("allowed", True))
-        others = any(not q.get("mine") for q in snap.quota.get("queue", ()))
+        cards = last.reservations.get("cards", ())
+        free = sum(c.get("unreserved_mib") or 0 for c in cards if c.get("allowed", True))
+        others = any(not q.get("mine") for q in last.reservations.get("queue", ()))
         return max(needs - free, 1 if others else 0)
 
     def _idle_for(self, kid: str, usage: Any, w: _Watch, now: float) -> tuple[float, str | None]:

@@ -1,10 +1,13 @@
-"""Thin REST handlers under /api/gpushare/ (documented in api/openapi.yaml)."""
+"""Thin REST handlers under /api/gpushare/ (documented in api/openapi.yaml).
+
+What they say of the server's cards and kernels comes from its one snapshot (snapshot.Snapshots), of the change or
+sampler tick before the request; what they change, they change through the manager.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 from jupyter_client.jsonutil import json_default
 from jupyter_core.utils import ensure_async
@@ -16,13 +19,9 @@ from tornado import web
 from ..core.policy import PolicyError
 from ..ledger.ledger import LedgerError
 from .manager import QuotaManager
-from .records import KernelRecord
 from .refusals import RefusalErrors, SessionsHandler, StartKernelHandler
-from .sampler import UsageSnapshot
+from .snapshot import ServerSnapshot, Snapshots
 from .state import build_state, event_view
-from .views import card_view, config_view, kernel_view
-
-QUOTA_TTL_S = 2.0  # the ledger's reservations in /state are re-read at least this often (and on every record change)
 
 API = r"/api/gpushare"
 AUTH_RESOURCE = "gpushare"
@@ -37,24 +36,22 @@ class GpuShareHandler(RefusalErrors, APIHandler):
     def manager(self) -> QuotaManager:
         return self.settings["gpushare_manager"]
 
-    @property
-    def usage(self) -> UsageSnapshot:
-        """The sampler's latest snapshot (an empty one before the first tick)."""
-        sampler = self.settings.get("gpushare_sampler")
-        return sampler.snapshot if sampler is not None else UsageSnapshot()
+    async def snapshot(self) -> ServerSnapshot:
+        """The server's snapshot, holding every change made before this request."""
+        snapshots: Snapshots = self.settings["gpushare_snapshots"]
+        return await snapshots.latest()
 
-    def _record(self, kernel_id: str):
-        rec = self.manager.records.get(kernel_id)
-        if rec is None:
+    def _record(self, kernel_id: str) -> None:
+        """404 unless the kernel is this server's now (before a change through the manager)."""
+        if kernel_id not in self.manager.records:
             raise web.HTTPError(404, f"No kernel {kernel_id} holds or waits for a GPU quota on this server.")
-        return rec
 
-    def kernel(self, rec) -> dict:
-        """A kernel record with its measured use and policy state, from the cached snapshot."""
-        enforcer = self.settings.get("gpushare_enforcer")
-        view = kernel_view(rec.to_dict(), self.usage, enforcer.states.get(rec.kernel_id) if enforcer else None)
-        view["held"] = self.settings["gpushare_manager"].holding.held(rec.kernel_id, view["frameworks"])
-        return view
+    async def kernel(self, kernel_id: str) -> dict:
+        """A kernel's view (record, measured use, judged state) in the snapshot; 404 when it has none."""
+        view = (await self.snapshot()).kernel(kernel_id)
+        if view is None:
+            raise web.HTTPError(404, f"No kernel {kernel_id} holds or waits for a GPU quota on this server.")
+        return dict(view)
 
     def json_body(self) -> dict:
         """The request body as a JSON object, or a 400 that says what is wrong with it."""
@@ -73,36 +70,23 @@ class CardsHandler(GpuShareHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        snap = await self.manager.snapshot()  # reservations as the ledger has them now
-        usage = self.usage
-        reply = {k: snap[k] for k in ("backend", "simulated", "reason", "ledger")}
-        cards = [card_view(c, usage) for c in snap["cards"]]
-        self.finish({**reply, "cards": cards, "sampler": usage.status(), "parking": self.manager.parking.view()})
+        self.finish((await self.snapshot()).cards())
 
 
 class KernelsHandler(GpuShareHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        # Served from memory: the records as they are now, with the last reading of their use. The
-        # encoded reply is reused while neither the reading nor any record has changed (pollers).
-        records = list(self.manager.records.values())
-        enforcer = self.settings.get("gpushare_enforcer")
-        usage = self.usage
-        key = (usage.seq, enforcer.version if enforcer else None, KernelRecord.changes, tuple(self.manager.records))
-        cache = self.settings.setdefault("gpushare_kernels_cache", {})
-        if cache.get("key") != key:
-            cache["body"] = json.dumps({"kernels": [self.kernel(rec) for rec in records]})
-            cache["key"] = key
+        body = (await self.snapshot()).kernels_body  # encoded once per snapshot (pollers)
         self.set_header("Content-Type", "application/json")
-        self.finish(cache["body"])
+        self.finish(body)
 
 
 class KernelHandler(GpuShareHandler):
     @web.authenticated
     @authorized
     async def get(self, kernel_id: str) -> None:
-        self.finish(self.kernel(self._record(kernel_id)))
+        self.finish(await self.kernel(kernel_id))
 
     @web.authenticated
     @authorized
@@ -116,12 +100,12 @@ class KernelHandler(GpuShareHandler):
             )
         try:
             quotas = self.manager.quotas
-            rec = await quotas.request(kernel_id, quotas.parse(body["quota"]))
+            await quotas.request(kernel_id, quotas.parse(body["quota"]))
         except PolicyError as e:  # 409: the card has not the extra now (the kernel keeps what it holds)
             raise web.HTTPError(409 if e.code == "grow-no-room" else 400, str(e)) from e
         except LedgerError as e:
             raise web.HTTPError(503, str(e)) from e
-        self.finish(self.kernel(rec))
+        self.finish(await self.kernel(kernel_id))
 
     @web.authenticated
     @authorized
@@ -129,11 +113,11 @@ class KernelHandler(GpuShareHandler):
         """Stop a queued kernel's wait (a running kernel is shut down through /api/kernels)."""
         self._record(kernel_id)
         try:
-            rec = self.manager.cancel_start(kernel_id)
+            self.manager.cancel_start(kernel_id)
         except PolicyError as e:
             raise web.HTTPError(409, str(e)) from e
         self.set_status(202)
-        self.finish(self.kernel(rec))
+        self.finish(await self.kernel(kernel_id))
 
 
 class KernelMoveHandler(GpuShareHandler):
@@ -145,11 +129,13 @@ class KernelMoveHandler(GpuShareHandler):
     async def post(self, kernel_id: str, move: str) -> None:
         self._record(kernel_id)
         parking = self.manager.parking
+        moving = asyncio.ensure_future(parking.park(kernel_id) if move == "park" else parking.resume(kernel_id))
+        self.manager.services.changes(kernel_id)  # a move under way is a change: the snapshot shows it meanwhile
         try:
-            await (parking.park(kernel_id) if move == "park" else parking.resume(kernel_id))
+            await moving
         except PolicyError as e:
             raise web.HTTPError(409, str(e)) from e
-        self.finish(self.kernel(self._record(kernel_id)))
+        self.finish(await self.kernel(kernel_id))
 
 
 class HostHandler(GpuShareHandler):
@@ -159,21 +145,18 @@ class HostHandler(GpuShareHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        try:
-            view = await self.manager.host_view()
-        except LedgerError as e:
-            raise web.HTTPError(503, str(e)) from e
-        if view is None:
-            raise web.HTTPError(503, self.manager.ledger.error or "No ledger is open on this server.")
-        self.finish(view)
+        snap = await self.snapshot()
+        if snap.host is None:
+            error = snap.host_error or snap.reservations.get("ledger", {}).get("error")
+            raise web.HTTPError(503, error or "No ledger is open on this server.")
+        self.finish(dict(snap.host))
 
 
 class QueueHandler(GpuShareHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        snap = await self.manager.snapshot()
-        self.finish({"queue": snap["queue"]})
+        self.finish({"queue": (await self.snapshot()).reservations.get("queue", [])})
 
 
 class EventsHandler(GpuShareHandler):
@@ -184,37 +167,36 @@ class EventsHandler(GpuShareHandler):
             since = float(self.get_argument("since", "0"))
         except ValueError as e:
             raise web.HTTPError(400, "'since' must be a Unix time in seconds, e.g. since=1700000000.5.") from e
-        self.finish({"events": [event_view(e) for e in self.manager.events if e["time"] > since]})
+        events = (await self.snapshot()).events
+        self.finish({"events": [event_view(e) for e in events if e["time"] > since]})
 
 
 class ConfigHandler(GpuShareHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.finish(config_view(self.manager.policy))
+        self.finish(dict((await self.snapshot()).config))
 
 
 class StateHandler(GpuShareHandler):
-    """Everything the sidebar, the status bar and the notifications show, in one reply (state.py). Its ETag is
-    the state's version: an unchanged state is answered 304 with no body."""
+    """Everything the sidebar, the status bar and the notifications show, in one reply (state.py): the server's
+    snapshot, with each kernel's notebook as jupyter_server's sessions name it now (a renamed notebook is
+    followed). Its ETag is the state's version: an unchanged state is answered 304 with no body."""
 
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        manager, usage = self.manager, self.usage
-        cache = self.settings.setdefault("gpushare_state_cache", {})
-        if cache.get("key") != KernelRecord.changes or time.monotonic() - cache.get("at", 0.0) > QUOTA_TTL_S:
-            cache.update(key=KernelRecord.changes, at=time.monotonic(), quota=await manager.snapshot())
+        snap = await self.snapshot()
         assert self.serverapp is not None  # (a handler of the server's own app)
         sessions = await self.serverapp.session_manager.list_sessions()
         state = build_state(
-            cache["quota"],
-            [self.kernel(rec) for rec in list(manager.records.values())],
-            {uuid: card.figures() for uuid, card in usage.cards.items()},
+            snap.reservations,
+            snap.kernels,
+            {uuid: card.figures() for uuid, card in snap.usage.cards.items()},
             {s["kernel"]["id"]: s["path"] for s in sessions if s.get("kernel")},
-            manager.events,
-            config_view(manager.policy),
-            usage.status(),
+            snap.events,
+            snap.config,
+            snap.usage.status(),
         )
         etag = f'"{state["version"]}"'
         self.set_header("ETag", etag)

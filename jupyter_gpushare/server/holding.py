@@ -39,10 +39,12 @@ class Holding:
         cards: Sequence[Card],
         blocking: Callable[..., Awaitable[Any]],
         event: Callable[..., None],
+        watchdog: str | None = None,
     ) -> None:
-        """``blocking``: runs a blocking call off the IOLoop; ``event``: records an event (QuotaManager.event)."""
+        """``blocking``: runs a blocking call off the IOLoop; ``event``: records an event (QuotaManager.event);
+        ``watchdog``: the over-quota action of this server's enforcer (None: no enforcer)."""
         self.cgroups, self.backend, self._blocking, self._event = cgroups, backend, blocking, event
-        self.watchdog: str | None = None  # the over-quota action of this server's enforcer (None: no enforcer)
+        self.watchdog = watchdog
         self._allocation: dict[str, str] = {}  # kernel id -> how the driver limits its group ("dmem")
         if cgroups.devices is not None and any(c.minor is None for c in cards):
             cgroups.no_isolation("the driver does not give the cards' device numbers (nvmlDeviceGetMinorNumber)")

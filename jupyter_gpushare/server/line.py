@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from ..core.policy import Policy, PolicyError, format_mib
 from ..host.gpu import Card
@@ -24,6 +24,7 @@ from ..ledger.ledger import Reservations
 from ..ledger.queue import Request, ServerQueue, Wait
 from .ledger_worker import LedgerWorker
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message, rule_figures
+from .services import KernelStarts
 
 QUEUE_POLL_S = 0.5
 UNWANTED_S = 3.0  # a kernel in line that nothing wants (no session, no client) this long gives its place up
@@ -39,32 +40,29 @@ class Registry(Protocol):
     def settle(self, rec: KernelRecord, grant: Grant, why: str = ..., **figures: Any) -> Grant: ...
     def refuse(self, kernel_id: str, message: str, status: int = ..., keep: bool = ..., kind: str = ...,
                code: str | None = ..., **figures: Any) -> QuotaUnavailable: ...  # fmt: skip
-
-    holds_starts: bool  # a Jupyter server: its kernels run while they wait (held.py)
-
     def keeps(self, rec: KernelRecord | None) -> bool: ...
     def card(self, uuid: str) -> Card | None: ...
     def reserve(self, ledger: Reservations, request: Request, wait: bool) -> Lease | Waiting: ...
 
 
 class Line:
-    """This server's waits and the task that serves them. A Jupyter server says (``held_by``) how many clients a
-    kernel has and whether one still wants it; ``on_wait`` hears each answer of the ledger to a kernel in line
-    (nbclient's progress on stderr, batch.py)."""
+    """This server's waits and the task that serves them. ``starts`` (services.KernelStarts) says how many clients a
+    kernel has and whether one still wants it (a Jupyter server's), and hears each answer of the ledger to a kernel
+    in line (nbclient's progress on stderr, batch.py)."""
 
     def __init__(
-        self, kernels: Registry, ledger: LedgerWorker, timeout_s: float, unwatched_s: float, log: logging.Logger
+        self,
+        kernels: Registry,
+        ledger: LedgerWorker,
+        starts: KernelStarts,
+        timeout_s: float,
+        unwatched_s: float,
+        log: logging.Logger,
     ) -> None:
-        self.kernels, self.ledger, self.log = kernels, ledger, log
+        self.kernels, self.ledger, self.starts, self.log = kernels, ledger, starts, log
         self.queue = ServerQueue(timeout_s, unwatched_s)
         self._serving: asyncio.Future | None = None  # the task that serves the line while anyone waits
         self._room = asyncio.Event()  # set when this server frees room: the line is served at once
-        # How many clients are connected to a kernel (None: not known here); a kernel in line with none for
-        # ``unwatched_s`` leaves it.
-        self.watchers: Callable[[str], int | None] = lambda kernel_id: None
-        # Whether a kernel in line may be granted now: only a kernel some notebook or client still wants.
-        self.may_grant: Callable[[str], bool] = lambda kernel_id: True
-        self.on_wait: Callable[[KernelRecord, Waiting], None] | None = None
 
     def waiting(self, kernel_id: str) -> Wait | None:
         return self.queue.waits.get(kernel_id)
@@ -133,8 +131,7 @@ class Line:
 
     def _update(self, rec: KernelRecord, got: Waiting) -> None:
         rec.position, rec.need_mib, rec.free_mib = got.position, got.need_mib, got.free_mib
-        if self.on_wait is not None:
-            self.on_wait(rec, got)
+        self.starts.on_wait(rec, got)
 
     async def _serve(self) -> None:
         """While kernels of this server wait: ask the ledger for each (a heartbeat too) every QUEUE_POLL_S, grant,
@@ -154,7 +151,7 @@ class Line:
         self._room.set()
 
     async def _serve_once(self) -> None:
-        ask, ending = self.queue.due(self.watchers)
+        ask, ending = self.queue.due(self.starts.watchers)
         ask = [w for w in ask if self._wanted(w)]
         for wait in ending:
             self.end_wait(wait)
@@ -170,7 +167,7 @@ class Line:
     def _wanted(self, wait: Wait) -> bool:
         """Whether to ask the ledger for this kernel now. One that no notebook or client wants for UNWANTED_S
         steps out of the host's line, so that it holds no one up; it joins again, at the back, once wanted."""
-        if self.may_grant(wait.kernel_id):
+        if self.starts.may_grant(wait.kernel_id):
             wait.unwanted_since = None
             if wait.stepped_out:
                 wait.stepped_out = False
@@ -247,7 +244,7 @@ class Line:
             return
         self._cancel_wait(wait.kernel_id)
         rec = self.kernels.records.get(wait.kernel_id)
-        runs = self.kernels.holds_starts and rec is not None and wait.ending in ("timeout", "cancelled")
+        runs = self.starts.holds and rec is not None and wait.ending in ("timeout", "cancelled")
         if wait.ending == "timeout":
             shown = got or wait.last or Waiting(wait.kernel_id, 1, 0, 0, 0)
             waited = rec.queued_since if rec else None

@@ -15,11 +15,10 @@ import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, ClassVar, TypeVar
+from typing import Any, Callable, TypeVar
 
 from ..config.settings import GpuShareApp
 from ..core.history import HistoryRules
-from ..core.levels import check_required
 from ..core.policy import CardView, ParkRules, Policy, PolicyError, Size, format_mib
 from ..host.cgroups import KernelCgroups
 from ..host.checkpoint import checkpointer_for
@@ -27,14 +26,16 @@ from ..host.gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
 from ..host.gpu.simulated import SimulatedBackend
 from ..host.reports import remove_reports, report_dir
 from ..ledger.ledger import Lease, LedgerError, ProcessRef, Request, Reservations, Waiting
-from ..ledger.view import host_view
+from . import admission
 from .holding import Holding
 from .learning import Learning
 from .ledger_worker import LedgerWorker
 from .line import Line
 from .parking import Parking
 from .quota_change import QuotaChanges
-from .records import Grant, KernelRecord, QuotaUnavailable, full_message, rule_figures
+from .records import Grant, KernelRecord, QuotaUnavailable
+from .sampler import KernelUsage
+from .services import Services
 from .snapshot import take_snapshot
 
 T = TypeVar("T")
@@ -45,8 +46,6 @@ WAIT_ENDED = ("refused-timeout", "cancelled")  # a kernel that ran while it wait
 
 class QuotaManager:
     """Reserve, keep and release GPU quotas for the kernels this process starts."""
-
-    _current: ClassVar[QuotaManager | None] = None
 
     def __init__(
         self,
@@ -60,56 +59,41 @@ class QuotaManager:
         cards: list[Card] | None = None,
         unwatched_s: float = 0.0,
         cgroups: KernelCgroups | None = None,
-        on_change: Callable[[str | None], None] | None = None,
         parking: ParkRules | None = None,
+        services: Services | None = None,
     ):
         """``broker_socket``: reserve through the host's broker (broker.py) instead of the ledger file;
         ``broker_ca_file``: the CA of its TLS certificate ('tls://' sockets); ``history``: quotas learned from
         earlier runs (history.py); ``cards``: the backend's, when the caller has just listed them; ``unwatched_s``: a
         kernel in line with no client connected for this long leaves it (0: never; see ``watchers``); ``cgroups``: the
-        kernels' cgroups (cgroups.py; None: none, kernels are tracked by their process tree); ``on_change``: told at once of
-        every change a person would notice (a kernel's state, quota or place in line, a kernel listed or gone, an
-        event), with the kernel's id (None: no one kernel's), to say so on the server's event bus (app.Announcer);
-        ``parking``: the rules for parking idle kernels (parking.py; None: the defaults)."""
+        kernels' cgroups (cgroups.py; None: none, kernels are tracked by their process tree); ``parking``: the rules for
+        parking idle kernels (parking.py; None: the defaults); ``services``: how this process starts kernels, where
+        its sampler's readings are, who hears of each change a person would notice (a kernel's state, quota or place
+        in line, a kernel listed or gone, an event) and the watchdog (services.py; None: a program's, with none)."""
         self.policy = policy
         self.backend = backend
         self.log = log or logging.getLogger("jupyter_gpushare")
         self.user = getpass.getuser()
         self.records: dict[str, KernelRecord] = {}
-        self._on_change: Callable[[str | None], None] = on_change or (lambda kernel_id: None)
+        self.services = services or Services()
+        self._on_change: Callable[[str | None], None] = self.services.changes
         self.events: collections.deque[dict] = collections.deque(maxlen=500)
         # Blocking work that is not the ledger's (kernels' reports, their cgroups). Not the loop's default
         # executor: a forked child inherits that one without its threads, and would wait on it forever.
         self._work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpushare-work")
         self.closing = False  # the server is shutting down: no new kernel is admitted
-        # A Jupyter server lists a kernel in line at once and launches its process when it is granted
-        # (``hold_starts`` sets this and the three below); nbclient and papermill wait for the grant before the
-        # kernel starts.
-        self.holds_starts = False
-        # Shut down a kernel whose wait ended without a grant (its session too), as its server does.
-        self.end_kernel: Callable[[str], None] = lambda kernel_id: None
-        # What the card says, where a sampler reads it (``measured_by`` sets this and the two below).
-        self.latest_samples: Callable[[], Sequence[DeviceSample]] = tuple
-        self.kernel_usage: Callable[[str], Any] = lambda kernel_id: None
         self.cards: list[Card] = list_cards(backend) if cards is None else cards
-        self.holding = Holding(cgroups or KernelCgroups(enabled=False), backend, self.cards, self.blocking, self.event)
+        self.holding = Holding(
+            cgroups or KernelCgroups(enabled=False), backend, self.cards, self.blocking, self.event,
+            self.services.watchdog,
+        )  # fmt: skip
         self.ledger = LedgerWorker(ledger_path, broker_socket, broker_ca_file, self.log, self._reclaimed)
-        self.line = Line(self, self.ledger, policy.queue_timeout_s, unwatched_s, self.log)  # its kernels in line
+        self.line = Line(self, self.ledger, self.services.starts, policy.queue_timeout_s, unwatched_s, self.log)
         self.learning = Learning(
             history or HistoryRules(), policy, self.ledger, self.user, self.blocking, self.log, self.event
         )
         self.parking = Parking(self, checkpointer_for(backend), parking or ParkRules(), self.blocking)
         self.quotas = QuotaChanges(self)
-
-    # -- process-wide instance -------------------------------------------------------------
-
-    @classmethod
-    def current(cls) -> QuotaManager | None:
-        return cls._current
-
-    @classmethod
-    def install(cls, manager: QuotaManager | None) -> None:
-        cls._current = manager
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Blocking work that is not the ledger's (kernels' reports, their cgroups), off the IOLoop."""
@@ -121,26 +105,23 @@ class QuotaManager:
                 "reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone."
             )
 
-    def measured_by(
-        self, latest_samples: Callable[[], Sequence[DeviceSample]], kernel_usage: Callable[[str], Any], watchdog: str
-    ) -> None:
-        """A Jupyter server's readings of the card (app.py): ``latest_samples``, the driver's last per-process
-        reading, for what processes that hold no reservation use; ``kernel_usage``, a kernel's last reading
-        (sampler.KernelUsage), whose peak is recorded when it stops; ``watchdog``, the over-quota action its
-        enforcer applies (shown with each kernel)."""
-        self.latest_samples, self.kernel_usage, self.holding.watchdog = latest_samples, kernel_usage, watchdog
+    def latest_samples(self) -> Sequence[DeviceSample]:
+        """The driver's last per-process reading, for what processes that hold no reservation use (none outside a
+        server: no sampler reads the card there)."""
+        return self.services.readings.latest_samples()
 
-    def hold_starts(
-        self,
-        watchers: Callable[[str], int | None],
-        may_grant: Callable[[str], bool],
-        end_kernel: Callable[[str], None],
-    ) -> None:
-        """A Jupyter server's way of starting kernels (app.py): a kernel in line is listed at once and launched when
-        granted; ``watchers`` says how many clients a kernel has, ``may_grant`` whether one still wants it, and
-        ``end_kernel`` shuts down (with its session) a kernel whose wait ended without a grant."""
-        self.holds_starts, self.end_kernel = True, end_kernel
-        self.line.watchers, self.line.may_grant = watchers, may_grant
+    def kernel_usage(self, kernel_id: str) -> KernelUsage | None:
+        """A kernel's last reading (sampler.KernelUsage), whose peak is recorded when it stops."""
+        return self.services.readings.kernel_usage(kernel_id)
+
+    @property
+    def holds_starts(self) -> bool:
+        """A Jupyter server's way of starting kernels: a kernel in line is listed at once, launched when granted."""
+        return self.services.starts.holds
+
+    def end_kernel(self, kernel_id: str) -> None:
+        """Shut down a kernel whose wait ended without a grant (its session too), as its server does."""
+        self.services.starts.end_kernel(kernel_id)
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -195,71 +176,60 @@ class QuotaManager:
         start; a kernel that was restarting then stays listed as 'failed', with that reason.
         """
         rec = self.record(kernel_id, kernel_name, language)
-        restarting = rec.state not in ("starting", "queued")  # a new record starts so; a restart's record ran before
-        rec.quota_source = "kernelspec" if requested is not None else "default"
-        if rec.pending_quota is not None:
-            requested, rec.pending_quota, rec.quota_source = rec.pending_quota, None, "requested"
-        quota = self.policy.quota_for(kernel_name, language, requested)
-        if quota is None:
+        ask = admission.StartRequest(
+            kernel_name, language, requested, rec.pending_quota,
+            restarting=rec.state not in ("starting", "queued"),  # a new record starts so; a restart's ran before
+        )  # fmt: skip
+        rec.pending_quota = None  # applied now, as it is
+        cards = self._cards_now()
+        planned = admission.plan(ask, cards, self.policy)
+        rec.quota_source = planned.source
+        if planned.quota is None:
             self.line.leave(kernel_id, "it reserves no GPU memory now")
-            return self.settle(
-                rec,
-                Grant(
-                    "none",
-                    reason=f"Kernels of {kernel_name or language!r} reserve no GPU memory here, so they see no GPU.",
-                ),
-            )
-        rec.quota = quota
-        if self.closing:
-            raise self.refuse(
-                kernel_id,
-                "The Jupyter server is shutting down; start the kernel again once it is back.",
-                code="refused-closing",
-            )
-        if not self.cards:
-            return self.settle(rec, Grant("cpu", reason=f"No GPU: {self.backend.reason}"), "no-gpu-none")
-        try:
-            check_required(self.holding.level(), self.policy.required_level, self.holding.missing())
-        except PolicyError as e:
-            raise self.refuse(kernel_id, str(e), keep=restarting, **rule_figures(e)) from e
+        else:
+            rec.quota = planned.quota
+        if planned.outcome is not None:
+            return self._carry_out(rec, planned.outcome)
+        assert planned.quota is not None  # (none: decided above, without a GPU)
         if not await self.ledger.available():
-            return self.settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {self.ledger.error}"))
-        quota, learned_from = await self.learning.at_start(rec, quota, self._views({}))
+            return self._carry_out(rec, admission.no_ledger(self.ledger.error))
+        quota, learned_from = await self.learning.at_start(rec, planned.quota, cards.views())
         if learned_from:
             self.event("learned", kernel_id, f"Quota {quota} learned from earlier runs ({learned_from}).")
-        try:
-            self.policy.check_quota(quota, self._views({}))
-        except PolicyError as e:
-            raise self.refuse(kernel_id, str(e), status=400, keep=restarting, **rule_figures(e)) from e
+        refused = admission.check(quota, ask, cards, self.policy)
+        if refused is not None:
+            return self._carry_out(rec, refused)
         request = Request(kernel_id, quota, self.user, kernel_name)
         wait = self.line.waiting(kernel_id)
         if wait is not None and wait.request == request and wait.ending is None:
             return Grant("queued") if hold else await self.line.granted(kernel_id)  # still in line: keep its place
-        queue = self.policy.on_full == "queue"
+        got: Lease | Waiting | LedgerError | PolicyError
         try:
+            queue = self.policy.on_full == "queue"
             got = await self.ledger.run(self.ledger.must, lambda ledger: self.reserve(ledger, request, queue))
-        except LedgerError as e:  # the broker is down, the disk is full: start without a GPU, say why
-            return self.settle(rec, Grant("cpu", reason=f"No GPU reservation could be made: {e}"))
-        except PolicyError as e:  # a per-user limit the broker enforces, or too many kernels in line
-            raise self.refuse(kernel_id, str(e), status=400, keep=restarting, **rule_figures(e)) from e
-        if isinstance(got, Lease):
-            self.line.leave(kernel_id, "it was admitted")
-            return self.settle(rec, Grant("gpu", lease=got, card=self.card(got.card_uuid)))
-        if queue:
-            self.line.join(rec, request, got)
+        except (LedgerError, PolicyError) as e:  # the broker down, a full disk; a per-user limit the broker enforces
+            got = e
+        outcome = admission.answer(got, quota, ask, cards, self.policy)
+        if isinstance(outcome, admission.Queue):
+            self.line.join(rec, request, outcome.waiting)
             return Grant("queued") if hold else await self.line.granted(kernel_id)
-        message = full_message(quota, got, self.policy.context_reserve_mib, waited=None)
-        if self.policy.on_full == "cpu":
-            return self.settle(
-                rec,
-                Grant("cpu", reason=message + " This kernel was started without a GPU."),
-                "no-gpu-full",
-                need_mib=got.need_mib,
-                free_mib=got.free_mib,
-            )
-        raise self.refuse(
-            kernel_id, message, keep=restarting, code="refused-no-room", need_mib=got.need_mib, free_mib=got.free_mib
-        )
+        return self._carry_out(rec, outcome)
+
+    def _cards_now(self) -> admission.Cards:
+        """What admission judges a start against: the cards, and how this server holds kernels now."""
+        missing = self.holding.missing()
+        return admission.Cards(tuple(self.cards), self.backend.reason, self.holding.level(), missing, self.closing)
+
+    def _carry_out(self, rec: KernelRecord, outcome: admission.Start | admission.Refusal) -> Grant:
+        """What admission decided for a start: its grant (settled), or its refusal (raised)."""
+        if isinstance(outcome, admission.Refusal):
+            raise self.refuse(
+                rec.kernel_id, outcome.message, status=outcome.status, keep=outcome.keep, code=outcome.code,
+                **outcome.figures,
+            ) from outcome.cause  # fmt: skip
+        if outcome.grant.mode == "gpu":
+            self.line.leave(rec.kernel_id, "it was admitted")
+        return self.settle(rec, outcome.grant, outcome.why, **outcome.figures)
 
     def keeps(self, rec: KernelRecord | None) -> bool:
         """Whether a refused kernel stays listed as 'failed' (a restart of a kernel nbclient holds); a kernel a
@@ -428,10 +398,6 @@ class QuotaManager:
 
     # -- views for the API ------------------------------------------------------------------------
 
-    async def host_view(self) -> dict[str, Any] | None:
-        """Every reservation on the host as this user may see it (broker.view_for); None without a ledger."""
-        return await self.ledger.on(lambda ledger: host_view(ledger, self.user, self.cards, self.policy))
-
     async def snapshot(self) -> dict[str, Any]:
         """Cards with their reservations, this process's kernels, and the host-wide queue (snapshot.py)."""
         return await take_snapshot(self)
@@ -442,7 +408,22 @@ class QuotaManager:
         self._work.shutdown(wait=False)
 
 
+# The manager this process's provisioners use. jupyter_client makes each provisioner itself, from an entry point,
+# and hands it nothing of ours, so this is where a provisioner finds it: a server's (set as the extension starts),
+# or a program's own (set by its first kernel's provisioner). Nothing else reads it.
+_this_process: QuotaManager | None = None
 _inherited: list[QuotaManager] = []  # a forked child's copies of its parent's managers: kept, never used
+
+
+def process_manager() -> QuotaManager | None:
+    """The manager this process's provisioners use (None: none yet)."""
+    return _this_process
+
+
+def use_in_process(manager: QuotaManager | None) -> None:
+    """Make ``manager`` the one this process's provisioners use (None: none; the next kernel's builds one)."""
+    global _this_process
+    _this_process = manager
 
 
 def _forget_the_parents_manager() -> None:
@@ -450,9 +431,10 @@ def _forget_the_parents_manager() -> None:
     parent's manager came along without its ledger thread, and with the parent's SQLite connection, which must
     never be used across a fork. The child builds its own on first use (GpuShareProvisioner._manager). The copy
     is kept referenced, so that no finalizer closes the parent's connection (and checkpoints its WAL) from here."""
-    if QuotaManager._current is not None:
-        _inherited.append(QuotaManager._current)
-        QuotaManager._current = None
+    global _this_process
+    if _this_process is not None:
+        _inherited.append(_this_process)
+        _this_process = None
         _fresh_event_loop()
 
 
@@ -478,10 +460,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def build_manager(
-    settings: GpuShareApp, log: logging.Logger | None = None, on_change: Callable[[str | None], None] | None = None
+    settings: GpuShareApp, log: logging.Logger | None = None, services: Services | None = None
 ) -> QuotaManager:
     """A QuotaManager from the admin's settings, after they are checked as a whole against this host's cards
-    (PolicyError names the settings and the fix)."""
+    (PolicyError names the settings and the fix), working with ``services`` (None: a program's)."""
     policy = settings.build_policy()
     backend = open_backend(settings.gpu_backend, settings.simulated_cards)
     if isinstance(backend, SimulatedBackend):  # kernels may say what they "use" of it (gpushare_simulate)
@@ -499,6 +481,6 @@ def build_manager(
         cards=cards,
         unwatched_s=settings.queue_unwatched_timeout,
         cgroups=KernelCgroups(enabled=settings.kernel_cgroups == "auto"),
-        on_change=on_change,
         parking=settings.build_park(),
+        services=services,
     )

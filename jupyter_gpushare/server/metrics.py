@@ -1,7 +1,7 @@
-"""Prometheus metrics on the server's /metrics, read from the sampler's snapshot at scrape time.
+"""Prometheus metrics on the server's /metrics, read from the server's snapshot (snapshot.py) at scrape time.
 
 jupyter_server serves prometheus_client's default registry at /metrics. One collector is
-registered per process; it reads whichever sampler is current, so label sets exist only for the
+registered per process; it reads whichever server's snapshots are current, so label sets exist only for the
 cards and kernels of the latest snapshot (a kernel that is gone has no series any more).
 Sizes are in bytes and utilisation is a 0-1 ratio, as Prometheus naming asks.
 """
@@ -9,7 +9,7 @@ Sizes are in bytes and utilisation is a 0-1 ratio, as Prometheus naming asks.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client.core import REGISTRY, GaugeMetricFamily
@@ -28,14 +28,14 @@ class GpuShareCollector(Collector):
     """Turns the current snapshot into gauges; holds no figures of its own."""
 
     def __init__(self) -> None:
-        self.sampler: Any = None
-        self.enforcer: Any = None
+        self.snapshots: Any = None  # snapshot.Snapshots
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        sampler = self.sampler
-        if sampler is None:
+        snapshots = self.snapshots
+        if snapshots is None:
             return
-        snap = sampler.snapshot
+        server = snapshots.current
+        snap = server.usage
         card_labels = ["card", "uuid"]
         g = {
             "total": _gauge("card_memory_total_bytes", "GPU memory of the card", card_labels),
@@ -50,7 +50,7 @@ class GpuShareCollector(Collector):
             "free": _gauge("card_memory_free_bytes", "Free GPU memory (NVML)", card_labels),
             "util": _gauge("card_utilization_ratio", "GPU utilisation, 0-1", card_labels),
         }
-        reserved = {c["uuid"]: c.get("reserved_mib") for c in snap.quota.get("cards", [])}
+        reserved = {c["uuid"]: c.get("reserved_mib") for c in server.reservations.get("cards", [])}
         for uuid, c in snap.cards.items():
             labels = [str(c.index), uuid]
             for key, value in (
@@ -83,10 +83,9 @@ class GpuShareCollector(Collector):
                 "kernel_idle", "1 when the kernel holds a reservation and has been idle past the idle timeout", klabels
             ),
         }
-        states = dict(self.enforcer.states) if self.enforcer is not None else {}
-        quota = {kernel["kernel_id"]: kernel for kernel in snap.quota.get("kernels", [])}
+        states = server.judged
         for kid, usage in snap.kernels.items():
-            kernel = quota.get(kid, {})
+            kernel = server.kernel(kid) or {}
             labels = [kid, str(kernel["card"]["index"]) if kernel.get("card") else ""]
             for key, value in (
                 ("used", usage.used_mib),
@@ -108,45 +107,44 @@ class GpuShareCollector(Collector):
         a = _gauge("gpu_measured", "1 when GPU use is being measured, 0 when not (no GPU, NVML error)", [])
         a.add_metric([], 0.0 if snap.error else 1.0)
         yield a
-        parking = getattr(getattr(self.enforcer, "manager", None), "parking", None)
-        if parking is not None:
-            yield from _parking_gauges(parking)
+        if server.parking:
+            yield from _parking_gauges(server.parking, server.moves_s)
 
 
-def _parking_gauges(parking: Any) -> Iterator[GaugeMetricFamily]:
-    """Parked kernels (parking.py): how many, the host memory their GPU state takes, the last moves' seconds and
-    the reservations given back."""
+def _parking_gauges(parking: Mapping[str, Any], moves_s: Mapping[str, float]) -> Iterator[GaugeMetricFamily]:
+    """Parked kernels (Parking.view()): how many, the host memory their GPU state takes, the last moves' seconds
+    and the reservations given back."""
     figures = (
-        ("parked_kernels", "Kernels parked now (their GPU state in host memory)", len(parking.parked())),
-        ("parked_memory_bytes", "Host memory the parked kernels' GPU state takes", parking.parked_mib() * MIB),
+        ("parked_kernels", "Kernels parked now (their GPU state in host memory)", parking["parked_kernels"]),
+        ("parked_memory_bytes", "Host memory the parked kernels' GPU state takes", parking["parked_mib"] * MIB),
         ("parked_given_back_gib_hours", "Reservations given back to the line by parking, in GiB-hours",
-         parking.given_back_gib_h()),
+         parking["given_back_gib_h"]),
     )  # fmt: skip
     for name, doc, value in figures:
         g = _gauge(name, doc, [])
         g.add_metric([], value)
         yield g
     for move in ("park", "resume"):
-        last = parking.seconds[move][-1:] or [None]
-        if last[0] is not None:
+        last = moves_s.get(move)
+        if last is not None:
             g = _gauge(f"{move}_seconds", f"Seconds the last {move} took", [])
-            g.add_metric([], last[0])
+            g.add_metric([], last)
             yield g
 
 
-def install(sampler: Any, enforcer: Any = None) -> GpuShareCollector:
-    """Point the process-wide collector at this server's sampler (registering it once)."""
+def install(snapshots: Any) -> GpuShareCollector:
+    """Point the process-wide collector at this server's snapshots (registering it once)."""
     global _collector
     with _lock:
         if _collector is None:
             _collector = GpuShareCollector()
             REGISTRY.register(_collector)
-        _collector.sampler, _collector.enforcer = sampler, enforcer
+        _collector.snapshots = snapshots
         return _collector
 
 
-def uninstall(sampler: Any) -> None:
-    """Stop reporting this sampler (the collector stays registered and reports nothing)."""
+def uninstall(snapshots: Any) -> None:
+    """Stop reporting these snapshots (the collector stays registered and reports nothing)."""
     with _lock:
-        if _collector is not None and _collector.sampler is sampler:
-            _collector.sampler = _collector.enforcer = None
+        if _collector is not None and _collector.snapshots is snapshots:
+            _collector.snapshots = None

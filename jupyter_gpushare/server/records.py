@@ -72,6 +72,22 @@ class Grant:
     reason: str | None = None
 
 
+class Changes:
+    """Who hears of each change of the kernels' registry that a person would notice (a kernel's state, quota or
+    place in line, a kernel listed or gone, an event, a judgment of the enforcer): the server's snapshot and its
+    announcer listen. Called with the kernel's id (None: no one kernel's), from whichever thread made the change."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[str | None], None]] = []
+
+    def listen(self, listener: Callable[[str | None], None]) -> None:
+        self._listeners.append(listener)
+
+    def __call__(self, kernel_id: str | None) -> None:
+        for listener in self._listeners:
+            listener(kernel_id)
+
+
 @dataclass(frozen=True)
 class Parked:
     """A parked kernel: where its GPU state was (it comes back on that card), what it held, since when."""

@@ -1,9 +1,10 @@
-"""Background sampling of GPU use into a cached, immutable snapshot.
+"""Background sampling of GPU use into a cached, immutable reading.
 
 One thread per server reads every card (memory, utilisation, processes) through the GPU backend,
 maps GPU processes to this server's kernels through each kernel's process tree, and swaps in a new
-``UsageSnapshot``. Request handlers, the metrics collector and the enforcer only read it: nothing
-of NVML or psutil runs on the Tornado IOLoop.
+``UsageSnapshot``, which it hands to the IOLoop at each tick (the enforcer, then the server's snapshot,
+snapshot.py, which the handlers and the metrics read): nothing of NVML or psutil runs on the Tornado IOLoop.
+It measures only: the ledger and the kernels' reports are read with the server's snapshot.
 
 Attribution walks up from each GPU process (there are few) to a kernel's root process, instead of
 down from every kernel (a full /proc scan per kernel). Processes are known by (pid, create_time),
@@ -15,7 +16,6 @@ re-parented to init, a process that has exited) counts as "other" in the card to
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import threading
 import time
@@ -30,7 +30,7 @@ from ..host.gpu import DeviceSample, GpuUnavailable
 from ..host.procs import ProcessTrees
 
 HISTORY_EVERY_S, HISTORY_POINTS = 5.0, 72  # a kernel's use over the last 6 minutes, for the sidebar's timeline
-QUOTA_REFRESH_S = 5.0  # the manager's snapshot (ledger, framework reports) is re-read at least this often
+READING_KEPT_S = 5.0  # a reading older than this (or five sampler intervals) says nothing of the card now
 EMPTY: Mapping = MappingProxyType({})
 
 
@@ -97,7 +97,7 @@ class CardUsage:
 
 @dataclass(frozen=True)
 class UsageSnapshot:
-    """One sampler tick: everything handlers, metrics and the enforcer read. Never mutated."""
+    """One sampler tick: what the cards and the kernels' processes use. Never mutated."""
 
     time: float = 0.0
     tick_ms: float = 0.0
@@ -105,10 +105,6 @@ class UsageSnapshot:
     error: str | None = "not sampled yet"
     cards: Mapping[str, CardUsage] = field(default_factory=lambda: EMPTY)  # by card uuid
     kernels: Mapping[str, KernelUsage] = field(default_factory=lambda: EMPTY)  # by kernel id
-    quota: Mapping[str, Any] = field(
-        default_factory=lambda: EMPTY
-    )  # QuotaManager.snapshot() of the same tick (reservations, frameworks)
-    frameworks: Mapping[str, Any] = field(default_factory=lambda: EMPTY)  # kernel id -> frameworks, from ``quota``
     seq: int = 0
     samples: tuple[DeviceSample, ...] = ()  # the driver's reading itself (per-process figures), for admission
 
@@ -122,14 +118,32 @@ class UsageSnapshot:
         }
 
 
+class Readings:
+    """The cards as this process's sampler last read them (none yet: an empty reading), where the sampler publishes
+    each reading and the manager reads it (services.Services)."""
+
+    def __init__(self) -> None:
+        self.usage = UsageSnapshot()
+
+    def publish(self, usage: UsageSnapshot) -> None:
+        """A new reading (the sampler's thread)."""
+        self.usage = usage
+
+    def latest_samples(self) -> tuple[DeviceSample, ...]:
+        """The driver's last per-process reading, if no older than a few intervals (else none: nothing is known)."""
+        usage = self.usage
+        return usage.samples if time.time() - usage.time <= max(READING_KEPT_S, 5 * usage.interval_s) else ()
+
+    def kernel_usage(self, kernel_id: str) -> KernelUsage | None:
+        """A kernel's last reading (None: not measured)."""
+        return self.usage.kernels.get(kernel_id)
+
+
 class Sampler:
-    """One background thread per server that keeps ``snapshot`` fresh.
+    """One background thread per server that keeps ``snapshot`` fresh, published into ``readings``.
 
     ``tick()`` can also be called directly (tests, benchmarks). ``on_sample`` is called on the
-    IOLoop with each new snapshot (the enforcer); the manager's own snapshot (ledger reservations,
-    framework reports) is refreshed on the IOLoop's side too when the set of kernels changes and at
-    least every QUOTA_REFRESH_S, and cached with the usage figures (reading 200 kernels' framework
-    reports takes ~15 ms of the ledger thread, too much for every tick).
+    IOLoop with each new snapshot (the enforcer, then the server's snapshot).
     """
 
     def __init__(
@@ -139,29 +153,34 @@ class Sampler:
         loop: asyncio.AbstractEventLoop | None = None,
         on_sample: Callable[[UsageSnapshot], None] | None = None,
         log: logging.Logger | None = None,
+        readings: Readings | None = None,
     ) -> None:
+        """``manager``: whose kernels and cards are read (QuotaManager); ``readings``: where each reading is
+        published (the manager's, services.Services; None: a place of the sampler's own)."""
         self.manager = manager
         self.interval_s = max(MIN_INTERVAL_S, float(interval_s))
         self.loop = loop
         self.on_sample = on_sample
         self.log = log or logging.getLogger("jupyter_gpushare")
-        self.snapshot = UsageSnapshot(interval_s=self.interval_s)
+        self.readings = readings or Readings()
+        self.readings.publish(UsageSnapshot(interval_s=self.interval_s))
         self._trees = ProcessTrees()
         self._peaks: dict[str, tuple[int | None, int]] = {}  # kernel id -> (pid, peak MiB)
         self._history: dict[str, tuple[int | None, tuple[tuple[float, int], ...]]] = {}  # kernel id -> (pid, points)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._pending: Any = None
         self._last_error: str | None = None
         self._seq = 0
-        self._quota_ids: frozenset[str] = frozenset()
-        self._quota_at = 0.0
         self._hurried = False
+
+    @property
+    def snapshot(self) -> UsageSnapshot:
+        """The last reading."""
+        return self.readings.usage
 
     def latest_samples(self) -> tuple[DeviceSample, ...]:
         """The driver's last reading, if no older than a few intervals (else none: nothing is known)."""
-        snap = self.snapshot
-        return snap.samples if time.time() - snap.time <= max(5.0, 5 * self.interval_s) else ()
+        return self.readings.latest_samples()
 
     # -- thread ------------------------------------------------------------------------------
 
@@ -173,9 +192,6 @@ class Sampler:
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the thread (safe to call from the IOLoop: it never waits on the loop)."""
         self._stop.set()
-        pending = self._pending
-        if pending is not None and not pending.cancel():  # already on the loop: stop waiting for it
-            _settle(pending, exception=concurrent.futures.CancelledError())
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self._thread = None
@@ -260,13 +276,6 @@ class Sampler:
         cards = {s.card.uuid: _card_usage(s, owners, per_kernel) for s in samples}
         measured = any("processes" not in s.errors and not s.lost for s in samples)
         kernels = self._kernel_usage(targets, per_kernel, measured)
-
-        ids = frozenset(kid for kid, _, _ in targets)
-        quota = None
-        if ids != self._quota_ids or time.monotonic() - self._quota_at >= QUOTA_REFRESH_S:
-            quota = self._refresh_quota()
-            if quota is not None:
-                self._quota_ids, self._quota_at = ids, time.monotonic()
         tick_ms = (time.perf_counter() - t0) * 1000
         self._seq += 1
         snap = UsageSnapshot(
@@ -276,69 +285,16 @@ class Sampler:
             error=error,
             cards=MappingProxyType(cards),
             kernels=MappingProxyType(kernels),
-            quota=MappingProxyType(quota) if quota is not None else self.snapshot.quota,
-            frameworks=MappingProxyType({k["kernel_id"]: k.get("frameworks") for k in quota["kernels"]})
-            if quota is not None
-            else self.snapshot.frameworks,
             seq=self._seq,
             samples=tuple(samples),
         )
-        self.snapshot = snap
+        self.readings.publish(snap)
         if self.on_sample is not None and self.loop is not None and not self._stop.is_set():
             try:
                 self.loop.call_soon_threadsafe(self.on_sample, snap)
             except RuntimeError:  # the loop is closed: the server is going away
                 pass
         return snap
-
-    def _refresh_quota(self) -> dict | None:
-        """The manager's snapshot (ledger reservations, framework reports), run on the IOLoop."""
-        if self.loop is None or self._stop.is_set():
-            return None
-        try:
-            if asyncio.get_running_loop() is self.loop:
-                return None  # tick() called on the loop itself (tests, benchmarks): it cannot wait for the loop
-        except RuntimeError:
-            pass
-        # The coroutine is made on the loop, when the loop gets to it: one made here would be left
-        # never awaited (and warned about) if the loop stops first.
-        pending: concurrent.futures.Future[dict | None] = concurrent.futures.Future()
-        self._pending = pending
-        try:
-            self.loop.call_soon_threadsafe(self._snapshot_on_loop, pending)
-        except RuntimeError:  # the loop closed between the check and now
-            return None
-        try:
-            return pending.result(timeout=max(2.0, 2 * self.interval_s))
-        except Exception as e:  # cancelled at stop, loop closed, ledger error: keep the last one
-            if not self._stop.is_set():
-                self.log.debug("jupyter-gpushare: quota snapshot not refreshed: %r", e)
-            return None
-        finally:
-            self._pending = None
-
-    def _snapshot_on_loop(self, pending: concurrent.futures.Future) -> None:
-        if not pending.set_running_or_notify_cancel():
-            return  # stopped before the loop got here
-
-        def done(task: asyncio.Task) -> None:
-            if task.cancelled():
-                _settle(pending, exception=concurrent.futures.CancelledError())
-            else:
-                _settle(pending, task.exception(), None if task.exception() else task.result())
-
-        asyncio.ensure_future(self.manager.snapshot()).add_done_callback(done)  # on the loop
-
-
-def _settle(future: concurrent.futures.Future, exception: BaseException | None = None, result: Any = None) -> None:
-    """Finish ``future`` unless it is finished already (stop() and the loop may race to it)."""
-    try:
-        if exception is not None:
-            future.set_exception(exception)
-        else:
-            future.set_result(result)
-    except concurrent.futures.InvalidStateError:
-        pass
 
 
 def _card_usage(s: DeviceSample, owners: Mapping[int, str], per_kernel: dict[str, list[ProcessUse]]) -> CardUsage:

@@ -11,18 +11,18 @@ from ..core.policy import Policy, Size
 from ..host.gpu import Card
 from ..ledger.ledger import Lease, Waiter
 from ..ledger.view import card_row
-from .records import KernelRecord
 from .sampler import UsageSnapshot
 
 # -- the REST API's kernels and cards, with the sampler's measurement -----------------------------------
 
 
-def kernel_view(rec: dict[str, Any], snap: UsageSnapshot, policy_state: str | None = None) -> dict[str, Any]:
-    """A kernel record (``KernelRecord.to_dict()``) with the measured use and the policy state."""
+def kernel_view(rec: Mapping[str, Any], snap: UsageSnapshot, policy_state: str | None = None) -> dict[str, Any]:
+    """A kernel record (``KernelRecord.to_dict()``, with its ``frameworks`` where its reports were read, as
+    ``server_view`` gives it) with the measured use and the policy state."""
     usage = snap.kernels.get(rec["kernel_id"])
     view = {
         **rec,
-        "frameworks": snap.frameworks.get(rec["kernel_id"]),
+        "frameworks": rec.get("frameworks"),
         "used_mib": usage.used_mib if usage else None,
         "peak_mib": usage.peak_mib if usage else None,
         "utilization": usage.utilization if usage else None,
@@ -34,7 +34,7 @@ def kernel_view(rec: dict[str, Any], snap: UsageSnapshot, policy_state: str | No
     return view
 
 
-def card_view(card: dict[str, Any], snap: UsageSnapshot) -> dict[str, Any]:
+def card_view(card: Mapping[str, Any], snap: UsageSnapshot) -> dict[str, Any]:
     """A card of QuotaManager.snapshot() with the measured use (null figures when not measured)."""
     usage = snap.cards.get(card["uuid"])
     if usage is None:
@@ -72,13 +72,13 @@ def server_view(
     leases: Sequence[Lease],
     waiters: Sequence[Waiter],
     outside: Mapping[str, int] | None,
-    records: Sequence[KernelRecord],
+    records: Sequence[Mapping[str, Any]],
     reports: Mapping[str, Any],
 ) -> dict[str, Any]:
     """A server's cards (with what every lease it may see reserves on them, and what processes without a lease
-    use), its own kernels (``records``, with their frameworks' reports), and the host's line, in which only its
-    own kernels are named."""
-    mine = {r.kernel_id for r in records}
+    use), its own kernels (``records``, KernelRecord.to_dict(), with their frameworks' reports), and the host's
+    line, in which only its own kernels are named."""
+    mine = {r["kernel_id"] for r in records}
     rows = []
     for card in cards:
         on_card = [lease for lease in leases if lease.card_uuid == card.uuid]  # (through a broker: others' too)
@@ -101,5 +101,5 @@ def server_view(
             "need_mib": None if quota_mib is None else quota_mib + policy.context_reserve_mib,
             "waited_s": round(time.time() - w.created, 1),
         })  # fmt: skip
-    kernels = [{**r.to_dict(), "frameworks": (reports.get(r.kernel_id) or {}).get("frameworks")} for r in records]
+    kernels = [{**r, "frameworks": (reports.get(r["kernel_id"]) or {}).get("frameworks")} for r in records]
     return {"cards": rows, "kernels": kernels, "queue": queue}

@@ -21,13 +21,13 @@ SCRIPT = textwrap.dedent(
     from jupyter_client.manager import start_new_kernel
 
     def one(_=None):
-        from jupyter_gpushare.server.manager import QuotaManager
+        from jupyter_gpushare.server.manager import process_manager
         t = time.monotonic()
         km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60)
         mode = km.provisioner._grant.mode
         kc.stop_channels()
         km.shutdown_kernel(now=True)
-        return mode, os.getpid(), id(QuotaManager.current()), round(time.monotonic() - t, 2)
+        return mode, os.getpid(), id(process_manager()), round(time.monotonic() - t, 2)
 
     if __name__ == "__main__":
         parent = one()

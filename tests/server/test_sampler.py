@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -192,8 +190,7 @@ def test_memory_of_processes_outside_kernels_is_taken_when_placing(tmp_path, tre
     backend = SimulatedBackend([20480])
     manager = make_manager(backend, tmp_path)
     manager.policy = dataclasses.replace(manager.policy, on_full="cpu")  # say why at once instead of queueing
-    sampler = Sampler(manager)
-    manager.latest_samples = sampler.latest_samples  # as app.py wires them
+    sampler = Sampler(manager, readings=manager.services.readings)  # as app.py makes it
     other = Ledger(tmp_path / "ledger.sqlite", owner=ProcessRef.me())  # another server of this host
     script, other_kernel, gone = (subprocess.Popen(["sleep", "60"]) for _ in range(3))
     gone.kill()
@@ -288,31 +285,3 @@ def test_thread_publishes_snapshots_and_stops(sim):
         time.sleep(0.05)
     sampler.stop()
     assert sampler.snapshot.seq >= 2 and sampler._thread is None
-
-
-def test_quota_snapshot_comes_from_the_loop_and_a_stop_leaves_no_coroutine_behind(sim, recwarn):
-    manager, _ = sim
-    add_kernel(manager, "k1", None)
-    loop = asyncio.new_event_loop()
-    runner = threading.Thread(target=loop.run_forever, daemon=True)
-    runner.start()
-    try:
-        snap = Sampler(manager, loop=loop).tick()  # off the loop: waits for the manager's snapshot on it
-        assert [k["kernel_id"] for k in snap.quota["kernels"]] == ["k1"]
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        runner.join(5)
-    # The loop has stopped: a refresh is scheduled but never run, and stop() ends the wait at once.
-    sampler = Sampler(manager, loop=loop, interval_s=5)
-    waiter = threading.Thread(target=sampler.tick)
-    waiter.start()
-    deadline = time.monotonic() + 5
-    while sampler._pending is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    t0 = time.monotonic()
-    sampler.stop()
-    waiter.join(5)
-    assert not waiter.is_alive() and time.monotonic() - t0 < 2
-    loop.close()
-    gc.collect()
-    assert [w for w in recwarn if "never awaited" in str(w.message)] == []

@@ -269,13 +269,13 @@ async def _new_standin(jp_serverapp, kernel_id: str, old: int) -> bool:
     return kernel.provisioner.pid not in (None, old) and await kernel.is_alive()
 
 
-async def test_the_line_is_served_on_after_a_turn_that_failed(gpushare, jp_serverapp):
+async def test_the_line_is_served_on_after_a_turn_that_failed(gpushare, jp_serverapp, monkeypatch):
     """A turn of the line that raises (seen: jupyter_server's model of a kernel it is still starting has no
     last_activity yet, and reading it raised) must not leave every kernel in line waiting for good."""
     sessions = await full_card(gpushare)
     _, waiting = await gpushare.open_notebook("next.ipynb")
-    manager = jp_serverapp.web_app.settings["gpushare_manager"]
-    watchers, failed = manager.line.watchers, []
+    starts = jp_serverapp.web_app.settings["gpushare_manager"].services.starts  # (app.ServerStarts)
+    watchers, failed = starts.watchers, []
 
     def flaky(kernel_id: str):
         if len(failed) < 3:
@@ -283,7 +283,7 @@ async def test_the_line_is_served_on_after_a_turn_that_failed(gpushare, jp_serve
             raise RuntimeError("a kernel's model is not there yet")
         return watchers(kernel_id)
 
-    manager.line.watchers = flaky
+    monkeypatch.setattr(starts, "watchers", flaky)
     await gpushare.wait_for(lambda: _failed(failed), what="a failed turn")
     await gpushare.close_notebook(sessions[0])
     await gpushare.wait_for(lambda: _state(gpushare, waiting, "running"), timeout=60, what="admitted after it")

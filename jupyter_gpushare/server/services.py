@@ -1,0 +1,80 @@
+"""What a QuotaManager works with besides its settings: made before it, handed to it whole at construction, and
+filled in order, never patched in afterwards.
+
+- ``Readings`` (sampler.py): the cards as this process last read them. The manager reads it (what processes
+  without a reservation use, a kernel's peak when it stops); a server's sampler, which is made after the manager
+  (it needs the manager's kernels), publishes each reading into it. Outside a server nothing does: it stays empty.
+- ``KernelStarts``: how this process starts kernels. A Jupyter server lists a kernel in line at once and launches
+  it when granted (app.ServerStarts: how many clients a kernel has, whether one still wants it, how a kernel whose
+  wait ended is shut down); a program (nbclient, papermill) waits for the grant inside the start, and may say
+  where it stands (``ProgramStarts``, batch.WaitProgress).
+- ``Services``: these, the registry's listeners (``records.Changes``) and the over-quota action of the server's
+  enforcer (``watchdog``, shown with each kernel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from ..ledger.leases import Waiting
+from .records import Changes, KernelRecord
+from .sampler import Readings
+
+
+class KernelStarts(Protocol):
+    """How the process that runs the manager starts kernels (the line asks it; QuotaManager.admit too)."""
+
+    @property
+    def holds(self) -> bool:
+        """A Jupyter server: a kernel in line is listed at once and launched when granted (held.py)."""
+        ...
+
+    def watchers(self, kernel_id: str) -> int | None:
+        """How many clients are connected to a kernel (None: not known here); a kernel in line with none for
+        ``queue_unwatched_timeout`` leaves it."""
+        ...
+
+    def may_grant(self, kernel_id: str) -> bool:
+        """Whether a kernel in line may be granted now: only one that some notebook or client still wants."""
+        ...
+
+    def end_kernel(self, kernel_id: str) -> None:
+        """Shut down a kernel whose wait ended without a grant (its session too), as its server does."""
+        ...
+
+    def on_wait(self, rec: KernelRecord, got: Waiting) -> None:
+        """The ledger's latest answer for a kernel in line."""
+        ...
+
+
+@dataclass(frozen=True)
+class ProgramStarts:
+    """A program's way (nbclient, papermill, ``jupyter execute``): its start waits for the grant; ``progress``
+    hears each answer of the ledger to a kernel in line (batch.WaitProgress says it on stderr)."""
+
+    progress: Callable[[KernelRecord, Waiting], None] | None = None
+    holds: bool = False
+
+    def watchers(self, kernel_id: str) -> int | None:
+        return None
+
+    def may_grant(self, kernel_id: str) -> bool:
+        return True
+
+    def end_kernel(self, kernel_id: str) -> None:
+        """Nothing to do: the program's own start raises, and the program decides."""
+
+    def on_wait(self, rec: KernelRecord, got: Waiting) -> None:
+        if self.progress is not None:
+            self.progress(rec, got)
+
+
+@dataclass(frozen=True)
+class Services:
+    """What a manager works with besides its settings (module docstring); the defaults are a program's."""
+
+    starts: KernelStarts = field(default_factory=ProgramStarts)
+    readings: Readings = field(default_factory=Readings)
+    changes: Changes = field(default_factory=Changes)
+    watchdog: str | None = None  # the over-quota action of this server's enforcer (None: no enforcer)
