@@ -94,7 +94,7 @@ def test_check(case, quota, policy, restarting, expected):
         return
     code, shown = expected
     assert got is not None and (got.code, got.status, got.keep) == (code, 400, restarting)
-    assert shown.items() <= figures(got).items() and figures(got)["quota"] == str(quota)
+    assert shown.items() <= figures(got).items() and figures(got)["quota_mib"] == quota.mib
 
 
 ANSWERS = [

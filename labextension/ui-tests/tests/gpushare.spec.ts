@@ -505,6 +505,13 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await dialog.locator('button', { hasText: 'Join again' }).click();
   await expect(status(page)).toHaveText('GPU #1 in line');
   await expect(banner(page)).toContainText('gives up at');
+  // nb1's kernel goes (as the rest of this day had it): its session is shut down, and the notebook has no kernel
+  for (const s of await (await page.request.get('/api/sessions')).json()) {
+    if (s.path === 'nb1.ipynb') {
+      await page.request.delete(`/api/sessions/${s.id}`);
+    }
+  }
+  await expect(banner(page)).toBeHidden();
 
   // Dark theme: screenshot and contrast.
   await changeTheme(page, 'JupyterLab Dark');
@@ -639,9 +646,19 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await expect(renamed.locator('.jp-gpushare-kernel-oom')).toHaveCount(0, {
     timeout: 30000
   });
-  const after = await (await page.request.get('/api/gpushare/state')).json();
-  const restarted = after.kernels.find((k: any) => k.path === 'renamed.ipynb');
-  expect([restarted.quota_mib, restarted.oom ?? null]).toEqual([3072, null]);
+  // (the badge goes at the request; the restart that applies the quota follows)
+  await expect
+    .poll(
+      async () => {
+        const after = await (
+          await page.request.get('/api/gpushare/state')
+        ).json();
+        const k = after.kernels.find((k: any) => k.path === 'renamed.ipynb');
+        return [k?.quota_mib, k?.oom ?? null];
+      },
+      { timeout: 30000 }
+    )
+    .toEqual([3072, null]);
   expect(errors).toEqual([]);
 });
 
