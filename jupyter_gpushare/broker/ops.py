@@ -257,16 +257,18 @@ class Operations:
         other users' runs only within the caller's hourly budget of notebooks (history.OthersBudget)."""
         assert self._ledger is not None
         got = self._ledger.learned_peak(caller.user, args.kernel_name, args.path, self.history)
-        if got is None:
-            return None
-        if got.source != "own" and not self._taught.allow(caller.user, (args.kernel_name, args.path), time.monotonic()):
+        if got is not None and got.source == "own":
+            return got.for_caller().to_json()
+        # Any question that others' runs could answer counts against the budget, answered or not: a miss tells
+        # that no one ran a notebook there, so guessing paths costs the same whether a guess hits
+        if not self._taught.allow(caller.user, (args.kernel_name, args.path), time.monotonic()):
             self.log.warning(
-                "jupyter-gpushare broker: %s asked about more than %d notebooks learned from other users' runs "
-                "in an hour; %r is answered from their own runs only",
+                "jupyter-gpushare broker: %s asked about more than %d notebooks not their own in an hour; %r is "
+                "answered from their own runs only",
                 caller.user, self._taught.per_hour, args.path,
             )  # fmt: skip
             return None
-        return got.for_caller().to_json()
+        return got.for_caller().to_json() if got is not None else None
 
     def _op_release_owned_except(self, caller: Caller, args: KeepArgs) -> list[dict]:
         with self._as_owner(caller) as led:

@@ -148,8 +148,9 @@ class OthersBudget:
     Another user's runs answer for a path the student chooses, so every answer from them says that someone ran a
     notebook there, and about how large it got ("exam/final-solutions.ipynb"). That cannot be closed while a
     teacher's run is to teach the class before any student ran the notebook; it is bounded instead: at most
-    ``per_hour`` distinct notebooks a user, each counted once (asking again about one is free), and beyond that
-    a user learns from their own runs only, until the hour has passed. The answer names no other user and not
+    ``per_hour`` distinct notebooks not the user's own a user may ask about, answered or not (a miss says that no
+    one ran a notebook there), each counted once (asking again about one is free), and beyond that a user learns
+    from their own runs only, until the hour has passed. The answer names no other user and not
     how many ran it (``Learned.for_caller``)."""
 
     def __init__(self, per_hour: int = OTHERS_PER_HOUR, window_s: float = 3600.0) -> None:

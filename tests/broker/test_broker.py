@@ -682,3 +682,23 @@ def test_an_admins_view_of_a_host_with_many_history_rows_is_read_whole(tmp_path)
         assert len(json.dumps(view)) > 64 << 10
     finally:
         broker.stop()
+
+
+def test_guessing_notebook_paths_costs_the_same_whether_a_guess_hits(inproc):
+    """Another user's runs answer for a path the student chooses: each notebook not the student's own counts
+    against the hourly budget, a miss too, so a student cannot probe for a teacher's path for free."""
+    from dataclasses import replace
+
+    broker, who = inproc
+    broker._taught.per_hour = 5
+    broker.history = replace(broker.history, teachers=frozenset({"bob"}))  # bob's runs teach the class
+    assert "lease" in broker.handle(who["bob"], "reserve", {"kernel_id": "t0", "mib": 2048, "kernel_name": "python3"})
+    assert broker.handle(who["bob"], "record_peak", {"kernel_id": "t0", "path": "exam/final.ipynb", "peak_mib": 3072})
+    ask = {"kernel_name": "python3", "path": "exam/final.ipynb"}
+    assert broker.handle(who["admin"], "learned_peak", ask) is not None  # (control: others' runs do answer here)
+    for i in range(5):  # five misses: the budget is spent
+        assert (
+            broker.handle(who["alice"], "learned_peak", {"kernel_name": "python3", "path": f"exam/guess{i}.ipynb"})
+            is None
+        )
+    assert broker.handle(who["alice"], "learned_peak", ask) is None  # the real path, asked once the budget is spent
