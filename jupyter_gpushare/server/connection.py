@@ -21,8 +21,9 @@ from typing import Any
 
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 
-KEPT_MAX = 1000  # messages kept for one waiting websocket; past it the client is told to reconnect later
+KEPT_MAX = 1000  # messages held for one kernel (all its websockets); past it the client is told to reconnect later
 KEPT_MAX_BYTES = 64 << 20
+_held_for: dict[str, list[int]] = {}  # kernel id -> [messages, bytes] its connections hold now
 
 
 def held_start(kernel_manager: Any) -> Any:
@@ -36,11 +37,11 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
 
     _held: Any = None  # the kernel's held start, while this connection waits for it
     _kept: list | None = None  # the client's messages, kept until the kernel runs
-    _kept_bytes = 0
     _handed = False  # connected to the kernel as jupyter_server connects
     _closed = False
     _joining: asyncio.Future | None = None
     _resuming: list | None = None  # the client's messages while its parked kernel comes back
+    _holds = (0, 0)  # what this connection counts in _held_for: messages, bytes
 
     async def prepare(self) -> None:
         held = held_start(self.kernel_manager)
@@ -48,7 +49,7 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
             return await super().prepare()
         await self._register_session()
         self.session.key = self.kernel_manager.session.key
-        self._held, self._kept, self._kept_bytes = held, [], 0
+        self._held, self._kept = held, []
 
     def connect(self) -> asyncio.Future[None] | None:  # type: ignore[override]
         if self._held is None:
@@ -78,28 +79,48 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
         if connected is not None:
             await connected
         kept, self._kept = self._kept, None
+        self._let_go()
         for message in kept or ():
             super().handle_incoming_message(message)
 
     def handle_incoming_message(self, incoming_msg: Any) -> None:
         if self._resuming is not None:  # a parked kernel on its way back: after it, in order
-            self._resuming.append(incoming_msg)
+            if self._hold(incoming_msg):
+                self._resuming.append(incoming_msg)
             return None
         if self._kept is None:
             parking = getattr(getattr(self.kernel_manager, "provisioner", None), "parking", None)
             if parking is not None and _runs_code(incoming_msg):
                 if parking.away(self.kernel_id):
-                    self._resuming = [incoming_msg]  # the kernel is parked: its cell brings it back (parking.py)
-                    asyncio.ensure_future(self._send_after(parking.resume(self.kernel_id)))
+                    if self._hold(incoming_msg):
+                        self._resuming = [incoming_msg]  # the kernel is parked: its cell brings it back (parking.py)
+                        asyncio.ensure_future(self._send_after(parking.resume(self.kernel_id)))
                     return None
                 parking.touch(self.kernel_id)  # a cell on its way: not idle, whatever the last reading said
             return super().handle_incoming_message(incoming_msg)
-        self._kept_bytes += len(incoming_msg)
-        if len(self._kept) >= KEPT_MAX or self._kept_bytes > KEPT_MAX_BYTES:
-            self.log.warning("Kernel %s waits for a GPU: too many messages kept for one client", self.kernel_id)
+        if self._hold(incoming_msg):
+            self._kept.append(incoming_msg)
+
+    def _hold(self, message: Any) -> bool:
+        """Count a message held for the kernel, against one budget for all its websockets; past it the client is
+        told to reconnect once the kernel runs, and the message is not held (False)."""
+        held = _held_for.setdefault(self.kernel_id, [0, 0])
+        if held[0] >= KEPT_MAX or held[1] + len(message) > KEPT_MAX_BYTES:
+            self.log.warning("Kernel %s waits for a GPU: too many messages held for its clients", self.kernel_id)
             self.websocket_handler.close(1013, "The kernel waits for a GPU; reconnect once it runs.")
-            return
-        self._kept.append(incoming_msg)
+            return False
+        held[0], held[1] = held[0] + 1, held[1] + len(message)
+        self._holds = (self._holds[0] + 1, self._holds[1] + len(message))
+        return True
+
+    def _let_go(self) -> None:
+        """This connection's held messages were sent on, or dropped: the kernel's budget gets them back."""
+        held = _held_for.get(self.kernel_id)
+        if held is not None:
+            held[0], held[1] = held[0] - self._holds[0], held[1] - self._holds[1]
+            if held[0] <= 0:
+                del _held_for[self.kernel_id]
+        self._holds = (0, 0)
 
     async def _send_after(self, resumed: asyncio.Future) -> None:
         try:
@@ -107,12 +128,15 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
         except Exception:  # noqa: BLE001 (the move said what went wrong, in an event)
             pass
         held, self._resuming = self._resuming or [], None
+        self._let_go()
         if not self._closed:
             for message in held:
                 super().handle_incoming_message(message)
 
     def disconnect(self) -> None:  # type: ignore[override]  # (synchronous in ZMQChannelsWebsocketConnection)
         kept, self._kept = self._kept, None
+        if kept is not None:
+            self._let_go()  # (held for a resume, they are still sent on: _send_after)
         if kept is None or self._handed:
             if not self._closed:
                 super().disconnect()

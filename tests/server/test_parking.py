@@ -191,3 +191,40 @@ async def test_a_cell_held_for_a_parked_kernel_survives_a_reload_and_runs_at_its
     ws = await kernel_ws(idle, again.session)
     assert await cell_result(ws, idle, send_cell(ws, again, "ran")) == "8"
     ws.close()
+
+
+@pytest.mark.parametrize("gpushare_config", [{"park_after": 3600}], indirect=True)
+async def test_cells_held_for_a_parked_kernel_have_one_budget_for_all_its_websockets(
+    gpushare, jp_fetch, kernel_ws, monkeypatch
+):
+    """A student opens websockets to a parked kernel that waits to come back and sends cells on each: what the
+    server holds for it is bounded once, for the kernel (it was per websocket: 8 × 8 MiB grew the server by
+    465 MiB); past it the client is told to reconnect, and what was held runs at the resume."""
+    from jupyter_gpushare.server import connection
+
+    monkeypatch.setattr(connection, "KEPT_MAX_BYTES", 48 << 10)
+    _, kid = await gpushare.open_notebook("parked.ipynb")
+    await jp_fetch("api", "gpushare", "kernels", kid, "park", method="POST", body="")
+    full = [(await gpushare.open_notebook(f"full{i}.ipynb"))[0] for i in range(2)]  # its room is taken
+    padding = "#" + "x" * (20 << 10)
+    sockets = []
+    for i in range(3):  # three tabs, 20 KiB each: the third passes the kernel's 48 KiB
+        session = Session()
+        ws = await kernel_ws(kid, session.session)
+        send_cell(ws, session, f"tab{i} = {i}  {padding}")
+        sockets.append(ws)
+        if i == 0:
+            await gpushare.wait_for(lambda: _state(gpushare, kid, "queued"), what="the parked kernel to ask back")
+    closed = await asyncio.wait_for(sockets[2].read_message(), 30)
+    while closed is not None:  # (messages before the close)
+        closed = await asyncio.wait_for(sockets[2].read_message(), 30)
+    assert sockets[2].close_code == 1013
+    assert sockets[0].protocol is not None and sockets[1].protocol is not None  # the others stay
+    await gpushare.close_notebook(full[0])
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the resume")
+    session = Session()
+    ws = await kernel_ws(kid, session.session)
+    assert await cell_result(ws, kid, send_cell(ws, session, "tab0 + tab1")) == "1"  # what was held ran
+    ws.close()
+    for w in sockets[:2]:
+        w.close()
