@@ -5,8 +5,9 @@ Owns which kernels are parked, and the two moves. It does not judge idleness (th
 kernel has been idle), nor decide who gets a reservation (the line does, by its rules, for a resume as for a
 start), nor touch a card itself (host/checkpoint.py does, through the driver or its stand-in).
 
-- **Park** a kernel that holds a reservation, has been idle for ``after_s`` (no cell running, 0% GPU) while
-  another kernel waits in line, whose frameworks are all on the allow-list (measured on the GPU:
+- **Park** as many kernels as the line needs, each one that holds a reservation, has been idle for ``after_s``
+  (no cell running, 0% GPU; a cell just sent, or a resume just done, restarts that clock) while another kernel
+  waits in line, whose frameworks are all on the allow-list (measured on the GPU:
   bench/results/check_park-*), and whose state fits the host memory budget: its GPU processes are checkpointed,
   the card is read until it shows them holding nothing, and the reservation is given back. Every view says
   ``parked``. A park that fails leaves the kernel running and is not tried again for that process.
