@@ -221,6 +221,10 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
     /^Waiting for a GPU: #1 in line, needs 3\.5 GiB(; [\d.]+ (MiB|GiB) unreserved now)?; gives up at \d{1,2}:\d\d( [AP]M)?\./
   );
   await expect(status(page)).toHaveText('GPU #1 in line');
+  // JupyterLab's own kernel status: the kernel runs while its GPU waits (it read "Unknown" when the process
+  // started only at the grant)
+  await expect(page.locator('#jp-main-statusbar')).toContainText('| Idle');
+  await expect(page.locator('#jp-main-statusbar')).not.toContainText('Unknown');
   const queued = panel(page).locator(
     '.jp-gpushare-kernel[data-state="queued"]'
   );
