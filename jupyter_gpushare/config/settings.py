@@ -117,9 +117,11 @@ class GpuShareApp(LoggingConfigurable):
         300.0,
         config=True,
         help="Seconds a kernel in line may be passed by later kernels that fit where it does not (a 2 GiB kernel "
-        "is not kept behind a 20 GiB one while 5 GiB are free). Past it, the cards it could use are kept for it "
-        "until it fits, so a large kernel is never starved. Default: 300. 0 = never passed (first come, first "
-        "served on each card).",
+        "is not kept behind a 20 GiB one while 5 GiB are free). Past it, the room it needs on its best card is kept "
+        "for it until it fits, so a large kernel is not starved; kept room holds back no kernel for longer than "
+        "this, and a user's kernel that joins again within queue_timeout of an unserved wait does not age "
+        "(docs/admin-guide.md, the line's rules). Default: 300. 0 = never passed (first come, first served on "
+        "each card).",
     )
     queue_max_per_user = Int(
         10,

@@ -27,9 +27,10 @@ from typing import Callable, TextIO
 
 log = logging.getLogger("jupyter_gpushare.ledger.ledger")
 
-# 2: sessions, and an owner_session column in leases and waiters. The peaks table (history.py) and the waiters'
-# cards column (queue.py) came later without a new version: older releases never read them (an older server's
-# waiter gets the column's default, any card), so servers of both can share a file while a host is upgraded.
+# 2: sessions, and an owner_session column in leases and waiters. The peaks table (history.py), the waiters'
+# cards and ages_from columns and the unserved table (queue.py) came later without a new version: older releases
+# never read them (an older server's waiter gets the columns' defaults: any card, aging from its start), so servers
+# of both can share a file while a host is upgraded.
 SCHEMA_VERSION = 2
 PEAK_COLUMNS = "kernel_id, run, user, kernel_name, path, peak_mib, reserved_mib, recorded, need_mib, failed"
 SETTLE_S = 30.0  # after a re-creation, no new reservations for this long (servers re-enter theirs first)
@@ -62,7 +63,12 @@ CREATE TABLE IF NOT EXISTS waiters (
     owner_session TEXT,
     created      REAL NOT NULL,
     heartbeat    REAL NOT NULL,
-    cards        TEXT NOT NULL DEFAULT ''
+    cards        TEXT NOT NULL DEFAULT '',
+    ages_from    REAL
+);
+CREATE TABLE IF NOT EXISTS unserved (
+    user         TEXT PRIMARY KEY,
+    ended        REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS sessions (
     id           TEXT PRIMARY KEY,
@@ -185,8 +191,11 @@ class LedgerFile:
             db.execute(statement)
         for statement in filter(str.strip, _SCHEMA.split(";")):
             db.execute(statement)
-        if "cards" not in {r[1] for r in db.execute("PRAGMA table_info(waiters)")}:  # a file of an older release
+        columns = {r[1] for r in db.execute("PRAGMA table_info(waiters)")}
+        if "cards" not in columns:  # a file of an older release
             db.execute("ALTER TABLE waiters ADD COLUMN cards TEXT NOT NULL DEFAULT ''")
+        if "ages_from" not in columns:
+            db.execute("ALTER TABLE waiters ADD COLUMN ages_from REAL")
         if "need_mib" not in {r[1] for r in db.execute("PRAGMA table_info(peaks)")}:
             db.execute("ALTER TABLE peaks ADD COLUMN need_mib INTEGER")
             db.execute("ALTER TABLE peaks ADD COLUMN failed INTEGER NOT NULL DEFAULT 0")

@@ -35,7 +35,7 @@ from ..host.procs import Owner, ProcessRef, SessionRef
 from .attribution import unreserved_use
 from .file import PEAK_COLUMNS, LedgerError, LedgerFile, check_ledger
 from .leases import ADOPTED, Lease, Waiter, Waiting
-from .queue import Entry, Request, check_waiting, choose_card
+from .queue import Entry, Request, ages_from, check_waiting, choose_card
 from .rows import (
     held_by,
     lease_of,
@@ -132,6 +132,17 @@ def _exact(quota: Size) -> str:
     if quota.percent is not None:
         return f"{quota.percent:.9f}".rstrip("0").rstrip(".") + "%"
     return f"{quota.mib}MiB"
+
+
+def _end_waits(db: sqlite3.Connection, where: str, args: tuple, now: float) -> None:
+    """Take kernels out of line without a grant (timed out, stopped, shut down, abandoned), and remember when each
+    of their users last left unserved: a re-join within a timeout does not age again (queue.ages_from)."""
+    users = {r[0] for r in db.execute(f"SELECT user FROM waiters WHERE {where}", args)}
+    db.execute(f"DELETE FROM waiters WHERE {where}", args)
+    db.executemany(
+        "INSERT INTO unserved (user, ended) VALUES (?, ?) ON CONFLICT(user) DO UPDATE SET ended=max(ended, excluded.ended)",
+        [(u, now) for u in users],
+    )
 
 
 def _before(line: Sequence[Entry], mine: Entry | None) -> list[Entry]:
@@ -256,7 +267,7 @@ class Ledger:
             mine = next((e for e in line if e.kernel_id == req.kernel_id), None)
             views = self._views(db, cards, outside)
             if mine is not None and wait and now - mine.created >= policy.queue_timeout_s:
-                db.execute("DELETE FROM waiters WHERE kernel_id=?", (req.kernel_id,))
+                _end_waits(db, "kernel_id=?", (req.kernel_id,), now)
                 return self._waiting(req, policy, views, len(_before(line, mine)), expired=True)
             if limits is not None:  # before queueing: a request over a limit never waits
                 held = held_by(db, req.user, req.kernel_id, line, cards)
@@ -273,11 +284,13 @@ class Ledger:
             if card is None:
                 if wait and mine is None:
                     check_waiting(req.user, sum(e.user == req.user for e in line), policy)
+                    db.execute("DELETE FROM unserved WHERE ended < ?", (now - policy.queue_timeout_s,))
+                    unserved = db.execute("SELECT ended FROM unserved WHERE user=?", (req.user,)).fetchone()
                     db.execute(
                         "INSERT INTO waiters (kernel_id, quota, user, kernel_name, owner_pid, owner_start, owner_session,"
-                        " created, heartbeat, cards) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                        " created, heartbeat, cards, ages_from) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                         (req.kernel_id, _exact(req.quota), req.user, req.kernel_name, *owner_columns(self.owner), now,
-                         host_clock(), ",".join(uuids)),
+                         host_clock(), ",".join(uuids), ages_from(now, unserved[0] if unserved else None, policy)),
                     )  # fmt: skip
                 elif wait:
                     db.execute("UPDATE waiters SET heartbeat=? WHERE kernel_id=?", (host_clock(), req.kernel_id))
@@ -335,7 +348,7 @@ class Ledger:
 
     def cancel_wait(self, kernel_id: str) -> None:
         with self._tx() as db:
-            db.execute("DELETE FROM waiters WHERE kernel_id=?", (kernel_id,))
+            _end_waits(db, "kernel_id=?", (kernel_id,), time.time())
 
     def adopt(
         self,
@@ -432,7 +445,7 @@ class Ledger:
         with self._tx() as db:
             row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
             db.execute("DELETE FROM leases WHERE kernel_id=?", (kernel_id,))
-            db.execute("DELETE FROM waiters WHERE kernel_id=?", (kernel_id,))
+            _end_waits(db, "kernel_id=?", (kernel_id,), time.time())
         self._known.pop(kernel_id, None)
         return lease_of(row) if row else None
 
@@ -560,5 +573,5 @@ class Ledger:
             self._known.pop(lease.kernel_id, None)
         for row in db.execute("SELECT * FROM waiters").fetchall():
             if tick - row["heartbeat"] > WAITER_STALE_S or not self._alive(owner_of(row), sessions):
-                db.execute("DELETE FROM waiters WHERE ticket=?", (row["ticket"],))
+                _end_waits(db, "ticket=?", (row["ticket"],), now)
         return dead

@@ -67,7 +67,8 @@ def line_of(db: sqlite3.Connection) -> list[Entry]:
         except PolicyError:
             continue
         cards = frozenset(filter(None, (r["cards"] or "").split(",")))
-        line.append(Entry(r["ticket"], r["kernel_id"], quota, r["user"], r["created"], cards))
+        ages = r["ages_from"] if "ages_from" in r.keys() else None  # (a file no server of this release opened)
+        line.append(Entry(r["ticket"], r["kernel_id"], quota, r["user"], r["created"], cards, ages))
     return line
 
 

@@ -60,6 +60,27 @@ def test_a_card_kept_for_one_kernel_leaves_the_others_open():
     assert choose_card(entry(2, 2), [aged], cards, POLICY, NOW) == cards[1]
 
 
+def test_an_aged_kernel_keeps_only_the_room_it_needs_on_one_card():
+    # Both cards could hold the aged 8 GiB kernel once they empty; it lacks the least on card 0 (5 GiB free), so
+    # the room there is kept for it and card 1 (3 GiB free) stays open to the 2 GiB kernel behind it.
+    cards = [card(0, reserved_gib=5), card(1, reserved_gib=7)]
+    aged = entry(1, 8, waited_s=1000)
+    assert choose_card(entry(2, 2), [aged], cards, POLICY, NOW) == cards[1]
+    assert choose_card(entry(2, 2, cards=("GPU-0",)), [aged], cards, POLICY, NOW) is None
+
+
+def test_kept_room_holds_a_fitting_kernel_back_for_at_most_the_overtake_limit():
+    cards = [card(0, reserved_gib=5)]
+    aged = entry(1, 8, waited_s=1000)
+    almost = entry(2, 2, waited_s=POLICY.overtake_limit_s - 1)
+    assert choose_card(almost, [aged], cards, POLICY, NOW) is None
+    waited = entry(2, 2, waited_s=POLICY.overtake_limit_s)
+    assert choose_card(waited, [aged], cards, POLICY, NOW) == cards[0]  # it has waited its own turn out: it goes
+    # A re-joined kernel (aging later than it joined) keeps nothing before its aging clock has run.
+    rejoined = Entry(1, "k1", Size(mib=8 * GIB), "a", NOW - 1000, frozenset(), ages_from=NOW - 10)
+    assert choose_card(entry(3, 2), [rejoined], cards, POLICY, NOW) == cards[0]
+
+
 def test_a_kernel_pinned_to_a_full_card_holds_no_one_back_on_another():
     cards = [card(0, reserved_gib=9), card(1)]
     pinned = entry(1, 4, waited_s=1000, cards=("GPU-0",))  # a container that sees only card 0, waiting long
