@@ -163,13 +163,20 @@ class Operations:
             self._may_change(caller, args.kernel_id, waiter.user, waiter.owner, "stop the wait of")
             self._ledger.cancel_wait(args.kernel_id)
 
+    def _lease_to_change(self, caller: Caller, kernel_id: str, what: str) -> Lease | None:
+        """The kernel's lease, None when it holds none; BrokerRefused if the caller may not ``what`` it."""
+        assert self._ledger is not None
+        lease = self._ledger.get(kernel_id)
+        if lease is not None:
+            self._may_change(caller, kernel_id, lease.user, lease.owner, what)
+        return lease
+
     def _op_attach(self, caller: Caller, args: AttachArgs) -> None:
         ledger = self._ledger
         assert ledger is not None
-        lease = ledger.get(args.kernel_id)
+        lease = self._lease_to_change(caller, args.kernel_id, "attach a process to")
         if lease is None:
             return None
-        self._may_change(caller, args.kernel_id, lease.user, lease.owner, "attach a process to")
         if caller.session is not None:
             return None  # a server in a container: its pids mean nothing here; its session keeps the lease
         ref = None
@@ -215,10 +222,8 @@ class Operations:
         rules and the caller's per-user limits."""
         ledger = self._ledger
         assert ledger is not None
-        lease = ledger.get(args.kernel_id)
-        if lease is None:
+        if self._lease_to_change(caller, args.kernel_id, "resize") is None:
             return None
-        self._may_change(caller, args.kernel_id, lease.user, lease.owner, "resize")
         self.policy.check_quota(Size(mib=args.quota_mib), [CardView(c.uuid, c.index, c.total_mib) for c in self.cards])
         outside = ledger.outside(self._latest_samples())
         got = ledger.resize(args.kernel_id, args.quota_mib, self.policy, self.cards, self.limits_for(caller), outside)
@@ -227,11 +232,9 @@ class Operations:
     def _op_release(self, caller: Caller, args: KernelArgs) -> dict | None:
         ledger = self._ledger
         assert ledger is not None
-        lease = ledger.get(args.kernel_id)
-        if lease is None:  # a start still waiting: releasing it stops the wait
+        if self._lease_to_change(caller, args.kernel_id, "release") is None:  # a start still waiting: that stops it
             self._op_cancel_wait(caller, args)
             return None
-        self._may_change(caller, args.kernel_id, lease.user, lease.owner, "release")
         released = ledger.release(args.kernel_id)
         return lease_to_json(released) if released else None
 
@@ -240,10 +243,9 @@ class Operations:
         notebook; no more than its card holds. One row per kernel process (ledger.record_peak)."""
         ledger = self._ledger
         assert ledger is not None
-        lease = ledger.get(args.kernel_id)
+        lease = self._lease_to_change(replace(caller, admin=False), args.kernel_id, "record the peak of")
         if lease is None:
             return False
-        self._may_change(replace(caller, admin=False), args.kernel_id, lease.user, lease.owner, "record the peak of")
         card = next((c for c in self.cards if c.uuid == lease.card_uuid), None)
         most = max(args.run.peak_mib, args.run.need_mib or 0)
         if card is None or most > card.total_mib:
