@@ -276,3 +276,26 @@ class TestOverUseAcrossDips:
         acted = await gpushare.wait_for(lambda: _event(gpushare, kid, "over-quota-interrupt"), what="action")
         assert acted["why"] == "grace" and acted["over_s"] >= 2.0
         assert time.monotonic() - started <= 2 * 2.0 + 1.0
+
+
+class TestAnotherCard:
+    """Issue 33, #9: memory a kernel uses on a card other than its lease's is over-use on that card, all of it,
+    in the server's own enforcer as in the broker's (it used to be summed over cards: 20 GiB on card 1 of a kernel
+    reserved on card 0 read as "near quota", and nothing was done)."""
+
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config):
+        return {**gpushare_config, "simulated_cards": "10GiB,24GiB", "sample_interval": 0.2,
+                "over_quota_grace": 1.0, "over_quota_action": "restart", "idle_timeout": 0}  # fmt: skip
+
+    async def test_use_on_a_card_outside_the_lease_is_over_use_there(self, gpushare, jp_serverapp):
+        kid = await gpushare.start_kernel()
+        before = await gpushare.kernel(kid)
+        assert before["card"]["index"] == 0 and before["reserved_mib"] == 2560  # best fit: the smaller card
+        fake_of(jp_serverapp).add_process(before["pid"], 1000, card=0)  # within its lease on card 0...
+        fake_of(jp_serverapp).add_process(before["pid"], 1024, card=1)  # ...and 1 GiB on card 1
+        rec = await gpushare.wait_for(lambda: _state(gpushare, kid, "over_quota"), what="over quota on card 1")
+        assert rec["used_mib"] == 2024  # under its 2.5 GiB in all: the old sum read it as near quota
+        warning = next(e for e in await events_of(gpushare, kid) if e["kind"] == "over-quota")
+        assert warning["used_mib"] == 2024
+        await gpushare.wait_for(lambda: _event(gpushare, kid, "over-quota-restart"), timeout=30, what="restart")
