@@ -8,7 +8,7 @@ import {
 import { KernelAPI } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
-import { formatMiB, isMeasured, notebookName } from './format';
+import { formatMiB, isMeasured, isTemporaryPath, notebookName } from './format';
 import { GpuShareModel } from './model';
 import { KernelTracker } from './tracker';
 import type { IKernel } from './types';
@@ -18,6 +18,8 @@ import { say, sizeText } from './words';
 export interface IKernelActions {
   /** The name to show for a kernel: its notebook (the server's path, which follows renames). */
   nameOf(kernel: IKernel): string;
+  /** Its notebook's name, or '' while it has none (a session JupyterLab has not renamed yet). */
+  notebookOf(kernel: IKernel): string;
   open(kernel: IKernel): void;
   changeQuota(kernel: IKernel): Promise<void>;
   /** Restart with the quota the server offers after an out-of-memory error (it waits if the GPU is full). */
@@ -89,19 +91,30 @@ export function kernelActions(
   tracker: KernelTracker
 ): IKernelActions {
   const { commands, serviceManager } = app;
-  /** The notebook's name as JupyterLab has it now (its session follows renames), else the server's path. */
-  const pathOf = (k: IKernel): string | null =>
-    [...serviceManager.sessions.running()].find(
+  /**
+   * The notebook's path as JupyterLab has it now (its session follows renames),
+   * else the server's; a session's temporary path only where neither has more.
+   */
+  const pathOf = (k: IKernel): string | null => {
+    const session = [...serviceManager.sessions.running()].find(
       s => s.kernel?.id === k.kernel_id
-    )?.path ??
-    k.path ??
-    null;
-  /** A notebook's name, its relative path where two share a file name; a kernel without one by its kind. */
-  const nameOf = (k: IKernel) =>
+    )?.path;
+    return (
+      (session && !isTemporaryPath(session) ? session : null) ??
+      k.path ??
+      session ??
+      null
+    );
+  };
+  /** A notebook's name, its relative path where two share a file name; '' while it has none. */
+  const notebookOf = (k: IKernel) =>
     notebookName(
       pathOf(k),
       model.kernels.filter(x => x.kernel_id !== k.kernel_id).map(pathOf)
-    ) ||
+    );
+  /** The notebook's name; a kernel without one by its kind. */
+  const nameOf = (k: IKernel) =>
+    notebookOf(k) ||
     (pathOf(k) // a session not yet renamed to its notebook's path: never its UUID
       ? say('ui.kernel.unnamed', { kernel: k.kernel_name })
       : say('ui.kernel.unnamed_id', {
@@ -210,6 +223,7 @@ export function kernelActions(
 
   return {
     nameOf,
+    notebookOf,
     open: k => {
       if (k.path) {
         void commands.execute('docmanager:open', { path: k.path });

@@ -33,6 +33,7 @@ import { explainInCell } from './explain';
 import { Notifier } from './notify';
 import { GpuSharePanel } from './panel';
 import { KernelTracker } from './tracker';
+import type { IKernel } from './types';
 import { pseudoLocale, say, setTranslator } from './words';
 
 const PLUGIN_ID = 'jupyter-gpushare:plugin';
@@ -80,10 +81,14 @@ const core: JupyterFrontEndPlugin<IGpuShare> = {
     const actions = kernelActions(app, model, tracker);
     serviceManager.sessions.runningChanged.connect(() => void model.refresh());
 
-    const notifier = new Notifier(id => {
+    const known = (id: string, name: (k: IKernel) => string) => {
       const k = model.kernel(id);
-      return k ? actions.nameOf(k) : null;
-    });
+      return k ? name(k) || null : null;
+    };
+    const notifier = new Notifier(
+      id => known(id, actions.notebookOf),
+      id => known(id, actions.nameOf)
+    );
     model.events.connect((_, events) => {
       for (const e of events) {
         // why the server interrupted or restarted a kernel, said where its cell shows the KeyboardInterrupt

@@ -24,34 +24,50 @@ interface IShown {
   name: string | null;
 }
 
+/** How long an event of a kernel whose notebook is not known yet waits for its name before it is said anyway. */
+const NAME_GRACE_MS = 3000;
+
 /**
  * Announce new events, each once, naming the notebook (never a kernel id or the
  * temporary UUID path of a session being opened). A notification follows its
  * notebook's name as JupyterLab renames the session, closes when the state it
  * announced clears, and goes when its kernel goes away.
+ *
+ * An event of a kernel whose notebook is not known yet (JupyterLab opens a
+ * session at a temporary path, then renames it) waits up to NAME_GRACE_MS for
+ * the name before it is shown, rather than being shown and renamed at once: a
+ * toast updated in the instant it is created keeps its first text.
  */
 export class Notifier {
-  constructor(readonly nameOf: (kernelId: string) => string | null) {}
+  /**
+   * ``nameOf``: the notebook's name as a person reads it, or null while it has
+   * none (a session not yet renamed); ``describe``: what to call a kernel
+   * without one ("python3 kernel").
+   */
+  constructor(
+    readonly nameOf: (kernelId: string) => string | null,
+    readonly describe: (kernelId: string) => string | null
+  ) {}
 
   show(events: IEvent[]): number {
     let shown = 0;
     for (const e of events) {
-      const type = e.severity; // the server says how an event is announced
-      if (!type) {
-        continue;
+      if (!e.severity) {
+        continue; // the server says how an event is announced
       }
       // the notebook's name now, or the one the event was said for
       const name =
         (e.kernel_id ? this.nameOf(e.kernel_id) : null) ??
         (notebookName(e.path) || null);
-      const id = Notification.emit(eventText(e, name), type, {
-        autoClose: type === 'error' ? ERROR_SHOWN_MS : SHOWN_MS
-      });
-      if (e.kernel_id && e.kind !== 'refused' && e.kind !== 'cancelled') {
-        // (what ended a kernel is not followed: the kernel is gone by then)
-        const said = this._byKernel.get(e.kernel_id) ?? [];
-        said.push({ id, event: e, type, name });
-        this._byKernel.set(e.kernel_id, said);
+      if (name === null && e.kernel_id) {
+        const pending = { event: e, timer: 0 };
+        pending.timer = window.setTimeout(() => {
+          this._pending.delete(pending);
+          this._emit(e, this.describe(e.kernel_id!));
+        }, NAME_GRACE_MS);
+        this._pending.add(pending);
+      } else {
+        this._emit(e, name);
       }
       shown++;
     }
@@ -61,9 +77,18 @@ export class Notifier {
   /**
    * After a change: ``present`` maps each kernel the server has to its state's
    * code (status.code). What was said of a kernel that is gone, or of a state it
-   * has left, is closed; the rest follows its notebook's name.
+   * has left, is closed; the rest follows its notebook's name. An event waiting
+   * for its notebook's name is said once it has one.
    */
   update(present: Map<string, string | null>): void {
+    for (const pending of [...this._pending]) {
+      const name = this.nameOf(pending.event.kernel_id!);
+      if (name !== null) {
+        window.clearTimeout(pending.timer);
+        this._pending.delete(pending);
+        this._emit(pending.event, name);
+      }
+    }
     for (const [kernelId, said] of this._byKernel) {
       if (!present.has(kernelId)) {
         said.forEach(s => Notification.dismiss(s.id));
@@ -95,5 +120,19 @@ export class Notifier {
     }
   }
 
+  private _emit(e: IEvent, name: string | null): void {
+    const type = e.severity!;
+    const id = Notification.emit(eventText(e, name), type, {
+      autoClose: type === 'error' ? ERROR_SHOWN_MS : SHOWN_MS
+    });
+    if (e.kernel_id && e.kind !== 'refused' && e.kind !== 'cancelled') {
+      // (what ended a kernel is not followed: the kernel is gone by then)
+      const said = this._byKernel.get(e.kernel_id) ?? [];
+      said.push({ id, event: e, type, name });
+      this._byKernel.set(e.kernel_id, said);
+    }
+  }
+
   private _byKernel = new Map<string, IShown[]>();
+  private _pending = new Set<{ event: IEvent; timer: number }>();
 }

@@ -77,7 +77,11 @@ test('names, toasts and dialogs a student can read and trust', async ({
   const errors: string[] = [];
   page.on('pageerror', e => errors.push(String(e)));
   // Every toast's text, as it is shown and as it changes (a UUID must never be seen, even for a moment)
+  const seen: string[] = [];
   await page.exposeFunction('gpushareSawToast', (text: string) => {
+    if (!seen.includes(text)) {
+      seen.push(text);
+    }
     if (UUID.test(text)) {
       errors.push(`a toast named a UUID: ${text}`);
     }
@@ -130,7 +134,11 @@ test('names, toasts and dialogs a student can read and trust', async ({
   const waiting = toasts(page).filter({
     hasText: /^c\.ipynb: Waiting for a GPU: #1 in line/
   });
-  await expect(waiting).toHaveCount(1, { timeout: 30000 });
+  try {
+    await expect(waiting).toHaveCount(1, { timeout: 30000 });
+  } catch (e) {
+    throw new Error(`${e}\nToasts seen: ${JSON.stringify(seen, null, 1)}`);
+  }
   const queuedShown = Date.now();
 
   // Stop waiting asks, and focuses Keep waiting: Enter, Enter keeps the kernel in line
