@@ -129,10 +129,12 @@ class Level:
     reason: str | None = None
     allocation: str | None = None
     allocation_reason: str | None = None
+    escapable: bool = False  # a kernel (this process's user) may move its processes out of its group
 
     def to_dict(self) -> dict:
         return {
             "tracking": self.tracking,
+            "escapable": self.escapable,
             "card_isolation": self.isolation,
             "reason": self.reason,
             "allocation": self.allocation,
@@ -217,14 +219,20 @@ class KernelCgroups:
                 problems.append(f"an eBPF device program cannot be loaded ({e})")
         if isolation == "bpf" and self.bpf is None:
             self.devices = None
+        # A kernel runs as this process's user: where that user may write this process's own group (root, or a
+        # subtree delegated to it), a kernel may move what it starts there, out of its group, and it survives the
+        # kernel. Said as it is ("own cgroup, escapable"); only a root helper that owns the kernels' groups
+        # (not built) would close it.
+        escapable = any(os.access(os.path.join(os.path.dirname(b), "cgroup.procs"), os.W_OK) for b in self.bases)
         if self.bpf is None and self.devices is None:
             why = "; ".join(problems) or "neither an eBPF device program nor the cgroup v1 devices controller is usable"
             return Level(
                 "cgroup",
                 False,
                 f"no card isolation: {why}; use on a card outside a kernel's lease is counted as over-use",
+                escapable=escapable,
             )
-        return Level("cgroup", True, None)
+        return Level("cgroup", True, None, escapable=escapable)
 
     def no_isolation(self, why: str) -> None:
         """Keep tracking, without card isolation (``why``: what is missing)."""
@@ -291,10 +299,19 @@ class KernelCgroups:
             finally:
                 os.close(old)
 
-    def pids(self, kernel_id: str) -> set[int]:
-        """Every process in the kernel's groups now."""
-        out: set[int] = set()
+    def _tree(self, kernel_id: str) -> list[str]:
+        """The kernel's groups and every sub-group under them, deepest first (a kernel whose user may write its
+        group, under delegation, can make sub-groups and move processes into them)."""
+        out: list[str] = []
         for d in self._dirs(kernel_id) if self.bases else []:
+            for root, _dirs, _files in os.walk(d, topdown=False):
+                out.append(root)
+        return out
+
+    def pids(self, kernel_id: str) -> set[int]:
+        """Every process in the kernel's groups now, their sub-groups' included."""
+        out: set[int] = set()
+        for d in self._tree(kernel_id):
             try:
                 with open(os.path.join(d, "cgroup.procs")) as f:
                     out.update(int(x) for x in f.read().split())
@@ -326,7 +343,7 @@ class KernelCgroups:
         prog = None if keep else self._programs.pop(kernel_id, None)
         if prog is not None:
             os.close(prog)  # (removing the group detaches it)
-        for d in [] if keep else self._dirs(kernel_id):
+        for d in [] if keep else self._tree(kernel_id):  # sub-groups first
             try:
                 os.rmdir(d)
             except FileNotFoundError:

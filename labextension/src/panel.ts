@@ -252,7 +252,13 @@ function held(k: IKernel): VirtualElement | null {
     return null;
   }
   const parts = [
-    say(how.tracking === 'cgroup' ? 'ui.held.cgroup' : 'ui.held.tree'),
+    say(
+      how.tracking !== 'cgroup'
+        ? 'ui.held.tree'
+        : how.escapable
+          ? 'ui.held.cgroup_escapable'
+          : 'ui.held.cgroup'
+    ),
     say(how.card_isolation ? 'ui.held.closed' : 'ui.held.open'),
     how.allocation ? say('ui.held.allocation') : '',
     how.watchdog ? say('ui.held.watchdog', { action: how.watchdog }) : ''

@@ -158,6 +158,8 @@ export interface IHeld {
   caps?: boolean | null;
   /** cgroup: whatever the kernel starts stays its own; tree: a daemon can leave its process tree. */
   tracking: 'cgroup' | 'tree';
+  /** Its user may move its processes out of its cgroup (root, or a delegated subtree). */
+  escapable?: boolean;
   card_isolation: boolean;
   /** What the next level needs, in words. */
   reason: string | null;

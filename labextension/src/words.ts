@@ -313,6 +313,7 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.level.cgroup': __('a watchdog and its own cgroup'),
     'ui.level.allocation': __('a limit at allocation'),
     'ui.held.cgroup': __('own cgroup'),
+    'ui.held.cgroup_escapable': __('own cgroup, escapable'),
     'ui.held.tree': __('process tree'),
     'ui.held.closed': __('other cards closed'),
     'ui.held.open': __('other cards not closed'),

@@ -103,6 +103,52 @@ def test_what_a_kernel_starts_stays_in_its_group_and_ends_with_it():
         cgroups.remove(kid)
 
 
+# A kernel whose user may write its own group (a delegated subtree): it makes a sub-group of it and moves a
+# double-forked daemon there (issue 33, #4). Prints the daemon's pid and the sub-group.
+SUBGROUP = textwrap.dedent(
+    """
+    import os, sys, time
+    own = open("/proc/self/cgroup").read().split("\\n")
+    path = next(line.split(":", 2)[2] for line in own if line.startswith("0::"))
+    sub = "/sys/fs/cgroup/unified" + path + "/hideout"
+    if not os.path.isdir("/sys/fs/cgroup/unified" + path):
+        sub = "/sys/fs/cgroup" + path + "/hideout"
+    os.mkdir(sub)
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            open(sub + "/cgroup.procs", "w").write(str(os.getpid()))
+            os.write(w, str(os.getpid()).encode()); os.close(w)
+            time.sleep(120); os._exit(0)
+        os._exit(0)
+    os.close(w)
+    print(int(os.read(r, 20)), sub, flush=True)
+    time.sleep(120)
+    """
+)
+
+
+@needs_cgroups
+def test_a_sub_group_the_kernel_made_is_counted_and_ends_with_it():
+    cgroups, kid = KernelCgroups(), "test-subgroup-0001"
+    groups = cgroups.create(kid, None)
+    try:
+        proc = subprocess.Popen(
+            standin_command(groups, [sys.executable, "-c", SUBGROUP]), stdout=subprocess.PIPE, text=True
+        )
+        daemon, sub = proc.stdout.readline().split()
+        assert Path(sub).is_dir() and int(daemon) in cgroups.pids(kid)  # counted as the kernel's
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert running(int(daemon))
+        assert cgroups.remove(kid) == 1  # ended with the kernel...
+        assert not running(int(daemon))
+        assert not Path(sub).exists() and all(not Path(g).parent.exists() for g in groups)  # ...and its groups go
+    finally:
+        cgroups.remove(kid)
+
+
 @needs_cgroups
 def test_a_group_that_cannot_be_entered_stops_the_start(tmp_path):
     missing = str(tmp_path / "no-such-group" / "cgroup.procs")
