@@ -292,3 +292,14 @@ def test_a_card_without_a_device_minor_is_never_a_bad_device_rule():
     assert unknown == list(range(MAX_MINOR + 1))
     for minors in (None, [3], unknown):
         assert device_program(minors)  # every answer makes a valid program (no None in it)
+
+
+@needs_cgroups
+def test_groups_a_kernels_user_may_leave_are_said_to_be_escapable():
+    """Root (as here) may write the server's own group: a kernel of root's can move a process out of its group,
+    and the level says so (``held.escapable``; the sidebar: "own cgroup, escapable")."""
+    level = KernelCgroups().level
+    assert level.escapable is (
+        os.geteuid() == 0 or os.access(os.path.dirname(KernelCgroups().bases[0]) + "/cgroup.procs", os.W_OK)
+    )
+    assert level.to_dict()["escapable"] is level.escapable
