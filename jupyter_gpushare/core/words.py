@@ -145,6 +145,9 @@ CATALOGUE: dict[str, str] = {
     "segment.others.title": "Other kernels: {size_mib} reserved by other kernels on this host",
     "segment.other_users.label": "other users",
     "segment.other_users.title": "Other users: {size_mib} reserved by other users’ kernels on this host",
+    "segment.over.label": "over-use",
+    "segment.over.title": "Over-use: {size_mib} used by your kernels past their reservations; new kernels count it "
+    "as taken",
     "segment.outside.label": "no reservation",
     "segment.outside.title": "No reservation: {size_mib} used by processes that hold no reservation; new kernels "
     "count it as taken",

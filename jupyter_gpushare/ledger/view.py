@@ -18,7 +18,7 @@ from ..core.words import render
 from ..host.gpu import Card
 from .ledger import Lease, ProcessRef, Reservations, Waiter
 
-SEGMENTS = ("mine", "others", "outside", "headroom", "free")  # a card's parts, in the bar's order (words.py)
+SEGMENTS = ("mine", "others", "over", "outside", "headroom", "free")  # a card's parts, in the bar's order (words.py)
 
 
 class Viewer(Protocol):
@@ -181,17 +181,23 @@ class _Me:
     admin: bool
 
 
-def card_segments(card: Mapping[str, Any], mine_mib: int, by_user: bool = False) -> list[dict[str, Any]]:
+def card_segments(
+    card: Mapping[str, Any], mine_mib: int, by_user: bool = False, over_mib: int = 0
+) -> list[dict[str, Any]]:
     """The card's memory as the bar shows it, each part clamped to what is left of the card, so they add up
     to its total; ``mine_mib`` is what this server's own kernels reserve on it (a kernel restarting with a new
     quota is still its own), or with ``by_user`` (the host view) what all the caller's kernels reserve, the
-    rest being other users'."""
+    rest being other users'. ``over_mib``: what this server's kernels use past their reservations, part of the
+    card's use without a reservation (``outside_mib``), said as over-use rather than as no one's."""
     total = max(0, int(card["total_mib"]))
     reserved = int(card.get("reserved_mib") or 0)
+    outside = int(card.get("outside_mib") or 0)
+    over = min(max(0, over_mib), outside)
     wanted = {
         "mine": mine_mib,
         "others": reserved - mine_mib,
-        "outside": card.get("outside_mib") or 0,
+        "over": over,
+        "outside": outside - over,
         "headroom": total - int(card.get("usable_mib", total)),
     }
     left, out = total, []

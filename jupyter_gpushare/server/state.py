@@ -98,9 +98,12 @@ def build_state(
         views.append(view)
     cards = []
     for card in quota.get("cards", []):
-        mine = sum(v["reserved_mib"] or 0 for v in views if v.get("card") and v["card"]["uuid"] == card["uuid"])
+        on_card = [v for v in views if v.get("card") and v["card"]["uuid"] == card["uuid"]]
+        mine = sum(v["reserved_mib"] or 0 for v in on_card)
+        over = sum(max(0, (v.get("used_mib") or 0) - (v["reserved_mib"] or 0)) for v in on_card if v["reserved_mib"])
         measured = usage_cards.get(card["uuid"], {})
-        cards.append({**card, **measured, "mine_reserved_mib": mine, "segments": card_segments(card, mine)})
+        segments = card_segments(card, mine, over_mib=over)
+        cards.append({**card, **measured, "mine_reserved_mib": mine, "segments": segments})
     state = {
         **{k: quota.get(k) for k in ("backend", "simulated", "reason", "ledger", "enforcement")},
         "cards": cards,

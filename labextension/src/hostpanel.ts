@@ -43,7 +43,7 @@ function hostCard(card: IHostCard): VirtualElement {
     h.div(
       { className: `${C}-legend` },
       ...segs
-        .filter(s => s.mib > 0 || s.key !== 'headroom')
+        .filter(s => s.mib > 0 || (s.key !== 'headroom' && s.key !== 'over'))
         .map(s =>
           h.span(
             {

@@ -19,7 +19,7 @@ export interface ICardRef {
 
 /** A part of a card's memory as the server splits it (state.py card_segments): they add up to the card. */
 export interface ISegment {
-  key: 'mine' | 'others' | 'outside' | 'headroom' | 'free';
+  key: 'mine' | 'others' | 'over' | 'outside' | 'headroom' | 'free';
   label: string;
   mib: number;
   /** The tooltip: the figure and what it is. */

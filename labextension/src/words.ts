@@ -242,6 +242,10 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'segment.other_users.title': __(
       'Other users: {size_mib} reserved by other users’ kernels on this host'
     ),
+    'segment.over.label': __('over-use'),
+    'segment.over.title': __(
+      'Over-use: {size_mib} used by your kernels past their reservations; new kernels count it as taken'
+    ),
     'segment.outside.label': __('no reservation'),
     'segment.outside.title': __(
       'No reservation: {size_mib} used by processes that hold no reservation; new kernels count it as taken'

@@ -137,7 +137,13 @@ def test_the_words_and_the_split_have_one_definition():
     card = {"total_mib": 10240, "usable_mib": 9216, "reserved_mib": 9000, "outside_mib": 4000}
     segs = card_segments(card, 3000)
     assert sum(s["mib"] for s in segs) == 10240  # clamped: the parts never pass the card
-    assert [s["key"] for s in segs] == ["mine", "others", "outside", "headroom", "free"]
+    assert [s["key"] for s in segs] == ["mine", "others", "over", "outside", "headroom", "free"]
+    # A student's own use past their reservation is said as over-use, the rest of the use without one as no one's
+    card = {"total_mib": 10240, "usable_mib": 10240, "reserved_mib": 4096, "outside_mib": 1408}
+    segs = {s["key"]: s for s in card_segments(card, 4096, over_mib=384)}
+    assert (segs["over"]["mib"], segs["outside"]["mib"]) == (384, 1024)
+    assert segs["over"]["label"] == "over-use" and segs["over"]["title"].startswith("Over-use: 384 MiB used by your")
+    assert card_segments(card, 4096, over_mib=5000)[2]["mib"] == 1408  # never more than the use without one
     refused = event_view({"time": 1, "kind": "refused", "message": "A quota of 0 MiB is too small.", "need_mib": 0})
     assert refused["code"] == "refused" and refused["severity"] == "error"
     assert refused["params"] == {"message": "A quota of 0 MiB is too small.", "need_mib": 0}
