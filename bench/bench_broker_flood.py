@@ -115,9 +115,36 @@ def large_flooder(sock: str, seconds: float, out) -> None:
     out.put({"opened": opened, "refused_or_closed": opened, "bytes_sent": sent, "answered": answered, "held_at_end": 0})
 
 
+def view_flooder(sock: str, seconds: float, out) -> None:
+    """One connection that asks ``view`` back to back, reading each answer: with the flooder's 2,000 history rows,
+    each answer lists every notebook of theirs (issue 33, attack #2)."""
+    as_user(FLOODER)
+    opened = answered = received = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(sock)
+                opened += 1
+                f = s.makefile("rb")
+                while time.monotonic() < deadline:
+                    s.sendall(b'{"op": "view"}\n')
+                    reply = f.readline()
+                    if not reply:
+                        raise ConnectionError
+                    answered += 1
+                    received += len(reply)
+        except OSError:
+            time.sleep(0.01)
+    out.put({"opened": opened, "refused_or_closed": opened, "bytes_sent": 0, "answered": answered,
+             "bytes_received": received, "held_at_end": 0})  # fmt: skip
+
+
 def flooder(sock: str, seconds: float, out, kind: str = "small") -> None:
     if kind == "large":
         return large_flooder(sock, seconds, out)
+    if kind == "view":
+        return view_flooder(sock, seconds, out)
     as_user(FLOODER)
     held: list[socket.socket] = []
     opened = refused = sent = 0
@@ -143,6 +170,23 @@ def flooder(sock: str, seconds: float, out, kind: str = "small") -> None:
                 s.close()
                 refused += 1
     out.put({"opened": opened, "refused_or_closed": refused, "bytes_sent": sent, "held_at_end": len(held)})
+
+
+def history_rows(ledger_path: Path, user: str, count: int) -> None:
+    """``count`` recorded runs of ``user``'s (the per-user cap is 2,000), written into the broker's ledger as its
+    record_peak would: one notebook per five runs, each run a kernel of its own."""
+    import sqlite3
+
+    now = time.time()
+    db = sqlite3.connect(ledger_path, timeout=30)
+    with db:
+        db.executemany(
+            "INSERT OR REPLACE INTO peaks (kernel_id, run, user, kernel_name, path, peak_mib, reserved_mib, recorded,"
+            " need_mib, failed) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            [(f"flood-{i}", "", user, "python3", f"work/notebook-{i // 5:04d}.ipynb", 1000 + i, 4096, now - i, 1200, 0)
+             for i in range(count)],
+        )  # fmt: skip
+    db.close()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -220,6 +264,8 @@ def main() -> None:
         flood = phase(sock, args.cycles, args.flooders, args.seconds)
         log_growth = os.path.getsize(base / "broker.log") - log_before
         large = phase(sock, args.cycles, 8, args.seconds, "large")  # eight connections of large requests
+        history_rows(base / "lib" / "ledger.sqlite", FLOODER, 2000)
+        views = phase(sock, args.cycles, 8, args.seconds, "view")  # eight connections asking `view`
     finally:
         os.killpg(broker.pid, signal.SIGTERM)
         broker.wait(30)
@@ -227,15 +273,22 @@ def main() -> None:
             subprocess.run(["userdel", name], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
         os.chmod("/root", root_mode)
-    q, f, g = quiet["reserve_ms"], flood["reserve_ms"], large["reserve_ms"]
-    print(f"{'victim reserve':<22}{'alone':>10}{'under flood':>14}{'ratio':>8}{'large requests':>16}{'ratio':>8}")
+    q, f, g, v = quiet["reserve_ms"], flood["reserve_ms"], large["reserve_ms"], views["reserve_ms"]
+    print(f"{'victim reserve':<22}{'alone':>10}{'under flood':>14}{'ratio':>8}{'large requests':>16}{'ratio':>8}"
+          f"{'view flood':>12}{'ratio':>8}")  # fmt: skip
     for key in ("p50", "p99", "max"):
         print(
             f"{key + ' (ms)':<22}{q[key]:>10.2f}{f[key]:>14.2f}{f[key] / q[key]:>8.2f}{g[key]:>16.2f}{g[key] / q[key]:>8.2f}"
+            f"{v[key]:>12.2f}{v[key] / q[key]:>8.2f}"
         )
     print(f"large requests: {sum(r['bytes_sent'] for r in large['flooders']) / 1e6:.1f} MB sent on 8 connections, "
           f"{sum(r['answered'] for r in large['flooders'])} answered")  # fmt: skip
     print(f"target p99 < 50 ms under large requests: {'MET' if g['p99'] < 50 else 'NOT MET'}")
+    print(
+        f"view flood: {sum(r['answered'] for r in views['flooders'])} views answered on 8 connections, "
+        f"{sum(r['bytes_received'] for r in views['flooders']) / 1e6:.1f} MB received, with 2,000 history rows"
+    )
+    print(f"target p99 < 50 ms under the view flood: {'MET' if v['p99'] < 50 else 'NOT MET'}")
     opened = sum(r["opened"] for r in flood["flooders"])
     sent = sum(r["bytes_sent"] for r in flood["flooders"])
     print(f"broker priority: nice {args.broker_nice}")
@@ -246,6 +299,7 @@ def main() -> None:
         "machine": platform.node(), "cpus": os.cpu_count(), "date": datetime.now(timezone.utc).isoformat(),
         "broker_nice": args.broker_nice, "flooders": args.flooders, "quiet": quiet, "flood": flood, "log_growth_bytes": log_growth, "p99_ratio": f["p99"] / q["p99"],
         "large_requests": large, "large_p99_ratio": g["p99"] / q["p99"],
+        "view_flood": views, "view_p99_ratio": v["p99"] / q["p99"],
     }  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

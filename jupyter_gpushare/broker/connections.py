@@ -12,6 +12,7 @@ import grp
 import logging
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,10 @@ class Connections:
                     if caller is None:
                         break
                 else:
-                    writer.write(encode(self._answer(caller, line)))
+                    began = time.perf_counter()
+                    reply = encode(self._answer(caller, line))
+                    self.guard.charge(key, trusted, time.perf_counter() - began, len(reply))
+                    writer.write(reply)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass

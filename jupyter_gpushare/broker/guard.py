@@ -1,4 +1,4 @@
-"""Fair shares of the broker: per-user connection caps, request rates and rate-limited logging.
+"""Fair shares of the broker: per-user connection caps, request rates counted in work, and rate-limited logging.
 
 One student holding a thousand connections must not leave the broker without file descriptors, and one
 flooding it with requests must not slow anyone else's kernel start, nor fill the disk with its log.
@@ -87,6 +87,16 @@ class Guard:
             for k in full:
                 del self._buckets[k]
         return max(0.0, -bucket.tokens / self.rate)
+
+    def charge(self, key: str, trusted: bool = False, seconds: float = 0.0, size: int = 0) -> None:
+        """Charge a request's answer to its caller, once it is known: one token per millisecond the broker spent
+        on it and one per KiB of its reply. A request is counted by the work it cost, not as one line: a ``view``
+        that reads 2,000 rows costs its caller a hundred times a ``reserve``, and the next request of a caller who
+        spent their share waits (``delay``)."""
+        bucket = self._buckets.get(key)
+        if trusted or self.rate <= 0 or bucket is None:
+            return
+        bucket.tokens -= seconds * 1000 + size // 1024
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from ..core.history import HistoryRules, OthersBudget
+from ..core.history import HistoryRules, OthersBudget, newest
 from ..core.levels import WHAT, below, level_of
 from ..core.policy import CardView, Policy, Size, UserLimits, format_mib
 from ..host.cgroups import held_in_group
@@ -310,7 +310,8 @@ class Operations:
         led = self._ledger
         view = view_for(caller, led.leases(), led.waiters(), self.cards, self.policy, self.limits_for(caller))
         # what notebooks taught: every user's for an admin, else the caller's own (nothing of others' files)
-        view["notebooks"] = led.notebooks(self.history, None if caller.admin else caller.user)
+        found = led.notebooks(self.history, None if caller.admin else caller.user)
+        view["notebooks"], view["notebooks_total"] = newest(found), len(found)  # a bounded answer
         if caller.admin:  # processes without a lease, with their user and command, and how each kernel is held
             view["unleased"] = list(self.unleased.current)
             view["levels"] = {

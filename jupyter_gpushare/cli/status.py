@@ -12,6 +12,7 @@ from typing import Any
 from ..broker.client import BrokerLedger
 from ..broker.identity import Caller
 from ..config.settings import GpuShareApp
+from ..core.history import newest
 from ..core.policy import format_mib
 from ..core.words import format_duration, limits_words
 from ..host.procs import describe, tree_pids
@@ -87,7 +88,8 @@ def gather_status(app: GpuShareApp, socket_path: str | None = None, ledger_path:
             cards.append(Card(lease.card_index, lease.card_uuid, "(not visible here)", 0))
     caller = Caller(getpass.getuser(), os.getuid(), admin=True)  # a ledger file you can read is yours
     view = {"source": f"ledger {path}", **view_for(caller, leases, waiters, cards, policy)}
-    view["notebooks"] = read_notebooks(path, app.build_history()) if os.path.exists(path) else []
+    found = read_notebooks(path, app.build_history()) if os.path.exists(path) else []
+    view["notebooks"], view["notebooks_total"] = newest(found), len(found)
     return add_use(view, backend)
 
 
@@ -185,6 +187,11 @@ def format_status(view: dict[str, Any]) -> str:
                 ("USER", "KERNELSPEC", "NOTEBOOK", "RUNS", "PEAK (NVML)", "LEARNED QUOTA", "RAN OUT", "LAST RUN"),
             )
         )  # fmt: skip
+        more = view.get("notebooks_total", 0) - len(view["notebooks"])
+        if more > 0:
+            out.append(
+                f"({more} notebooks run less recently are not listed: the {len(view['notebooks'])} most recent are.)"
+            )
     else:
         out.append("(none)")
     out += ["", "QUEUE"]

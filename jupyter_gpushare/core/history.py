@@ -232,6 +232,18 @@ def notebooks(rows: Iterable[tuple[str, str, str, Run, float]]) -> list[dict[str
     return out
 
 
+NOTEBOOKS_SHOWN = 500  # notebooks in a view's answer: the most recently run (a host keeps up to 200,000 runs)
+
+
+def newest(found: list[dict[str, Any]], limit: int = NOTEBOOKS_SHOWN) -> list[dict[str, Any]]:
+    """The ``limit`` most recently run of ``notebooks()``'s list, in its order: an answer stays bounded however
+    many runs the host keeps."""
+    if len(found) <= limit:
+        return found
+    kept = {id(n) for n in sorted(found, key=lambda n: n["last"], reverse=True)[:limit]}
+    return [n for n in found if id(n) in kept]
+
+
 def lookup(
     ledger: Any, user: str, kernel_name: str, path: str, rules: HistoryRules, kernel_id: str = ""
 ) -> tuple[Learned | None, Any, int]:

@@ -20,6 +20,18 @@ def test_a_large_request_costs_its_size_in_tokens():
     assert guard.delay("u:bob", now=0.0, size=200) == 0.0  # bob's share is his own
 
 
+def test_an_answer_costs_the_work_it_took_and_its_size():
+    guard = Guard(rate=100.0, burst=200.0)
+    assert guard.delay("u:alice", now=0.0) == 0.0  # one token: 199 left
+    guard.charge("u:alice", seconds=0.034, size=150 * 1024)  # a view of 2,000 rows: 34 ms, a 150 KiB answer
+    assert guard.delay("u:alice", now=0.0) == 0.0  # 199 - 184 - 1 = 14 left
+    guard.charge("u:alice", seconds=0.034, size=150 * 1024)
+    assert guard.delay("u:alice", now=0.0) == pytest.approx(1.71)  # 14 - 184 - 1 = -171: 1.71 s at 100 a second
+    guard.charge("u:root", trusted=True, seconds=10.0)  # root and the broker's user are never charged
+    assert guard.delay("u:root", trusted=True, now=0.0) == 0.0
+    assert guard.delay("u:bob", now=0.0) == 0.0  # bob's share is his own
+
+
 def test_lines_and_keep_lists_are_bounded_to_what_servers_send():
     assert MAX_LINE == 64 * 1024
     ids = [f"{i:08x}-0000-4000-8000-{i:012x}" for i in range(MAX_KEEP + 1)]
