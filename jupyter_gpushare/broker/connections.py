@@ -113,9 +113,9 @@ class Connections:
                         break
                 else:
                     began = time.perf_counter()
-                    reply = encode(self._answer(caller, line))
-                    self.guard.charge(key, trusted, time.perf_counter() - began, len(reply))
-                    writer.write(reply)
+                    answer = encode(self._answer(caller, line))
+                    self.guard.charge(key, trusted, time.perf_counter() - began, len(answer))
+                    writer.write(answer)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
