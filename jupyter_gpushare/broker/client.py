@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..core.history import HistoryRules, Learned, Run
-from ..core.policy import Policy, UserLimits, parse_limits
+from ..core.policy import Policy, PolicyError, UserLimits, parse_limits
 from ..host.gpu import Card
 from ..ledger.leases import lease_from_json, waiter_from_json
 from ..ledger.ledger import Lease, LedgerError, ProcessRef, Request, Waiter, Waiting
@@ -332,3 +332,20 @@ class BrokerLedger:
 
     def waiters(self) -> list[Waiter]:
         return [waiter_from_json(d) for d in self._query("waiters", [])]
+
+    # -- kernels' cgroups the broker owns (groups.py) --------------------------------------------------------
+
+    def group_cards(self, kernel_id: str) -> None:
+        """Open the kernel's lease's card to its group (OSError: the broker did not)."""
+        try:
+            self._call("group_cards", kernel_id=kernel_id)
+        except (LedgerError, PolicyError) as e:
+            raise OSError(str(e)) from e
+
+    def end_group(self, kernel_id: str, keep: bool = False) -> int:
+        """End what is left in the kernel's group and, unless ``keep`` (a restart), remove it; how many processes
+        had to be ended (OSError: the broker did not)."""
+        try:
+            return int((self._call("end_group", kernel_id=kernel_id, keep=keep) or {}).get("killed", 0))
+        except (LedgerError, PolicyError) as e:
+            raise OSError(str(e)) from e

@@ -22,7 +22,7 @@ import psutil
 from ..core.history import HistoryRules, OthersBudget, newest
 from ..core.levels import WHAT, below, level_of
 from ..core.policy import CardView, Policy, Size, UserLimits, format_mib
-from ..host.cgroups import held_in_group
+from ..host.cgroups import KernelCgroups, card_minors, held_in_group, kernel_of
 from ..host.gpu import Card, DeviceSample, GpuBackend
 from ..ledger.leases import lease_to_json, waiter_to_json
 from ..ledger.ledger import Lease, Ledger, ProcessRef, Request, Waiter
@@ -32,6 +32,7 @@ from .identity import Caller
 from .protocol import (
     AttachArgs,
     BrokerRefused,
+    EndGroupArgs,
     KeepArgs,
     KernelArgs,
     LearnedArgs,
@@ -62,6 +63,8 @@ class Operations:
     _sampled_at: float  # when (time.monotonic())
     unleased: UnleasedPolicy  # what is done about processes that use a card without a lease
     watchdog: Watchdog  # the over-quota policy on every lease
+    groups: KernelCgroups  # kernels' cgroups the broker owns for servers whose own a kernel could leave
+    _group_users: dict[str, int]  # kernel id -> the uid whose kernel entered its group
 
     def limits_for(self, caller: Caller) -> UserLimits:
         """The caller's per-user limits (the broker's rules for their user and groups)."""
@@ -125,7 +128,98 @@ class Operations:
             "cards": [c.to_dict() for c in self.cards],
             "limits": self.limits_for(caller).to_dict(),
             "context_reserve_mib": self.policy.context_reserve_mib,
+            "groups": self._groups_offered(),
         }
+
+    # -- kernels' cgroups the broker owns ----------------------------------------------------------------
+    # A student's server can make its kernels' groups only in a cgroup subtree delegated to the student, where a
+    # kernel (the same user) may move what it starts out of its group. The broker (root) makes them where the
+    # student can write nothing: a kernel's stand-in asks to enter its group before it becomes the kernel
+    # (standin.py), its server asks to open the lease's card at the grant and to end the group with the kernel.
+
+    MAX_GROUPS_PER_USER = 100
+
+    def _groups_offered(self) -> dict | None:
+        level = self.groups.level
+        if level.tracking != "cgroup":
+            return None
+        return {"bases": list(self.groups.bases), **level.to_dict(), "escapable": False}
+
+    def _group_pids_of(self, kernel_id: str, caller: Caller) -> set[int]:
+        """The processes in the kernel's group; BrokerRefused if any is not the caller's (root and admins may)."""
+        try:
+            pids = self.groups.pids(kernel_id)
+        except ValueError as e:
+            raise BrokerRefused(f"Kernel id {kernel_id!r} cannot name a cgroup: {e}.") from e
+        if not caller.admin:
+            for pid in pids:
+                try:
+                    uid = psutil.Process(pid).uids().real
+                except psutil.Error:
+                    continue
+                if uid != caller.uid:
+                    raise BrokerRefused(f"The cgroup of kernel {kernel_id} holds another user's processes.")
+        return pids
+
+    def _op_enter_group(self, caller: Caller, args: KernelArgs) -> dict:
+        """The calling process (a kernel's stand-in, on the Unix socket) enters its kernel's group, made here with
+        the lease's card open (none while it waits, or without a lease)."""
+        assert self._ledger is not None
+        if self._groups_offered() is None:
+            raise BrokerRefused(f"This broker makes no cgroups for kernels: {self.groups.level.reason}.")
+        if caller.process is None:
+            raise BrokerRefused("A kernel enters its cgroup through the broker's Unix socket only.")
+        lease = self._ledger.get(args.kernel_id)
+        waiter = next((w for w in self._ledger.waiters() if w.kernel_id == args.kernel_id), None)
+        holder = lease.user if lease is not None else waiter.user if waiter is not None else None
+        if holder is not None and holder != caller.user:
+            raise BrokerRefused(f"Kernel {args.kernel_id} is not yours: only its own user's kernel enters its cgroup.")
+        inside = kernel_of(caller.process.pid)
+        if inside is not None and inside != args.kernel_id:  # (a kernel's process moving itself to another group)
+            raise BrokerRefused(f"This process is kernel {inside}'s: it stays in that kernel's cgroup.")
+        self._group_pids_of(args.kernel_id, caller)
+        mine = [kid for kid, uid in self._group_users.items() if uid == caller.uid]
+        if args.kernel_id not in self._group_users and len(mine) >= self.MAX_GROUPS_PER_USER:
+            for kid in mine:  # groups left empty by servers that ended without saying so
+                if not self.groups.pids(kid) and self._ledger.get(kid) is None:
+                    self.groups.remove(kid)
+                    del self._group_users[kid]
+            if sum(uid == caller.uid for uid in self._group_users.values()) >= self.MAX_GROUPS_PER_USER:
+                raise BrokerRefused(f"You have {len(mine)} kernels' cgroups already, the most one user may have.")
+        card = next((c for c in self.cards if lease is not None and c.uuid == lease.card_uuid), None)
+        try:
+            procs = self.groups.create(args.kernel_id, card_minors(card))
+            for path in procs:
+                with open(path, "w") as f:
+                    f.write(str(caller.process.pid))
+        except OSError as e:
+            raise BrokerRefused(f"The kernel's cgroup could not be made or entered here: {e}.") from e
+        self._group_users[args.kernel_id] = caller.uid
+        return {"procs": procs}
+
+    def _op_group_cards(self, caller: Caller, args: KernelArgs) -> None:
+        """A kernel that waited is granted: its group may open its lease's card (the broker's own list of cards
+        says which device that is, whatever the server says)."""
+        lease = self._lease_to_change(caller, args.kernel_id, "open the card of")
+        if lease is None or args.kernel_id not in self._group_users:
+            raise BrokerRefused(f"Kernel {args.kernel_id} has no reservation or no cgroup of the broker's.")
+        card = next((c for c in self.cards if c.uuid == lease.card_uuid), None)
+        try:
+            self.groups.allow(args.kernel_id, card_minors(card))
+        except OSError as e:
+            raise BrokerRefused(f"The card of kernel {args.kernel_id} could not be opened to its cgroup: {e}.") from e
+
+    def _op_end_group(self, caller: Caller, args: EndGroupArgs) -> dict:
+        """The kernel's process is gone: end what is left in its group and, unless it restarts, remove the group.
+        Only its own user's (or an admin's) call ends anything."""
+        owner = self._group_users.get(args.kernel_id)
+        if owner is not None and owner != caller.uid and not caller.admin:
+            raise BrokerRefused(f"The cgroup of kernel {args.kernel_id} is not yours.")
+        self._group_pids_of(args.kernel_id, caller)
+        killed = self.groups.remove(args.kernel_id, keep=args.keep)
+        if not args.keep:
+            self._group_users.pop(args.kernel_id, None)
+        return {"killed": killed}
 
     def _op_reserve(self, caller: Caller, args: ReserveArgs) -> dict:
         ledger = self._ledger

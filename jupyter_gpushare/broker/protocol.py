@@ -89,6 +89,12 @@ class LearnedArgs:
 
 
 @dataclass(frozen=True)
+class EndGroupArgs:
+    kernel_id: str
+    keep: bool = False  # a restart: end what is in the group, keep the group
+
+
+@dataclass(frozen=True)
 class AuthArgs:
     token: str
     instance: str
@@ -208,6 +214,9 @@ REQUESTS: dict[str, Callable[[_Fields], Any]] = {
     "waiters": lambda f: NoArgs(),
     "record_peak": _record_peak,
     "learned_peak": _learned,
+    "enter_group": lambda f: KernelArgs(f.kernel_id()),
+    "group_cards": lambda f: KernelArgs(f.kernel_id()),
+    "end_group": lambda f: EndGroupArgs(f.kernel_id(), f.flag("keep")),
 }
 
 

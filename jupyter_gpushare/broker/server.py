@@ -35,6 +35,7 @@ from ..config.settings import settings_from
 from ..core.history import OthersBudget
 from ..core.overuse import FAST_INTERVAL_S
 from ..core.policy import CardView, LimitRules, PolicyError, UserLimits, format_mib, parse_limits
+from ..host.cgroups import KernelCgroups
 from ..host.gpu import Card, DeviceSample
 from ..host.hub import HubClient, HubError
 from ..host.procs import container_reason, proc_hidden_from_me
@@ -294,6 +295,8 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         self._taught = OthersBudget()
         self._samples: tuple[DeviceSample, ...] = ()
         self._sampled_at = -SAMPLE_TTL_S
+        self.groups = KernelCgroups(enabled=shared.kernel_cgroups == "auto")
+        self._group_users: dict[str, int] = {}  # kernel id -> the uid whose kernel entered its group
         if not -20 <= self.nice <= 19:
             raise PolicyError(f"GpuShareBroker.nice: {self.nice!r} is not a nice value; use -20..19, e.g. -10.")
         for name in ("max_connections_per_user", "requests_per_second", "request_burst", "idle_timeout"):

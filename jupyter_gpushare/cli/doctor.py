@@ -13,6 +13,7 @@ from pathlib import Path
 from traitlets.config import Config
 
 from ..broker.client import BrokerLedger
+from ..broker.groups import BrokerGroups
 from ..broker.paths import fillable_by_students
 from ..broker.protocol import DEFAULT_SOCKET
 from ..config.settings import GpuShareApp, settings_from
@@ -21,6 +22,7 @@ from ..core.policy import CardView, PolicyError, format_mib
 from ..host.cgroups import KernelCgroups
 from ..ledger.file import SETTLE_S
 from ..ledger.ledger import LedgerError, check_ledger, read_notebooks
+from ..server.manager import kernel_cgroups
 
 
 @dataclass
@@ -106,22 +108,32 @@ def _users_kernels_findings(socket_path: str, ca_file: str) -> list[Finding]:
     )
     weak = [lvl for lvl in counts if lvl in ("caps", "watchdog")]
     return [Finding("tier: users' kernels", "warn" if weak else "ok", f"As the broker reads them now: {said}.",
-                    "Kernels at 'watchdog' are tracked by their process tree only: their users' servers cannot make cgroups. "
-                    "Give each user's server a delegated cgroup subtree (systemd: Delegate=yes), or run the servers as root "
-                    "(docs/admin-guide.md, Enforcement levels)." if weak else "")]  # fmt: skip
+                    "Kernels at 'watchdog' are tracked by their process tree only: their users' servers cannot make cgroups, "
+                    "and the broker made none for them. Keep GpuShareApp.kernel_cgroups = 'auto' for the broker and the "
+                    "servers, and run the broker where it may make cgroups (root, cgroup v2 or v1 mounted): it then makes "
+                    "each kernel's group, which its student cannot leave (docs/admin-guide.md, Enforcement levels)." if weak else "")]  # fmt: skip
 
 
 def _cgroup_findings(app: GpuShareApp | None, shared: bool) -> list[Finding]:
     """How this user's kernels are tracked, isolated and limited (cgroups.py, levels.py), as this process finds the
     host. With a broker, other users' servers run as themselves: their kernels are in _users_kernels_findings."""
-    cgroups = KernelCgroups(enabled=getattr(app, "kernel_cgroups", "auto") == "auto")
+    cgroups = kernel_cgroups(app) if app is not None else KernelCgroups()
     level = cgroups.level
     whose = f"this user's ({getpass.getuser()}) kernels" if shared else "the kernels"
     if level.tracking != "cgroup":
         return [Finding("tier: kernel cgroups", "warn", f"{whose[0].upper()}{whose[1:]} are tracked by their process tree: {level.reason}.",
                         "Run the server as root or give its user a delegated cgroup subtree (systemd: Delegate=yes), "
                         "and keep GpuShareApp.kernel_cgroups = 'auto' (docs/admin-guide.md, Enforcement levels).")]  # fmt: skip
-    found = [Finding("tier: kernel cgroups", "ok", f"Each of {whose} runs in a cgroup of its own: whatever it starts stays the kernel's.")]  # fmt: skip
+    if isinstance(cgroups, BrokerGroups):
+        found = [Finding("tier: kernel cgroups", "ok", f"Each of {whose} runs in a cgroup the broker makes for it: whatever it starts "
+                         "stays the kernel's, and the kernel cannot leave it.")]  # fmt: skip
+    elif level.escapable:
+        found = [Finding("tier: kernel cgroups", "warn", f"Each of {whose} runs in a cgroup of its own, which it can leave: its user "
+                         "may write this server's own cgroup (root, or a delegated subtree).",
+                         "Run the servers as the students with a broker on its Unix socket: the broker then makes the kernels' "
+                         "cgroups where they cannot leave them (docs/security.md).")]  # fmt: skip
+    else:
+        found = [Finding("tier: kernel cgroups", "ok", f"Each of {whose} runs in a cgroup of its own: whatever it starts stays the kernel's.")]  # fmt: skip
     if level.allocation:
         found.append(Finding("tier: driver cgroup limits", "ok", "The NVIDIA driver limits each kernel's cgroup to its reservation (dmem): "
                              "an allocation past it fails in the driver, whatever the kernel calls."))  # fmt: skip

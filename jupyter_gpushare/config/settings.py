@@ -156,7 +156,9 @@ class GpuShareApp(LoggingConfigurable):
         help="'auto': where this server may create cgroups (root, or a subtree delegated to its user), each kernel "
         "runs in a cgroup of its own, so every process it starts stays counted as the kernel's (a double-forked "
         "daemon too), and may open only its own card's device (none without a GPU), whatever its environment says "
-        "(an eBPF device program on cgroup v2, or the v1 devices controller). Elsewhere kernels are tracked by their process tree, "
+        "(an eBPF device program on cgroup v2, or the v1 devices controller). A server that runs as a student with a broker "
+        "on its Unix socket has the broker (root) make them, so that a kernel cannot leave its group. Elsewhere kernels "
+        "are tracked by their process tree, "
         "and `jupyter gpushare doctor` and the API say so. 'off': process trees only. Default: 'auto'.",
     )
     kernel_quotas = Dict(

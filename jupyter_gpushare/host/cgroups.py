@@ -31,6 +31,10 @@ import signal
 import struct
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .gpu import Card
 
 log = logging.getLogger("jupyter_gpushare")
 
@@ -38,7 +42,7 @@ GROUP = "gpushare-kernels"  # the directory, under this process's own cgroup, th
 NVIDIA_MAJOR = 195  # /dev/nvidia<minor>; /dev/nvidiactl is 195:255, nvidia-modeset 195:254
 NVIDIA_CONTROL = (254, 255)
 MAX_MINOR = 253  # the highest card minor number denied to a kernel without that card
-_KERNEL_ID = re.compile(rf"/{GROUP}/([0-9A-Za-z._-]{{1,100}})$")
+_KERNEL_ID = re.compile(rf"/{GROUP}/([0-9A-Za-z._-]{{1,100}})(?:/|$)")  # its group, or a sub-group of it
 
 
 def _mounts() -> list[tuple[str, str, str]]:
@@ -116,6 +120,17 @@ def _trusted_group(path: str) -> bool:
         if len(_trusted) > 4096:  # kernels come and go: a bounded memory of them
             _trusted.clear()
     return _trusted[path]
+
+
+def card_minors(card: Card | None) -> list[int] | None:
+    """The NVIDIA device nodes a kernel's group may open: its card's. None (no NVIDIA device) without a card, or
+    on a simulated card without a device node; every card's where the driver does not say a real card's minor
+    number (no isolation by device node there, rather than a kernel that cannot open its own card)."""
+    if card is None:
+        return None
+    if card.minor is not None:
+        return [card.minor]
+    return None if card.simulated else list(range(MAX_MINOR + 1))
 
 
 @dataclass(frozen=True)
@@ -243,6 +258,11 @@ class KernelCgroups:
         if not re.fullmatch(r"[0-9A-Za-z._-]{1,100}", kernel_id) or kernel_id.startswith("."):
             raise ValueError(f"not a kernel id for a cgroup: {kernel_id!r}")
         return [os.path.join(base, kernel_id) for base in self.bases]
+
+    def through_broker(self, kernel_id: str) -> tuple[str, str] | None:
+        """Where the kernel's first process asks to enter its group instead (the broker's socket, the kernel id):
+        None, it writes ``create``'s files itself (broker/groups.py says otherwise)."""
+        return None
 
     def create(self, kernel_id: str, minors: list[int] | None) -> list[str]:
         """The kernel's groups, made (or kept) and restricted to the cards of ``minors`` (None: no GPU at all).

@@ -32,9 +32,12 @@ from ..bootstrap import _gpushare_env as names
 STANDIN = str(Path(__file__).with_name("standin.py"))
 
 
-def standin_command(groups: list[str], cmd: list[str]) -> list[str]:
-    """standin.py's command line: enter ``groups`` (cgroup.procs files), then become the kernel ``cmd``."""
+def standin_command(groups: list[str], cmd: list[str], broker: tuple[str, str] | None = None) -> list[str]:
+    """standin.py's command line: enter ``groups`` (cgroup.procs files), or (``broker``: its socket and the kernel's
+    id) the group the host's broker owns for the kernel, then become the kernel ``cmd``."""
     entering = [arg for procs in groups for arg in ("--cgroup", procs)]
+    if broker is not None:
+        entering += ["--broker", *broker]
     return [sys.executable, "-I", "-S", STANDIN, *entering, *cmd]
 
 

@@ -238,11 +238,11 @@ class GpuShareProvisioner(LocalProvisioner):
             _check_command(cmd, kwargs.get("env"))  # a kernelspec that cannot start is an error now, as Jupyter says
             # Its cgroups (cgroups.py), entered before it runs: none of its card while it waits (and none without
             # a GPU). The stand-in enters them, then becomes the kernel.
-            groups = self._manager().holding.groups(self.kernel_id, None if held is not None else self._grant)
+            groups, broker = self._manager().holding.groups(self.kernel_id, None if held is not None else self._grant)
             if held is not None:  # in line: it runs now, and its grant comes through a pipe (held.py)
                 kwargs = held.command(kwargs)
-            if groups:
-                cmd = standin_command(groups, cmd)
+            if groups or broker:
+                cmd = standin_command(groups, cmd, broker)
             info = await super().launch_kernel(cmd, **kwargs)
         except BaseException:
             if held is not None:

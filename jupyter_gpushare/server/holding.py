@@ -13,20 +13,9 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, Callable
 
 from ..core.levels import level_of
-from ..host.cgroups import MAX_MINOR, KernelCgroups
+from ..host.cgroups import KernelCgroups, card_minors
 from ..host.gpu import Card, GpuBackend
 from .records import Grant, QuotaUnavailable
-
-
-def card_minors(card: Card | None) -> list[int] | None:
-    """The NVIDIA device nodes a kernel's group may open: its card's. None (no NVIDIA device) without a card, or
-    on a simulated card without a device node; every card's where the driver does not say a real card's minor
-    number (no isolation by device node there, rather than a kernel that cannot open its own card)."""
-    if card is None:
-        return None
-    if card.minor is not None:
-        return [card.minor]
-    return None if card.simulated else list(range(MAX_MINOR + 1))
 
 
 class Holding:
@@ -51,16 +40,20 @@ class Holding:
 
     # -- a kernel's group ---------------------------------------------------------------------------
 
-    def groups(self, kernel_id: str, grant: Grant | None) -> list[str]:
-        """The kernel's cgroups, made and limited to its grant's card (to none while it waits, or without a GPU);
-        the ``cgroup.procs`` files its first process enters. A group that cannot be made stops the start."""
+    def groups(self, kernel_id: str, grant: Grant | None) -> tuple[list[str], tuple[str, str] | None]:
+        """The kernel's cgroups, made and limited to its grant's card (to none while it waits, or without a GPU):
+        the ``cgroup.procs`` files its first process enters, or (where the host's broker owns them) the broker's
+        socket and the kernel id it asks to enter with. A group that cannot be made stops the start."""
         card = grant.card if grant is not None and grant.mode == "gpu" else None
         try:
+            broker = self.cgroups.through_broker(kernel_id)
+            if broker is not None:
+                return [], broker
             groups = self.cgroups.create(kernel_id, card_minors(card))
             if groups:
                 self._limit(kernel_id, grant)
-            return groups
-        except OSError as e:
+            return groups, None
+        except (OSError, ValueError) as e:
             raise QuotaUnavailable(f"The kernel's cgroup could not be made: {e}. Ask the admin.") from e
 
     def _limit(self, kernel_id: str, grant: Grant | None) -> None:

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
+from ..broker.groups import BrokerGroups
+from ..broker.protocol import is_tcp
 from ..config.settings import GpuShareApp
 from ..core.history import HistoryRules
 from ..core.policy import CardView, ParkRules, Policy, PolicyError, Size, format_mib
@@ -459,6 +461,19 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_the_parents_manager)
 
 
+def kernel_cgroups(settings: GpuShareApp) -> KernelCgroups:
+    """This server's kernels' cgroups: its own where it may make them and a kernel could not leave them (or it runs
+    as root, which a kernel of root's could leave anyway); else, where the host's broker (on its Unix socket) makes
+    them for its servers, the broker's (broker/groups.py); else its own, or none."""
+    own = KernelCgroups(enabled=settings.kernel_cgroups == "auto")
+    broker = settings.broker_socket
+    if settings.kernel_cgroups != "auto" or not broker or is_tcp(broker) or os.geteuid() == 0:
+        return own
+    if own.level.tracking == "cgroup" and not own.level.escapable:
+        return own
+    return BrokerGroups.offered(broker) or own
+
+
 def build_manager(
     settings: GpuShareApp, log: logging.Logger | None = None, services: Services | None = None
 ) -> QuotaManager:
@@ -480,7 +495,7 @@ def build_manager(
         history=settings.build_history(),
         cards=cards,
         unwatched_s=settings.queue_unwatched_timeout,
-        cgroups=KernelCgroups(enabled=settings.kernel_cgroups == "auto"),
+        cgroups=kernel_cgroups(settings),
         parking=settings.build_park(),
         services=services,
     )

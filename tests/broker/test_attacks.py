@@ -218,3 +218,91 @@ def test_a_socket_another_user_serves_is_not_taken_for_the_broker(tmp_path):
         finally:
             fake.kill()
             fake.wait()
+
+
+# A kernel's code tries to leave its cgroup the ways a delegated subtree allowed (issue 33, #4): a sub-group of
+# its own, and its own group's parent (where its server's processes are); prints the daemon's pid and what
+# each try got.
+LEAVE_GROUP = """
+import json, os, time
+path = next(line.split(":", 2)[2] for line in open("/proc/self/cgroup").read().splitlines() if line.startswith("0::"))
+mount = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified" + path) else "/sys/fs/cgroup"
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.write(w, str(os.getpid()).encode())
+        time.sleep(300)
+        os._exit(0)
+    os._exit(0)
+daemon = int(os.read(r, 20))
+tries = {}
+for name, action in (
+    ("sub-group", lambda: os.mkdir(mount + path + "/hideout")),
+    ("parent", lambda: open(mount + os.path.dirname(path) + "/cgroup.procs", "w").write(str(daemon))),
+):
+    try:
+        action()
+        tries[name] = "done"
+    except OSError as e:
+        tries[name] = e.strerror
+import socket
+with socket.socket(socket.AF_UNIX) as s:  # and asks the broker to move it to a group of another kernel id
+    s.connect(BROKER)
+    s.sendall(json.dumps({"op": "enter_group", "args": {"kernel_id": "elsewhere-1"}}).encode() + b"\\n")
+    tries["through the broker"] = json.loads(s.makefile().readline()).get("message")
+print(json.dumps({"daemon": daemon, "group": path, "tries": tries}))
+"""
+
+
+@needs_root
+def test_a_students_kernel_is_held_in_a_cgroup_the_broker_owns_and_cannot_leave_it(host):
+    """A student's server (no cgroup of its own: nothing is delegated to her) holds its kernels in groups the
+    root broker makes: what a kernel starts stays in its group, it can neither make a sub-group nor move a process
+    out, and what is left in the group is ended with the kernel."""
+    from jupyter_gpushare.host.cgroups import kernel_of
+
+    broker, servers = host
+    alice = servers[ALICE]
+    kid = alice.start_kernel()
+    held = alice.kernel(kid)["held"]
+    assert (held["tracking"], held["escapable"]) == ("cgroup", False), held
+    code = f"BROKER = {broker.socket!r}\n" + LEAVE_GROUP
+    got = json.loads(run_in_kernel(alice, kid, code).strip().splitlines()[-1])
+    assert got["group"].endswith(f"/gpushare-kernels/{kid}")
+    assert got["tries"] == {
+        "sub-group": "Permission denied",
+        "parent": "Permission denied",
+        "through the broker": f"This process is kernel {kid}'s: it stays in that kernel's cgroup.",
+    }, got
+    daemon = got["daemon"]
+    assert kernel_of(daemon) == kid  # out of the kernel's process tree, not out of its group
+    bob = servers[BOB]  # another student may neither enter alice's kernel's group nor end it
+    answers = as_user(
+        bob.user,
+        bob.home,
+        f"""
+        import json, socket
+        out = []
+        for op in ("enter_group", "end_group", "group_cards"):
+            s = socket.socket(socket.AF_UNIX); s.connect({broker.socket!r})
+            s.sendall(json.dumps({{"op": op, "args": {{"kernel_id": {kid!r}}}}}).encode() + b"\\n")
+            out.append(json.loads(s.makefile().readline()))
+        print(json.dumps(out))
+        """,
+    )
+    assert [a["ok"] for a in answers] == [False, False, False], answers
+    assert "is not yours" in answers[0]["message"] and "not yours" in answers[1]["message"]
+    assert kernel_of(daemon) == kid and psutil_running(daemon)
+    alice.call("DELETE", f"api/kernels/{kid}")
+    wait_until(lambda: not psutil_running(daemon), what="the kernel's daemon ended with it")
+    wait_until(lambda: kernel_of(daemon) is None, what="its group gone")
+
+
+def psutil_running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
