@@ -450,7 +450,7 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   );
   await expect(heldLine).toHaveAttribute(
     'title',
-    /^How the server holds this kernel: (own cgroup|process tree) · other cards (not )?closed · over quota: \w+\./
+    /^How the server holds this kernel: (own cgroup(, escapable)?|process tree) · other cards (not )?closed · over quota: \w+\./
   );
 
   // Rename nb1 while it runs, then open a new notebook under the old name: its status is its own.
