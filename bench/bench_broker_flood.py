@@ -25,35 +25,17 @@ import json
 import multiprocessing
 import os
 import platform
-import pwd
-import shutil
-import signal
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
-import textwrap
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _root_broker import as_user, root_broker  # noqa: E402
+
 VICTIM, FLOODER = f"gsv{os.getpid() % 100000}", f"gsf{os.getpid() % 100000}"
-
-
-def ensure_user(name: str) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
-        return pwd.getpwnam(name)
-
-
-def as_user(name: str) -> None:
-    user = pwd.getpwnam(name)
-    os.setgroups([])
-    os.setgid(user.pw_gid)
-    os.setuid(user.pw_uid)
 
 
 def victim(sock: str, cycles: int, out) -> None:
@@ -90,12 +72,11 @@ def _keep(count: int) -> bytes:
 LARGE = _keep(1_400) + _keep(25_000)  # ~56 KB, and ~1 MB (under the old 1 MiB line limit)
 
 
-def large_flooder(sock: str, seconds: float, out) -> None:
-    """One connection that sends whole large requests back to back, reading each answer (a dropped connection is
-    opened again), as a program of the flooder's would."""
+def answered_flooder(sock: str, seconds: float, out, lines: list[bytes]) -> None:
+    """One connection that sends ``lines`` back to back, reading each answer (a dropped connection is opened
+    again), as a program of the flooder's would."""
     as_user(FLOODER)
-    opened = sent = answered = 0
-    lines = LARGE.splitlines(keepends=True)
+    opened = sent = answered = received = 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
@@ -107,44 +88,25 @@ def large_flooder(sock: str, seconds: float, out) -> None:
                     for line in lines:
                         s.sendall(line)
                         sent += len(line)
-                        if not f.readline():
+                        reply = f.readline()
+                        if not reply:
                             raise ConnectionError
                         answered += 1
+                        received += len(reply)
         except OSError:
             time.sleep(0.01)
-    out.put({"opened": opened, "refused_or_closed": opened, "bytes_sent": sent, "answered": answered, "held_at_end": 0})
-
-
-def view_flooder(sock: str, seconds: float, out) -> None:
-    """One connection that asks ``view`` back to back, reading each answer: with the flooder's 2,000 history rows,
-    each answer lists every notebook of theirs (issue 33, attack #2)."""
-    as_user(FLOODER)
-    opened = answered = received = 0
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            with socket.socket(socket.AF_UNIX) as s:
-                s.connect(sock)
-                opened += 1
-                f = s.makefile("rb")
-                while time.monotonic() < deadline:
-                    s.sendall(b'{"op": "view"}\n')
-                    reply = f.readline()
-                    if not reply:
-                        raise ConnectionError
-                    answered += 1
-                    received += len(reply)
-        except OSError:
-            time.sleep(0.01)
-    out.put({"opened": opened, "refused_or_closed": opened, "bytes_sent": 0, "answered": answered,
+    out.put({"opened": opened, "refused_or_closed": opened, "bytes_sent": sent, "answered": answered,
              "bytes_received": received, "held_at_end": 0})  # fmt: skip
 
 
+# ``view`` with the flooder's 2,000 history rows: each answer lists every notebook of theirs (issue 33, attack #2)
+VIEW = [b'{"op": "view"}\n']
+
+
 def flooder(sock: str, seconds: float, out, kind: str = "small") -> None:
-    if kind == "large":
-        return large_flooder(sock, seconds, out)
-    if kind == "view":
-        return view_flooder(sock, seconds, out)
+    """``kind``: "small" (connections past the cap, requests without reading), "large" or "view" (answered)."""
+    if kind in ("large", "view"):
+        return answered_flooder(sock, seconds, out, LARGE.splitlines(keepends=True) if kind == "large" else VIEW)
     as_user(FLOODER)
     held: list[socket.socket] = []
     opened = refused = sent = 0
@@ -227,52 +189,22 @@ def main() -> None:
     )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
-    if os.geteuid() != 0 or not shutil.which("useradd"):
-        sys.exit("bench_broker_flood needs root and useradd (two Unix users, a root broker).")
-    base = Path(tempfile.mkdtemp(prefix="gpushare-flood-"))
-    os.chmod(base, 0o755)
-    root_mode = os.stat("/root").st_mode
-    os.chmod("/root", root_mode | 0o001)  # the users reach this interpreter under /root (restored at the end)
-    for name in (VICTIM, FLOODER):
-        ensure_user(name)
-    sock = str(base / "run" / "broker.sock")
-    (base / "config.py").write_text(
-        textwrap.dedent(
-            f"""
-            c.GpuShareApp.gpu_backend = "simulated"
-            c.GpuShareApp.simulated_cards = "16GiB"
-            c.GpuShareApp.card_headroom = "0MiB"
-            c.GpuShareApp.context_reserve = "512MiB"
-            c.GpuShareBroker.socket_path = {sock!r}
-            c.GpuShareBroker.ledger_path = {str(base / "lib" / "ledger.sqlite")!r}
-            c.GpuShareBroker.nice = {args.broker_nice}
-            """
-        )
-    )
-    log = open(base / "broker.log", "w+")
-    broker = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_gpushare.cli.main", "broker", f"--config={base / 'config.py'}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        for _ in range(200):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.1)
+    settings = f"""
+        c.GpuShareApp.gpu_backend = "simulated"
+        c.GpuShareApp.simulated_cards = "16GiB"
+        c.GpuShareApp.card_headroom = "0MiB"
+        c.GpuShareApp.context_reserve = "512MiB"
+        c.GpuShareBroker.nice = {args.broker_nice}
+        """
+    with root_broker("bench_broker_flood", (VICTIM, FLOODER), settings) as broker:
+        sock = broker.socket
         quiet = phase(sock, args.cycles, 0, args.seconds)
-        log_before = os.path.getsize(base / "broker.log")
+        log_before = os.path.getsize(broker.log_path)
         flood = phase(sock, args.cycles, args.flooders, args.seconds)
-        log_growth = os.path.getsize(base / "broker.log") - log_before
+        log_growth = os.path.getsize(broker.log_path) - log_before
         large = phase(sock, args.cycles, 8, args.seconds, "large")  # eight connections of large requests
-        history_rows(base / "lib" / "ledger.sqlite", FLOODER, 2000)
+        history_rows(broker.ledger_path, FLOODER, 2000)
         views = phase(sock, args.cycles, 8, args.seconds, "view")  # eight connections asking `view`
-    finally:
-        os.killpg(broker.pid, signal.SIGTERM)
-        broker.wait(30)
-        for name in (VICTIM, FLOODER):
-            subprocess.run(["userdel", name], capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
-        os.chmod("/root", root_mode)
     q, f, g, v = quiet["reserve_ms"], flood["reserve_ms"], large["reserve_ms"], views["reserve_ms"]
     print(f"{'victim reserve':<22}{'alone':>10}{'under flood':>14}{'ratio':>8}{'large requests':>16}{'ratio':>8}"
           f"{'view flood':>12}{'ratio':>8}")  # fmt: skip

@@ -23,19 +23,14 @@ import json
 import multiprocessing
 import os
 import platform
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
-import textwrap
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_broker_flood import as_user, ensure_user  # noqa: E402
+from _root_broker import as_user, root_broker  # noqa: E402
 
 TAG = os.getpid() % 100000
 CAROL, ALICE, BOB = f"gsc{TAG}", f"gsa{TAG}", f"gsb{TAG}"
@@ -150,56 +145,22 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
-    if os.geteuid() != 0 or not shutil.which("useradd"):
-        sys.exit("bench_fair_line needs root and useradd (three Unix users, a root broker).")
     overtake, timeout = args.overtake, 3 * args.overtake
     seconds = 4 * timeout  # several of alice's re-joins
-    base = Path(tempfile.mkdtemp(prefix="gpushare-fair-"))
-    os.chmod(base, 0o755)
-    root_mode = os.stat("/root").st_mode
-    os.chmod("/root", root_mode | 0o001)  # the users reach this interpreter under /root (restored at the end)
-    for name in (CAROL, ALICE, BOB):
-        ensure_user(name)
-    sock = str(base / "run" / "broker.sock")
-    (base / "config.py").write_text(
-        textwrap.dedent(
-            f"""
-            c.GpuShareApp.gpu_backend = "simulated"
-            c.GpuShareApp.simulated_cards = "24GiB"
-            c.GpuShareApp.card_headroom = "0MiB"
-            c.GpuShareApp.context_reserve = "0MiB"
-            c.GpuShareApp.queue_overtake_limit = {overtake}
-            c.GpuShareApp.queue_timeout = {timeout}
-            c.GpuShareBroker.socket_path = {sock!r}
-            c.GpuShareBroker.ledger_path = {str(base / "lib" / "ledger.sqlite")!r}
-            """
-        )
-    )
-    log = open(base / "broker.log", "w+")
-    broker = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_gpushare.cli.main", "broker", f"--config={base / 'config.py'}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+    settings = f"""
+        c.GpuShareApp.gpu_backend = "simulated"
+        c.GpuShareApp.simulated_cards = "24GiB"
+        c.GpuShareApp.card_headroom = "0MiB"
+        c.GpuShareApp.context_reserve = "0MiB"
+        c.GpuShareApp.queue_overtake_limit = {overtake}
+        c.GpuShareApp.queue_timeout = {timeout}
+        """
     runs = []
-    try:
-        for _ in range(200):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.1)
-        else:
-            log.seek(0)
-            sys.exit(f"the broker did not start:\n{log.read()[-3000:]}")
+    with root_broker("bench_fair_line", (CAROL, ALICE, BOB), settings) as broker:
         for _ in range(args.runs):
-            control = phase(sock, timeout, overtake, seconds / 4, attack=False)
-            attacked = phase(sock, timeout, overtake, seconds, attack=True)
+            control = phase(broker.socket, timeout, overtake, seconds / 4, attack=False)
+            attacked = phase(broker.socket, timeout, overtake, seconds, attack=True)
             runs.append({"control": control, "attack": attacked})
-    finally:
-        os.killpg(broker.pid, signal.SIGTERM)
-        broker.wait(30)
-        for name in (CAROL, ALICE, BOB):
-            subprocess.run(["userdel", name], capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
-        os.chmod("/root", root_mode)
     print(f"overtake limit {overtake:g} s, queue timeout {timeout:g} s; bob's 2 GiB kernels, 3.5 GiB free")
     print(f"{'run':<5}{'control p50':>12}{'max':>8}{'attack p50':>12}{'max':>8}{'kernels':>9}{'expired':>9}"
           f"{'alice re-joins':>16}{'max/limit':>11}")  # fmt: skip
