@@ -17,7 +17,7 @@ from ..core.addresses import PROVISIONER_NAME
 from ..core.policy import EnforcePolicy, PolicyError
 from ..ledger.ledger import LedgerError, Waiting
 from .manager import QuotaManager, build_manager, use_in_process
-from .records import Changes, KernelRecord
+from .records import Change, Changes, KernelRecord
 from .refusals import quiet_refusals
 from .sampler import Readings
 from .services import Services
@@ -39,32 +39,39 @@ class Announcer:
         self.events = events
         if events is not None:
             events.register_event_schema(SCHEMA_FILE)
-        self._pending: set[str] = set()
+        self._pending: set[Change] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
         self.count = 0
 
-    def changed(self, kernel_id: str | None) -> None:
-        """A change a person would notice, of ``kernel_id``'s (None: of no one kernel). Any thread."""
+    def changed(self, change: Change) -> None:
+        """A change a person would notice (of one kernel's, or of no one kernel's). Any thread."""
         if self.events is None:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # from another thread: onto the loop first
             if self._loop is not None and not self._loop.is_closed():
-                self._loop.call_soon_threadsafe(self.changed, kernel_id)
+                self._loop.call_soon_threadsafe(self.changed, change)
             return
         self._loop = loop
-        if kernel_id:
-            self._pending.add(kernel_id)
+        self._pending.add(change)
         if self._handle is None:
             self._handle = loop.call_later(ANNOUNCE_EVERY_S, self._announce)
 
     def _announce(self) -> None:
         self._handle = None
-        kernel_ids, self._pending = sorted(self._pending), set()
+        changes = sorted(self._pending, key=lambda c: (c.kernel_id or "", c.what))
+        self._pending = set()
         self.count += 1
-        self.events.emit(schema_id=STATE_SCHEMA, data={"version": str(self.count), "kernel_ids": kernel_ids})
+        self.events.emit(
+            schema_id=STATE_SCHEMA,
+            data={
+                "version": str(self.count),
+                "kernel_ids": sorted({c.kernel_id for c in changes if c.kernel_id}),
+                "changes": [{"kernel_id": c.kernel_id, "what": c.what} for c in changes],
+            },
+        )
 
     def stop(self) -> None:
         if self._handle is not None:

@@ -30,6 +30,7 @@ from typing import Any, Callable, Literal
 
 from ..core.overuse import CardRoom, Excess, OverUseJudge, Verdict, card_room, over_use
 from ..core.policy import EnforcePolicy, format_mib
+from .records import ChangeKind
 from .sampler import KernelUsage, UsageSnapshot
 from .snapshot import ServerSnapshot
 
@@ -62,7 +63,7 @@ class Enforcer:
         policy: EnforcePolicy,
         log: logging.Logger | None = None,
         clock: Callable[[], float] = time.time,
-        on_change: Callable[[str | None], None] | None = None,
+        on_change: Callable[[str | None, ChangeKind], None] | None = None,
     ) -> None:
         """``on_change``: told of each kernel whose judged state (near or over quota, idle) changes."""
         self.manager = manager
@@ -70,7 +71,7 @@ class Enforcer:
         self.policy = policy
         self.log = log or logging.getLogger("jupyter_gpushare")
         self.clock = clock
-        self._on_change = on_change or (lambda kernel_id: None)
+        self._on_change = on_change or (lambda kernel_id, what: None)
         self.judge = OverUseJudge(policy.over_action, policy.over_grace_s)
         self.states: dict[str, Judgment] = {}
         self._watch: dict[str, _Watch] = {}
@@ -116,7 +117,7 @@ class Enforcer:
         for kid in [k for k in self._watch if k not in self.manager.records]:
             del self._watch[kid]
         for kid in sorted({k for k in states.keys() | self.states.keys() if states.get(k) != self.states.get(k)}):
-            self._on_change(kid)
+            self._on_change(kid, "judgment")
         self.states = states
         return bool(excesses)
 

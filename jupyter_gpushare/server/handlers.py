@@ -130,7 +130,9 @@ class KernelMoveHandler(GpuShareHandler):
         self._record(kernel_id)
         parking = self.manager.parking
         moving = asyncio.ensure_future(parking.park(kernel_id) if move == "park" else parking.resume(kernel_id))
-        self.manager.services.changes(kernel_id)  # a move under way is a change: the snapshot shows it meanwhile
+        self.manager.services.changes(
+            kernel_id, "move"
+        )  # a move under way is a change: the snapshot shows it meanwhile
         try:
             await moving
         except PolicyError as e:

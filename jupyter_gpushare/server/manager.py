@@ -35,7 +35,7 @@ from .ledger_worker import LedgerWorker
 from .line import Line
 from .parking import Parking
 from .quota_change import QuotaChanges
-from .records import Grant, KernelRecord, QuotaUnavailable
+from .records import ChangeKind, Grant, KernelRecord, QuotaUnavailable, Version
 from .sampler import KernelUsage
 from .services import Services
 from .snapshot import take_snapshot
@@ -78,7 +78,8 @@ class QuotaManager:
         self.user = getpass.getuser()
         self.records: dict[str, KernelRecord] = {}
         self.services = services or Services()
-        self._on_change: Callable[[str | None], None] = self.services.changes
+        self._on_change: Callable[[str | None, ChangeKind], None] = self.services.changes
+        self.version = Version()  # every assignment to a record of this registry
         self.events: collections.deque[dict] = collections.deque(maxlen=500)
         # Blocking work that is not the ledger's (kernels' reports, their cgroups). Not the loop's default
         # executor: a forked child inherits that one without its threads, and would wait on it forever.
@@ -136,7 +137,7 @@ class QuotaManager:
         self.events.append(
             {"time": time.time(), "kind": kind, "kernel_id": kernel_id, "path": path, "message": message, **figures}
         )
-        self._on_change(kernel_id)
+        self._on_change(kernel_id, "event")
         if logged:
             self.log.info("gpushare %s %s: %s", kind, kernel_id or "", message)
 
@@ -154,16 +155,17 @@ class QuotaManager:
                 language,
                 self.user,
                 on_change=self._on_change,
+                version=self.version,
                 largest_mib=max((c.total_mib for c in self.cards), default=0),
             )
-            self._on_change(kernel_id)
+            self._on_change(kernel_id, "listed")
         return rec
 
     def forget(self, kernel_id: str) -> KernelRecord | None:
         """The kernel is gone from this server: its record goes, and the change is said."""
         rec = self.records.pop(kernel_id, None)
         if rec is not None:
-            self._on_change(kernel_id)
+            self._on_change(kernel_id, "gone")
         return rec
 
     async def admit(

@@ -72,20 +72,43 @@ class Grant:
     reason: str | None = None
 
 
+# What changed of a kernel, as a person would notice it: listed or gone from the registry, one of its record's
+# NOTABLE fields, an event said of it, the enforcer's judgment of it (near or over quota, idle), a move of its quota
+# under way.
+ChangeKind = Literal[
+    "listed", "gone", "state", "quota", "pending_quota", "position", "parked", "event", "judgment", "move"
+]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change of the kernels' registry: whose (None: no one kernel's, an event of the server's) and what."""
+
+    kernel_id: str | None
+    what: ChangeKind
+
+
 class Changes:
-    """Who hears of each change of the kernels' registry that a person would notice (a kernel's state, quota or
-    place in line, a kernel listed or gone, an event, a judgment of the enforcer): the server's snapshot and its
-    announcer listen. Called with the kernel's id (None: no one kernel's), from whichever thread made the change."""
+    """Who hears of each change of the kernels' registry that a person would notice (``Change``): the server's
+    snapshot and its announcer, which says it on the server's event bus. Called from whichever thread made it."""
 
     def __init__(self) -> None:
-        self._listeners: list[Callable[[str | None], None]] = []
+        self._listeners: list[Callable[[Change], None]] = []
 
-    def listen(self, listener: Callable[[str | None], None]) -> None:
+    def listen(self, listener: Callable[[Change], None]) -> None:
         self._listeners.append(listener)
 
-    def __call__(self, kernel_id: str | None) -> None:
+    def __call__(self, kernel_id: str | None, what: ChangeKind) -> None:
+        change = Change(kernel_id, what)
         for listener in self._listeners:
-            listener(kernel_id)
+            listener(change)
+
+
+@dataclass
+class Version:
+    """How many times the records of one registry were assigned to (the snapshot's test of "built since")."""
+
+    n: int = 0
 
 
 @dataclass(frozen=True)
@@ -110,19 +133,20 @@ class Parked:
 class KernelRecord:
     """What the API says of one kernel of this process."""
 
-    changes: ClassVar[int] = 0  # bumped on every field assignment: lets the API reuse an encoded reply
     NOTABLE: ClassVar[frozenset[str]] = frozenset({"state", "quota", "pending_quota", "position", "parked"})
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """Every change counts (``changes``); one a person would notice (``NOTABLE``: its state, quota, place in
-        line) is said at once to ``on_change``, the registry's (QuotaManager's), with the kernel's id."""
+        """Every assignment counts (its registry's ``version``); one a person would notice (``NOTABLE``: its state,
+        quota, place in line, parking) is said at once to ``on_change``, the registry's, as a typed change."""
         before = self.__dict__.get(name, value)
         object.__setattr__(self, name, value)
-        KernelRecord.changes += 1
+        version = self.__dict__.get("version")
+        if version is not None:
+            version.n += 1
         if name in self.NOTABLE and before != value:
             on_change = self.__dict__.get("on_change")
             if on_change is not None:
-                on_change(self.kernel_id)
+                on_change(self.kernel_id, name)
 
     kernel_id: str
     kernel_name: str
@@ -152,7 +176,8 @@ class KernelRecord:
     oom: str | None = None  # the framework that ran out of memory in this process (its report says so)
     retry_quota_mib: int | None = None  # then: the quota to restart with (history.retry_quota_mib)
     parked: Parked | None = None  # its GPU state is in host memory (parking.py)
-    on_change: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
+    on_change: Callable[[str, ChangeKind], None] | None = field(default=None, repr=False, compare=False)
+    version: Version | None = field(default=None, repr=False, compare=False)  # its registry's
     largest_mib: int = 0  # the largest card's memory: a share's size before the kernel has a card
 
     def mib_of(self, size: Size | None) -> int | None:

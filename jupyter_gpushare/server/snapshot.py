@@ -27,7 +27,7 @@ from ..host.reports import read_reports, report_dir
 from ..ledger.file import LedgerError
 from ..ledger.ledger import Lease, Reservations, Waiter
 from ..ledger.view import host_view
-from .records import KernelRecord
+from .records import Change
 from .sampler import UsageSnapshot
 from .views import card_view, config_view, kernel_view, server_view
 
@@ -178,8 +178,8 @@ class Snapshots:
         self._stopped = False
 
     def _version(self) -> int:
-        """The registry's version: every change of a record (KernelRecord.changes), and every change said."""
-        return KernelRecord.changes + self._said
+        """The registry's version: every assignment to one of its records, and every change said."""
+        return self.manager.version.n + self._said
 
     def tick(self, usage: UsageSnapshot) -> None:
         """A new reading of the sampler (on the IOLoop): build the snapshot that holds it."""
@@ -187,7 +187,7 @@ class Snapshots:
         if not self._stopped:
             self._kick()
 
-    def changed(self, kernel_id: str | None = None) -> None:
+    def changed(self, change: Change | None = None) -> None:
         """A change of the registry (a kernel's record, an event, a judgment), said from any thread: a snapshot that
         holds it is built within SETTLE_S."""
         self._said += 1
@@ -195,7 +195,7 @@ class Snapshots:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # from another thread (a lease reclaimed on the ledger's): onto the loop first
             if self._loop is not None and not self._loop.is_closed():
-                self._loop.call_soon_threadsafe(self.changed, kernel_id)
+                self._loop.call_soon_threadsafe(self.changed, change)
             return
         self._loop = loop
         if self._timer is None and not self._stopped:

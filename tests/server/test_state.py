@@ -102,15 +102,18 @@ async def test_changes_are_announced_on_the_event_bus(gpushare, jp_serverapp):
     jp_serverapp.event_logger.add_listener(schema_id=STATE_SCHEMA, listener=listener)
     t0 = time.monotonic()
     kid = await gpushare.start_kernel()
-    await gpushare.wait_for(lambda: _announced(seen, kid), what="the new kernel announced")
+    await gpushare.wait_for(lambda: _announced(seen, kid, "listed"), what="the new kernel announced")
     assert seen[-1][0] - t0 < 30
+    # each change typed: listed, then its state as it was granted
+    changes = [c for _, data in seen for c in data["changes"] if c["kernel_id"] == kid]
+    assert {"kernel_id": kid, "what": "listed"} in changes and {"kernel_id": kid, "what": "state"} in changes
     await gpushare.stop_kernel(kid)
-    await gpushare.wait_for(lambda: _announced(seen[-1:], kid), what="its shutdown announced")
+    await gpushare.wait_for(lambda: _announced(seen, kid, "gone"), what="its shutdown announced")
 
 
-async def _announced(seen, kid) -> bool:
+async def _announced(seen, kid, what) -> bool:
     await asyncio.sleep(0)
-    return any(kid in data.get("kernel_ids", []) for _, data in seen)
+    return any(kid in data["kernel_ids"] and {"kernel_id": kid, "what": what} in data["changes"] for _, data in seen)
 
 
 async def test_a_renamed_notebook_is_followed_by_its_kernel_id(gpushare, jp_fetch):
