@@ -14,6 +14,7 @@ by the broker.
 from __future__ import annotations
 
 import logging
+import socket
 
 from ..host.cgroups import KernelCgroups, Level
 from .client import BrokerLedger
@@ -57,9 +58,11 @@ class BrokerGroups(KernelCgroups):
         """The broker's socket and the kernel's id, for its stand-in; None while the broker does not answer (a
         restart, an outage: the kernel then starts without a GPU and without a group, as its server says)."""
         self._dirs(kernel_id)  # (a kernel id that cannot name a group is refused here, as in create)
-        try:
-            self._client.hello()
-        except Exception as e:
+        try:  # (on the IOLoop, in the kernel's launch: a connect, bounded, not a request)
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(1.0)
+                s.connect(self.socket)
+        except OSError as e:
             log.warning(
                 "jupyter-gpushare: kernel %s starts outside a cgroup: the broker does not answer (%s)", kernel_id, e
             )
