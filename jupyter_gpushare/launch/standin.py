@@ -49,11 +49,15 @@ def enter_through(socket_path: str, kernel_id: str) -> str:
     """Ask the broker to move this process into the kernel's group; what went wrong, or "" once it is in."""
     import json
     import socket
+    import struct
 
     try:
         with socket.socket(socket.AF_UNIX) as s:
             s.settimeout(30)
             s.connect(socket_path)
+            _pid, uid, _gid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if uid != 0:  # only a root broker makes groups a kernel cannot leave: anyone else's answer is not one
+                return f"the process at {socket_path} runs as uid {uid}, not root: it is not the host's broker"
             s.sendall(json.dumps({"op": "enter_group", "args": {"kernel_id": kernel_id}}).encode() + b"\n")
             reply = json.loads(s.makefile("rb").readline() or b"{}")
     except (OSError, ValueError) as e:

@@ -10,11 +10,15 @@ and the student was told what was refused and why. Needs root (useradd, servers 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.error
+from pathlib import Path
 
 import pytest
 from multiuser import (
@@ -306,3 +310,41 @@ def psutil_running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+@needs_root
+def test_a_kernels_stand_in_enters_no_group_on_the_word_of_a_broker_that_is_not_root():
+    """A socket at the broker's path served by someone else (an admin's mistake, a broker that is not running):
+    the kernel's stand-in checks the peer's credentials and refuses to start the kernel on its answer."""
+    import pwd
+
+    from jupyter_gpushare.launch.held import standin_command
+
+    nobody = pwd.getpwnam("nobody")
+    where = Path(tempfile.mkdtemp(prefix="gpushare-fake-broker-"))  # (pytest's tmp_path: root's, closed to nobody)
+    os.chmod(where, 0o777)
+    sock = where / "fake.sock"
+    fake = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import socket
+            s = socket.socket(socket.AF_UNIX); s.bind({str(sock)!r}); s.listen(4)
+            import os; os.chmod({str(sock)!r}, 0o777)
+            print("ready", flush=True)
+            while True:
+                c, _ = s.accept(); c.makefile().readline()
+                c.sendall(b'{{"ok": true, "result": {{"procs": []}}}}\\n'); c.close()
+        """)],
+        stdout=subprocess.PIPE, text=True, user=nobody.pw_uid, group=nobody.pw_gid,
+    )  # fmt: skip
+    try:
+        assert fake.stdout.readline().strip() == "ready"
+        ran = subprocess.run(
+            standin_command([], [sys.executable, "-c", "print('the kernel ran')"], (str(sock), "k1")),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert ran.returncode == 126 and "the kernel ran" not in ran.stdout
+        assert f"runs as uid {nobody.pw_uid}, not root: it is not the host's broker" in ran.stderr
+    finally:
+        fake.kill()
+        fake.wait()
+        shutil.rmtree(where, ignore_errors=True)
