@@ -264,8 +264,10 @@ def test_a_students_kernel_is_held_in_a_cgroup_the_broker_owns_and_cannot_leave_
     """A student's server (no cgroup of its own: nothing is delegated to her) holds its kernels in groups the
     root broker makes: what a kernel starts stays in its group, it can neither make a sub-group nor move a process
     out, and what is left in the group is ended with the kernel."""
-    from jupyter_gpushare.host.cgroups import kernel_of
+    from jupyter_gpushare.host.cgroups import KernelCgroups, kernel_of
 
+    if KernelCgroups().level.tracking != "cgroup":  # the broker runs as root beside this test: it could make none
+        pytest.skip(f"no cgroups can be made here: {KernelCgroups().level.reason}")
     broker, servers = host
     alice = servers[ALICE]
     kid = alice.start_kernel()
