@@ -59,7 +59,8 @@ export class Notifier {
       const name =
         (e.kernel_id ? this.nameOf(e.kernel_id) : null) ??
         (notebookName(e.path) || null);
-      if (name === null && e.kernel_id) {
+      if (name === null && e.kernel_id && this.describe(e.kernel_id) !== null) {
+        // a kernel the server lists whose session is not renamed yet (one that is gone is said at once)
         const pending = { event: e, timer: 0 };
         pending.timer = window.setTimeout(() => {
           this._pending.delete(pending);
