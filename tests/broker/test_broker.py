@@ -708,3 +708,18 @@ def test_guessing_notebook_paths_costs_the_same_whether_a_guess_hits(inproc):
             is None
         )
     assert broker.handle(who["alice"], "learned_peak", ask) is None  # the real path, asked once the budget is spent
+
+
+def test_group_requests_with_ids_no_cgroup_can_have_are_refused_with_why(inproc):
+    from jupyter_gpushare.broker.protocol import BrokerRefused
+
+    """Kernel ids the wire takes (``:`` is allowed there) but a cgroup's name cannot: each group request says why,
+    and malformed arguments are refused by the protocol (another user's group: test_attacks.py)."""
+    broker, who = inproc
+    for op in ("enter_group", "end_group"):
+        with pytest.raises(BrokerRefused) as e:
+            broker.handle(who["alice"], op, {"kernel_id": "a:b"})
+        assert "cannot name a cgroup" in str(e.value) or "makes no cgroups" in str(e.value), (op, e.value)
+    for bad in ({"kernel_id": ""}, {"kernel_id": 7}, {"kernel_id": "k1", "keep": "yes"}):
+        with pytest.raises(BrokerRefused, match="Bad 'end_group' request"):
+            broker.handle(who["alice"], "end_group", bad)
