@@ -21,7 +21,7 @@ from typing import Any, Callable
 from ..core.history import HistoryRules, Learned, Run
 from ..core.policy import Policy, PolicyError, UserLimits, parse_limits
 from ..host.gpu import Card
-from ..ledger.leases import lease_from_json, waiter_from_json
+from ..ledger.leases import lease_from_json, waiter_from_json, waiting_from_json
 from ..ledger.ledger import Lease, LedgerError, ProcessRef, Request, Waiter, Waiting
 from .protocol import HUB_TOKEN_ENV, MAX_REPLY, is_tcp, parse_tcp, policy_error_from
 
@@ -258,7 +258,7 @@ class BrokerLedger:
         got = self._call("reserve", kernel_id=req.kernel_id, mib=req.quota.mib, percent=req.quota.percent, kernel_name=req.kernel_name, wait=wait, **({"cards": visible} if visible else {}))  # fmt: skip
         if "lease" in got:
             return lease_from_json(got["lease"])
-        return Waiting(**got["waiting"])
+        return waiting_from_json(got["waiting"])
 
     def record_peak(self, kernel_id: str, path: str, run: Run, rules: HistoryRules | None = None) -> bool:
         """Send a run; the broker keys it by this server's user and the lease's kernelspec, and keeps it by its own

@@ -14,7 +14,7 @@ import signal
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import psutil
@@ -24,7 +24,7 @@ from ..core.levels import WHAT, below, level_of
 from ..core.policy import CardView, Policy, Size, UserLimits, format_mib
 from ..host.cgroups import KernelCgroups, card_minors, held_in_group, kernel_of
 from ..host.gpu import Card, DeviceSample, GpuBackend
-from ..ledger.leases import lease_to_json, waiter_to_json
+from ..ledger.leases import lease_to_json, waiter_to_json, waiting_to_json
 from ..ledger.ledger import Lease, Ledger, ProcessRef, Request, Waiter
 from ..ledger.view import ANONYMOUS, anonymous_leases, view_for
 from .guard import LogLimiter
@@ -248,7 +248,7 @@ class Operations:
             got = led.reserve(request, self.policy, cards, args.wait, self.limits_for(caller), outside=outside)
         if isinstance(got, Lease):
             return {"lease": lease_to_json(got)}
-        return {"waiting": asdict(got)}
+        return {"waiting": waiting_to_json(got)}
 
     def _op_cancel_wait(self, caller: Caller, args: KernelArgs) -> None:
         assert self._ledger is not None

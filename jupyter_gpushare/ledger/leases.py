@@ -4,6 +4,7 @@ sends them, the queue (queue.py) and the attribution of GPU processes (attributi
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..core.policy import PolicyError, Size, parse_size
@@ -53,6 +54,7 @@ class Waiting:
     outside_mib: int = 0  # what processes without a reservation use on the allowed cards, together
     reason: str = ""  # why nothing is granted now although room may be free (the ledger is settling)
     expired: bool = False  # it waited as long as the policy lets kernels wait, and left the queue
+    gives_up_at: float | None = None  # (wall clock) the line's one deadline for it: joined + queue_timeout; None: none
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,16 @@ def owner_to_json(owner: Owner) -> dict:
 
 def owner_from_json(d: dict) -> Owner:
     return SessionRef(d["session"]) if "session" in d else ProcessRef(d["pid"], d["start"])
+
+
+def waiting_to_json(waiting: Waiting) -> dict:
+    return dataclasses.asdict(waiting)
+
+
+def waiting_from_json(d: dict) -> Waiting:
+    """A place in line as a broker said it; fields this version does not know (a newer broker's) are left out."""
+    known = {f.name for f in dataclasses.fields(Waiting)}
+    return Waiting(**{name: value for name, value in d.items() if name in known})
 
 
 def lease_to_json(lease: Lease) -> dict:

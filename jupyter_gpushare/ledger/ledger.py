@@ -20,6 +20,7 @@ longer has), and they are reclaimed once the session expires.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sqlite3
 import time
@@ -266,9 +267,11 @@ class Ledger:
             line = line_of(db)
             mine = next((e for e in line if e.kernel_id == req.kernel_id), None)
             views = self._views(db, cards, outside)
-            if mine is not None and wait and now - mine.created >= policy.queue_timeout_s:
+            gives_up_at = (mine.created if mine else now) + policy.queue_timeout_s if wait else math.inf
+            gives_up = dict(gives_up_at=gives_up_at if gives_up_at < math.inf else None)
+            if mine is not None and now >= gives_up_at:
                 _end_waits(db, "kernel_id=?", (req.kernel_id,), now)
-                return self._waiting(req, policy, views, len(_before(line, mine)), expired=True)
+                return self._waiting(req, policy, views, len(_before(line, mine)), expired=True, **gives_up)
             if limits is not None:  # before queueing: a request over a limit never waits
                 held = held_by(db, req.user, req.kernel_id, line, cards)
                 biggest = max((c.total_mib for c in cards if policy.card_allowed(c.uuid, c.index)), default=0)
@@ -301,7 +304,7 @@ class Ledger:
                     if settling > 0
                     else ""
                 )
-                return self._waiting(req, policy, views, len(_before(line, mine)), reason=reason)
+                return self._waiting(req, policy, views, len(_before(line, mine)), reason=reason, **gives_up)
             quota_mib = req.quota.resolve(card.total_mib)
             if limits is not None:  # exact now that the card (and so a percentage's size) is known
                 limits.check(req.user, quota_mib, card.total_mib, held)
@@ -327,7 +330,13 @@ class Ledger:
 
     @staticmethod
     def _waiting(
-        req: Request, policy: Policy, views: Sequence[CardView], ahead: int, reason: str = "", expired: bool = False
+        req: Request,
+        policy: Policy,
+        views: Sequence[CardView],
+        ahead: int,
+        reason: str = "",
+        expired: bool = False,
+        gives_up_at: float | None = None,
     ) -> Waiting:
         allowed = [v for v in views if policy.card_allowed(v.uuid, v.index)]
         fitting = [
@@ -344,6 +353,7 @@ class Ledger:
             outside_mib=sum(v.outside_mib for v in allowed),
             reason=reason,
             expired=expired,
+            gives_up_at=gives_up_at,
         )
 
     def cancel_wait(self, kernel_id: str) -> None:

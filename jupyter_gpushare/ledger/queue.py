@@ -144,12 +144,13 @@ ENDINGS = ("cancelled", "timeout", "unwatched", "closing")  # why a wait ends wi
 
 @dataclass
 class Wait:
-    """One of this server's kernels in line: since when (monotonic), until when, and how it ends."""
+    """One of this server's kernels in line: since when (monotonic), until when, and how it ends. ``deadline`` is
+    the line's one deadline for it, the ledger's (``Waiting.gives_up_at``), on this server's monotonic clock."""
 
     request: Request
     since: float
-    deadline: float
     result: asyncio.Future  # the Grant, or the QuotaUnavailable that ends the wait
+    deadline: float = math.inf
     unwatched_since: float | None = None  # no client connected since then
     ending: str | None = None  # one of ENDINGS, once decided
     why: str = ""  # for 'cancelled': what stopped it
@@ -167,13 +168,12 @@ class ServerQueue:
     """The kernels of this server that wait in the host's line, and when each stops waiting.
 
     The ledger decides who is granted (``choose_card``); this decides, at each tick, which waits to ask it about
-    and which end now: cancelled (its owner stopped it, or it was shut down), past ``timeout_s``, unwatched (no
+    and which end now: cancelled (its owner stopped it, or it was shut down), past its deadline (the ledger's), unwatched (no
     client connected for ``unwatched_s``), or the server is closing. ``clock`` is monotonic: a change of the wall
     clock neither ends nor prolongs a wait.
     """
 
-    def __init__(self, timeout_s: float, unwatched_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
-        self.timeout_s = timeout_s
+    def __init__(self, unwatched_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
         self.unwatched_s = unwatched_s
         self.clock = clock
         self.waits: dict[str, Wait] = {}
@@ -188,9 +188,16 @@ class ServerQueue:
         if old is not None:
             self.end(old.kernel_id, "cancelled", "it asked for another quota")
         now = self.clock()
-        wait = Wait(request, now, now + self.timeout_s, asyncio.get_running_loop().create_future())
+        wait = Wait(request, now, asyncio.get_running_loop().create_future())
         self.waits[request.kernel_id] = wait
         return wait
+
+    def answered(self, wait: Wait, got: Waiting) -> None:
+        """The ledger's answer for a kernel in line: its place, and its deadline. The host's line keeps one
+        deadline a waiter (its joining plus the ledger's policy's queue_timeout; none where there is no limit),
+        read here and never computed again."""
+        wait.last = got
+        wait.deadline = math.inf if got.gives_up_at is None else self.clock() + (got.gives_up_at - time.time())
 
     def end(self, kernel_id: str, ending: str, why: str = "") -> Wait | None:
         """Mark a wait as ending (the next ``due`` reports it); None if the kernel is not in line."""

@@ -55,12 +55,11 @@ class Line:
         kernels: Registry,
         ledger: LedgerWorker,
         starts: KernelStarts,
-        timeout_s: float,
         unwatched_s: float,
         log: logging.Logger,
     ) -> None:
         self.kernels, self.ledger, self.starts, self.log = kernels, ledger, starts, log
-        self.queue = ServerQueue(timeout_s, unwatched_s)
+        self.queue = ServerQueue(unwatched_s)
         self._serving: asyncio.Future | None = None  # the task that serves the line while anyone waits
         self._room = asyncio.Event()  # set when this server frees room: the line is served at once
 
@@ -91,13 +90,8 @@ class Line:
     def join(self, rec: KernelRecord, request: Request, got: Waiting) -> None:
         """A kernel the ledger answered with a place in line joins this server's waits (or keeps its place)."""
         self.leave(request.kernel_id, "it asked for another quota")
-        self.queue.join(request).last = got
+        self.queue.answered(self.queue.join(request), got)
         rec.state, rec.queued_since, rec.wait_ended = "queued", time.time(), None
-        rec.wait_until = (
-            time.time() + self.kernels.policy.queue_timeout_s
-            if self.kernels.policy.queue_timeout_s < float("inf")
-            else None
-        )
         self._update(rec, got)
         self.kernels.event(
             "queued",
@@ -131,6 +125,7 @@ class Line:
 
     def _update(self, rec: KernelRecord, got: Waiting) -> None:
         rec.position, rec.need_mib, rec.free_mib = got.position, got.need_mib, got.free_mib
+        rec.wait_until = got.gives_up_at
         self.starts.on_wait(rec, got)
 
     async def _serve(self) -> None:
@@ -232,7 +227,7 @@ class Line:
         else:
             if wait.ledger_down:  # the ledger answers again
                 wait.ledger_down, rec.reason = False, None
-            wait.last = got
+            self.queue.answered(wait, got)
             self._update(rec, got)
 
     def end_wait(self, wait: Wait, got: Waiting | None = None) -> None:

@@ -91,7 +91,7 @@ class QuotaManager:
             self.services.watchdog,
         )  # fmt: skip
         self.ledger = LedgerWorker(ledger_path, broker_socket, broker_ca_file, self.log, self._reclaimed)
-        self.line = Line(self, self.ledger, self.services.starts, policy.queue_timeout_s, unwatched_s, self.log)
+        self.line = Line(self, self.ledger, self.services.starts, unwatched_s, self.log)
         self.learning = Learning(
             history or HistoryRules(), policy, self.ledger, self.user, self.blocking, self.log, self.event
         )

@@ -103,6 +103,22 @@ def test_a_wait_past_the_queue_timeout_is_given_up_by_the_ledger(tmp_path):
     assert isinstance(got, Waiting) and got.expired and ledger.waiters() == []
 
 
+def test_the_line_has_one_deadline_a_waiter_set_when_it_joins(tmp_path):
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.reserve(req("full", 9), POLICY, CARDS[:1], wait=False)
+    policy = Policy(context_reserve_mib=512, queue_timeout_s=300.0)
+    first = ledger.reserve(req("w", 4), policy, CARDS[:1], wait=True)
+    (joined,) = [w.created for w in ledger.waiters()]
+    time.sleep(0.05)
+    again = ledger.reserve(req("w", 4), policy, CARDS[:1], wait=True)  # a heartbeat does not move it
+    assert isinstance(first, Waiting) and isinstance(again, Waiting)
+    assert first.gives_up_at == again.gives_up_at == joined + 300
+    no_limit = ledger.reserve(req("w", 4), Policy(context_reserve_mib=512, queue_timeout_s=float("inf")), CARDS[:1], wait=True)  # fmt: skip
+    asked_once = ledger.reserve(req("x", 4), policy, CARDS[:1], wait=False)
+    assert isinstance(no_limit, Waiting) and isinstance(asked_once, Waiting)
+    assert no_limit.gives_up_at is None and asked_once.gives_up_at is None  # no limit; not in line
+
+
 def test_waiting_says_what_is_needed_and_free(tmp_path):
     ledger = Ledger(tmp_path / "l.sqlite")
     ledger.reserve(req("a", 8), POLICY, CARDS[:1], wait=False)

@@ -7,11 +7,13 @@ test_ledger.py, and through a real server in test_waiting.py.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from jupyter_gpushare.core.policy import CardView, Policy, PolicyError, Size
 from jupyter_gpushare.core.words import render
+from jupyter_gpushare.ledger.leases import Waiting
 from jupyter_gpushare.ledger.queue import Entry, Request, ServerQueue, check_waiting, choose_card
 
 GIB = 1024
@@ -130,8 +132,8 @@ def request(kid: str, gib: float = 4) -> Request:
 
 async def test_a_wait_ends_at_its_timeout_by_the_monotonic_clock():
     clock = Clock()
-    line = ServerQueue(timeout_s=60, clock=clock)
-    line.join(request("a"))
+    line = ServerQueue(clock=clock)
+    line.answered(line.join(request("a")), Waiting("a", 1, 4096, 0, 0, gives_up_at=time.time() + 60))
     clock.now = 59.9
     assert [w.kernel_id for w in line.due()[0]] == ["a"]
     clock.now = 60
@@ -139,8 +141,25 @@ async def test_a_wait_ends_at_its_timeout_by_the_monotonic_clock():
     assert ask == [] and [(w.kernel_id, w.ending) for w in ending] == [("a", "timeout")]
 
 
+async def test_a_wait_ends_at_the_ledgers_deadline_not_at_a_second_one():
+    """The host's line (a broker's policy, say) may give up sooner than this server's own setting: the wait ends
+    at the ledger's deadline, read from its answer; without one it has no end of its own."""
+    clock = Clock()
+    line = ServerQueue(clock=clock)
+    wait = line.join(request("a"))
+    line.answered(wait, Waiting("a", 1, 4096, 0, 0, gives_up_at=time.time() + 30))
+    clock.now = 29
+    assert [w.kernel_id for w in line.due()[0]] == ["a"]
+    clock.now = 30.5
+    assert [(w.kernel_id, w.ending) for w in line.due()[1]] == [("a", "timeout")]
+    other = line.join(request("b"))
+    line.answered(other, Waiting("b", 1, 4096, 0, 0, gives_up_at=None))
+    clock.now = 1e9
+    assert [w.kernel_id for w in line.due()[0]] == ["b"]
+
+
 async def test_joining_again_keeps_the_place_unless_the_quota_changed():
-    line = ServerQueue(timeout_s=60, clock=Clock())
+    line = ServerQueue(clock=Clock())
     first = line.join(request("a"))
     assert line.join(request("a")) is first  # a restart or a reload while it waits
     other = line.join(request("a", gib=6))
@@ -149,7 +168,7 @@ async def test_joining_again_keeps_the_place_unless_the_quota_changed():
 
 
 async def test_a_cancelled_wait_ends_at_the_next_tick_and_says_why():
-    line = ServerQueue(timeout_s=60, clock=Clock())
+    line = ServerQueue(clock=Clock())
     line.join(request("a"))
     line.join(request("b"))
     assert line.end("a", "cancelled", "its owner stopped it").why == "its owner stopped it"
@@ -160,7 +179,7 @@ async def test_a_cancelled_wait_ends_at_the_next_tick_and_says_why():
 
 async def test_a_wait_no_client_watches_ends_after_the_unwatched_timeout():
     clock = Clock()
-    line = ServerQueue(timeout_s=600, unwatched_s=30, clock=clock)
+    line = ServerQueue(unwatched_s=30, clock=clock)
     line.join(request("a"))
     watchers = {"a": 0}
     line.due(watchers.get)  # unwatched from now
@@ -180,7 +199,7 @@ async def test_a_wait_no_client_watches_ends_after_the_unwatched_timeout():
 
 
 async def test_closing_ends_every_wait():
-    line = ServerQueue(timeout_s=600, clock=Clock())
+    line = ServerQueue(clock=Clock())
     for kid in "abc":
         line.join(request(kid))
     line.closing = True
@@ -191,7 +210,7 @@ async def test_closing_ends_every_wait():
 
 def test_waits_carry_a_future_of_the_running_loop():
     async def main():
-        line = ServerQueue(timeout_s=1, clock=Clock())
+        line = ServerQueue(clock=Clock())
         wait = line.join(request("a"))
         assert not wait.result.done()
         return wait.result.get_loop() is asyncio.get_running_loop()
