@@ -5,6 +5,10 @@ In a kernel started on a simulated card::
     import gpushare_simulate
     gpushare_simulate.use("1.5GiB")   # this process now "uses" 1.5 GiB: the sidebar shows it, the policies judge it
     gpushare_simulate.use(0)          # and now nothing
+    gpushare_simulate.use("1GiB", cached="2GiB")  # 1 GiB in use and 2 GiB an allocator keeps: 3 GiB on the card
+
+Cached memory is what a framework's allocator keeps for later (PyTorch's, CuPy's pools): the server asks a kernel
+to give it back before it parks it (``_gpushare_alloc.trim``), and on a simulated card that drops the cached part.
 
 Nothing is allocated: the server's simulated card reads what each kernel process says it uses (a small file
 next to the kernel's reports) and shows it as measured use. On a real GPU this module refuses to run.
@@ -30,13 +34,31 @@ def _mib(size: object) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def use(size: object) -> None:
-    """Say that this process uses ``size`` of its simulated card ('1.5GiB', '512MiB', or MiB as an int)."""
+_cached = {"mib": 0, "used": 0}  # this process's simulated allocator cache, and what it uses besides
+
+
+def use(size: object, cached: object = 0) -> None:
+    """Say that this process uses ``size`` of its simulated card ('1.5GiB', '512MiB', or MiB as an int), and keeps
+    ``cached`` more in an allocator's cache (given back by ``trim``)."""
     if os.environ.get(env.SIMULATED) != "1":
         raise RuntimeError("gpushare_simulate works only in a kernel on a simulated card; this one is not.")
-    mib = _mib(size)
-    if not 0 <= mib <= 1 << 30:
-        raise ValueError(f"{size!r} is not a size a card could hold.")
+    mib, kept = _mib(size), _mib(cached)
+    if not (0 <= mib <= 1 << 30 and 0 <= kept <= 1 << 30):
+        raise ValueError(f"{size!r} and {cached!r} must be sizes a card could hold.")
+    _cached.update(mib=kept, used=mib)
+    _write(mib + kept)
+
+
+def trim() -> int:
+    """Give the simulated cache back, as ``torch.cuda.empty_cache()`` does; the MiB given back."""
+    kept = _cached["mib"]
+    if kept:
+        _cached["mib"] = 0
+        _write(_cached["used"])
+    return kept
+
+
+def _write(mib: int) -> None:
     path = os.path.join(os.environ[env.REPORT_DIR], f"{os.environ[env.KERNEL_ID]}.{os.getpid()}.simulated")
     with open(path + ".tmp", "w", encoding="ascii") as f:
         f.write(f"{mib} {os.environ.get(env.CARD_INDEX, '0')}")

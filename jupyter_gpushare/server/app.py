@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from jupyter_server.serverapp import ServerApp
 
 ANNOUNCE_EVERY_S = 0.1  # how soon a change is announced on the event bus
+TRIM_TIMEOUT_S = 3.0  # how long an idle kernel has to give its frameworks' cached GPU memory back before a park
+TRIMMED = ("torch", "cupy", "simulated")  # what a kernel's trim may say it did (bootstrap/_gpushare_alloc.trim)
 
 
 class Announcer:
@@ -122,6 +124,31 @@ class ServerStarts:
 
     def on_wait(self, rec: KernelRecord, got: Waiting) -> None:
         """Nothing: the server's kernel model and the sidebar say where a kernel stands."""
+
+    async def trim(self, kernel_id: str) -> list[str] | None:
+        """Ask the kernel, on a shell channel of the server's own, to evaluate its bootstrap's ``trim()``: a silent
+        request (no output, no execution count; a notebook sees the kernel busy for a moment). What the kernel says
+        is read only as names of frameworks it knows; None when it does not answer within TRIM_TIMEOUT_S (a cell
+        runs after all, or no bootstrap), or cannot be asked."""
+        if kernel_id not in self.kernels:
+            return None
+        client = self.kernels.get_kernel(kernel_id).client()
+        try:
+            client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
+            expression = "__import__('_gpushare_alloc').trim()"
+            msg_id = client.execute("", silent=True, store_history=False, user_expressions={"trimmed": expression})
+            deadline = asyncio.get_running_loop().time() + TRIM_TIMEOUT_S
+            while (left := deadline - asyncio.get_running_loop().time()) > 0:
+                reply = await client.get_shell_msg(timeout=left)
+                if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                    got = reply["content"].get("user_expressions", {}).get("trimmed", {})
+                    said = got.get("data", {}).get("text/plain", "") if got.get("status") == "ok" else ""
+                    return [name for name in TRIMMED if repr(name) in said]
+        except Exception as e:  # noqa: BLE001 (no answer in time, a kernel gone: parked as it is)
+            self.log.info("jupyter-gpushare: kernel %s did not give its cached GPU memory back: %r", kernel_id, e)
+        finally:
+            client.stop_channels()
+        return None
 
 
 class GpuShareExtension(ExtensionApp):

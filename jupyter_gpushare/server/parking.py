@@ -8,7 +8,8 @@ start), nor touch a card itself (host/checkpoint.py does, through the driver or 
 - **Park** as many kernels as the line needs, each one that holds a reservation, has been idle for ``after_s``
   (no cell running, 0% GPU; a cell just sent, or a resume just done, restarts that clock) while another kernel
   waits in line, whose frameworks are all on the allow-list (measured on the GPU:
-  bench/results/check_park-*), and whose state fits the host memory budget: its GPU processes are checkpointed,
+  bench/results/check_park-*), and whose state fits the host memory budget: the kernel is asked to give its
+  frameworks' cached memory back (the server's ``trim``), then its GPU processes are checkpointed,
   the card is read until it shows them holding nothing, and the reservation is given back. Every view says
   ``parked``. A park that fails leaves the kernel running and is not tried again for that process.
 - **Resume** at the kernel's next cell (connection.py holds the cell meanwhile) or on request: it asks for its
@@ -34,6 +35,7 @@ FREED_MIB = 64  # a parked process shows at most this on the card (the driver ke
 FREED_WITHIN_S = 5.0  # the card must show it freed within this
 SETTLE_S = 1.0  # a park's room counts as coming for this long after it: until the next reading sees it granted
 AT_ONCE = 4  # parks under way at one time (each moves its state to host memory; they share the bus)
+TRIMMED_READ_S = 3.0  # after a kernel gave its caches back, how long to wait for a reading that shows it
 
 
 class Parking:
@@ -176,6 +178,9 @@ class Parking:
         kid, lease, card = rec.kernel_id, rec.lease, rec.card
         assert lease is not None
         t0 = time.monotonic()
+        trimmed = await self.kernels.services.starts.trim(kid) if pids else None
+        if trimmed:  # its frameworks gave their caches back: move only what is in use
+            pids, used_mib = await self._in_use(kid, time.time(), pids, used_mib)
         try:
             steps = await self._blocking(self.checkpointer.park, pids, LOCK_TIMEOUT_S) if pids else {}
             await self._freed(kid, pids)
@@ -200,9 +205,21 @@ class Parking:
             "parked", kid,
             f"Parked after {format_mib(used_mib)} of GPU state moved to host memory in {seconds} s; its "
             f"{format_mib(lease.reserved_mib)} reservation went to the line. Its next cell brings it back.",
-            parked_mib=used_mib, reserved_mib=lease.reserved_mib, park_s=seconds, **steps,
+            parked_mib=used_mib, reserved_mib=lease.reserved_mib, park_s=seconds, trimmed=trimmed or [], **steps,
         )  # fmt: skip
         return True
+
+    async def _in_use(self, kernel_id: str, since: float, pids: list[int], used_mib: int) -> tuple[list[int], int]:
+        """The kernel's processes on the card and what they use, from the first reading after ``since`` (its
+        caches given back); the last reading's if none comes within TRIMMED_READ_S."""
+        readings = self.kernels.services.readings
+        deadline = time.monotonic() + TRIMMED_READ_S
+        while readings.usage.time <= since and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        usage = readings.kernel_usage(kernel_id) if readings.usage.time > since else None
+        if usage is None:
+            return pids, used_mib
+        return sorted({p.pid for p in usage.processes if (p.used_mib or 0) > 0}), usage.used_mib or 0
 
     async def _freed(self, kernel_id: str, pids: list[int]) -> None:
         """Wait until the card shows the parked processes holding nothing (its word, not the driver call's);

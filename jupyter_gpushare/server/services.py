@@ -47,6 +47,11 @@ class KernelStarts(Protocol):
         """The ledger's latest answer for a kernel in line."""
         ...
 
+    async def trim(self, kernel_id: str) -> list[str] | None:
+        """Ask an idle kernel to give its frameworks' cached GPU memory back (before a park): the frameworks that
+        did; None where the kernel cannot be asked or did not answer."""
+        ...
+
 
 @dataclass(frozen=True)
 class ProgramStarts:
@@ -68,6 +73,10 @@ class ProgramStarts:
     def on_wait(self, rec: KernelRecord, got: Waiting) -> None:
         if self.progress is not None:
             self.progress(rec, got)
+
+    async def trim(self, kernel_id: str) -> list[str] | None:
+        """A program's kernels are never parked."""
+        return None
 
 
 @dataclass(frozen=True)
