@@ -3,7 +3,7 @@
 Run on a GPU machine after `source bench/gpu/device_env.sh` (a real jupyter-server with the extension on NVML,
 real kernels, as root):
 
-    python3 bench/gpu/check_park_server.py OUT_DIR [--runs 3]
+    python3 bench/gpu/check_park_server.py OUT_DIR [--runs 3] [--cached]
 
 Each kernel's quota is 60 GiB, so two fit on an H100/H200 and a third waits. Per run: notebook A allocates 4 GiB
 of known data with PyTorch and goes idle; notebook B runs a long cell (busy: not parked); notebook C opens and
@@ -12,6 +12,11 @@ park_after = 5 s, the server parks A (the idle one): NVML must list A's process 
 allocates 50 GiB. Then A is asked back (POST .../resume; in a browser its next cell does it, tests/server/
 test_parking.py), waits in line while B and C hold the card, and is restored once B's notebook is closed: its
 data must be intact, in the same process. Every run is recorded: OUT_DIR/check_park_server-runN.json.
+
+``--cached``: A also allocates 4 GiB of scratch and frees it without ``empty_cache()``, so that PyTorch's allocator
+keeps it (about 8.8 GiB on the card): the server must ask the kernel to give the cache back before the park
+(the ``parked`` event's ``trimmed``), and move only the 4 GiB in use (``parked_mib``, ``park_s``).
+Recorded as OUT_DIR/check_park_server-cached-runN.json.
 """
 
 from __future__ import annotations
@@ -38,6 +43,12 @@ ALLOC = (
 )
 
 
+CACHED = (  # 4 GiB more that PyTorch's allocator keeps after the tensor is freed
+    "s = torch.empty(4 * 2**30 // 4, device='cuda'); s.fill_(1); del s; torch.cuda.synchronize()\n"
+    "print(torch.cuda.memory_reserved() // 2**20, torch.cuda.memory_allocated() // 2**20)"
+)
+
+
 def session(server: Server, path: str) -> tuple[str, str]:
     s = server.call("POST", "api/sessions", {"path": path, "type": "notebook", "name": path,
                                               "kernel": {"name": "python3"}})  # fmt: skip
@@ -59,7 +70,7 @@ def wait_state(server: Server, kid: str, wanted: str, timeout: float = 120) -> f
     return round(time.monotonic() - t0, 2)
 
 
-def one_run(work: Path) -> dict:
+def one_run(work: Path, cached: bool) -> dict:
     server = Server(work, SETTINGS)
     out: dict = {}
     try:
@@ -68,6 +79,9 @@ def one_run(work: Path) -> dict:
         kc = server.client(a)
         status, said = run(kc, ALLOC)
         checksum, pid = said.split()
+        if cached:
+            status, said = run(kc, CACHED)
+            out["a_torch_reserved_allocated_mib"] = [int(v) for v in said.split()]
         out.update(a_pid=int(pid), a_used_mib=nvml_use().get(int(pid)), checksum_before=float(checksum))
         kb = server.client(b)
         kb.execute("import time; time.sleep(3600)")  # B is busy: A (idle, 4 GiB on the card) is the one to park
@@ -116,6 +130,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--cached", action="store_true", help="A keeps 4 GiB more in PyTorch's cache (module docstring)")
     args = ap.parse_args()
     import pynvml
 
@@ -128,8 +143,9 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     for n in range(1, args.runs + 1):
         with tempfile.TemporaryDirectory() as work:
-            result = {**meta, "run": n, **one_run(Path(work))}
-        (out_dir / f"check_park_server-run{n}.json").write_text(json.dumps(result, indent=1))
+            result = {**meta, "run": n, "cached": args.cached, **one_run(Path(work), args.cached)}
+        name = f"check_park_server-{'cached-' if args.cached else ''}run{n}.json"
+        (out_dir / name).write_text(json.dumps(result, indent=1))
         print(json.dumps({k: v for k, v in result.items() if k not in ("events_a", "server_log_tail", "settings")}),
               flush=True)  # fmt: skip
     return 0
