@@ -268,10 +268,10 @@ class Ledger:
             mine = next((e for e in line if e.kernel_id == req.kernel_id), None)
             views = self._views(db, cards, outside)
             gives_up_at = (mine.created if mine else now) + policy.queue_timeout_s if wait else math.inf
-            gives_up = dict(gives_up_at=gives_up_at if gives_up_at < math.inf else None)
+            gives_up: float | None = gives_up_at if gives_up_at < math.inf else None
             if mine is not None and now >= gives_up_at:
                 _end_waits(db, "kernel_id=?", (req.kernel_id,), now)
-                return self._waiting(req, policy, views, len(_before(line, mine)), expired=True, **gives_up)
+                return self._waiting(req, policy, views, len(_before(line, mine)), expired=True, gives_up_at=gives_up)
             if limits is not None:  # before queueing: a request over a limit never waits
                 held = held_by(db, req.user, req.kernel_id, line, cards)
                 biggest = max((c.total_mib for c in cards if policy.card_allowed(c.uuid, c.index)), default=0)
@@ -304,7 +304,7 @@ class Ledger:
                     if settling > 0
                     else ""
                 )
-                return self._waiting(req, policy, views, len(_before(line, mine)), reason=reason, **gives_up)
+                return self._waiting(req, policy, views, len(_before(line, mine)), reason=reason, gives_up_at=gives_up)
             quota_mib = req.quota.resolve(card.total_mib)
             if limits is not None:  # exact now that the card (and so a percentage's size) is known
                 limits.check(req.user, quota_mib, card.total_mib, held)
