@@ -18,6 +18,8 @@ import { say } from './words';
  * reason and *Join again*, until the kernel restarts or the notebook closes.
  */
 export class QueuedBanner extends Widget {
+  private _expanded = false; // the whole sentence shown in a narrow column
+
   constructor(
     readonly panel: NotebookPanel,
     readonly model: GpuShareModel,
@@ -58,6 +60,24 @@ export class QueuedBanner extends Widget {
     const text = document.createElement('span');
     text.className = 'jp-gpushare-banner-text';
     text.textContent = status.detail;
+    // In a narrow column the sentence shows three lines: a click, or Enter, shows the rest (and hides it again)
+    text.tabIndex = 0;
+    text.title = status.detail;
+    text.classList.toggle('jp-mod-expanded', this._expanded);
+    text.setAttribute('aria-expanded', String(this._expanded));
+    const toggle = () => {
+      this._expanded = !this._expanded;
+      text.classList.toggle('jp-mod-expanded', this._expanded);
+      text.setAttribute('aria-expanded', String(this._expanded));
+      this._fit();
+    };
+    text.onclick = toggle;
+    text.onkeydown = e => {
+      if (e.key === 'Enter' || e.key === ' ') {
+        e.preventDefault();
+        toggle();
+      }
+    };
     this.node.dataset.severity = status.severity;
     const name = this.actions.nameOf(k);
     const button = document.createElement('button');
@@ -89,7 +109,8 @@ export class QueuedBanner extends Widget {
 
   /**
    * The notebook's content header (a Lumino BoxPanel) sizes its children by their
-   * min-height: give it the banner's text height, which changes with its width.
+   * min-height: give it the banner's content height, which changes with its width
+   * (its text and button wrap onto lines of their own in a narrow column).
    */
   private _fit(): void {
     if (!this.isVisible) {
@@ -104,10 +125,14 @@ export class QueuedBanner extends Widget {
     ]
       .map(p => parseFloat((style as any)[p]) || 0)
       .reduce((a, b) => a + b, 0);
-    const inner = Math.max(
-      0,
-      ...Array.from(this.node.children, c => (c as HTMLElement).offsetHeight)
+    // from the highest child's top to the lowest one's bottom, wherever the flex box centres them
+    const boxes = Array.from(this.node.children, c =>
+      c.getBoundingClientRect()
     );
+    const inner = boxes.length
+      ? Math.max(...boxes.map(b => b.bottom)) -
+        Math.min(...boxes.map(b => b.top))
+      : 0;
     const want = `${Math.ceil(inner + frame)}px`;
     if (this.node.style.minHeight !== want) {
       this.node.style.minHeight = want;

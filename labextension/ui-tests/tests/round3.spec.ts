@@ -280,4 +280,50 @@ test('a student reads a place, a bar and one action; details are one click away;
     return out;
   });
   expect(spills).toEqual([]);
+
+  // The waiting notebook's banner in its narrow column: three lines of the sentence and its button inside it,
+  // far from filling the notebook; a click shows the whole sentence
+  const state = await (await page.request.get('/api/gpushare/state')).json();
+  const waiting = state.kernels.find((k: any) => k.state === 'queued');
+  await run(page, 'application:toggle-left-area'); // the file browser closed: a notebook column of about 300 px
+  await open(page, waiting.path);
+  const banner = page.locator(
+    '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-gpushare-banner'
+  );
+  await expect(banner).toBeVisible({ timeout: 30000 });
+  const measure = () =>
+    banner.evaluate(node => {
+      const box = node.getBoundingClientRect();
+      const column = node.closest('.jp-NotebookPanel')!.getBoundingClientRect();
+      const out: string[] = [];
+      node.querySelectorAll('*').forEach(c => {
+        const b = c.getBoundingClientRect();
+        if (b.right > box.right + 1 || b.bottom > box.bottom + 1) {
+          out.push(
+            `${c.className} ${b.right}x${b.bottom} past ${box.right}x${box.bottom}`
+          );
+        }
+        if (c.scrollWidth > c.clientWidth + 1 && c.tagName === 'BUTTON') {
+          out.push(`button ${c.scrollWidth} > ${c.clientWidth}`);
+        }
+      });
+      const text = node.querySelector('.jp-gpushare-banner-text')!;
+      const style = getComputedStyle(text);
+      const line =
+        parseFloat(style.lineHeight) || 1.2 * parseFloat(style.fontSize); // 'normal': about 1.2 em
+      const lines = text.getBoundingClientRect().height / line;
+      return { spills: out, height: box.height, column: column.height, lines };
+    });
+  const folded = await measure();
+  expect(folded.spills).toEqual([]);
+  expect(folded.lines).toBeLessThanOrEqual(3.1); // the old banner: 9 lines here, 283 px in the issue's column
+  expect(folded.height).toBeLessThan(folded.column / 3);
+  await banner.locator('.jp-gpushare-banner-text').click();
+  await expect(banner.locator('.jp-gpushare-banner-text')).toHaveAttribute(
+    'aria-expanded',
+    'true'
+  );
+  const unfolded = await measure();
+  expect(unfolded.spills).toEqual([]);
+  expect(unfolded.height).toBeGreaterThan(folded.height);
 });
