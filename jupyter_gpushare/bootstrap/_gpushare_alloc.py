@@ -76,14 +76,17 @@ def trim() -> list:
     The server asks an idle kernel for this before it parks it: the park then moves only what is in use (on the
     H100 and H200, 4 GiB of PyTorch tensors with their cache kept took about twice as long to park and to bring
     back: bench/README.md). Only frameworks that already use a GPU; reading never starts one. TensorFlow and JAX
-    have no such call."""
+    have no such call. Names only the frameworks that gave at least 1 MiB back (the server then waits for a new
+    reading of the card before it parks)."""
     done = []
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
+        before = torch.cuda.memory_reserved()
         torch.cuda.empty_cache()
-        done.append("torch")
+        if before - torch.cuda.memory_reserved() >= MiB:
+            done.append("torch")
     cupy = sys.modules.get("cupy")
-    if cupy is not None and cupy.get_default_memory_pool().total_bytes():
+    if cupy is not None and cupy.get_default_memory_pool().free_bytes() >= MiB:
         cupy.get_default_memory_pool().free_all_blocks()
         done.append("cupy")
     simulated = sys.modules.get("gpushare_simulate")
