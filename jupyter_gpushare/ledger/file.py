@@ -28,7 +28,8 @@ from typing import Callable, TextIO
 log = logging.getLogger("jupyter_gpushare.ledger.ledger")
 
 # 2: sessions, and an owner_session column in leases and waiters. The peaks table (history.py), the waiters'
-# cards and ages_from columns and the unserved table (queue.py) came later without a new version: older releases
+# cards and ages_from columns, the unserved table (queue.py) and the holds table (estimate.py) came later without
+# a new version: older releases
 # never read them (an older server's waiter gets the columns' defaults: any card, aging from its start), so servers
 # of both can share a file while a host is upgraded.
 SCHEMA_VERSION = 2
@@ -94,6 +95,12 @@ CREATE TABLE IF NOT EXISTS peaks (
 );
 CREATE INDEX IF NOT EXISTS peaks_notebook ON peaks (kernel_name, path, recorded);
 CREATE INDEX IF NOT EXISTS peaks_user ON peaks (user, recorded);
+CREATE TABLE IF NOT EXISTS holds (
+    user         TEXT NOT NULL,
+    kernel_name  TEXT NOT NULL,
+    held_s       REAL NOT NULL,
+    ended        REAL NOT NULL
+);
 CREATE INDEX IF NOT EXISTS peaks_recorded ON peaks (recorded)
 """  # meta: settle_until, while a re-created file settles (ledger_file.LedgerFile._recreate); peaks: one row per
 # kernel process (run: its pid and start time) with the peak GPU memory it reached, the quota it teaches and whether

@@ -55,6 +55,9 @@ class Waiting:
     reason: str = ""  # why nothing is granted now although room may be free (the ledger is settling)
     expired: bool = False  # it waited as long as the policy lets kernels wait, and left the queue
     gives_up_at: float | None = None  # (wall clock) the line's one deadline for it: joined + queue_timeout; None: none
+    likely_at: float | None = (
+        None  # (wall clock) when it is likely granted, from past holds (estimate.py); None: unknown
+    )
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from ..core.policy import CardView, Policy, PolicyError, Size, UserLimits, forma
 from ..host.gpu import Card, DeviceSample
 from ..host.procs import Owner, ProcessRef, SessionRef
 from .attribution import unreserved_use
+from .estimate import likely_at, record_holds
 from .file import PEAK_COLUMNS, LedgerError, LedgerFile, check_ledger
 from .leases import ADOPTED, Lease, Waiter, Waiting
 from .queue import Entry, Request, ages_from, check_waiting, choose_card
@@ -304,7 +305,9 @@ class Ledger:
                     if settling > 0
                     else ""
                 )
-                return self._waiting(req, policy, views, len(_before(line, mine)), reason=reason, gives_up_at=gives_up)
+                ahead, leases = _before(line, mine), self._seen(db.execute("SELECT * FROM leases").fetchall())
+                likely = likely_at(db, leases, entry, ahead, views, policy, now) if wait else None
+                return self._waiting(req, policy, views, len(ahead), reason, gives_up_at=gives_up, likely_at=likely)
             quota_mib = req.quota.resolve(card.total_mib)
             if limits is not None:  # exact now that the card (and so a percentage's size) is known
                 limits.check(req.user, quota_mib, card.total_mib, held)
@@ -337,6 +340,7 @@ class Ledger:
         reason: str = "",
         expired: bool = False,
         gives_up_at: float | None = None,
+        likely_at: float | None = None,
     ) -> Waiting:
         allowed = [v for v in views if policy.card_allowed(v.uuid, v.index)]
         fitting = [
@@ -354,6 +358,7 @@ class Ledger:
             reason=reason,
             expired=expired,
             gives_up_at=gives_up_at,
+            likely_at=likely_at,
         )
 
     def cancel_wait(self, kernel_id: str) -> None:
@@ -456,6 +461,7 @@ class Ledger:
             row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
             db.execute("DELETE FROM leases WHERE kernel_id=?", (kernel_id,))
             _end_waits(db, "kernel_id=?", (kernel_id,), time.time())
+            record_holds(db, [lease_of(row)] if row else [], time.time())
         self._known.pop(kernel_id, None)
         return lease_of(row) if row else None
 
