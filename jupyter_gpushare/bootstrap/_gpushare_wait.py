@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 import _gpushare_env as env
 
@@ -100,6 +101,9 @@ def _said(name: str, place: dict | None) -> str:
         figures.append(f"needs {_size(place['need_mib'])}")
     if isinstance(place.get("free_mib"), int):
         figures.append(f"{_size(place['free_mib'])} free")
+    for key, words in (("likely_at", "likely granted by"), ("gives_up_at", "gives up at")):
+        if isinstance(place.get(key), int):
+            figures.append(f"{words} {time.strftime('%H:%M', time.localtime(place[key]))}")
     return f"jupyter-gpushare: {name} waits for this kernel's GPU: {', '.join(figures)}."
 
 

@@ -29,8 +29,9 @@ CATALOGUE: dict[str, str] = {
     # a kernel's state as the server judges it: a short label (badge, status bar) and a sentence
     "status.queued.label": "#{position} in line",
     "status.queued.detail": "Waiting for a GPU: #{position} in line, needs {need_mib}[; {free_mib} unreserved now]"
-    "[; gives up at {gives_up_at}]. CPU cells run now; a cell that uses the GPU waits for it and goes on by "
-    "itself when a kernel frees room.",
+    "[; gives up at {gives_up_at}].[ Likely granted by {likely_at}, from how long kernels here held the GPU "
+    "before.] CPU cells run now; a cell that uses the GPU waits for it and goes on by itself when a kernel "
+    "frees room.",
     "status.wait_ended.label": "no GPU",
     "status.wait_ended.detail": "{reason} Its cells run on without a GPU. Join again to wait for one: the kernel "
     "restarts in line, and its variables are lost.",

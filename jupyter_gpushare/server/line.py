@@ -125,7 +125,7 @@ class Line:
 
     def _update(self, rec: KernelRecord, got: Waiting) -> None:
         rec.position, rec.need_mib, rec.free_mib = got.position, got.need_mib, got.free_mib
-        rec.wait_until = got.gives_up_at
+        rec.wait_until, rec.likely_at = got.gives_up_at, got.likely_at
         self.starts.on_wait(rec, got)
 
     async def _serve(self) -> None:

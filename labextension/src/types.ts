@@ -131,6 +131,8 @@ export interface IKernel {
   wait_left_s?: number | null;
   /** A queued kernel: when its wait gives up (Unix time). */
   gives_up_at?: number | null;
+  /** A queued kernel: when it is likely granted (Unix time), from past holds; null: not known. */
+  likely_at?: number | null;
   /** Its wait for a GPU ended without one (the event's code): it runs on without a GPU. */
   wait_ended?: string | null;
   reason?: string | null;

@@ -23,7 +23,7 @@ function catalogue(trans: Bundle): { [code: string]: string } {
   return {
     'status.queued.label': __('#{position} in line'),
     'status.queued.detail': __(
-      'Waiting for a GPU: #{position} in line, needs {need_mib}[; {free_mib} unreserved now][; gives up at {gives_up_at}]. CPU cells run now; a cell that uses the GPU waits for it and goes on by itself when a kernel frees room.'
+      'Waiting for a GPU: #{position} in line, needs {need_mib}[; {free_mib} unreserved now][; gives up at {gives_up_at}].[ Likely granted by {likely_at}, from how long kernels here held the GPU before.] CPU cells run now; a cell that uses the GPU waits for it and goes on by itself when a kernel frees room.'
     ),
     'status.parked.label': __('parked'),
     'status.parked.detail': __(

@@ -133,6 +133,9 @@ def test_the_words_and_the_split_have_one_definition():
     queued = {"state": "queued", "position": 2, "need_mib": 2560, "free_mib": 1024, "gives_up_at": gives_up}
     text = kernel_status(queued)["detail"]
     assert "#2 in line, needs 2.5 GiB; 1 GiB unreserved now; gives up at 14:32" in text  # the timeout, said so
+    assert "Likely" not in text  # no estimate known: none said
+    likely = kernel_status({**queued, "likely_at": gives_up - 600})["detail"]
+    assert "gives up at 14:32. Likely granted by 14:22, from how long kernels here held the GPU before." in likely
     ended = {"state": "cpu", "wait_ended": "refused-timeout", "reason": "No GPU memory came in 10 min."}
     assert kernel_status(ended)["code"] == "wait_ended" and "Join again" in kernel_status(ended)["detail"]
     assert "GpuShareApp" not in text

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 
 import psutil
@@ -76,6 +77,7 @@ async def test_a_kernel_in_line_runs_cpu_cells_at_once_and_its_gpu_import_waits_
     gpu = send_cell(ws, session, "import torch; kept + 1, int(os.environ['GPUSHARE_QUOTA_MIB']), os.getpid()")
     said = await _stream_until(ws, gpu, "waits for this kernel's GPU")
     assert "torch waits for this kernel's GPU: #1 in line, needs 4.5 GiB" in said
+    assert re.search(r"gives up at \d\d:\d\d\.", said)  # the line's timeout, said as such
     assert await gpushare.state_of(kid) == "queued"
 
     await gpushare.close_notebook(sessions[0])
