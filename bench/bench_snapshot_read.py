@@ -37,10 +37,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", type=int, default=40, help="kernels holding reservations, and as many in line")
     ap.add_argument("--reads", type=int, default=400)
+    ap.add_argument("--holds", type=int, default=0, help="past holds first (each reserve of one in line estimates)")
     ap.add_argument("--json")
     args = ap.parse_args()
     ledger = Ledger(os.path.join(tempfile.mkdtemp(), "ledger.sqlite"))
     quota = Size(mib=(2 * 81920) // args.kernels - POLICY.context_reserve_mib)
+    for i in range(args.holds):  # kernels that held a reservation and gave it back (ledger/estimate.py)
+        ledger.reserve(Request(f"past{i}", quota, f"user{i % 20}", "python3"), POLICY, CARDS, wait=False)
+        ledger.release(f"past{i}")
     for i in range(2 * args.kernels):  # the first half fits, the second waits
         ledger.reserve(Request(f"k{i}", quota, f"user{i % 20}", "python3"), POLICY, CARDS, wait=True)
     leases, waiters = ledger.leases(), ledger.waiters()
@@ -60,6 +64,7 @@ def main() -> None:
         "host": f"{platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "leases": len(leases),
         "waiters": len(waiters),
+        "holds": args.holds,
         "read_ms": {"median": round(statistics.median(reads), 3), "p99": round(percentile(reads, 0.99), 3)},
         "reserve_ms": {"median": round(statistics.median(reserves), 3), "p99": round(percentile(reserves, 0.99), 3)},
     }

@@ -18,8 +18,8 @@ its grants are queue.py's and ledger.py's.
 from __future__ import annotations
 
 import sqlite3
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from statistics import median
 
 from ..core.policy import CardView, Policy
 from .leases import Lease
@@ -38,18 +38,49 @@ def record_holds(db: sqlite3.Connection, ended: Iterable[Lease], now: float) -> 
     db.execute("DELETE FROM holds WHERE rowid <= (SELECT max(rowid) FROM holds) - ?", (HOLDS_KEPT,))
 
 
-def expected_end(lease: Lease, past: Mapping[tuple[str, str], list[float]], now: float) -> float | None:
-    """When ``lease`` likely ends, by the past holds (``past``: by (user, kernel name); module docstring)."""
-    held = now - lease.created
-    name = lease.kernel_name
-    mine = past.get((lease.user, name), [])
-    same_name = [h for (user, kernel), holds in past.items() if kernel == name for h in holds]
-    everyone = [h for holds in past.values() for h in holds]
-    for holds in (mine, same_name, everyone):
-        longer = [h for h in holds if h > held]
-        if len(longer) >= MIN_HOLDS:
-            return lease.created + median(longer)
-    return None
+class PastHolds:
+    """The holds table, read into sorted durations by (user, kernel name), by kernel name, and all together; read
+    again only when the table changed (a hold added or pruned), so that a reserve of a kernel in line, asked
+    twice a second, costs one small query while nothing ends."""
+
+    def __init__(self) -> None:
+        self._read: tuple | None = None
+        self.by_user: dict[tuple[str, str], list[float]] = {}
+        self.by_name: dict[str, list[float]] = {}
+        self.every: list[float] = []
+
+    @classmethod
+    def of(cls, holds: Mapping[tuple[str, str], Sequence[float]]) -> PastHolds:
+        """From durations by (user, kernel name) (tests, and ``read``)."""
+        past = cls()
+        for (user, name), durations in holds.items():
+            past.by_user.setdefault((user, name), []).extend(durations)
+            past.by_name.setdefault(name, []).extend(durations)
+            past.every.extend(durations)
+        for durations in (*past.by_user.values(), *past.by_name.values(), past.every):
+            durations.sort()
+        return past
+
+    def read(self, db: sqlite3.Connection) -> PastHolds:
+        key = tuple(db.execute("SELECT min(rowid), max(rowid) FROM holds").fetchone())
+        if key != self._read:
+            rows = db.execute("SELECT user, kernel_name, held_s FROM holds").fetchall()
+            holds: dict[tuple[str, str], list[float]] = {}
+            for user, name, held_s in rows:
+                holds.setdefault((user, name), []).append(held_s)
+            fresh = PastHolds.of(holds)
+            self.by_user, self.by_name, self.every, self._read = fresh.by_user, fresh.by_name, fresh.every, key
+        return self
+
+    def expected_end(self, lease: Lease, now: float) -> float | None:
+        """When ``lease`` likely ends (module docstring)."""
+        held = now - lease.created
+        for durations in (self.by_user.get((lease.user, lease.kernel_name), []), self.by_name.get(lease.kernel_name, []), self.every):  # fmt: skip
+            first = bisect_right(durations, held)
+            longer = len(durations) - first
+            if longer >= MIN_HOLDS:
+                return lease.created + (durations[first + (longer - 1) // 2] + durations[first + longer // 2]) / 2
+        return None
 
 
 def serve_until_placed(
@@ -79,6 +110,7 @@ def serve_until_placed(
 
 def likely_at(
     db: sqlite3.Connection,
+    past: PastHolds,
     leases: Sequence[Lease],
     mine: Entry,
     ahead: Sequence[Entry],
@@ -86,12 +118,9 @@ def likely_at(
     policy: Policy,
     now: float,
 ) -> float | None:
-    """When ``mine``, with ``ahead`` before it in line, is likely granted (module docstring); None: not known."""
-    rows = db.execute("SELECT user, kernel_name, held_s FROM holds ORDER BY rowid DESC LIMIT ?", (HOLDS_KEPT,))
-    past: dict[tuple[str, str], list[float]] = {}
-    for user, kernel_name, held_s in rows:
-        past.setdefault((user, kernel_name), []).append(held_s)
-    if not past:
+    """When ``mine``, with ``ahead`` before it in line, is likely granted (module docstring); None: not known.
+    ``past``: the process's PastHolds, read again here if the table changed."""
+    if not past.read(db).every:
         return None
     by_uuid = {v.uuid: v for v in views if policy.card_allowed(v.uuid, v.index)}
 
@@ -105,7 +134,7 @@ def likely_at(
 
     ends = []
     for lease in leases:
-        end = expected_end(lease, past, now) if lease.card_uuid in by_uuid else None
+        end = past.expected_end(lease, now) if lease.card_uuid in by_uuid else None
         if end is not None:
             ends.append((end, lease.card_uuid, lease.reserved_mib))
     room = {uuid: max(0, view.room_mib(policy)) for uuid, view in by_uuid.items()}

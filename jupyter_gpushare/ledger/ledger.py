@@ -34,7 +34,7 @@ from ..core.policy import CardView, Policy, PolicyError, Size, UserLimits, forma
 from ..host.gpu import Card, DeviceSample
 from ..host.procs import Owner, ProcessRef, SessionRef
 from .attribution import unreserved_use
-from .estimate import likely_at, record_holds
+from .estimate import PastHolds, likely_at, record_holds
 from .file import PEAK_COLUMNS, LedgerError, LedgerFile, check_ledger
 from .leases import ADOPTED, Lease, Waiter, Waiting
 from .queue import Entry, Request, ages_from, check_waiting, choose_card
@@ -166,6 +166,7 @@ class Ledger:
         self._dead: set[ProcessRef] = set()
         # Every lease this process last saw or wrote: what it enters again if the file is re-created.
         self._known: dict[str, Lease] = {}
+        self._past = PastHolds()  # how long reservations were held before (estimate.py), read when it changed
         self._file = LedgerFile(path, on_replaced=self._enter_known)
         with self._file.read() as db:
             self._seen(db.execute("SELECT * FROM leases").fetchall())
@@ -306,7 +307,7 @@ class Ledger:
                     else ""
                 )
                 ahead, leases = _before(line, mine), self._seen(db.execute("SELECT * FROM leases").fetchall())
-                likely = likely_at(db, leases, entry, ahead, views, policy, now) if wait else None
+                likely = likely_at(db, self._past, leases, entry, ahead, views, policy, now) if wait else None
                 return self._waiting(req, policy, views, len(ahead), reason, gives_up_at=gives_up, likely_at=likely)
             quota_mib = req.quota.resolve(card.total_mib)
             if limits is not None:  # exact now that the card (and so a percentage's size) is known

@@ -8,7 +8,7 @@ import sqlite3
 from jupyter_gpushare.core.policy import Policy, Size
 from jupyter_gpushare.host.gpu import Card
 from jupyter_gpushare.host.procs import ProcessRef
-from jupyter_gpushare.ledger.estimate import MIN_HOLDS, expected_end, serve_until_placed
+from jupyter_gpushare.ledger.estimate import MIN_HOLDS, PastHolds, serve_until_placed
 from jupyter_gpushare.ledger.leases import Lease
 from jupyter_gpushare.ledger.ledger import Ledger, Request, Waiting
 
@@ -22,19 +22,22 @@ def lease(created: float, user: str = "ann", name: str = "python3", card: str = 
 
 
 def test_a_held_reservation_ends_by_the_past_holds_longer_than_it_has_lasted():
-    past = {("ann", "python3"): [60.0, 600.0, 610.0, 620.0, 3600.0]}
-    # Held 10 s: the median of all five past holds (600 s) from its start
-    assert expected_end(lease(created=1000.0), past, now=1010.0) == 1000.0 + 610.0
+    holds = {("ann", "python3"): [60.0, 600.0, 610.0, 620.0, 3600.0]}
+    # Held 10 s: the median of all five past holds (610 s) from its start
+    assert PastHolds.of(holds).expected_end(lease(created=1000.0), now=1010.0) == 1000.0 + 610.0
     # Held 700 s: only the holds longer than that count: fewer than MIN_HOLDS of the user's, so everyone's
-    past[("bob", "python3")] = [900.0, 1200.0]
+    holds[("bob", "python3")] = [900.0, 1200.0]
     assert MIN_HOLDS == 3
-    assert expected_end(lease(created=1000.0), past, now=1700.0) == 1000.0 + 1200.0
+    assert PastHolds.of(holds).expected_end(lease(created=1000.0), now=1700.0) == 1000.0 + 1200.0
     # Held longer than any past hold: no expected end
-    assert expected_end(lease(created=1000.0), past, now=1000.0 + 4000.0) is None
+    assert PastHolds.of(holds).expected_end(lease(created=1000.0), now=1000.0 + 4000.0) is None
+    # An even count: the middle two's mean
+    even = PastHolds.of({("ann", "python3"): [100.0, 200.0, 300.0, 400.0]})
+    assert even.expected_end(lease(created=0.0), now=1.0) == 250.0
 
 
 def test_too_little_history_gives_no_end():
-    assert expected_end(lease(created=0.0), {("ann", "python3"): [100.0, 200.0]}, now=1.0) is None
+    assert PastHolds.of({("ann", "python3"): [100.0, 200.0]}).expected_end(lease(created=0.0), now=1.0) is None
 
 
 def test_the_line_is_served_in_order_at_each_end():
