@@ -98,9 +98,10 @@ def one_run(work: Path, cached: bool) -> dict:
         status, said = run(
             server.client(c),
             "import torch; n = int(0.3 * torch.cuda.get_device_properties(0).total_memory) // 4\n"
-            "y = torch.ones(n, device='cuda'); print(float(y.sum()) == n)",
+            "y = torch.ones(n, device='cuda'); torch.cuda.synchronize(); print(y.numel() == n, n * 4 // 2**20)",
         )
-        out["c_allocated_30pct"] = status == "ok" and said.strip() == "True"
+        out["c_alloc_status"], out["c_alloc_said"] = status, said.strip()
+        out["c_allocated_30pct"] = status == "ok" and said.split()[:1] == ["True"]
         resumed: dict = {}
         ask = threading.Thread(target=lambda: resumed.update(server.call("POST", f"api/gpushare/kernels/{a}/resume")))
         t1 = time.monotonic()
