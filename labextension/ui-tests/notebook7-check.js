@@ -3,6 +3,10 @@
 // and the GPU panel opens. Prints one JSON line; exits non-zero on failure.
 const { chromium } = require('playwright-core');
 
+// Notebook 7.6.5 throws this from its own settings code on every notebook page, also with this
+// extension disabled (checked with page_config.json disabledExtensions); it is not ours.
+const NOT_OURS = /Cannot read properties of undefined \(reading 'schema'\)/;
+
 async function main() {
   const [url, executablePath] = process.argv.slice(2);
   const browser = await chromium.launch({
@@ -17,12 +21,9 @@ async function main() {
   });
   const page = await browser.newPage();
   const errors = [];
-  // Notebook 7.6.5 throws this from its own settings code on every notebook page, also with this
-  // extension disabled (checked with page_config.json disabledExtensions); it is not ours.
-  const notOurs = /Cannot read properties of undefined \(reading 'schema'\)/;
   page.on(
     'pageerror',
-    e => notOurs.test(String(e)) || errors.push(`pageerror: ${e.stack || e}`)
+    e => NOT_OURS.test(String(e)) || errors.push(`pageerror: ${e.stack || e}`)
   );
   page.on('console', m => {
     if (m.type() === 'error' && !/favicon|404 \(Not Found\)/.test(m.text())) {
@@ -66,6 +67,7 @@ async function main() {
     timeout: 30000
   });
   const panelText = await page.locator('#jp-gpushare').innerText();
+  const waiting = await waitingNotebook(browser, url, errors);
   await browser.close();
   console.log(
     JSON.stringify({
@@ -73,10 +75,72 @@ async function main() {
       quota_mib: rec.quota_mib,
       path: rec.path,
       indicator: indicatorText,
-      panel: panelText.slice(0, 2000)
+      panel: panelText.slice(0, 2000),
+      waiting
     })
   );
   process.exit(errors.length ? 1 : 0);
+}
+
+/**
+ * Round 3 in Notebook 7 (issue 32): a second notebook takes the rest of the card, a third waits. On the third's
+ * page, at 200% zoom (a 640 x 430 CSS-pixel window): the banner says its place in three lines at most and
+ * nothing spills out of it; the toolbar, Notebook 7's only status, says the kernel waits for a GPU; no toast
+ * names a kernel by its UUID; Stop waiting asks first, with the safe button focused.
+ */
+async function waitingNotebook(browser, url, errors) {
+  const second = await browser.newPage();
+  await second.goto(url.replace('nb.ipynb', 'nb2.ipynb'));
+  const page = await browser.newPage({ viewport: { width: 640, height: 430 } });
+  page.on(
+    'pageerror',
+    e =>
+      NOT_OURS.test(String(e)) || errors.push(`waiting page: ${e.stack || e}`)
+  );
+  await page.goto(url.replace('nb.ipynb', 'nb3.ipynb'));
+  const banner = page.locator('.jp-gpushare-banner');
+  await banner.waitFor({ state: 'visible', timeout: 60000 });
+  const indicator = page.locator('.jp-gpushare-indicator');
+  let indicatorText = '';
+  for (let i = 0; i < 60 && !/in line/.test(indicatorText); i++) {
+    indicatorText = (await indicator.textContent()) || '';
+    await page.waitForTimeout(250);
+  }
+  await page.waitForTimeout(3000); // the queued toast, renamed to the notebook's name
+  const measured = await banner.evaluate(node => {
+    const box = node.getBoundingClientRect();
+    const text = node.querySelector('.jp-gpushare-banner-text');
+    const style = getComputedStyle(text);
+    const line =
+      parseFloat(style.lineHeight) || 1.2 * parseFloat(style.fontSize);
+    const spills = [];
+    node.querySelectorAll('*').forEach(c => {
+      const b = c.getBoundingClientRect();
+      if (b.right > box.right + 1 || b.bottom > box.bottom + 1) {
+        spills.push(`${c.className} ${b.right}x${b.bottom}`);
+      }
+    });
+    return {
+      text: text.textContent,
+      lines: text.getBoundingClientRect().height / line,
+      spills
+    };
+  });
+  const toasts = await page.locator('.Toastify__toast').allTextContents();
+  await banner
+    .getByRole('button', { name: /^Stop waiting for a GPU for / })
+    .click();
+  await page.locator('.jp-Dialog').waitFor({ timeout: 10000 });
+  const focused = await page.evaluate(() => document.activeElement.textContent);
+  await page.keyboard.press('Escape');
+  return {
+    banner: measured.text,
+    banner_lines: measured.lines,
+    spills: measured.spills,
+    indicator: indicatorText,
+    toasts,
+    dialog_focus: focused
+  };
 }
 
 main().catch(e => {

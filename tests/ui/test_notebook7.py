@@ -1,4 +1,6 @@
-"""The extension works in Notebook 7 too: it activates without errors and its panel shows the kernel."""
+"""The extension works in Notebook 7 too: it activates without errors, its panel shows the kernel, and a waiting
+notebook reads as in JupyterLab (round 3: its banner at 200% zoom, its toolbar status, toasts by name, a safe
+Stop waiting dialog)."""
 
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
         pytest.skip(
             "needs Node.js, Debian's chromium and labextension/ui-tests/node_modules (tests/ui/test_ui.py installs it)"
         )
-    (tmp_path / "nb.ipynb").write_text(json.dumps(NOTEBOOK))
+    for name in ("nb.ipynb", "nb2.ipynb", "nb3.ipynb"):  # two fit the 10 GiB card, the third waits
+        (tmp_path / name).write_text(json.dumps(NOTEBOOK))
     port = free_port()
     env = {
         **os.environ,
@@ -70,6 +73,15 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
     assert "nb.ipynb" in result["panel"] and "simulated" in result["panel"].lower()
     # no status bar in Notebook 7: the notebook's toolbar shows its use against the reservation (3 GiB + context)
     assert re.fullmatch(r"GPU (–|0\.0) / \d+\.\d GiB", result["indicator"]), result["indicator"]
+    # Round 3 in Notebook 7, on the waiting notebook's page at 200% zoom (notebook7-check.js, waitingNotebook)
+    waiting = result["waiting"]
+    assert waiting["banner"].startswith("Waiting for a GPU: #1 in line, needs 3.6 GiB"), waiting
+    assert waiting["banner_lines"] <= 3.1 and waiting["spills"] == [], waiting
+    assert waiting["indicator"] == "GPU #1 in line", waiting  # Notebook 7's only status says it waits
+    uuid = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+    assert not any(uuid.search(t) for t in waiting["toasts"]), waiting["toasts"]
+    assert any(t.startswith("nb3.ipynb: Waiting for a GPU") for t in waiting["toasts"]), waiting["toasts"]
+    assert waiting["dialog_focus"] == "Keep waiting", waiting  # Enter is safe
 
 
 def _answers(port: int) -> bool:
