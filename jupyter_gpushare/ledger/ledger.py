@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..core.history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Learned, Run, choose_peak
-from ..core.policy import CardView, Policy, PolicyError, Size, UserLimits, format_mib
+from ..core.policy import CardView, Policy, PolicyError, UserLimits, format_mib
 from ..host.gpu import Card, DeviceSample
 from ..host.procs import Owner, ProcessRef, SessionRef
 from .attribution import unreserved_use
@@ -39,6 +39,9 @@ from .file import PEAK_COLUMNS, LedgerError, LedgerFile, check_ledger
 from .leases import ADOPTED, Lease, Waiter, Waiting
 from .queue import Entry, Request, ages_from, check_waiting, choose_card
 from .rows import (
+    ahead_of,
+    end_waits,
+    exact_quota,
     held_by,
     lease_of,
     line_of,
@@ -127,29 +130,6 @@ class Reservations(Protocol):
     def get(self, kernel_id: str) -> Lease | None: ...
     def waiters(self) -> list[Waiter]: ...
     def close(self) -> None: ...
-
-
-def _exact(quota: Size) -> str:
-    """A quota as the ledger keeps it for kernels in line: exact, and read back by parse_size."""
-    if quota.percent is not None:
-        return f"{quota.percent:.9f}".rstrip("0").rstrip(".") + "%"
-    return f"{quota.mib}MiB"
-
-
-def _end_waits(db: sqlite3.Connection, where: str, args: tuple, now: float) -> None:
-    """Take kernels out of line without a grant (timed out, stopped, shut down, abandoned), and remember when each
-    of their users last left unserved: a re-join within a timeout does not age again (queue.ages_from)."""
-    users = {r[0] for r in db.execute(f"SELECT user FROM waiters WHERE {where}", args)}
-    db.execute(f"DELETE FROM waiters WHERE {where}", args)
-    db.executemany(
-        "INSERT INTO unserved (user, ended) VALUES (?, ?) ON CONFLICT(user) DO UPDATE SET ended=max(ended, excluded.ended)",
-        [(u, now) for u in users],
-    )
-
-
-def _before(line: Sequence[Entry], mine: Entry | None) -> list[Entry]:
-    """The kernels ahead of ``mine`` in line (all of them for a request not in line)."""
-    return [e for e in line if mine is None or e.ticket < mine.ticket]
 
 
 class Ledger:
@@ -272,20 +252,20 @@ class Ledger:
             gives_up_at = (mine.created if mine else now) + policy.queue_timeout_s if wait else math.inf
             gives_up: float | None = gives_up_at if gives_up_at < math.inf else None
             if mine is not None and now >= gives_up_at:
-                _end_waits(db, "kernel_id=?", (req.kernel_id,), now)
-                return self._waiting(req, policy, views, len(_before(line, mine)), expired=True, gives_up_at=gives_up)
+                end_waits(db, "kernel_id=?", (req.kernel_id,), now)
+                return self._waiting(req, policy, views, len(ahead_of(line, mine)), expired=True, gives_up_at=gives_up)
             if limits is not None:  # before queueing: a request over a limit never waits
                 held = held_by(db, req.user, req.kernel_id, line, cards)
                 biggest = max((c.total_mib for c in cards if policy.card_allowed(c.uuid, c.index)), default=0)
                 limits.check(req.user, req.quota.resolve(biggest), biggest, held)
             entry = mine or Entry(0, req.kernel_id, req.quota, req.user, now, frozenset(uuids))
-            card = choose_card(entry, _before(line, mine), views, policy, now) if settling <= 0 else None
+            card = choose_card(entry, ahead_of(line, mine), views, policy, now) if settling <= 0 else None
             if card is None and not reaped and settling <= 0:  # room held by kernels that are gone is room
                 self._reap(db, now)
                 line = line_of(db)
                 mine = next((e for e in line if e.kernel_id == req.kernel_id), None)
                 views = self._views(db, cards, outside)
-                card = choose_card(entry, _before(line, mine), views, policy, now)
+                card = choose_card(entry, ahead_of(line, mine), views, policy, now)
             if card is None:
                 if wait and mine is None:
                     check_waiting(req.user, sum(e.user == req.user for e in line), policy)
@@ -294,7 +274,7 @@ class Ledger:
                     db.execute(
                         "INSERT INTO waiters (kernel_id, quota, user, kernel_name, owner_pid, owner_start, owner_session,"
                         " created, heartbeat, cards, ages_from) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                        (req.kernel_id, _exact(req.quota), req.user, req.kernel_name, *owner_columns(self.owner), now,
+                        (req.kernel_id, exact_quota(req.quota), req.user, req.kernel_name, *owner_columns(self.owner), now,
                          host_clock(), ",".join(uuids), ages_from(now, unserved[0] if unserved else None, policy)),
                     )  # fmt: skip
                 elif wait:
@@ -306,7 +286,7 @@ class Ledger:
                     if settling > 0
                     else ""
                 )
-                ahead, leases = _before(line, mine), self._seen(db.execute("SELECT * FROM leases").fetchall())
+                ahead, leases = ahead_of(line, mine), self._seen(db.execute("SELECT * FROM leases").fetchall())
                 likely = likely_at(db, self._past, leases, entry, ahead, views, policy, now) if wait else None
                 return self._waiting(req, policy, views, len(ahead), reason, gives_up_at=gives_up, likely_at=likely)
             quota_mib = req.quota.resolve(card.total_mib)
@@ -364,7 +344,7 @@ class Ledger:
 
     def cancel_wait(self, kernel_id: str) -> None:
         with self._tx() as db:
-            _end_waits(db, "kernel_id=?", (kernel_id,), time.time())
+            end_waits(db, "kernel_id=?", (kernel_id,), time.time())
 
     def adopt(
         self,
@@ -461,7 +441,7 @@ class Ledger:
         with self._tx() as db:
             row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
             db.execute("DELETE FROM leases WHERE kernel_id=?", (kernel_id,))
-            _end_waits(db, "kernel_id=?", (kernel_id,), time.time())
+            end_waits(db, "kernel_id=?", (kernel_id,), time.time())
             record_holds(db, [lease_of(row)] if row else [], time.time())
         self._known.pop(kernel_id, None)
         return lease_of(row) if row else None
@@ -590,5 +570,5 @@ class Ledger:
             self._known.pop(lease.kernel_id, None)
         for row in db.execute("SELECT * FROM waiters").fetchall():
             if tick - row["heartbeat"] > WAITER_STALE_S or not self._alive(owner_of(row), sessions):
-                _end_waits(db, "ticket=?", (row["ticket"],), now)
+                end_waits(db, "ticket=?", (row["ticket"],), now)
         return dead

@@ -118,3 +118,26 @@ def read_ledger(path: str | os.PathLike) -> tuple[list[Lease], list[Waiter]]:
         return leases, waiters
     finally:
         db.close()
+
+
+def exact_quota(quota: Size) -> str:
+    """A quota as the ledger keeps it for kernels in line: exact, and read back by parse_size."""
+    if quota.percent is not None:
+        return f"{quota.percent:.9f}".rstrip("0").rstrip(".") + "%"
+    return f"{quota.mib}MiB"
+
+
+def end_waits(db: sqlite3.Connection, where: str, args: tuple, now: float) -> None:
+    """Take kernels out of line without a grant (timed out, stopped, shut down, abandoned), and remember when each
+    of their users last left unserved: a re-join within a timeout does not age again (queue.ages_from)."""
+    users = {r[0] for r in db.execute(f"SELECT user FROM waiters WHERE {where}", args)}
+    db.execute(f"DELETE FROM waiters WHERE {where}", args)
+    db.executemany(
+        "INSERT INTO unserved (user, ended) VALUES (?, ?) ON CONFLICT(user) DO UPDATE SET ended=max(ended, excluded.ended)",
+        [(u, now) for u in users],
+    )
+
+
+def ahead_of(line: Sequence[Entry], mine: Entry | None) -> list[Entry]:
+    """The kernels ahead of ``mine`` in line (all of them for a request not in line)."""
+    return [e for e in line if mine is None or e.ticket < mine.ticket]
