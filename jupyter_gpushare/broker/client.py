@@ -23,6 +23,7 @@ from ..core.policy import Policy, PolicyError, UserLimits, parse_limits
 from ..host.gpu import Card
 from ..ledger.leases import lease_from_json, waiter_from_json, waiting_from_json
 from ..ledger.ledger import Lease, LedgerError, ProcessRef, Request, Waiter, Waiting
+from ..ledger.notices import Notice
 from .protocol import HUB_TOKEN_ENV, MAX_REPLY, is_tcp, parse_tcp, policy_error_from
 
 log = logging.getLogger("jupyter_gpushare.broker")
@@ -272,6 +273,14 @@ class BrokerLedger:
         """What the broker says this server's user learns for a notebook (its rules; ``user`` is not sent: the
         broker knows who calls)."""
         return Learned.from_json(self._query("learned_peak", None, kernel_name=kernel_name[:200], path=path))
+
+    def act(self, kernel_id: str, action: str, by: str, why: str) -> Notice:
+        """The broker acts as its caller (``by`` is who the broker knows the caller as); BrokerRefused, as a
+        LedgerError, when the caller is not one of its admins or the kernel is not where the action needs it."""
+        return Notice.from_json(self._call("act", kernel_id=kernel_id, action=action, why=why))
+
+    def take_notices(self, kernel_ids: set[str]) -> list[Notice]:
+        return [Notice.from_json(n) for n in self._call("take_notices", kernel_ids=sorted(kernel_ids))]
 
     def cancel_wait(self, kernel_id: str) -> None:
         try:

@@ -26,15 +26,18 @@ from ..host.cgroups import KernelCgroups, card_minors, held_in_group, kernel_of
 from ..host.gpu import Card, DeviceSample, GpuBackend
 from ..ledger.leases import lease_to_json, waiter_to_json, waiting_to_json
 from ..ledger.ledger import Lease, Ledger, ProcessRef, Request, Waiter
+from ..ledger.notices import NoSuchKernel
 from ..ledger.view import ANONYMOUS, anonymous_leases, view_for
 from .guard import LogLimiter
 from .identity import Caller
 from .protocol import (
+    ActArgs,
     AttachArgs,
     BrokerRefused,
     EndGroupArgs,
     KeepArgs,
     KernelArgs,
+    KernelsArgs,
     LearnedArgs,
     NoArgs,
     RecordPeakArgs,
@@ -256,6 +259,29 @@ class Operations:
         if waiter is not None:
             self._may_change(caller, args.kernel_id, waiter.user, waiter.owner, "stop the wait of")
             self._ledger.cancel_wait(args.kernel_id)
+
+    def _op_act(self, caller: Caller, args: ActArgs) -> dict:
+        """A teacher's action on any kernel of the host (ledger/notices.py): the broker's admins only."""
+        assert self._ledger is not None
+        if not caller.admin:
+            raise BrokerRefused(
+                f"Only an admin of this host's broker may {args.action} another kernel's place or reservation; "
+                f"{caller.user} is not one (the broker's admin_users and admin_groups)."
+            )
+        try:
+            notice = self._ledger.act(args.kernel_id, args.action, caller.user, args.why)
+        except NoSuchKernel as e:
+            raise BrokerRefused(str(e)) from e
+        self.log.info("%s: %s kernel %s: %s", caller.user, args.action, args.kernel_id, args.why)
+        return notice.to_json()
+
+    def _op_take_notices(self, caller: Caller, args: KernelsArgs) -> list[dict]:
+        """The notices for the caller's own kernels (held or in line), each given once."""
+        assert self._ledger is not None
+        held = {lease.kernel_id: lease.user for lease in self._ledger.leases()}
+        held.update({w.kernel_id: w.user for w in self._ledger.waiters()})
+        mine = {kid for kid in args.kernel_ids if held.get(kid) == caller.user}
+        return [n.to_json() for n in self._ledger.take_notices(mine)] if mine else []
 
     def _lease_to_change(self, caller: Caller, kernel_id: str, what: str) -> Lease | None:
         """The kernel's lease, None when it holds none; BrokerRefused if the caller may not ``what`` it."""

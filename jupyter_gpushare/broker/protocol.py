@@ -20,6 +20,7 @@ from typing import Any, Callable
 from ..core.addresses import DEFAULT_LEDGER, DEFAULT_SOCKET, is_tcp, parse_tcp  # noqa: F401  (the broker's names)
 from ..core.history import MAX_PATH, MAX_PEAK_MIB, PATH, Run
 from ..core.policy import MAX_MIB, PolicyError, Size
+from ..ledger.notices import ACTIONS, WHY, WHY_MAX
 
 MAX_LINE = (
     64 << 10
@@ -92,6 +93,18 @@ class LearnedArgs:
 class EndGroupArgs:
     kernel_id: str
     keep: bool = False  # a restart: end what is in the group, keep the group
+
+
+@dataclass(frozen=True)
+class ActArgs:
+    kernel_id: str
+    action: str  # one of notices.ACTIONS
+    why: str
+
+
+@dataclass(frozen=True)
+class KernelsArgs:
+    kernel_ids: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -193,6 +206,13 @@ def _keep(f: _Fields) -> KeepArgs:
     return KeepArgs(frozenset(f.texts("keep", KERNEL_ID, MAX_KEEP)))
 
 
+def _act(f: _Fields) -> ActArgs:
+    action = f.text("action")
+    if action not in ACTIONS:
+        raise f.refuse("action", f"one of {', '.join(ACTIONS)}")
+    return ActArgs(f.kernel_id(), action, f.text("why", WHY, WHY_MAX))
+
+
 def _auth(f: _Fields) -> AuthArgs:
     return AuthArgs(f.text("token", max_len=4096), f.text("instance", INSTANCE_ID))
 
@@ -217,6 +237,8 @@ REQUESTS: dict[str, Callable[[_Fields], Any]] = {
     "enter_group": lambda f: KernelArgs(f.kernel_id()),
     "group_cards": lambda f: KernelArgs(f.kernel_id()),
     "end_group": lambda f: EndGroupArgs(f.kernel_id(), f.flag("keep")),
+    "act": _act,
+    "take_notices": lambda f: KernelsArgs(frozenset(f.texts("kernel_ids", KERNEL_ID, MAX_KEEP))),
 }
 
 

@@ -65,6 +65,13 @@ CATALOGUE: dict[str, str] = {
     "event.parked": "Parked: {parked_mib} moved to host memory in {park_s}; its reservation went to the line until "
     "its next cell.",
     "event.park-failed": "Could not be parked, and runs on: {reason}",
+    "event.teacher-front": "{by} moved it to the front of the line[: {why}]. It is served first where it fits.",
+    "event.teacher-remove": "{by} took it out of the line[: {why}]. Its cells run on without a GPU.",
+    "event.teacher-release": "{by} gave its GPU reservation back[: {why}].",
+    "event.teacher-release-parked": "{by} gave its GPU reservation back[: {why}]. It is parked, its state kept: its "
+    "next cell asks for a GPU again.",
+    "event.teacher-release-restarted": "{by} gave its GPU reservation back[: {why}]. It was restarted and waits "
+    "for a GPU again; its variables are lost.",
     "event.resumed": "Back on its GPU after {waited_s} in line; its state came back in {resume_s}.",
     "event.resume-waited-out": "Still parked: no reservation came in time. Its next cell asks again.",
     "event.resume-failed": "Its GPU state could not be brought back ({reason}); the kernel was shut down.",
@@ -185,6 +192,9 @@ SEVERITY: dict[str, str] = {
     "over-quota-stop": "warning",
     "over-quota-shutdown": "warning",
     "idle-shutdown": "warning",
+    "teacher-front": "info",
+    "teacher-remove": "warning",
+    "teacher-release": "warning",
 }
 
 # Codes whose words change with a count: the ``<code>.one`` form is said when that parameter is 1 (English's two

@@ -28,7 +28,7 @@ from typing import Callable, TextIO
 log = logging.getLogger("jupyter_gpushare.ledger.ledger")
 
 # 2: sessions, and an owner_session column in leases and waiters. The peaks table (history.py), the waiters'
-# cards and ages_from columns, the unserved table (queue.py) and the holds table (estimate.py) came later without
+# cards and ages_from columns, the unserved table (queue.py), the holds (estimate.py) and notices tables came later without
 # a new version: older releases
 # never read them (an older server's waiter gets the columns' defaults: any card, aging from its start), so servers
 # of both can share a file while a host is upgraded.
@@ -95,6 +95,13 @@ CREATE TABLE IF NOT EXISTS peaks (
 );
 CREATE INDEX IF NOT EXISTS peaks_notebook ON peaks (kernel_name, path, recorded);
 CREATE INDEX IF NOT EXISTS peaks_user ON peaks (user, recorded);
+CREATE TABLE IF NOT EXISTS notices (
+    kernel_id    TEXT NOT NULL,
+    action       TEXT NOT NULL,
+    by           TEXT NOT NULL,
+    why          TEXT NOT NULL,
+    at           REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS holds (
     user         TEXT NOT NULL,
     kernel_name  TEXT NOT NULL,

@@ -33,10 +33,12 @@ from ..core.history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Lea
 from ..core.policy import CardView, Policy, PolicyError, UserLimits, format_mib
 from ..host.gpu import Card, DeviceSample
 from ..host.procs import Owner, ProcessRef, SessionRef
+from . import notices
 from .attribution import unreserved_use
 from .estimate import PastHolds, likely_at, record_holds
 from .file import PEAK_COLUMNS, LedgerError, LedgerFile, check_ledger
 from .leases import ADOPTED, Lease, Waiter, Waiting
+from .notices import Notice
 from .queue import Entry, Request, ages_from, check_waiting, choose_card
 from .rows import (
     ahead_of,
@@ -113,6 +115,14 @@ class Reservations(Protocol):
         ...
 
     def cancel_wait(self, kernel_id: str) -> None: ...
+    def act(self, kernel_id: str, action: str, by: str, why: str) -> Notice:
+        """A teacher's action on a kernel of the host (notices.py); the caller checks that ``by`` may act."""
+        ...
+
+    def take_notices(self, kernel_ids: set[str]) -> list[Notice]:
+        """The teacher's notices for these kernels (this server's), each given once."""
+        ...
+
     def attach(self, kernel_id: str, kernel: ProcessRef | None) -> None: ...
     def resize(
         self,
@@ -341,6 +351,14 @@ class Ledger:
             gives_up_at=gives_up_at,
             likely_at=likely_at,
         )
+
+    def act(self, kernel_id: str, action: str, by: str, why: str) -> Notice:
+        with self._tx() as db:
+            return notices.act(db, kernel_id, action, by, why, time.time())
+
+    def take_notices(self, kernel_ids: set[str]) -> list[Notice]:
+        with self._tx() as db:
+            return notices.take(db, kernel_ids, time.time())
 
     def cancel_wait(self, kernel_id: str) -> None:
         with self._tx() as db:

@@ -125,6 +125,14 @@ class ServerStarts:
     def on_wait(self, rec: KernelRecord, got: Waiting) -> None:
         """Nothing: the server's kernel model and the sidebar say where a kernel stands."""
 
+    async def restart(self, kernel_id: str) -> bool:
+        try:
+            await self.kernels.restart_kernel(kernel_id, now=True)
+            return True
+        except Exception as e:  # noqa: BLE001 (gone meanwhile, a restart under way: said in the event)
+            self.log.warning("jupyter-gpushare: kernel %s could not be restarted: %s", kernel_id, e)
+            return False
+
     async def trim(self, kernel_id: str) -> list[str] | None:
         """Ask the kernel, on a shell channel of the server's own, to evaluate its bootstrap's ``trim()``: a silent
         request (no output, no execution count; a notebook sees the kernel busy for a moment). What the kernel says

@@ -18,10 +18,12 @@ from tornado import web
 
 from ..core.policy import PolicyError
 from ..ledger.ledger import LedgerError
+from ..ledger.notices import ACTIONS, WHY, WHY_MAX, NoSuchKernel
 from .manager import QuotaManager
 from .refusals import RefusalErrors, SessionsHandler, StartKernelHandler
 from .snapshot import ServerSnapshot, Snapshots
 from .state import build_state, event_view
+from .teacher import NotAdmin
 
 API = r"/api/gpushare"
 AUTH_RESOURCE = "gpushare"
@@ -154,6 +156,32 @@ class HostHandler(GpuShareHandler):
         self.finish(dict(snap.host))
 
 
+class HostKernelHandler(GpuShareHandler):
+    """``POST …/host/kernels/<id>`` with ``{"action": "front" | "remove" | "release", "why": "…"}``: a teacher acts
+    on any kernel of the host (teacher.py; admins only, 403 otherwise). The student sees it as an event with who
+    did it and why. 409 when the kernel is not where the action needs it (no longer in line, holds nothing)."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str) -> None:
+        body = self.json_body()
+        action, why = body.get("action"), body.get("why", "")
+        example = '{"action": "front", "why": "her lab is due today"}'
+        if set(body) - {"action", "why"} or action not in ACTIONS:
+            raise web.HTTPError(400, f"Send {example}; the action is one of {', '.join(ACTIONS)}; got {sorted(body)}.")
+        if not isinstance(why, str) or not WHY.fullmatch(why):
+            raise web.HTTPError(400, f'"why" is one line of at most {WHY_MAX} characters, shown to the student.')
+        try:
+            notice = await self.manager.teacher.act(kernel_id, action, why)
+        except NotAdmin as e:
+            raise web.HTTPError(403, str(e)) from e
+        except NoSuchKernel as e:
+            raise web.HTTPError(409, str(e)) from e
+        except LedgerError as e:  # the broker's refusal (not its admin, not in line) or its absence
+            raise web.HTTPError(409 if "refused" in str(e) else 503, str(e)) from e
+        self.finish(notice.to_json())
+
+
 class QueueHandler(GpuShareHandler):
     @web.authenticated
     @authorized
@@ -258,6 +286,7 @@ handlers = [
     (rf"{API}/kernels/([^/]+)", KernelHandler),
     (rf"{API}/kernels/([^/]+)/(park|resume)", KernelMoveHandler),
     (rf"{API}/host", HostHandler),
+    (rf"{API}/host/kernels/([^/]+)", HostKernelHandler),
     (rf"{API}/queue", QueueHandler),
     (rf"{API}/events", EventsHandler),
     (rf"{API}/config", ConfigHandler),

@@ -39,6 +39,7 @@ from .records import ChangeKind, Grant, KernelRecord, QuotaUnavailable, Version
 from .sampler import KernelUsage
 from .services import Services
 from .snapshot import take_snapshot
+from .teacher import Teacher
 
 T = TypeVar("T")
 
@@ -97,6 +98,7 @@ class QuotaManager:
         )
         self.parking = Parking(self, checkpointer_for(backend), parking or ParkRules(), self.blocking)
         self.quotas = QuotaChanges(self)
+        self.teacher = Teacher(self)
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Blocking work that is not the ledger's (kernels' reports, their cgroups), off the IOLoop."""
@@ -399,6 +401,7 @@ class QuotaManager:
                 f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel this server no longer has.",
             )
         self._reclaimed(await self.ledger.on(lambda ledger: ledger.reap()) or [])
+        await self.teacher.take()
 
     # -- views for the API ------------------------------------------------------------------------
 

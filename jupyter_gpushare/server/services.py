@@ -52,6 +52,10 @@ class KernelStarts(Protocol):
         did; None where the kernel cannot be asked or did not answer."""
         ...
 
+    async def restart(self, kernel_id: str) -> bool:
+        """Restart a kernel (a teacher gave its reservation back and it cannot be parked); False where it cannot."""
+        ...
+
 
 @dataclass(frozen=True)
 class ProgramStarts:
@@ -77,6 +81,10 @@ class ProgramStarts:
     async def trim(self, kernel_id: str) -> list[str] | None:
         """A program's kernels are never parked."""
         return None
+
+    async def restart(self, kernel_id: str) -> bool:
+        """A program's kernels are its own to restart."""
+        return False
 
 
 @dataclass(frozen=True)

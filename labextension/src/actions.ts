@@ -11,7 +11,7 @@ import { Widget } from '@lumino/widgets';
 import { formatMiB, isMeasured, isTemporaryPath, notebookName } from './format';
 import { GpuShareModel } from './model';
 import { KernelTracker } from './tracker';
-import type { IKernel } from './types';
+import type { HostAction, IKernel } from './types';
 import { say, sizeText } from './words';
 
 /** What a person does to a kernel from the sidebar or the queued banner. */
@@ -32,6 +32,11 @@ export interface IKernelActions {
   refresh(): void;
   /** Open or close the "This host" section. */
   toggleHost(): void;
+  /** A teacher's action on a kernel of the host, after asking why. */
+  actOnHost(
+    target: { kernelId: string; name: string; user: string },
+    action: HostAction
+  ): Promise<void>;
 }
 
 /** A size to type again as it is: "4.5 GiB" where that is exact, else whole MiB ("4291 MiB"); "" unknown. */
@@ -83,6 +88,50 @@ class QuotaBody extends Widget implements Dialog.IBodyWidget<string> {
   }
   readonly input: HTMLInputElement;
   static count = 0;
+}
+
+/** A teacher's reason for an action: one line the student reads. */
+class WhyBody extends Widget implements Dialog.IBodyWidget<string> {
+  constructor(text: string) {
+    super();
+    const p = document.createElement('p');
+    p.textContent = text;
+    this.input = document.createElement('input');
+    this.input.className = 'jp-mod-styled';
+    this.input.maxLength = 200;
+    this.input.setAttribute('aria-label', say('ui.teach.why'));
+    this.input.placeholder = say('ui.teach.why');
+    this.node.append(p, this.input);
+  }
+  getValue(): string {
+    return this.input.value.replace(/\s+/g, ' ').trim();
+  }
+  readonly input: HTMLInputElement;
+}
+
+/** A teacher's action on a kernel of the host, after asking why (the safe button has the focus). */
+export async function actOnHost(
+  model: GpuShareModel,
+  target: { kernelId: string; name: string; user: string },
+  action: HostAction
+): Promise<void> {
+  const result = await showDialog({
+    title: say(`ui.teach.${action}.title`, { name: target.name }),
+    body: new WhyBody(say(`ui.teach.${action}.body`, { user: target.user })),
+    buttons: [
+      Dialog.cancelButton(),
+      Dialog.warnButton({ label: say(`ui.teach.${action}.button`) })
+    ],
+    defaultButton: 0
+  });
+  if (!result.button.accept) {
+    return;
+  }
+  try {
+    await model.actOnHost(target.kernelId, action, result.value ?? '');
+  } catch (e) {
+    void showErrorMessage(say('ui.teach.failed'), (e as Error).message);
+  }
 }
 
 export function kernelActions(
@@ -347,6 +396,7 @@ export function kernelActions(
       void model.refresh();
     },
     refresh: () => void model.refresh(),
+    actOnHost: (target, action) => actOnHost(model, target, action),
     toggleHost: () => {
       model.hostOpen = !model.hostOpen;
       remember(HOST_OPEN_KEY, model.hostOpen);

@@ -107,6 +107,15 @@ export function limitsUse(view: IHostView): ILimitsUse | null {
 
 /** One line of the host queue. Another user's entry says only that it is one. */
 export function queueEntryText(entry: IHostQueueEntry): string {
+  return say('ui.queue.entry', {
+    position: entry.position,
+    who: queueWho(entry),
+    waited_s: entry.waited_s
+  });
+}
+
+/** Whose kernel a place in line is, as far as this view may say: "your python3 kernel", "bob’s …", "another". */
+export function queueWho(entry: IHostQueueEntry): string {
   const figures = {
     kind: entry.kernel_name
       ? say('ui.queue.kind', { kernel: entry.kernel_name })
@@ -114,16 +123,11 @@ export function queueEntryText(entry: IHostQueueEntry): string {
     quota_mib: entry.need_mib, // what it needs, quota + CUDA context: the banner's figure
     user: entry.user
   };
-  const who = entry.mine
+  return entry.mine
     ? say('ui.queue.yours', figures)
     : entry.user
       ? say('ui.queue.user', figures) // an admin's view
       : say('ui.queue.another');
-  return say('ui.queue.entry', {
-    position: entry.position,
-    who,
-    waited_s: entry.waited_s
-  });
 }
 
 export interface IHostKernelRow {

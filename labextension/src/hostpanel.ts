@@ -13,10 +13,11 @@ import {
   limitsText,
   limitsUse,
   queueEntryText,
+  queueWho,
   usersTotal
 } from './host';
 import type { IModelError, ISnapshot } from './model';
-import type { IHostCard, IHostView, IKernel } from './types';
+import type { HostAction, IHostCard, IHostView, IKernel } from './types';
 import { say, segmentText, segmentTitle } from './words';
 
 /** What the section needs from the panel. */
@@ -26,6 +27,33 @@ export interface IHostSectionProps {
   toggle(): void;
   /** The name (notebook) of a kernel this server runs. */
   nameOf(kernel: IKernel): string;
+  /** An admin's action on a kernel of the host (asks why first). */
+  act(target: IHostTarget, action: HostAction): void;
+}
+
+/** The kernel a teacher acts on, as the host view names it. */
+export interface IHostTarget {
+  kernelId: string;
+  name: string;
+  user: string;
+}
+
+/** An admin's action button (the panel's small styled button). */
+function actButton(
+  props: IHostSectionProps,
+  target: IHostTarget,
+  action: HostAction
+): VirtualElement {
+  const label = say(`ui.teach.${action}.button`);
+  return h.button(
+    {
+      className: `jp-Button jp-mod-styled jp-mod-small ${C}-host-act`,
+      dataset: { action },
+      'aria-label': say('ui.teach.label', { action: label, name: target.name }),
+      onclick: () => props.act(target, action)
+    },
+    label
+  );
 }
 
 function hostCard(card: IHostCard): VirtualElement {
@@ -166,6 +194,18 @@ function kernelsTable(
         h.td({ title: r.card }, r.card),
         h.td(r.quota),
         h.td(r.age)
+      ),
+      // the admin's action on it, on a line of its own (the table is as narrow as the sidebar)
+      h.tr(
+        { className: `${C}-host-act-row`, dataset: { kernelId: r.kernelId } },
+        h.td(
+          { colspan: '4' },
+          actButton(
+            props,
+            { kernelId: r.kernelId, name: r.name, user: r.user },
+            'release'
+          )
+        )
       )
     );
   });
@@ -223,15 +263,34 @@ function body(host: IHostView, props: IHostSectionProps): VirtualElement[] {
     out.push(
       h.ol(
         { className: `${C}-host-queue` },
-        ...host.queue.map(q =>
-          h.li(
+        ...host.queue.map(q => {
+          const target =
+            host.admin && q.kernel_id
+              ? {
+                  kernelId: q.kernel_id,
+                  name: queueWho(q),
+                  user: q.user ?? host.user
+                }
+              : null;
+          return h.li(
             {
               className: q.mine ? `${C}-host-me` : '',
               dataset: { position: String(q.position) }
             },
-            queueEntryText(q)
-          )
-        )
+            queueEntryText(q),
+            ...(target
+              ? [
+                  h.span(
+                    { className: `${C}-host-acts` },
+                    ...(q.position > 1
+                      ? [actButton(props, target, 'front')]
+                      : []),
+                    actButton(props, target, 'remove')
+                  )
+                ]
+              : [])
+          );
+        })
       )
     );
   } else {

@@ -4,7 +4,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { EventCursor, ReplyGuard } from './guard';
 import { GpuShareError, requestAPI, requestState } from './request';
-import type { IEvent, IHostView, IKernel, IState } from './types';
+import type { HostAction, IEvent, IHostView, IKernel, IState } from './types';
 
 /** What the user chose in the settings (schema/plugin.json). */
 export interface ISettings {
@@ -158,6 +158,20 @@ export class GpuShareModel {
       `kernels/${encodeURIComponent(kernelId)}`,
       this.serverSettings,
       { method: 'DELETE' }
+    );
+    void this.refresh();
+  }
+
+  /** A teacher's action on a kernel of the host (admins only; POST host/kernels/<id>). */
+  async actOnHost(
+    kernelId: string,
+    action: HostAction,
+    why: string
+  ): Promise<void> {
+    await requestAPI<unknown>(
+      `host/kernels/${encodeURIComponent(kernelId)}`,
+      this.serverSettings,
+      { method: 'POST', body: JSON.stringify({ action, why }) }
     );
     void this.refresh();
   }

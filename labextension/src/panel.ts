@@ -603,7 +603,8 @@ export function renderPanel(
       snapshot,
       open: view.hostOpen,
       toggle: () => actions.toggleHost(),
-      nameOf: k => actions.nameOf(k)
+      nameOf: k => actions.nameOf(k),
+      act: (target, action) => void actions.actOnHost(target, action)
     })
   );
   return out;

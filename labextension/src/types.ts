@@ -274,6 +274,9 @@ export interface IHostKernel {
   age_s: number;
 }
 
+/** A teacher's action on a kernel of the host (POST /api/gpushare/host/kernels/<id>). */
+export type HostAction = 'front' | 'remove' | 'release';
+
 /** A place in the host queue; another user's entry has null names (a student's view). */
 export interface IHostQueueEntry {
   position: number;

@@ -71,6 +71,19 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       'Parked: {parked_mib} moved to host memory in {park_s}; its reservation went to the line until its next cell.'
     ),
     'event.park-failed': __('Could not be parked, and runs on: {reason}'),
+    'event.teacher-front': __(
+      '{by} moved it to the front of the line[: {why}]. It is served first where it fits.'
+    ),
+    'event.teacher-remove': __(
+      '{by} took it out of the line[: {why}]. Its cells run on without a GPU.'
+    ),
+    'event.teacher-release': __('{by} gave its GPU reservation back[: {why}].'),
+    'event.teacher-release-parked': __(
+      '{by} gave its GPU reservation back[: {why}]. It is parked, its state kept: its next cell asks for a GPU again.'
+    ),
+    'event.teacher-release-restarted': __(
+      '{by} gave its GPU reservation back[: {why}]. It was restarted and waits for a GPU again; its variables are lost.'
+    ),
     'event.resumed': __(
       'Back on its GPU after {waited_s} in line; its state came back in {resume_s}.'
     ),
@@ -481,6 +494,24 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
       'Its variables and state will be lost, and its GPU memory goes back to the others.'
     ),
     'ui.shutdown.failed': __('{name} was not shut down'),
+    'ui.teach.front.button': __('Move to front'),
+    'ui.teach.remove.button': __('Take out'),
+    'ui.teach.release.button': __('Release'),
+    'ui.teach.front.title': __('Move {name} to the front of the line?'),
+    'ui.teach.remove.title': __('Take {name} out of the line?'),
+    'ui.teach.release.title': __('Give the GPU reservation of {name} back?'),
+    'ui.teach.front.body': __(
+      'It is served first where it fits. {user} is told, with your reason.'
+    ),
+    'ui.teach.remove.body': __(
+      'It stops waiting and runs on without a GPU, with its variables. {user} is told, with your reason.'
+    ),
+    'ui.teach.release.body': __(
+      'It is parked where it can be (its state kept; its next cell asks for a GPU again), else restarted (its variables lost). {user} is told, with your reason.'
+    ),
+    'ui.teach.why': __('Why (the student reads this)'),
+    'ui.teach.label': __('{action}: {name}'),
+    'ui.teach.failed': __('The action was not carried out'),
     'ui.stop.title': __('Stop waiting for a GPU?'),
     'ui.stop.keep': __('Keep waiting'),
     'ui.stop.body': __(

@@ -723,3 +723,34 @@ def test_group_requests_with_ids_no_cgroup_can_have_are_refused_with_why(inproc)
     for bad in ({"kernel_id": ""}, {"kernel_id": 7}, {"kernel_id": "k1", "keep": "yes"}):
         with pytest.raises(BrokerRefused, match="Bad 'end_group' request"):
             broker.handle(who["alice"], "end_group", bad)
+
+
+def test_a_teachers_actions_are_the_admins_and_reach_only_the_kernels_user(inproc):
+    """A student can neither act on another's kernel nor on their own through the broker; an admin moves a kernel
+    to the front, takes one out of line or has a reservation given back; the notices go to the kernel's own user,
+    once, and a reason that is not one printable line is refused."""
+    from jupyter_gpushare.broker.protocol import BrokerRefused
+
+    broker, who = inproc
+    card = broker.cards[0].total_mib
+    assert "lease" in broker.handle(who["alice"], "reserve", {"kernel_id": "a1", "mib": card - 2048})
+    for kid in ("b1", "b2"):  # bob's two wait
+        assert "waiting" in broker.handle(who["bob"], "reserve", {"kernel_id": kid, "mib": 4096, "wait": True})
+    for caller in ("alice", "bob"):
+        with pytest.raises(BrokerRefused, match="Only an admin"):
+            broker.handle(who[caller], "act", {"kernel_id": "b2", "action": "front", "why": "me first"})
+    for bad in ({"kernel_id": "b2", "action": "evict", "why": ""}, {"kernel_id": "b2", "action": "front", "why": "a\nb"},
+                {"kernel_id": "b2", "action": "front", "why": "x" * 201}):  # fmt: skip
+        with pytest.raises(BrokerRefused, match="Bad 'act' request"):
+            broker.handle(who["admin"], "act", bad)
+    with pytest.raises(BrokerRefused, match="not in line"):
+        broker.handle(who["admin"], "act", {"kernel_id": "a1", "action": "remove", "why": ""})
+    said = broker.handle(who["admin"], "act", {"kernel_id": "b2", "action": "front", "why": "her lab is due"})
+    assert said["by"] == "root" and said["why"] == "her lab is due"
+    assert [w["kernel_id"] for w in broker.handle(who["admin"], "waiters", {})] == ["b2", "b1"]
+    broker.handle(who["admin"], "act", {"kernel_id": "a1", "action": "release", "why": "idle for an hour"})
+    assert broker.handle(who["bob"], "take_notices", {"kernel_ids": ["a1"]}) == []  # not bob's kernel
+    assert [n["action"] for n in broker.handle(who["bob"], "take_notices", {"kernel_ids": ["b1", "b2"]})] == ["front"]
+    assert broker.handle(who["bob"], "take_notices", {"kernel_ids": ["b2"]}) == []  # given once
+    (release,) = broker.handle(who["alice"], "take_notices", {"kernel_ids": ["a1"]})
+    assert release["action"] == "release" and release["why"] == "idle for an hour"

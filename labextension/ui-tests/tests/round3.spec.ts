@@ -327,3 +327,40 @@ test('a student reads a place, a bar and one action; details are one click away;
   expect(unfolded.spills).toEqual([]);
   expect(unfolded.height).toBeGreaterThan(folded.height);
 });
+
+test('a teacher takes a kernel out of line from the host view; its student reads who did it and why', async ({
+  page
+}) => {
+  // The server's user owns its ledger file, so it is this host's admin: the host view offers the actions
+  await page.setViewportSize({ width: 1280, height: 860 });
+  await page.goto('/lab');
+  await waitForLab(page);
+  await run(page, 'gpushare:open-panel');
+  const host = panel(page).locator('.jp-gpushare-host');
+  if ((await host.getAttribute('data-open')) !== 'true') {
+    await host.locator('.jp-gpushare-host-toggle').click();
+  }
+  await expect(host).toHaveAttribute('data-view', 'admin');
+  const state = await (await page.request.get('/api/gpushare/state')).json();
+  const waiting = state.kernels.find((k: any) => k.state === 'queued');
+  const entry = host.locator('.jp-gpushare-host-queue li').first();
+  await entry.getByRole('button', { name: /^Take out: / }).click();
+  await expect(dialog(page)).toContainText('out of the line?');
+  // Enter is safe: the focus is on Cancel, not on the action
+  expect(await page.evaluate(() => document.activeElement?.textContent)).toBe(
+    'Cancel'
+  );
+  await dialog(page).locator('input').fill('the lab is over for today');
+  await dialog(page).locator('button', { hasText: 'Take out' }).click();
+  const name = waiting.path.split('/').pop();
+  await expect(
+    toasts(page).filter({
+      hasText: new RegExp(
+        `${name}: .+ took it out of the line: the lab is over for today\\.`
+      )
+    })
+  ).toHaveCount(1, { timeout: 15000 });
+  await expect
+    .poll(async () => (await stateOf(page, waiting.path))?.state)
+    .toBe('cpu');
+});
