@@ -357,6 +357,9 @@ class Ledger:
             return notices.act(db, kernel_id, action, by, why, time.time())
 
     def take_notices(self, kernel_ids: set[str]) -> list[Notice]:
+        with self._file.read() as db:  # asked at every server's reconcile: a write only when there is a notice
+            if db.execute("SELECT 1 FROM notices LIMIT 1").fetchone() is None:
+                return []
         with self._tx() as db:
             return notices.take(db, kernel_ids, time.time())
 

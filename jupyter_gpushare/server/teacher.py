@@ -15,6 +15,7 @@ It does not judge who may act (the ledger's caller does: the broker its admins, 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ..core.policy import PolicyError
@@ -64,7 +65,8 @@ class Teacher:
         if not mine:
             return
         for notice in await self.kernels.ledger.on(lambda ledger: ledger.take_notices(mine)) or []:
-            await self._carry_out(notice)
+            if notice.action in VERBS:  # (an action a newer broker knows and this server does not: left out)
+                await self._carry_out(notice)
 
     async def _carry_out(self, n: Notice) -> None:
         kernels, kid = self.kernels, n.kernel_id
@@ -73,11 +75,13 @@ class Teacher:
         if n.action == "remove" and kernels.line.waiting(kid) is not None:
             kernels.line.cancel(kid, said)
         elif n.action == "release" and kid in kernels.records and kernels.records[kid].lease is not None:
-            try:
+            with contextlib.suppress(PolicyError):  # it cannot be parked here: restarted instead
                 await kernels.parking.park(kid)
+            rec = kernels.records.get(kid)
+            if rec is not None and rec.state == "parked":
                 how = "parked"
-            except PolicyError:
-                how = "restarted" if await kernels.services.starts.restart(kid) else ""
+            elif await kernels.services.starts.restart(kid):  # (a park that failed said why in its own event)
+                how = "restarted"
         code = f"teacher-{n.action}" + (f"-{how}" if how else "")
         kernels.event(f"teacher-{n.action}", kid, said + (f" ({how})" if how else ""), code=code, by=n.by,
                       why=n.why or None)  # fmt: skip
