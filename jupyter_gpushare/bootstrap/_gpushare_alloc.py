@@ -73,9 +73,9 @@ def peaks() -> dict:
 
 def trim() -> list:
     """Give the memory the frameworks' allocators keep cached, unused, back to the driver; the frameworks that did.
-    The server asks an idle kernel for this before it parks it: the park then moves only what is in use (on the
-    H100 and H200, 4 GiB of PyTorch tensors with their cache kept took about twice as long to park and to bring
-    back: bench/README.md). Only frameworks that already use a GPU; reading never starts one. TensorFlow and JAX
+    The server asks an idle kernel for this before it parks it: the park then moves only what is in use (4 GiB of
+    PyTorch tensors with their cache kept took twice as long to park on the H200, six times on the H100:
+    bench/README.md). Only frameworks that already use a GPU; reading never starts one. TensorFlow and JAX
     have no such call. Names only the frameworks that gave at least 1 MiB back (the server then waits for a new
     reading of the card before it parks)."""
     done = []
