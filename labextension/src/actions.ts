@@ -11,7 +11,7 @@ import { Widget } from '@lumino/widgets';
 import { formatMiB, isMeasured, isTemporaryPath, notebookName } from './format';
 import { GpuShareModel } from './model';
 import { KernelTracker } from './tracker';
-import type { HostAction, IKernel } from './types';
+import type { HostAction, IHostTarget, IKernel } from './types';
 import { say, sizeText } from './words';
 
 /** What a person does to a kernel from the sidebar or the queued banner. */
@@ -33,10 +33,7 @@ export interface IKernelActions {
   /** Open or close the "This host" section. */
   toggleHost(): void;
   /** A teacher's action on a kernel of the host, after asking why. */
-  actOnHost(
-    target: { kernelId: string; name: string; user: string },
-    action: HostAction
-  ): Promise<void>;
+  actOnHost(target: IHostTarget, action: HostAction): Promise<void>;
 }
 
 /** A size to type again as it is: "4.5 GiB" where that is exact, else whole MiB ("4291 MiB"); "" unknown. */
@@ -112,7 +109,7 @@ class WhyBody extends Widget implements Dialog.IBodyWidget<string> {
 /** A teacher's action on a kernel of the host, after asking why (the safe button has the focus). */
 export async function actOnHost(
   model: GpuShareModel,
-  target: { kernelId: string; name: string; user: string },
+  target: IHostTarget,
   action: HostAction
 ): Promise<void> {
   const result = await showDialog({

@@ -17,7 +17,13 @@ import {
   usersTotal
 } from './host';
 import type { IModelError, ISnapshot } from './model';
-import type { HostAction, IHostCard, IHostView, IKernel } from './types';
+import type {
+  HostAction,
+  IHostCard,
+  IHostTarget,
+  IHostView,
+  IKernel
+} from './types';
 import { say, segmentText, segmentTitle } from './words';
 
 /** What the section needs from the panel. */
@@ -29,13 +35,6 @@ export interface IHostSectionProps {
   nameOf(kernel: IKernel): string;
   /** An admin's action on a kernel of the host (asks why first). */
   act(target: IHostTarget, action: HostAction): void;
-}
-
-/** The kernel a teacher acts on, as the host view names it. */
-export interface IHostTarget {
-  kernelId: string;
-  name: string;
-  user: string;
 }
 
 /** An admin's action button (the panel's small styled button). */

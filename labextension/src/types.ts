@@ -277,6 +277,13 @@ export interface IHostKernel {
 /** A teacher's action on a kernel of the host (POST /api/gpushare/host/kernels/<id>). */
 export type HostAction = 'front' | 'remove' | 'release';
 
+/** The kernel a teacher acts on, as the host view names it. */
+export interface IHostTarget {
+  kernelId: string;
+  name: string;
+  user: string;
+}
+
 /** A place in the host queue; another user's entry has null names (a student's view). */
 export interface IHostQueueEntry {
   position: number;
