@@ -54,6 +54,7 @@ from .rows import (
     read_notebooks,
     reserved_by_card,
     waiter_of,
+    waiting_answer,
 )
 
 __all__ = [
@@ -263,7 +264,7 @@ class Ledger:
             gives_up: float | None = gives_up_at if gives_up_at < math.inf else None
             if mine is not None and now >= gives_up_at:
                 end_waits(db, "kernel_id=?", (req.kernel_id,), now)
-                return self._waiting(req, policy, views, len(ahead_of(line, mine)), expired=True, gives_up_at=gives_up)
+                return waiting_answer(req, policy, views, len(ahead_of(line, mine)), expired=True, gives_up_at=gives_up)
             if limits is not None:  # before queueing: a request over a limit never waits
                 held = held_by(db, req.user, req.kernel_id, line, cards)
                 biggest = max((c.total_mib for c in cards if policy.card_allowed(c.uuid, c.index)), default=0)
@@ -298,7 +299,7 @@ class Ledger:
                 )
                 ahead, leases = ahead_of(line, mine), self._seen(db.execute("SELECT * FROM leases").fetchall())
                 likely = likely_at(db, self._past, leases, entry, ahead, views, policy, now) if wait else None
-                return self._waiting(req, policy, views, len(ahead), reason, gives_up_at=gives_up, likely_at=likely)
+                return waiting_answer(req, policy, views, len(ahead), reason, gives_up_at=gives_up, likely_at=likely)
             quota_mib = req.quota.resolve(card.total_mib)
             if limits is not None:  # exact now that the card (and so a percentage's size) is known
                 limits.check(req.user, quota_mib, card.total_mib, held)
@@ -321,36 +322,6 @@ class Ledger:
             lease = lease_of(db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone())
         self._known[lease.kernel_id] = lease
         return lease
-
-    @staticmethod
-    def _waiting(
-        req: Request,
-        policy: Policy,
-        views: Sequence[CardView],
-        ahead: int,
-        reason: str = "",
-        expired: bool = False,
-        gives_up_at: float | None = None,
-        likely_at: float | None = None,
-    ) -> Waiting:
-        allowed = [v for v in views if policy.card_allowed(v.uuid, v.index)]
-        fitting = [
-            policy.need_mib(req.quota, v.total_mib)
-            for v in allowed
-            if policy.need_mib(req.quota, v.total_mib) <= policy.usable_mib(v.total_mib)
-        ]
-        return Waiting(
-            kernel_id=req.kernel_id,
-            position=ahead + 1,
-            need_mib=min(fitting, default=0),
-            free_mib=max(0, max((v.room_mib(policy) for v in allowed), default=0)),
-            ahead=ahead,
-            outside_mib=sum(v.outside_mib for v in allowed),
-            reason=reason,
-            expired=expired,
-            gives_up_at=gives_up_at,
-            likely_at=likely_at,
-        )
 
     def act(self, kernel_id: str, action: str, by: str, why: str) -> Notice:
         with self._tx() as db:

@@ -10,12 +10,12 @@ import time
 from collections.abc import Sequence
 
 from ..core.history import HistoryRules, Run, notebooks
-from ..core.policy import PolicyError, Size, parse_size
+from ..core.policy import CardView, Policy, PolicyError, Size, parse_size
 from ..host.gpu import Card
 from ..host.procs import Owner, ProcessRef, SessionRef
 from .file import open_readonly
-from .leases import Lease, Waiter
-from .queue import Entry
+from .leases import Lease, Waiter, Waiting
+from .queue import Entry, Request
 
 
 def owner_of(row: sqlite3.Row) -> Owner:
@@ -141,3 +141,34 @@ def end_waits(db: sqlite3.Connection, where: str, args: tuple, now: float) -> No
 def ahead_of(line: Sequence[Entry], mine: Entry | None) -> list[Entry]:
     """The kernels ahead of ``mine`` in line (all of them for a request not in line)."""
     return [e for e in line if mine is None or e.ticket < mine.ticket]
+
+
+def waiting_answer(
+    req: Request,
+    policy: Policy,
+    views: Sequence[CardView],
+    ahead: int,
+    reason: str = "",
+    expired: bool = False,
+    gives_up_at: float | None = None,
+    likely_at: float | None = None,
+) -> Waiting:
+    """A kernel not admitted (yet): its place, what it needs on the card that fits best, what is free."""
+    allowed = [v for v in views if policy.card_allowed(v.uuid, v.index)]
+    fitting = [
+        policy.need_mib(req.quota, v.total_mib)
+        for v in allowed
+        if policy.need_mib(req.quota, v.total_mib) <= policy.usable_mib(v.total_mib)
+    ]
+    return Waiting(
+        kernel_id=req.kernel_id,
+        position=ahead + 1,
+        need_mib=min(fitting, default=0),
+        free_mib=max(0, max((v.room_mib(policy) for v in allowed), default=0)),
+        ahead=ahead,
+        outside_mib=sum(v.outside_mib for v in allowed),
+        reason=reason,
+        expired=expired,
+        gives_up_at=gives_up_at,
+        likely_at=likely_at,
+    )

@@ -196,7 +196,7 @@ function kernelsTable(
       ),
       // the admin's action on it, on a line of its own (the table is as narrow as the sidebar)
       h.tr(
-        { className: `${C}-host-act-row`, dataset: { kernelId: r.kernelId } },
+        { className: `${C}-host-act-row` },
         h.td(
           { colspan: '4' },
           actButton(
