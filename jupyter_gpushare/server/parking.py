@@ -38,6 +38,11 @@ AT_ONCE = 4  # parks under way at one time (each moves its state to host memory;
 TRIMMED_READ_S = 3.0  # after a kernel gave its caches back, how long to wait for a reading that shows it
 
 
+def holding(processes: Sequence[Any]) -> list[int]:
+    """The pids of a kernel's processes that hold memory on the card (the ones a park checkpoints)."""
+    return sorted({p.pid for p in processes if (p.used_mib or 0) > 0})
+
+
 class Parking:
     """The parked kernels of this server, and the moves that park and resume them."""
 
@@ -122,7 +127,7 @@ class Parking:
         used = usage.used_mib or 0
         if self.rules.host_budget_mib is not None and self.parked_mib() + used > self.rules.host_budget_mib:
             return
-        pids = sorted({p.pid for p in usage.processes if (p.used_mib or 0) > 0})
+        pids = holding(usage.processes)
         self._candidates.append((idle_for, rec, pids, used, usage.pid))
 
     def touch(self, kernel_id: str) -> None:
@@ -159,7 +164,7 @@ class Parking:
             raise PolicyError(f"Kernels cannot be parked on this host: {reason}.")
         usage = self.kernels.kernel_usage(kernel_id)
         processes = usage.processes if usage is not None else ()
-        pids = sorted({p.pid for p in processes if (p.used_mib or 0) > 0})
+        pids = holding(processes)
         used = (usage.used_mib or 0) if usage is not None else 0
         await self._start(kernel_id, self._park(rec, pids, used, usage.pid if usage else None))
 
@@ -219,7 +224,7 @@ class Parking:
         usage = readings.kernel_usage(kernel_id) if readings.usage.time > since else None
         if usage is None:
             return pids, used_mib
-        return sorted({p.pid for p in usage.processes if (p.used_mib or 0) > 0}), usage.used_mib or 0
+        return holding(usage.processes), usage.used_mib or 0
 
     async def _freed(self, kernel_id: str, pids: list[int]) -> None:
         """Wait until the card shows the parked processes holding nothing (its word, not the driver call's);
