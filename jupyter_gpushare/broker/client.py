@@ -35,6 +35,11 @@ class _Outage:
     message: str
 
 
+class BrokerSaidNo(LedgerError):
+    """The broker answered, and refused the request (not the caller's kernel, not its admin, bad arguments): a
+    LedgerError like any, which a caller may tell from the broker being down."""
+
+
 class _Refused(Exception):
     """What trying again does not mend, said as it is: the broker did not accept this server's JupyterHub token,
     the socket is not the broker's, or its answer is too large."""
@@ -199,7 +204,7 @@ class BrokerLedger:
             return reply.get("result")
         if reply.get("error") == "PolicyError":
             raise policy_error_from(reply)
-        raise LedgerError(f"The GPU broker refused: {reply.get('message', reply)}")
+        raise BrokerSaidNo(f"The GPU broker refused: {reply.get('message', reply)}")
 
     def _replay(self) -> None:
         """Send the releases and attaches that were made while the broker was down."""

@@ -16,6 +16,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.services.kernels.handlers import KernelActionHandler, _kernel_id_regex
 from tornado import web
 
+from ..broker.client import BrokerSaidNo
 from ..core.policy import PolicyError
 from ..ledger.ledger import LedgerError
 from ..ledger.notices import ACTIONS, WHY, WHY_MAX, NoSuchKernel
@@ -177,8 +178,8 @@ class HostKernelHandler(GpuShareHandler):
             raise web.HTTPError(403, str(e)) from e
         except NoSuchKernel as e:
             raise web.HTTPError(409, str(e)) from e
-        except LedgerError as e:  # the broker's refusal (not its admin, not in line) or its absence
-            raise web.HTTPError(409 if "refused" in str(e) else 503, str(e)) from e
+        except LedgerError as e:  # the broker's refusal (not its admin, not in line), or no ledger now
+            raise web.HTTPError(409 if isinstance(e, BrokerSaidNo) else 503, str(e)) from e
         self.finish(notice.to_json())
 
 

@@ -754,3 +754,6 @@ def test_a_teachers_actions_are_the_admins_and_reach_only_the_kernels_user(inpro
     assert broker.handle(who["bob"], "take_notices", {"kernel_ids": ["b2"]}) == []  # given once
     (release,) = broker.handle(who["alice"], "take_notices", {"kernel_ids": ["a1"]})
     assert release["action"] == "release" and release["why"] == "idle for an hour"
+    for bad in ({"kernel_ids": "a1"}, {"kernel_ids": [7]}, {"kernel_ids": ["a:b\n"]}, {"kernel_ids": ["k"] * 1001}):
+        with pytest.raises(BrokerRefused, match="Bad 'take_notices' request"):
+            broker.handle(who["alice"], "take_notices", bad)
