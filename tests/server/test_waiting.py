@@ -168,13 +168,24 @@ async def test_restarting_or_interrupting_a_waiting_kernel_keeps_its_place(gpush
     assert await gpushare.state_of(k2) == "queued"
 
 
-async def test_a_second_restart_while_one_runs_is_refused_with_409(gpushare, jp_fetch, jp_serverapp):
+async def test_a_second_restart_while_one_runs_is_refused_with_409(gpushare, jp_fetch, jp_serverapp, monkeypatch):
     _, kid = await gpushare.open_notebook("busy.ipynb")
+    # A real restart can be over in 30 ms, before a poll sees it: the first one waits for the second's answer.
+    km = jp_serverapp.kernel_manager
+    second_answered = asyncio.Event()
+
+    async def restart_after_the_second(kernel_id, *args, **kwargs):
+        await second_answered.wait()
+        return await original(kernel_id, *args, **kwargs)
+
+    original = km.restart_kernel
+    monkeypatch.setattr(km, "restart_kernel", restart_after_the_second)
     first = asyncio.ensure_future(jp_fetch("api", "kernels", kid, "restart", method="POST", body="{}"))
     restarting = jp_serverapp.web_app.settings.setdefault("gpushare_restarting", set())
     await gpushare.wait_for(lambda: _true(kid in restarting), what="the first restart under way")  # (not a sleep)
     with pytest.raises(HTTPClientError) as e:
         await jp_fetch("api", "kernels", kid, "restart", method="POST", body="{}")
+    second_answered.set()
     assert e.value.code == 409 and "restarting already" in json.loads(e.value.response.body)["message"]
     assert (await first).code == 200
 
