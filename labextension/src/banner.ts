@@ -4,7 +4,13 @@ import { Widget } from '@lumino/widgets';
 
 import { IKernelActions } from './actions';
 import { GpuShareModel } from './model';
-import { statusOf, statusText, statusTitle } from './state';
+import {
+  kernelNote,
+  setKernelNote,
+  statusOf,
+  statusText,
+  statusTitle
+} from './state';
 import { KernelTracker } from './tracker';
 import type { IKernel } from './types';
 import { say } from './words';
@@ -44,6 +50,7 @@ export class QueuedBanner extends Widget {
     const k = this.tracker.kernelOf(this.panel);
     const queued = k?.state === 'queued';
     this.model.setWatching(this.panel.id, queued);
+    setKernelNote(this.panel.node, kernelNote(k));
     if (!k || !(queued || (k.state === 'cpu' && k.wait_ended))) {
       this.hide();
       return;

@@ -95,6 +95,35 @@ export function statusText(
   }
 }
 
+/**
+ * What JupyterLab's own kernel status adds for a kernel (its name in the notebook's toolbar, and the status bar's
+ * "Python 3 (ipykernel) | Idle"): that its GPU waits, or is parked; '' otherwise. The process itself is idle or
+ * busy as JupyterLab says: a kernel runs from its start, whether or not it holds a GPU.
+ */
+export function kernelNote(kernel: IKernel | undefined): string {
+  if (kernel?.state === 'queued' || kernel?.state === 'parked') {
+    return say(`ui.kernel_note.${kernel.state}`, {
+      label: statusOf(kernel).label
+    });
+  }
+  return '';
+}
+
+/** Show `note` after JupyterLab's kernel status inside `node` (style/base.css), or take it away. */
+export function setKernelNote(node: HTMLElement, note: string): void {
+  if (note) {
+    node.dataset.gpushareNote = note;
+    // a CSS string: its quotes and backslashes escaped
+    node.style.setProperty(
+      '--jp-gpushare-kernel-note',
+      `"${` · ${note}`.replace(/["\\]/g, c => `\\${c}`)}"`
+    );
+  } else if (node.dataset.gpushareNote !== undefined) {
+    delete node.dataset.gpushareNote;
+    node.style.removeProperty('--jp-gpushare-kernel-note');
+  }
+}
+
 /** The status bar's tooltip: the notebook, the server's label and sentence. */
 export function statusTitle(kernel: IKernel | undefined): string {
   if (!kernel) {

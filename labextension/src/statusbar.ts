@@ -1,7 +1,13 @@
 import { Widget } from '@lumino/widgets';
 
 import { GpuShareModel } from './model';
-import { statusOf, statusText, statusTitle } from './state';
+import {
+  kernelNote,
+  setKernelNote,
+  statusOf,
+  statusText,
+  statusTitle
+} from './state';
 import { KernelTracker } from './tracker';
 
 /**
@@ -55,5 +61,31 @@ export class GpuStatusItem extends Widget {
     );
     this.node.dataset.severity = k ? statusOf(k).severity : 'muted';
     this.node.dataset.state = k ? String(k.state) : 'none';
+    const note = kernelNote(k);
+    if (note) {
+      this._markKernelStatus();
+    }
+    setKernelNote(document.body, note);
+  }
+
+  /**
+   * Find JupyterLab's own kernel status in the status bar ("Python 3 (ipykernel) | Idle": it has no id or class of
+   * its own) by the kernel's name, and mark it for the note (style/base.css). React keeps the element it renders into.
+   */
+  private _markKernelStatus(): void {
+    const name = this.tracker.widget?.sessionContext.kernelDisplayName;
+    const bar = this.node.closest('.jp-StatusBar-Widget') ?? document;
+    if (!name || bar.querySelector('[data-gpushare-kernel-status]')) {
+      return;
+    }
+    for (const item of Array.from(
+      bar.querySelectorAll<HTMLElement>('.jp-StatusBar-TextItem')
+    )) {
+      const text = item.textContent ?? '';
+      if (text === name || text.startsWith(`${name} | `)) {
+        item.dataset.gpushareKernelStatus = '';
+        return;
+      }
+    }
   }
 }

@@ -532,6 +532,8 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
       'Open the sidebar with each kernel’s GPU memory quota and use'
     ),
     'ui.cmd.refresh': __('Refresh GPU Memory Quotas'),
+    'ui.kernel_note.queued': __('waits for a GPU, {label}'),
+    'ui.kernel_note.parked': __('GPU parked'),
     'ui.statusbar.usage': __('GPU {usage}'),
     'ui.statusbar.label': __('GPU {label}'),
     'ui.statusbar.no_gpu': __('no GPU'),

@@ -4,10 +4,12 @@ import { test } from 'node:test';
 import {
   eventText,
   historyText,
+  kernelNote,
   matchKernel,
   quotaMiB,
   statusOf,
   statusText,
+  setKernelNote,
   statusTitle
 } from '../src/state';
 import type { IEvent, IKernel } from '../src/types';
@@ -213,4 +215,42 @@ test("history: what earlier runs peaked at, in a student's words", () => {
     historyText(kernel({ path: null, learned_peak_mib: 512 })),
     'Your earlier python3 kernels peaked at 512 MiB.'
   );
+});
+
+test("JupyterLab's own kernel status: a note while the GPU waits or is parked, none otherwise", () => {
+  const waiting = kernel({
+    state: 'queued',
+    status: {
+      code: 'queued',
+      params: { position: 3, need_mib: 1536 },
+      severity: 'warn',
+      label: '',
+      detail: ''
+    }
+  });
+  assert.equal(kernelNote(waiting), 'waits for a GPU, #3 in line');
+  assert.equal(kernelNote(kernel({ state: 'parked' })), 'GPU parked');
+  for (const state of ['running', 'cpu', 'idle'] as const) {
+    assert.equal(kernelNote(kernel({ state })), '');
+  }
+  assert.equal(kernelNote(undefined), '');
+
+  // the note goes into a CSS string: a quote or a backslash in it cannot end the string
+  const props = new Map<string, string>();
+  const node = {
+    dataset: {} as Record<string, string>,
+    style: {
+      setProperty: (k: string, v: string) => props.set(k, v),
+      removeProperty: (k: string) => props.delete(k)
+    }
+  } as unknown as HTMLElement;
+  setKernelNote(node, 'waits for "a" GPU \\ now');
+  assert.equal(
+    props.get('--jp-gpushare-kernel-note'),
+    '" · waits for \\"a\\" GPU \\\\ now"'
+  );
+  assert.equal(node.dataset.gpushareNote, 'waits for "a" GPU \\ now');
+  setKernelNote(node, '');
+  assert.equal(props.size, 0);
+  assert.equal(node.dataset.gpushareNote, undefined);
 });

@@ -85,7 +85,8 @@ async function main() {
 /**
  * Round 3 in Notebook 7 (issue 32): a second notebook takes the rest of the card, a third waits. On the third's
  * page, at 200% zoom (a 640 x 430 CSS-pixel window): the banner says its place in three lines at most and
- * nothing spills out of it; the toolbar, Notebook 7's only status, says the kernel waits for a GPU; no toast
+ * nothing spills out of it; the toolbar, Notebook 7's only status, says the kernel waits for a GPU (our indicator,
+ * and the note after Notebook 7's own kernel name); no toast
  * names a kernel by its UUID; Stop waiting asks first, with the safe button focused.
  */
 async function waitingNotebook(browser, url, errors) {
@@ -126,6 +127,20 @@ async function waitingNotebook(browser, url, errors) {
       spills
     };
   });
+  // Notebook 7's own kernel status: the kernel's name in the toolbar, and the note after it (at 100%: at 200% the
+  // toolbar folds the name into its "more" menu)
+  await page.setViewportSize({ width: 1280, height: 860 });
+  await page.waitForTimeout(500);
+  const kernelStatus = await page.evaluate(() => {
+    const label = document.querySelector(
+      '.jp-NotebookPanel .jp-Toolbar-kernelName .jp-ToolbarButtonComponent-label'
+    );
+    if (!label || label.offsetParent === null) {
+      return null;
+    }
+    const after = getComputedStyle(label, '::after').content;
+    return label.textContent + (after.startsWith('"') ? JSON.parse(after) : '');
+  });
   const toasts = await page.locator('.Toastify__toast').allTextContents();
   await banner
     .getByRole('button', { name: /^Stop waiting for a GPU for / })
@@ -138,6 +153,7 @@ async function waitingNotebook(browser, url, errors) {
     banner_lines: measured.lines,
     spills: measured.spills,
     indicator: indicatorText,
+    kernel_status: kernelStatus,
     toasts,
     dialog_focus: focused
   };

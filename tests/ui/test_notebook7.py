@@ -78,6 +78,7 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
     assert waiting["banner"].startswith("Waiting for a GPU: #1 in line, needs 3.6 GiB"), waiting
     assert waiting["banner_lines"] <= 3.1 and waiting["spills"] == [], waiting
     assert waiting["indicator"] == "GPU #1 in line", waiting  # Notebook 7's only status says it waits
+    assert waiting["kernel_status"] == "Python 3 (ipykernel) · waits for a GPU, #1 in line", waiting  # its own too
     uuid = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
     assert not any(uuid.search(t) for t in waiting["toasts"]), waiting["toasts"]
     assert any(t.startswith("nb3.ipynb: Waiting for a GPU") for t in waiting["toasts"]), waiting["toasts"]

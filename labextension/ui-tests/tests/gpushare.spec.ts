@@ -225,6 +225,24 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   // started only at the grant)
   await expect(page.locator('#jp-main-statusbar')).toContainText('| Idle');
   await expect(page.locator('#jp-main-statusbar')).not.toContainText('Unknown');
+  // ... and says that its GPU waits: after "Python 3 (ipykernel) | Idle", and after the kernel's name in the
+  // notebook's toolbar (one note each, nowhere else; the file browser closed from here on, the toolbar has room
+  // for the name)
+  await run(page, 'application:toggle-left-area');
+  const notes = () =>
+    page.evaluate(() =>
+      Array.from(document.querySelectorAll('*'))
+        .filter(e => (e as HTMLElement).offsetParent !== null)
+        .map(e => [e, getComputedStyle(e, '::after').content] as const)
+        .filter(([, c]) => c.includes('GPU'))
+        .map(([e, c]) => `${e.textContent}${JSON.parse(c)}`)
+    );
+  await expect
+    .poll(notes)
+    .toEqual([
+      'Python 3 (ipykernel) · waits for a GPU, #1 in line',
+      'Python 3 (ipykernel) | Idle · waits for a GPU, #1 in line'
+    ]);
   const queued = panel(page).locator(
     '.jp-gpushare-kernel[data-state="queued"]'
   );
@@ -381,6 +399,7 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await expect(output('stderr')).toContainText(
     "torch waits for this kernel's GPU"
   );
+  await expect.poll(notes).toEqual([]); // the kernel status notes went with the wait
 
   // A quota above the maximum keeps the dialog open, with what was typed and why.
   await item(page, 'nb2.ipynb')
