@@ -67,7 +67,12 @@ async function main() {
     timeout: 30000
   });
   const panelText = await page.locator('#jp-gpushare').innerText();
-  const waiting = await waitingNotebook(browser, url, errors);
+  const { result: waiting, page: waitingPage } = await waitingNotebook(
+    browser,
+    url,
+    errors
+  );
+  const teacher = await teacherTakesOut(page, waitingPage);
   await browser.close();
   console.log(
     JSON.stringify({
@@ -76,7 +81,8 @@ async function main() {
       path: rec.path,
       indicator: indicatorText,
       panel: panelText.slice(0, 2000),
-      waiting
+      waiting,
+      teacher
     })
   );
   process.exit(errors.length ? 1 : 0);
@@ -148,7 +154,7 @@ async function waitingNotebook(browser, url, errors) {
   await page.locator('.jp-Dialog').waitFor({ timeout: 10000 });
   const focused = await page.evaluate(() => document.activeElement.textContent);
   await page.keyboard.press('Escape');
-  return {
+  const result = {
     banner: measured.text,
     banner_lines: measured.lines,
     spills: measured.spills,
@@ -156,6 +162,46 @@ async function waitingNotebook(browser, url, errors) {
     kernel_status: kernelStatus,
     toasts,
     dialog_focus: focused
+  };
+  return { result, page };
+}
+
+/**
+ * The teacher's action in Notebook 7 (issue 32, item 8): from the first notebook's panel, the host view (the
+ * server's user owns the ledger: this host's admin) takes the waiting kernel out of the line, with a reason; the
+ * waiting notebook's page then says who did it and why, and its kernel runs on without a GPU.
+ */
+async function teacherTakesOut(page, waitingPage) {
+  const host = page.locator('#jp-gpushare .jp-gpushare-host');
+  if ((await host.getAttribute('data-open')) !== 'true') {
+    await host.locator('.jp-gpushare-host-toggle').click();
+  }
+  await page.locator('.jp-gpushare-host[data-view="admin"]').waitFor({
+    timeout: 30000
+  });
+  const entry = host.locator('.jp-gpushare-host-queue li').first();
+  await entry.getByRole('button', { name: /^Take out: / }).click();
+  const dialog = page.locator('.jp-Dialog');
+  await dialog.waitFor({ timeout: 10000 });
+  const focused = await page.evaluate(() => document.activeElement.textContent);
+  await dialog.locator('input').fill('the lab is over for today');
+  await dialog.locator('button', { hasText: 'Take out' }).click();
+  const told = waitingPage
+    .locator('.Toastify__toast')
+    .filter({ hasText: 'took it out of the line' });
+  await told.first().waitFor({ timeout: 30000 });
+  let state = null;
+  for (let i = 0; i < 60 && state !== 'cpu'; i++) {
+    const kernels = await waitingPage.evaluate(
+      async () => (await (await fetch('/api/gpushare/kernels')).json()).kernels
+    );
+    state = kernels.find(k => k.path === 'nb3.ipynb')?.state ?? null;
+    await waitingPage.waitForTimeout(250);
+  }
+  return {
+    dialog_focus: focused,
+    told: await told.first().textContent(),
+    state
   };
 }
 

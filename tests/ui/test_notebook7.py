@@ -1,6 +1,6 @@
 """The extension works in Notebook 7 too: it activates without errors, its panel shows the kernel, and a waiting
 notebook reads as in JupyterLab (round 3: its banner at 200% zoom, its toolbar status, toasts by name, a safe
-Stop waiting dialog)."""
+Stop waiting dialog), and a teacher acts on it from the host view."""
 
 from __future__ import annotations
 
@@ -83,6 +83,11 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
     assert not any(uuid.search(t) for t in waiting["toasts"]), waiting["toasts"]
     assert any(t.startswith("nb3.ipynb: Waiting for a GPU") for t in waiting["toasts"]), waiting["toasts"]
     assert waiting["dialog_focus"] == "Keep waiting", waiting  # Enter is safe
+    # The teacher takes the waiting kernel out of the line from the host view; its student's page says who and why
+    teacher = result["teacher"]
+    assert teacher["dialog_focus"] == "Cancel", teacher
+    assert re.fullmatch(r"nb3\.ipynb: .+ took it out of the line: the lab is over for today\..*", teacher["told"]), teacher
+    assert teacher["state"] == "cpu", teacher  # it runs on, without a GPU
 
 
 def _answers(port: int) -> bool:
