@@ -34,3 +34,21 @@ export async function waitForLab(page: Page): Promise<void> {
   });
   await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
 }
+
+/** What spills out of the GPU panel: a sideways scroll, or a button's text wider than its button. */
+export async function panelSpills(page: Page): Promise<string[]> {
+  return page.locator('#jp-gpushare').evaluate(root => {
+    const out: string[] = [];
+    if (root.scrollWidth > root.clientWidth + 1) {
+      out.push(`panel ${root.scrollWidth} > ${root.clientWidth}`);
+    }
+    root.querySelectorAll('button').forEach(b => {
+      if (b.offsetParent && b.scrollWidth > b.clientWidth + 1) {
+        out.push(
+          `button "${b.textContent}" ${b.scrollWidth} > ${b.clientWidth}`
+        );
+      }
+    });
+    return out;
+  });
+}

@@ -3,7 +3,7 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 
-import { notebook, waitForLab } from '../notebooks';
+import { notebook, panelSpills, waitForLab } from '../notebooks';
 
 // A real JupyterLab (start-lab.sh): one simulated 10 GiB card, 3 GiB quotas + 512 MiB context reserve per
 // kernel, so nb1 and nb2 fit (7 GiB) and nb3 waits in the queue. Kernels on the simulated card say what they
@@ -761,6 +761,28 @@ test('eight notebooks waiting in one page: the page stays usable, reloads add no
     kernels: 10,
     sessions: 10
   });
+
+  // The class at 200% zoom (a 640 x 430 CSS-pixel window): ten cards in the sidebar, nothing scrolls sideways
+  // and no button's text spills; the banner of the notebook in front keeps to three lines of its sentence.
+  await page.setViewportSize({ width: 640, height: 430 });
+  await run(page, 'gpushare:open-panel');
+  await expect(kernelItems(page)).toHaveCount(10);
+  await expect(
+    kernelItems(page).filter({
+      has: page.locator('.jp-gpushare-badge', { hasText: /#\d+ in line/ })
+    })
+  ).toHaveCount(8);
+  expect(await panelSpills(page)).toEqual([]);
+  const lines = await banner(page)
+    .locator('.jp-gpushare-banner-text')
+    .evaluate(text => {
+      const style = getComputedStyle(text);
+      const line =
+        parseFloat(style.lineHeight) || 1.2 * parseFloat(style.fontSize);
+      return text.getBoundingClientRect().height / line;
+    });
+  expect(lines).toBeLessThanOrEqual(3.1);
+  await page.setViewportSize({ width: 1280, height: 860 });
 
   // Stop waiting on the notebook in front: it leaves the line within a second (its kernel stays, without a GPU),
   // the others keep their places.

@@ -1,6 +1,6 @@
 import { expect, Page, test } from '@playwright/test';
 
-import { notebook, waitForLab } from '../notebooks';
+import { notebook, panelSpills, waitForLab } from '../notebooks';
 
 // Names a person reads, toasts that follow their state, and dialogs whose Enter is safe (issue 32), in a real
 // JupyterLab (start-lab.sh: one simulated 10 GiB card, 3 GiB quotas + 512 MiB context reserve: two notebooks
@@ -265,20 +265,7 @@ test('a student reads a place, a bar and one action; details are one click away;
   ).toBeVisible();
   await expect(running.first().locator('.jp-gpushare-held')).toBeHidden();
   // Nothing scrolls sideways, and no button's text spills out of it
-  const spills = await panel(page).evaluate(root => {
-    const out: string[] = [];
-    if (root.scrollWidth > root.clientWidth + 1) {
-      out.push(`panel ${root.scrollWidth} > ${root.clientWidth}`);
-    }
-    root.querySelectorAll('button').forEach(b => {
-      if (b.offsetParent && b.scrollWidth > b.clientWidth + 1) {
-        out.push(
-          `button "${b.textContent}" ${b.scrollWidth} > ${b.clientWidth}`
-        );
-      }
-    });
-    return out;
-  });
+  const spills = await panelSpills(page);
   expect(spills).toEqual([]);
 
   // The waiting notebook's banner in its narrow column: three lines of the sentence and its button inside it,
