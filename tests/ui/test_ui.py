@@ -256,4 +256,13 @@ def test_host_view_through_a_broker(broker_host, ui_tests_dir):
     )
     out = r.stdout[-8000:] + r.stderr[-4000:]
     assert r.returncode == 0, out
-    assert "2 passed" in r.stdout, out
+    assert "3 passed" in r.stdout, out
+    # The admin took other's waiting kernel out of the line (host.spec.ts): other's own server said so, with who
+    # and why, and the kernel runs on without a GPU.
+    told = wait_until(
+        lambda: [e for e in other.call("GET", "api/gpushare/events")["events"]
+                 if e["kernel_id"] == queued_kernel and e["kind"] == "teacher-remove"],
+        timeout=30, what="other's server to tell its student",
+    )  # fmt: skip
+    assert told[0]["params"]["by"] == names["admin"] and told[0]["params"]["why"] == "the lab is over for today"
+    assert other.call("GET", f"api/gpushare/kernels/{queued_kernel}")["state"] == "cpu"

@@ -173,3 +173,27 @@ test('an admin sees every user and kernel, and whose queued kernel waits', async
   ]);
   await screenshot(page, 'panel-host-admin.png');
 });
+
+test('an admin takes a waiting kernel out of the line, through the broker', async ({
+  page
+}) => {
+  await openLab(page, env('GPUSHARE_HOST_ADMIN_URL'));
+  const h = host(page);
+  if ((await h.getAttribute('data-open')) !== 'true') {
+    await h.locator('.jp-gpushare-host-toggle').click();
+  }
+  await expect(h).toHaveAttribute('data-view', 'admin');
+  const entry = h.locator('.jp-gpushare-host-queue li').first();
+  await entry.getByRole('button', { name: /^Take out: / }).click();
+  const dialog = page.locator('.jp-Dialog');
+  await expect(dialog).toContainText('out of the line?');
+  // Enter is safe: the focus is on Cancel, not on the action
+  expect(await page.evaluate(() => document.activeElement?.textContent)).toBe(
+    'Cancel'
+  );
+  await dialog.locator('input').fill('the lab is over for today');
+  await dialog.locator('button', { hasText: 'Take out' }).click();
+  await expect(dialog).toHaveCount(0);
+  // the broker carried it out: nobody waits on the host now (its student's server tells them: test_ui.py)
+  await expect(h.locator('.jp-gpushare-host-queue li')).toHaveCount(0);
+});
