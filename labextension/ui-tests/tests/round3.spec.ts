@@ -351,3 +351,76 @@ test('a teacher takes a kernel out of line from the host view; its student reads
     .poll(async () => (await stateOf(page, waiting.path))?.state)
     .toBe('cpu');
 });
+
+test('a waiting notebook in two tabs: one kernel in line, one banner and one note in each, a GPU cell from either runs', async ({
+  page,
+  context
+}) => {
+  for (const s of await (await page.request.get('/api/sessions')).json()) {
+    await page.request.delete(`/api/sessions/${s.id}`);
+  }
+  const startSession = async (path: string) =>
+    (
+      await page.request.post('/api/sessions', {
+        data: {
+          path,
+          name: path,
+          type: 'notebook',
+          kernel: { name: 'python3' }
+        }
+      })
+    ).json();
+  const first = await startSession('r3/a.ipynb'); // 3.5 GiB of the 10 GiB card
+  await startSession('r3/week2/a.ipynb'); // 7 GiB reserved: r3/c.ipynb waits
+  const tabs = [page, await context.newPage()];
+  for (const [i, tab] of tabs.entries()) {
+    await tab.setViewportSize({ width: 1280, height: 860 });
+    await tab.goto(`/lab/workspaces/tab${i}?reset`);
+    await waitForLab(tab);
+    await open(tab, 'r3/c.ipynb');
+  }
+  await expect
+    .poll(async () => (await stateOf(page, 'r3/c.ipynb'))?.state)
+    .toBe('queued');
+  const waiting = await stateOf(page, 'r3/c.ipynb');
+  const kernels = async () =>
+    (await (await page.request.get('/api/kernels')).json()).length;
+  expect(await kernels()).toBe(3); // the second tab found the first one's kernel
+  for (const tab of tabs) {
+    await expect(tab.locator('.jp-gpushare-banner:visible')).toHaveCount(1);
+    await expect(
+      tab.locator('.jp-gpushare-banner:visible .jp-gpushare-banner-text')
+    ).toContainText('#1 in line');
+    await expect
+      .poll(() =>
+        tab.evaluate(() =>
+          Array.from(
+            document.querySelectorAll('#jp-main-statusbar *'),
+            e => getComputedStyle(e, '::after').content
+          ).filter(c => c.includes('GPU'))
+        )
+      )
+      .toEqual(['" · waits for a GPU, #1 in line"']);
+    expect(
+      await tab.evaluate(
+        () =>
+          (window as any).jupyterapp.shell.currentWidget.sessionContext.session
+            .kernel.id
+      )
+    ).toBe(waiting.kernel_id);
+  }
+  // A cell that uses the GPU, run in the second tab, waits in the kernel; the room frees and it goes on
+  const ran = runIn(tabs[1], 'r3/c.ipynb', "import torch\nprint('ran')");
+  await page.waitForTimeout(1000);
+  await page.request.delete(`/api/sessions/${first.id}`);
+  await ran;
+  expect((await stateOf(page, 'r3/c.ipynb')).state).toMatch(/^(running|idle)$/);
+  for (const tab of tabs) {
+    await expect(tab.locator('.jp-gpushare-banner:visible')).toHaveCount(0);
+    await expect(
+      toasts(tab).filter({ hasText: /^c\.ipynb: GPU ready/ })
+    ).toHaveCount(1); // one toast each tab, not one per tab in each
+  }
+  expect(await kernels()).toBe(2);
+  await tabs[1].close();
+});
