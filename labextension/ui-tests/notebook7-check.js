@@ -73,6 +73,7 @@ async function main() {
     errors
   );
   const teacher = await teacherTakesOut(page, waitingPage);
+  const shrunk = await quotaShrinks(page);
   await browser.close();
   console.log(
     JSON.stringify({
@@ -82,7 +83,8 @@ async function main() {
       indicator: indicatorText,
       panel: panelText.slice(0, 2000),
       waiting,
-      teacher
+      teacher,
+      shrunk
     })
   );
   process.exit(errors.length ? 1 : 0);
@@ -202,6 +204,52 @@ async function teacherTakesOut(page, waitingPage) {
     dialog_focus: focused,
     told: await told.first().textContent(),
     state
+  };
+}
+
+/**
+ * A smaller quota keeps the GPU (issue 32, item 1), in Notebook 7: the first notebook's quota goes from 3 to 2 GiB
+ * from its panel; the kernel restarts with it on the reservation it held, and never waits in line.
+ */
+async function quotaShrinks(page) {
+  const kernels = async () =>
+    page.evaluate(
+      async () => (await (await fetch('/api/gpushare/kernels')).json()).kernels
+    );
+  const before = (await kernels()).find(k => k.path === 'nb.ipynb');
+  await page
+    .getByRole('button', {
+      name: 'Change the GPU quota of nb.ipynb (restarts it)'
+    })
+    .click();
+  const dialog = page.locator('.jp-Dialog');
+  await dialog.locator('input.jp-gpushare-quota-input').fill('2GiB');
+  await dialog.locator('button', { hasText: 'Restart with new quota' }).click();
+  const states = new Set();
+  let after = null;
+  for (let i = 0; i < 120; i++) {
+    after = (await kernels()).find(k => k.path === 'nb.ipynb');
+    states.add(after?.state);
+    if (after?.quota_mib === 2048 && after.state === 'running') {
+      break;
+    }
+    await page.waitForTimeout(250);
+  }
+  const events = await page.evaluate(
+    async () => (await (await fetch('/api/gpushare/events')).json()).events
+  );
+  return {
+    quota_mib: after?.quota_mib,
+    state: after?.state,
+    same_kernel: after?.kernel_id === before.kernel_id,
+    same_card: after?.card?.uuid === before.card?.uuid,
+    states: [...states],
+    // a kernel that gave its reservation back and joined the line would have said so
+    line_events: events.filter(
+      e =>
+        e.kernel_id === before.kernel_id &&
+        (e.kind === 'queued' || e.kind === 'released')
+    ).length
   };
 }
 

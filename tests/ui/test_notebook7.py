@@ -1,6 +1,6 @@
 """The extension works in Notebook 7 too: it activates without errors, its panel shows the kernel, and a waiting
 notebook reads as in JupyterLab (round 3: its banner at 200% zoom, its toolbar status, toasts by name, a safe
-Stop waiting dialog), and a teacher acts on it from the host view."""
+Stop waiting dialog), a teacher acts on it from the host view, and a smaller quota keeps the GPU."""
 
 from __future__ import annotations
 
@@ -88,6 +88,11 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
     assert teacher["dialog_focus"] == "Cancel", teacher
     assert re.fullmatch(r"nb3\.ipynb: .+ took it out of the line: the lab is over for today\..*", teacher["told"]), teacher
     assert teacher["state"] == "cpu", teacher  # it runs on, without a GPU
+    # A smaller quota from the panel keeps the GPU: the same kernel on the same card, never in line
+    shrunk = result["shrunk"]
+    assert shrunk["quota_mib"] == 2048 and shrunk["state"] == "running", shrunk
+    assert shrunk["same_kernel"] and shrunk["same_card"], shrunk
+    assert "queued" not in shrunk["states"] and shrunk["line_events"] == 0, shrunk
 
 
 def _answers(port: int) -> bool:
