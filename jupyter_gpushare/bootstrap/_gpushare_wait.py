@@ -73,9 +73,12 @@ def _read(pipe) -> None:
 
 
 def _take(message: dict) -> bool:
-    """Apply one message from the server; True once the grant came."""
+    """Apply one message from the server; True once the GPU's grant came (a wait that ended without a GPU keeps the
+    pipe: the kernel may join the line again, ``can_rejoin``)."""
     place, grant = message.get("wait"), message.get("grant")
     with _cond:
+        if message.get("rejoin") is True:
+            _rejoined()
         if isinstance(place, dict):
             _state["place"] = place
         if isinstance(grant, dict):
@@ -88,7 +91,31 @@ def _take(message: dict) -> bool:
                     os.environ[name] = value
             _state["granted"] = True
         _cond.notify_all()
-    return bool(_state["granted"])
+    return bool(_state["granted"]) and os.environ.get(env.MODE) == "gpu"
+
+
+def can_rejoin() -> str:
+    """The server asks whether this kernel, whose wait ended without a GPU, can wait again in place (its variables
+    kept): "ok", else why not. Only a kernel that has imported no GPU framework since can: one that ran without a
+    GPU keeps that (CUDA is set up once a process). Read only: the server then says ``{"rejoin": true}`` on the
+    pipe, and the kernel waits again from there (a late answer, to a question the server gave up on, changes
+    nothing)."""
+    with _cond:
+        if not _state["reading"]:
+            return "no-pipe"
+        if os.environ.get(env.MODE) != "cpu":
+            return "not-ended"
+        imported = [name for name in WAITS if name in sys.modules]
+        return "imported:" + ",".join(imported) if imported else "ok"
+
+
+def _rejoined() -> None:
+    """In line again (the server said so): the next GPU framework's import waits for the grant again. (Called with
+    ``_cond`` held.)"""
+    if os.environ.get(env.MODE) == "cpu":
+        _state["granted"], _state["place"] = False, None
+        os.environ[env.MODE] = "queued"
+        os.environ.pop(env.REASON, None)
 
 
 def _said(name: str, place: dict | None) -> str:
@@ -140,7 +167,7 @@ def wait_for_gpu(module) -> None:
         if said is not None:  # this cell waited: it says that it did not run, and why (the next one runs on the CPU)
             raise GpuWaitEnded(
                 f"jupyter-gpushare: this cell did not run: {reason} Run it again to use the CPU, or choose "
-                "Join again above the notebook to wait for a GPU (the kernel restarts in line)."
+                "Join again above the notebook to wait for a GPU, with this kernel's variables."
             )
         sys.stderr.write(f"jupyter-gpushare: {name} runs without a GPU: {reason}\n")
     elif said is not None:

@@ -34,7 +34,7 @@ CATALOGUE: dict[str, str] = {
     "frees room.",
     "status.wait_ended.label": "no GPU",
     "status.wait_ended.detail": "{reason} Its cells run on without a GPU. Join again to wait for one: the kernel "
-    "restarts in line, and its variables are lost.",
+    "keeps its variables, unless it ran a GPU framework without the GPU meanwhile (then it restarts in line).",
     "status.parked.label": "parked",
     "status.parked.detail": "Parked while others needed the GPU: its {parked_mib} of GPU state waits in host memory, "
     "and its {reserved_mib} reservation went to the line. Your next cell brings it back (it may wait its turn).",
@@ -140,6 +140,11 @@ CATALOGUE: dict[str, str] = {
     "policy.user-max-waiting": "You have {waiting} kernels waiting for a GPU already, the most one user may have in line here. Stop waiting on one of them (the banner’s Stop waiting, or shut its kernel down), or wait until one starts.",
     "policy.user-max-waiting.one": "You have {waiting} kernel waiting for a GPU already, the most one user may have in line here. Stop waiting on it (the banner’s Stop waiting, or shut its kernel down), or wait until it starts.",
     "policy.grow-no-room": "{quota_mib} needs {extra_mib} more on GPU {card_index}, which has {free_mib} unreserved now. The kernel keeps its quota and its GPU; ask again once others have shut down, or ask for less.",
+    "policy.join-needs-restart": "{frameworks} ran in this kernel without a GPU, so only a restart can give it one: "
+    "the kernel restarts in line, and its variables are lost.",
+    "policy.join-cannot": "This kernel cannot wait again in place (it did not wait for a GPU since its start): only a "
+    "restart gives it one, and its variables are lost.",
+    "policy.join-busy": "The kernel is busy: join again once its cell has finished.",
     "limits.use": "You hold {held}.",
     "limits.total": "{quota_mib} of {max_total_mib}",
     "limits.kernels": "{kernels} of {max_kernels} GPU kernels",

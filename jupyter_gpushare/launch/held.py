@@ -13,6 +13,9 @@ wait that ended without a GPU, ``GPUSHARE_MODE=cpu`` and the reason). The grant 
 same process, with its state, runs on with the card opened to it. End of file before a grant (the server shut
 the kernel down, or is gone) leaves the GPU hidden.
 
+A wait that ended without a GPU keeps the pipe open: the kernel may join the line again in place (``rejoin``;
+the kernel agrees first, ``_gpushare_wait.can_rejoin``), and its next wait and grant come through the same pipe.
+
 ``started`` is what a websocket to the kernel waits on (connection.py): True once the kernel runs, False if it
 never will. A kernel that runs while it waits has started.
 """
@@ -48,6 +51,7 @@ class HeldStart:
         self._read_fd: int | None = None
         self._write_fd: int | None = None
         self._last: bytes = b""
+        self._ended = False
         self.env: dict[str, str] = {}  # the kernel's environment as launched
         self.launched_at: float | None = None  # (monotonic) when the kernel was launched
         self.started: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -83,24 +87,48 @@ class HeldStart:
             pass  # full (a kernel that does not read), or gone (shut down meanwhile: its exit says the rest)
 
     async def release(self, granted: dict[str, str]) -> None:
-        """Hand the kernel its grant, then close the pipe: what ``granted`` (the grant's variables, kernel_env.py)
-        changes in its environment as launched, and the GPUSHARE_* variables it no longer has (as null)."""
+        """Hand the kernel its grant: what ``granted`` (the grant's variables, kernel_env.py) changes in its
+        environment, and the GPUSHARE_* variables it no longer has (as null). A GPU's grant closes the pipe; a wait
+        that ended without one keeps it, for a wait again in place (``rejoin``)."""
         if self._write_fd is None:
             raise RuntimeError("the kernel's wait for a GPU has ended")
         changes: dict[str, str | None] = {k: v for k, v in granted.items() if self.env.get(k) != v}
         changes.update({k: None for k in self.env if k.startswith("GPUSHARE_") and k not in granted})
         changes.pop(names.GRANT_FD, None)
         data = (json.dumps({"grant": changes}) + "\n").encode()
-        fd, self._write_fd = self._write_fd, None
+        final = granted.get(names.MODE) == "gpu"
+        fd, self._write_fd = self._write_fd, None  # ours alone while it is written (``end`` may come meanwhile)
         try:
             os.set_blocking(fd, True)
             await asyncio.get_running_loop().run_in_executor(None, _write_all, fd, data)
         finally:
-            os.close(fd)
-        self.end()
+            if final or self._ended:
+                os.close(fd)
+            else:
+                os.set_blocking(fd, False)
+                self._write_fd = fd
+        self.env = {k: v for k, v in {**self.env, **changes}.items() if v is not None}  # what the kernel has now
+        if final:
+            self.end()
+
+    def rejoin(self) -> None:
+        """Tell the kernel, whose wait ended without a GPU, that it waits again in place (it agreed first:
+        ``_gpushare_wait.can_rejoin``); it sets the same variables as here."""
+        if self._write_fd is None:
+            raise RuntimeError("the kernel's pipe is closed")
+        os.write(self._write_fd, b'{"rejoin": true}\n')  # (an empty pipe: the grant was read; PIPE_BUF is whole)
+        self.env = {k: v for k, v in self.env.items() if k != names.REASON}
+        self.env[names.MODE] = "queued"
+        self._last = b""
+
+    @property
+    def open(self) -> bool:
+        """Whether the pipe still reaches the kernel (it waits, or its wait ended without a GPU)."""
+        return self._write_fd is not None
 
     def end(self) -> None:
         """No grant will come through the pipe (shut down, restarted, or granted already)."""
+        self._ended = True
         for fd in (self._read_fd, self._write_fd):
             if fd is not None:
                 os.close(fd)

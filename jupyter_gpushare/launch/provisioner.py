@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import re
 import shutil
 import signal
 import socket
@@ -53,6 +54,7 @@ from .held import HeldStart, standin_command
 from .kernel_env import PEAK_BEFORE, kernel_env
 
 WAITING = "Waiting for a GPU"  # how the server's kernel model's reason begins while a kernel is in line
+JOIN_ASK_S = 3.0  # how long a kernel has to agree to join the line again in place (a cell that runs delays it)
 
 
 class GpuShareProvisioner(LocalProvisioner):
@@ -272,6 +274,13 @@ class GpuShareProvisioner(LocalProvisioner):
             if not manager.closing:  # and shuts every kernel down itself
                 manager.end_kernel(self.kernel_id)
             return
+        await self._hand_over_grant(held)
+
+    async def _hand_over_grant(self, held: HeldStart) -> None:
+        """Open the card to the kernel and send it its grant. A wait that ended without a GPU keeps the pipe (and
+        ``held``): the kernel may join the line again in place (``join_again``)."""
+        manager = self._manager()
+        assert self._grant is not None
         try:
             await manager.holding.open_cards(self.kernel_id, self._grant)
             await held.release(self._kernel_env(held.env))
@@ -281,9 +290,44 @@ class GpuShareProvisioner(LocalProvisioner):
             return
         finally:
             self._describe_wait(done=True)
-        if held is self._held:
+        if held is self._held and not held.open:
             self._held = None
         await manager.attach(self.kernel_id, self.pid)
+
+    async def join_again(self) -> str:
+        """A kernel whose wait ended without a GPU joins the line again in place: the same process, its variables
+        kept. Only where the kernel agrees (``_gpushare_wait.can_rejoin``: no GPU framework was imported since: one
+        that ran without the GPU keeps that) and its pipe is open. Returns "ok" (in line again, or granted at once), else what the
+        kernel said instead: "imported:<names>", "busy" (it did not answer: a cell runs), or "cannot"."""
+        manager, held = self._manager(), self._held
+        rec = manager.records.get(self.kernel_id)
+        if held is None or not held.open or rec is None or rec.state != "cpu" or not rec.wait_ended:
+            return "cannot"
+        said = await manager.services.starts.ask(
+            self.kernel_id, "__import__('_gpushare_wait').can_rejoin()", JOIN_ASK_S
+        )
+        if said is None:
+            return "busy"
+        said = said.strip("'\"")
+        if said != "ok":
+            return said if re.fullmatch(r"imported:[\w.,]+", said) else "cannot"
+        try:
+            held.rejoin()
+        except (OSError, RuntimeError):  # its reader is gone (the kernel closed the pipe), or it shut down meanwhile
+            return "cannot"
+        language = (self.kernel_spec.language or "").lower()
+        requested = parse_size(self.quota, f"{self._kernel_name} kernelspec quota") if self.quota else None
+        try:
+            self._grant = await self._admit(manager, language, requested)
+        except QuotaUnavailable as e:  # refused by a rule now: the kernel runs on without a GPU, and says why
+            self._grant = Grant("cpu", reason=str(e))
+            await self._hand_over_grant(held)
+            raise
+        if self._grant.mode == "queued":
+            self._admitting = asyncio.ensure_future(self._admit_held(held))
+        else:
+            await self._hand_over_grant(held)
+        return "ok"
 
     def _describe_wait(self, done: bool = False) -> None:
         """What the server's kernel model says of a kernel in line (its ``reason``), for every Jupyter client, and

@@ -8,6 +8,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from jupyter_client.provisioning import KernelProvisionerFactory
+from jupyter_client.session import Session
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import TraitError
 
@@ -134,26 +135,35 @@ class ServerStarts:
             return False
 
     async def trim(self, kernel_id: str) -> list[str] | None:
-        """Ask the kernel, on a shell channel of the server's own, to evaluate its bootstrap's ``trim()``: a silent
-        request (no output, no execution count; a notebook sees the kernel busy for a moment). What the kernel says
-        is read only as names of frameworks it knows; None when it does not answer within TRIM_TIMEOUT_S (a cell
-        runs after all, or no bootstrap), or cannot be asked."""
+        """Ask the kernel to evaluate its bootstrap's ``trim()`` (``ask``); what it says is read only as names of
+        frameworks it knows. None when it did not answer within TRIM_TIMEOUT_S (a cell runs after all, or no
+        bootstrap), or cannot be asked."""
+        said = await self.ask(kernel_id, "__import__('_gpushare_alloc').trim()", TRIM_TIMEOUT_S)
+        return None if said is None else [name for name in TRIMMED if repr(name) in said]
+
+    async def ask(self, kernel_id: str, expression: str, timeout: float) -> str | None:
+        """Evaluate ``expression`` in the kernel, on a shell channel of the server's own: a silent request (no output,
+        no execution count; a notebook sees the kernel busy for a moment). Its value's text, as the kernel says it
+        (untrusted: the caller reads it only for what it expects), "" when it raised; None when the kernel did not
+        answer within ``timeout`` s (a cell runs) or cannot be asked."""
         if kernel_id not in self.kernels:
             return None
-        client = self.kernels.get_kernel(kernel_id).client()
+        kernel = self.kernels.get_kernel(kernel_id)
+        # A session of its own: a client's shell socket is known to the kernel by its session's id, and one that
+        # shared the kernel manager's would take the replies meant for its other clients (seen: a cell's reply lost).
+        own = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)
+        client = kernel.client(session=own)
         try:
             client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
-            expression = "__import__('_gpushare_alloc').trim()"
-            msg_id = client.execute("", silent=True, store_history=False, user_expressions={"trimmed": expression})
-            deadline = asyncio.get_running_loop().time() + TRIM_TIMEOUT_S
+            msg_id = client.execute("", silent=True, store_history=False, user_expressions={"said": expression})
+            deadline = asyncio.get_running_loop().time() + timeout
             while (left := deadline - asyncio.get_running_loop().time()) > 0:
                 reply = await client.get_shell_msg(timeout=left)
                 if reply.get("parent_header", {}).get("msg_id") == msg_id:
-                    got = reply["content"].get("user_expressions", {}).get("trimmed", {})
-                    said = got.get("data", {}).get("text/plain", "") if got.get("status") == "ok" else ""
-                    return [name for name in TRIMMED if repr(name) in said]
-        except Exception as e:  # noqa: BLE001 (no answer in time, a kernel gone: parked as it is)
-            self.log.info("jupyter-gpushare: kernel %s did not give its cached GPU memory back: %r", kernel_id, e)
+                    got = reply["content"].get("user_expressions", {}).get("said", {})
+                    return str(got.get("data", {}).get("text/plain", "")) if got.get("status") == "ok" else ""
+        except Exception as e:  # noqa: BLE001 (no answer in time, a kernel gone)
+            self.log.info("jupyter-gpushare: kernel %s did not answer %s: %r", kernel_id, expression, e)
         finally:
             client.stop_channels()
         return None

@@ -18,6 +18,7 @@ from tornado import web
 
 from ..broker.client import BrokerSaidNo
 from ..core.policy import PolicyError
+from ..core.words import render
 from ..ledger.ledger import LedgerError
 from ..ledger.notices import ACTIONS, WHY, WHY_MAX, NoSuchKernel
 from .manager import QuotaManager
@@ -125,12 +126,17 @@ class KernelHandler(GpuShareHandler):
 
 class KernelMoveHandler(GpuShareHandler):
     """``POST …/kernels/<id>/park``: park a kernel that holds a reservation now (parking.py); ``…/resume``: bring a
-    parked kernel back (it waits in line for its reservation if it must). Both answer once the move is done."""
+    parked kernel back (it waits in line for its reservation if it must); ``…/join``: a kernel whose wait ended
+    without a GPU joins the line again in place, its variables kept (409 with the reason where it cannot: then only
+    a restart gives it a GPU). Each answers once the move is done."""
 
     @web.authenticated
     @authorized
     async def post(self, kernel_id: str, move: str) -> None:
         self._record(kernel_id)
+        if move == "join":
+            await self._join(kernel_id)
+            return
         parking = self.manager.parking
         moving = asyncio.ensure_future(parking.park(kernel_id) if move == "park" else parking.resume(kernel_id))
         self.manager.services.changes(
@@ -141,6 +147,25 @@ class KernelMoveHandler(GpuShareHandler):
         except PolicyError as e:
             raise web.HTTPError(409, str(e)) from e
         self.finish(await self.kernel(kernel_id))
+
+    async def _join(self, kernel_id: str) -> None:
+        provisioner = getattr(self.kernel_manager.get_kernel(kernel_id), "provisioner", None)
+        join = getattr(provisioner, "join_again", None)
+        said = "cannot" if join is None else await join()
+        if said != "ok":
+            rule = join_refusal(said)
+            raise web.HTTPError(409, str(rule)) from rule
+        self.finish(await self.kernel(kernel_id))
+
+
+def join_refusal(said: str) -> PolicyError:
+    """Why a kernel cannot join the line again in place (its provisioner's ``join_again`` said ``said``)."""
+    code, params = "join-cannot", {}
+    if said.startswith("imported:"):
+        code, params = "join-needs-restart", {"frameworks": ", ".join(said.split(":", 1)[1].split(","))}
+    elif said == "busy":
+        code = "join-busy"
+    return PolicyError(render(f"policy.{code}", params), code, **params)
 
 
 class HostHandler(GpuShareHandler):
@@ -285,7 +310,7 @@ handlers = [
     (rf"{API}/cards", CardsHandler),
     (rf"{API}/kernels", KernelsHandler),
     (rf"{API}/kernels/([^/]+)", KernelHandler),
-    (rf"{API}/kernels/([^/]+)/(park|resume)", KernelMoveHandler),
+    (rf"{API}/kernels/([^/]+)/(park|resume|join)", KernelMoveHandler),
     (rf"{API}/host", HostHandler),
     (rf"{API}/host/kernels/([^/]+)", HostKernelHandler),
     (rf"{API}/queue", QueueHandler),

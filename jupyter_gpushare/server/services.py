@@ -56,6 +56,10 @@ class KernelStarts(Protocol):
         """Restart a kernel (a teacher gave its reservation back and it cannot be parked); False where it cannot."""
         ...
 
+    async def ask(self, kernel_id: str, expression: str, timeout: float) -> str | None:
+        """The text of ``expression``'s value in the kernel (untrusted), "" when it raised; None without an answer."""
+        ...
+
 
 @dataclass(frozen=True)
 class ProgramStarts:
@@ -85,6 +89,10 @@ class ProgramStarts:
     async def restart(self, kernel_id: str) -> bool:
         """A program's kernels are its own to restart."""
         return False
+
+    async def ask(self, kernel_id: str, expression: str, timeout: float) -> str | None:
+        """A program's kernels are its own to ask."""
+        return None
 
 
 @dataclass(frozen=True)

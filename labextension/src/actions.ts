@@ -10,6 +10,7 @@ import { Widget } from '@lumino/widgets';
 
 import { formatMiB, isMeasured, isTemporaryPath, notebookName } from './format';
 import { GpuShareModel } from './model';
+import { GpuShareError } from './request';
 import { KernelTracker } from './tracker';
 import type { HostAction, IHostTarget, IKernel } from './types';
 import { say, sizeText } from './words';
@@ -27,7 +28,10 @@ export interface IKernelActions {
   shutdown(kernel: IKernel): Promise<void>;
   /** Stop waiting for a GPU, after asking: the kernel leaves the line and runs on without a GPU. */
   stopWaiting(kernel: IKernel): Promise<void>;
-  /** After a wait that ended without a GPU: restart the kernel in line, after asking (its variables go). */
+  /**
+   * After a wait that ended without a GPU: join the line again in place (the kernel and its variables stay), or,
+   * where only a restart can give it a GPU, restart it in line after asking (its variables go).
+   */
   joinAgain(kernel: IKernel): Promise<void>;
   refresh(): void;
   /** Open or close the "This host" section. */
@@ -373,12 +377,25 @@ export function kernelActions(
       }
     },
     joinAgain: async k => {
+      // In place where the kernel can (its variables kept); else, after asking, a restart in line
+      let why: string;
+      try {
+        await model.joinAgain(k.kernel_id);
+        return;
+      } catch (e) {
+        const code = (e as GpuShareError).code;
+        if (code !== 'join-needs-restart' && code !== 'join-cannot') {
+          void showErrorMessage(say('ui.join.failed'), (e as Error).message);
+          return;
+        }
+        why = (e as Error).message;
+      }
       const result = await showDialog({
         title: say('ui.join.title'),
-        body: say('ui.join.body', { name: nameOf(k) }),
+        body: `${why} ${say('ui.join.body', { name: nameOf(k) })}`,
         buttons: [
           Dialog.cancelButton(),
-          Dialog.warnButton({ label: say('ui.join.button') })
+          Dialog.warnButton({ label: say('ui.join.restart') })
         ],
         defaultButton: 0
       });

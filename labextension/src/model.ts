@@ -162,6 +162,19 @@ export class GpuShareModel {
     void this.refresh();
   }
 
+  /**
+   * A kernel whose wait ended without a GPU joins the line again in place, its variables kept; a GpuShareError
+   * with the server's code where it cannot (join-needs-restart, join-cannot: only a restart gives it a GPU).
+   */
+  async joinAgain(kernelId: string): Promise<void> {
+    await requestAPI<unknown>(
+      `kernels/${encodeURIComponent(kernelId)}/join`,
+      this.serverSettings,
+      { method: 'POST', body: '{}' }
+    );
+    void this.refresh();
+  }
+
   /** A teacher's action on a kernel of the host (admins only; POST host/kernels/<id>). */
   async actOnHost(
     kernelId: string,

@@ -8,7 +8,9 @@ import { say } from './words';
 export class GpuShareError extends Error {
   constructor(
     message: string,
-    readonly status: number | null
+    readonly status: number | null,
+    /** The rule that refused (the server's code), if one did. */
+    readonly code: string | null = null
   ) {
     super(message);
   }
@@ -53,7 +55,11 @@ function failure(response: Response, data: any): GpuShareError {
     data && typeof data.code === 'string'
       ? say(`policy.${data.code}`, { ...(data.params ?? {}), message })
       : message;
-  return new GpuShareError(worded, response.status);
+  return new GpuShareError(
+    worded,
+    response.status,
+    data && typeof data.code === 'string' ? data.code : null
+  );
 }
 
 /**

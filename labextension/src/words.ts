@@ -55,7 +55,7 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'status.cpu.detail': __('Started without a GPU.[ {reason}]'),
     'status.wait_ended.label': __('no GPU'),
     'status.wait_ended.detail': __(
-      '{reason} Its cells run on without a GPU. Join again to wait for one: the kernel restarts in line, and its variables are lost.'
+      '{reason} Its cells run on without a GPU. Join again to wait for one: the kernel keeps its variables, unless it ran a GPU framework without the GPU meanwhile (then it restarts in line).'
     ),
     'status.none.label': __('no GPU'),
     'status.none.detail': __(
@@ -236,6 +236,15 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     ),
     'policy.grow-no-room': __(
       '{quota_mib} needs {extra_mib} more on GPU {card_index}, which has {free_mib} unreserved now. The kernel keeps its quota and its GPU; ask again once others have shut down, or ask for less.'
+    ),
+    'policy.join-needs-restart': __(
+      '{frameworks} ran in this kernel without a GPU, so only a restart can give it one: the kernel restarts in line, and its variables are lost.'
+    ),
+    'policy.join-cannot': __(
+      'This kernel cannot wait again in place (it did not wait for a GPU since its start): only a restart gives it one, and its variables are lost.'
+    ),
+    'policy.join-busy': __(
+      'The kernel is busy: join again once its cell has finished.'
     ),
     'limits.use': __('You hold {held}.'),
     'limits.total': __('{quota_mib} of {max_total_mib}'),
@@ -517,9 +526,10 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.stop.body': __(
       '{name}’s kernel leaves the line and runs on without a GPU, with its variables; a cell waiting for the GPU stops and says so. Join again later to wait for a GPU.'
     ),
-    'ui.join.title': __('Join the line again?'),
+    'ui.join.title': __('Restart in line for a GPU?'),
+    'ui.join.restart': __('Restart in line'),
     'ui.join.body': __(
-      '{name}’s kernel restarts and waits in line for a GPU; CPU cells run meanwhile. Its variables are lost.'
+      '{name}’s kernel restarts and waits in line for a GPU; CPU cells run meanwhile.'
     ),
     'ui.join.button': __('Join again'),
     'ui.join.failed': __('Could not join the line again'),

@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 from jupyter_client.session import Session
-from kernels import cell_result, send_cell
+from kernels import cell_result, run_in_kernel, send_cell
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpushare.core.words import event_words
@@ -264,6 +264,55 @@ async def test_a_kernel_whose_wait_is_stopped_runs_on_without_a_gpu_and_says_why
     await gpushare.wait_for(lambda: _state(gpushare, kid, "queued"), what="the kernel back in line")
     assert (await gpushare.kernel(kid))["wait_ended"] is None
     ws.close()
+
+
+async def test_join_again_in_place_keeps_the_process_and_its_variables(gpushare, jp_fetch, jp_serverapp, kernel_ws):
+    """Join again after a wait ended without a GPU: the same process joins the line again, its variables kept; its
+    GPU import waits for the grant and goes on with the card. A kernel that ran a GPU framework without the GPU
+    meanwhile is told that only a restart can give it one (409 with the code and the framework), and so is one that
+    holds its GPU."""
+    sessions = await full_card(gpushare)
+    _, kid = await gpushare.open_notebook("again.ipynb")
+    session = Session()
+    ws = await kernel_ws(kid, session.session)
+    pid = standin_pid(jp_serverapp, kid)
+    assert await cell_result(ws, kid, send_cell(ws, session, "kept = 'mine'; kept"), timeout=15) == "'mine'"
+    await jp_fetch("api", "gpushare", "kernels", kid, method="DELETE")  # stop waiting
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "cpu"), what="the wait ended")
+    joined = json.loads((await jp_fetch("api", "gpushare", "kernels", kid, "join", method="POST", body="")).body)
+    assert (joined["state"], joined["wait_ended"], joined["position"]) == ("queued", None, 1)
+    gpu = send_cell(ws, session, "import torch, os; kept, os.environ['GPUSHARE_MODE'], os.getpid()")
+    await _stream_until(ws, gpu, "waits for this kernel's GPU")
+    await gpushare.close_notebook(sessions[0])
+    assert await cell_result(ws, kid, gpu, timeout=60) == f"('mine', 'gpu', {pid})"
+    rec = await gpushare.kernel(kid)
+    assert rec["state"] == "running" and rec["card"] is not None and standin_pid(jp_serverapp, kid) == pid
+    card = rec["card"]["uuid"]
+    seen = send_cell(ws, session, "[os.environ.get(k) for k in ('GPUSHARE_CARD_UUID', 'GPUSHARE_REASON')]")
+    assert await cell_result(ws, kid, seen) == repr([card, None])  # the grant's variables, the old reason gone
+    with pytest.raises(HTTPClientError) as e:  # it holds its GPU: nothing to join
+        await jp_fetch("api", "gpushare", "kernels", kid, "join", method="POST", body="")
+    assert e.value.code == 409 and json.loads(e.value.response.body)["code"] == "join-cannot"
+    ws.close()
+
+    # A kernel that imported torch without the GPU after its wait ended cannot be given one in place
+    _, ran = await gpushare.open_notebook("ran-torch.ipynb")
+    await jp_fetch("api", "gpushare", "kernels", ran, method="DELETE")
+    await gpushare.wait_for(lambda: _state(gpushare, ran, "cpu"), what="its wait ended")
+    # A kernel busy with a cell cannot say in time: 409, and its late answer changes nothing (torch runs on the CPU)
+    busy = asyncio.ensure_future(run_in_kernel(jp_serverapp, ran, "import time; time.sleep(5)"))
+    await asyncio.sleep(1)
+    with pytest.raises(HTTPClientError) as e:
+        await jp_fetch("api", "gpushare", "kernels", ran, "join", method="POST", body="")
+    assert e.value.code == 409 and json.loads(e.value.response.body)["code"] == "join-busy"
+    await busy
+    await run_in_kernel(jp_serverapp, ran, "import torch")
+    with pytest.raises(HTTPClientError) as e:
+        await jp_fetch("api", "gpushare", "kernels", ran, "join", method="POST", body="")
+    refusal = json.loads(e.value.response.body)
+    assert e.value.code == 409 and (refusal["code"], refusal["params"]) == ("join-needs-restart", {"frameworks": "torch"})
+    assert refusal["message"].startswith("torch ran in this kernel without a GPU, so only a restart can give it one")
+    assert await gpushare.state_of(ran) == "cpu"
 
 
 async def test_a_stand_in_that_dies_is_restarted_in_line(gpushare, jp_serverapp):

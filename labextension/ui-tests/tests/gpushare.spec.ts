@@ -493,7 +493,7 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
     /jp-gpushare-current/
   );
   // Stop waiting: asked first (Enter keeps waiting); the kernel stays and runs on without a GPU, said as
-  // information, and the banner stays with the reason and Join again, which restarts it in line after asking.
+  // information, and the banner stays with the reason and Join again, which puts it back in line in place.
   await banner(page)
     .getByRole('button', { name: 'Stop waiting for a GPU for nb1.ipynb' })
     .click();
@@ -519,13 +519,54 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await page.waitForTimeout(1500);
   await expect(page.locator('.jp-Dialog')).toHaveCount(0);
   await expect(banner(page)).toBeVisible(); // lasting
+  // Join again: in place, without a dialog (nothing lost): the same kernel, its variables kept, back at #1
+  const kernelId = () =>
+    page.evaluate(
+      () =>
+        (window as any).jupyterapp.shell.currentWidget.sessionContext.session
+          .kernel.id
+    );
+  const before = await kernelId();
+  const inKernel = (code: string) =>
+    page.evaluate(async c => {
+      const kernel = (window as any).jupyterapp.shell.currentWidget
+        .sessionContext.session.kernel;
+      let said = '';
+      const future = kernel.requestExecute({ code: c });
+      future.onIOPub = (msg: any) => {
+        if (msg.header.msg_type === 'stream') {
+          said += msg.content.text;
+        }
+      };
+      await future.done;
+      return said;
+    }, code);
+  await inKernel('kept = 41');
+  const joinAgain = () =>
+    banner(page)
+      .getByRole('button', {
+        name: 'Join the line for a GPU again for nb1.ipynb'
+      })
+      .click();
+  await joinAgain();
+  await expect(status(page)).toHaveText('GPU #1 in line');
+  await expect(banner(page)).toContainText('gives up at');
+  await expect(page.locator('.jp-Dialog')).toHaveCount(0);
+  expect(await kernelId()).toBe(before);
+  expect(await inKernel('print(kept + 1)')).toBe('42\n');
+  // A kernel that ran torch without the GPU can get one only by a restart: asked first, with why
   await banner(page)
-    .getByRole('button', {
-      name: 'Join the line for a GPU again for nb1.ipynb'
-    })
+    .getByRole('button', { name: 'Stop waiting for a GPU for nb1.ipynb' })
     .click();
-  await expect(dialog).toContainText('Join the line again?');
-  await dialog.locator('button', { hasText: 'Join again' }).click();
+  await dialog.locator('button', { hasText: 'Stop waiting' }).click();
+  await expect(banner(page)).toContainText('Join again');
+  await inKernel('import torch');
+  await joinAgain();
+  await expect(dialog).toContainText('Restart in line for a GPU?');
+  await expect(dialog).toContainText(
+    'torch ran in this kernel without a GPU, so only a restart can give it one'
+  );
+  await dialog.locator('button', { hasText: 'Restart in line' }).click();
   await expect(status(page)).toHaveText('GPU #1 in line');
   await expect(banner(page)).toContainText('gives up at');
   // nb1's kernel goes (as the rest of this day had it): its session is shut down, and the notebook has no kernel
