@@ -74,6 +74,7 @@ async function main() {
   );
   const teacher = await teacherTakesOut(page, waitingPage);
   const shrunk = await quotaShrinks(page);
+  const interrupted = await overQuotaSaysWhy(page);
   await browser.close();
   console.log(
     JSON.stringify({
@@ -84,7 +85,8 @@ async function main() {
       panel: panelText.slice(0, 2000),
       waiting,
       teacher,
-      shrunk
+      shrunk,
+      interrupted
     })
   );
   process.exit(errors.length ? 1 : 0);
@@ -250,6 +252,46 @@ async function quotaShrinks(page) {
         e.kernel_id === before.kernel_id &&
         (e.kind === 'queued' || e.kind === 'released')
     ).length
+  };
+}
+
+/**
+ * Over-quota actions are explained where the student looks (issue 32, item 3), in Notebook 7: the server's policy
+ * (test_notebook7.py: interrupt 2 s over the reservation) interrupts a cell that "uses" more than its kernel's
+ * reservation, and the cell's output says why beside its KeyboardInterrupt.
+ */
+async function overQuotaSaysWhy(page) {
+  // (after a restart JupyterLab's kernel status stays 'starting', or 'unknown' without this extension, until a
+  // cell runs: the kernel's answers to kernel_info are untracked messages; so: connected, and the cell runs)
+  await page.waitForFunction(
+    () =>
+      window.jupyterapp.shell.currentWidget?.sessionContext?.session?.kernel
+        ?.connectionStatus === 'connected',
+    null,
+    { timeout: 60000 }
+  );
+  await page.evaluate(() => {
+    const nb = window.jupyterapp.shell.currentWidget.content;
+    nb.activeCellIndex = 0;
+    nb.activeCell.model.sharedModel.setSource(
+      "import time, gpushare_simulate\ngpushare_simulate.use('3GiB')\ntry:\n    time.sleep(120)\nfinally:\n    gpushare_simulate.use(0)"
+    );
+  });
+  await page.evaluate(() =>
+    window.jupyterapp.commands.execute('notebook:run-cell')
+  );
+  const said = page
+    .locator(
+      '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
+    )
+    .filter({ hasText: 'GPU memory quota' });
+  await said.first().waitFor({ timeout: 60000 });
+  return {
+    said: await said.allTextContents(),
+    interrupts: await page
+      .locator('.jp-OutputArea-output')
+      .filter({ hasText: 'KeyboardInterrupt' })
+      .count()
   };
 }
 

@@ -1,6 +1,7 @@
 """The extension works in Notebook 7 too: it activates without errors, its panel shows the kernel, and a waiting
 notebook reads as in JupyterLab (round 3: its banner at 200% zoom, its toolbar status, toasts by name, a safe
-Stop waiting dialog), a teacher acts on it from the host view, and a smaller quota keeps the GPU."""
+Stop waiting dialog), a teacher acts on it from the host view, a smaller quota keeps the GPU, and an over-quota interrupt says why in
+the cell."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
             [sys.executable, "-m", "notebook", "--allow-root", "--no-browser", f"--port={port}", "--IdentityProvider.token=",
              "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True", f"--ServerApp.root_dir={tmp_path}",
              "--JupyterNotebookApp.expose_app_in_browser=True", "--GpuShareApp.gpu_backend=simulated",
-             "--GpuShareApp.simulated_cards=10GiB", "--GpuShareApp.default_quota=3GiB", f"--GpuShareApp.ledger_path={tmp_path / 'l.sqlite'}"],
+             "--GpuShareApp.simulated_cards=10GiB", "--GpuShareApp.default_quota=3GiB",
+             "--GpuShareApp.over_quota_action=interrupt", "--GpuShareApp.over_quota_grace=2", f"--GpuShareApp.ledger_path={tmp_path / 'l.sqlite'}"],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
@@ -93,6 +95,13 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
     assert shrunk["quota_mib"] == 2048 and shrunk["state"] == "running", shrunk
     assert shrunk["same_kernel"] and shrunk["same_card"], shrunk
     assert "queued" not in shrunk["states"] and shrunk["line_events"] == 0, shrunk
+    # Over its reservation, interrupted by the policy: the cell's output says why, beside its KeyboardInterrupt
+    interrupted = result["interrupted"]
+    assert interrupted["interrupts"] == 1 and len(interrupted["said"]) == 1, interrupted
+    assert re.match(
+        r"GPU memory quota: Interrupted: it used 3(\.0)? GiB, over its 2\.6 GiB reservation(, for \d+ (s|min))?\. "
+        r"Free memory or ask for a larger quota\.", interrupted["said"][0],
+    ), interrupted  # fmt: skip
 
 
 def _answers(port: int) -> bool:
