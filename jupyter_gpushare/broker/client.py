@@ -284,6 +284,29 @@ class BrokerLedger:
         LedgerError, when the caller is not one of its admins or the kernel is not where the action needs it."""
         return Notice.from_json(self._call("act", kernel_id=kernel_id, action=action, why=why))
 
+    def watch(self, since: int, wait_s: float) -> int:
+        """Wait at the broker until the host's line may move (a reservation given back anywhere, a wait ended, the
+        line reordered: broker/room.py), at most ``wait_s``: the broker's count of such changes. The call holds its
+        connection that long: a client of its own (``twin``)."""
+        saved, self.timeout = self.timeout, self.timeout + wait_s
+        try:
+            if self._sock is not None:
+                self._sock.settimeout(self.timeout)
+            count = self._call("watch", since=since, wait_s=wait_s)
+        finally:
+            self.timeout = saved
+            if self._sock is not None:
+                self._sock.settimeout(saved)
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise LedgerError(f"The GPU broker answered a watch with {count!r}, not a count.")
+        return count
+
+    def twin(self) -> BrokerLedger:
+        """A client on a connection of its own, as this server (its session too, on TCP)."""
+        return BrokerLedger(
+            self.path, self.timeout, self.ca_file, owner=self.owner, token=self.token, instance=self.instance
+        )
+
     def take_notices(self, kernel_ids: set[str]) -> list[Notice]:
         return [Notice.from_json(n) for n in self._call("take_notices", kernel_ids=sorted(kernel_ids))]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import grp
+import inspect
 import logging
 import os
 import socket
@@ -113,8 +114,12 @@ class Connections:
                         break
                 else:
                     began = time.perf_counter()
-                    answer = encode(self._answer(caller, line))
-                    self.guard.charge(key, trusted, time.perf_counter() - began, len(answer))
+                    reply = self._answer(caller, line)
+                    spent = time.perf_counter() - began
+                    if inspect.isawaitable(reply.get("result")):  # a 'watch': it waits for a change (room.py)
+                        reply = {"ok": True, "result": await reply["result"]}
+                    answer = encode(reply)
+                    self.guard.charge(key, trusted, spent, len(answer))
                     writer.write(answer)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):

@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -43,8 +43,10 @@ from .protocol import (
     RecordPeakArgs,
     ReserveArgs,
     ResizeArgs,
+    WatchArgs,
     decode_request,
 )
+from .room import ROOM_OPS, RoomChanges
 from .unleased import UnleasedPolicy
 from .watchdog import Watchdog
 
@@ -68,6 +70,7 @@ class Operations:
     watchdog: Watchdog  # the over-quota policy on every lease
     groups: KernelCgroups  # kernels' cgroups the broker owns for servers whose own a kernel could leave
     _group_users: dict[str, int]  # kernel id -> the uid whose kernel entered its group
+    room: RoomChanges  # changes that may move the line, which servers watch (room.py)
 
     def limits_for(self, caller: Caller) -> UserLimits:
         """The caller's per-user limits (the broker's rules for their user and groups)."""
@@ -454,9 +457,18 @@ class Operations:
         answer = getattr(self, f"_op_{op}", None)
         if answer is None:  # 'auth' is answered by the connection, before any other request
             raise BrokerRefused(f"{op!r} is not a request for this point of the conversation.")
-        return answer(caller, args)
+        result = answer(caller, args)
+        if op in ROOM_OPS:
+            self.room.changed()
+        return result
+
+    def _op_watch(self, caller: Caller, args: WatchArgs) -> Awaitable[int]:
+        """Wait until the line may move (room.py): the connection awaits the answer, off the ledger's time."""
+        return self.room.past(args.since, args.wait_s)
 
     def _log_reclaimed(self, gone: Sequence[Lease]) -> None:
+        if gone:
+            self.room.changed()
         for lease in gone:
             self.log.info(
                 "Reclaimed %s of %s's kernel %s (its server and kernel are gone).",

@@ -108,6 +108,12 @@ class KernelsArgs:
 
 
 @dataclass(frozen=True)
+class WatchArgs:
+    since: int  # the count of changes the caller last saw (room.py)
+    wait_s: float  # how long the broker may hold the answer
+
+
+@dataclass(frozen=True)
 class AuthArgs:
     token: str
     instance: str
@@ -213,6 +219,18 @@ def _act(f: _Fields) -> ActArgs:
     return ActArgs(f.kernel_id(), action, f.text("why", WHY, WHY_MAX))
 
 
+MAX_WATCH_S = 60.0  # the longest a broker holds a 'watch' answer
+
+
+def _watch(f: _Fields) -> WatchArgs:
+    since, wait_s = f.number("since", (int,)), f.number("wait_s", (int, float))
+    if since is None or not 0 <= since < 1 << 62:
+        raise f.refuse("since", "a whole number from 0")
+    if wait_s is None or not 0 < wait_s <= MAX_WATCH_S:
+        raise f.refuse("wait_s", f"seconds, more than 0 and at most {MAX_WATCH_S:g}")
+    return WatchArgs(since, float(wait_s))
+
+
 def _auth(f: _Fields) -> AuthArgs:
     return AuthArgs(f.text("token", max_len=4096), f.text("instance", INSTANCE_ID))
 
@@ -239,6 +257,7 @@ REQUESTS: dict[str, Callable[[_Fields], Any]] = {
     "end_group": lambda f: EndGroupArgs(f.kernel_id(), f.flag("keep")),
     "act": _act,
     "take_notices": lambda f: KernelsArgs(frozenset(f.texts("kernel_ids", KERNEL_ID, MAX_KEEP))),
+    "watch": _watch,
 }
 
 

@@ -54,6 +54,7 @@ from .protocol import (
     BrokerRefused,
     parse_tcp,
 )
+from .room import RoomChanges
 from .unleased import ACTIONS as UNLEASED_ACTIONS
 from .unleased import Unleased, UnleasedPolicy, adopted_size, find_unleased
 from .watchdog import Watchdog
@@ -271,6 +272,7 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         """Build policy, limits and cards from config (PolicyError names the bad setting)."""
         from ..host.gpu import open_backend
 
+        self.room = RoomChanges()
         shared = settings_from(self.config)  # the same placement rules (c.GpuShareApp.*) as a single server
         self.policy = shared.build_policy()
         self.history = shared.build_history()  # whose runs teach whom: the broker's rules, not the servers'

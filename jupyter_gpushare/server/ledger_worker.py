@@ -80,6 +80,11 @@ class LedgerWorker:
             return BrokerLedger(self.broker_socket, ca_file=self.broker_ca_file, on_state=on_state)
         return Ledger(self.path)
 
+    def twin(self) -> BrokerLedger | None:
+        """A broker client of its own (for a request that holds its connection: room_watch.py); None without a
+        broker."""
+        return BrokerLedger(self.broker_socket, ca_file=self.broker_ca_file) if self.broker_socket else None
+
     def ensure(self) -> bool:
         """Whether a ledger is open, opening it again when its back-off has passed."""
         if self._ledger is None and time.monotonic() >= self._retry_at:

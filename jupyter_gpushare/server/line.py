@@ -1,9 +1,9 @@
 """This server's kernels in the host's line, and how each wait ends.
 
 A kernel the ledger cannot place now joins the line (``join``); while any of this server's kernels wait, the
-line asks the ledger for each every QUEUE_POLL_S (a heartbeat too), and hands each answer to the kernels'
-registry (QuotaManager): granted, refused, or still waiting at its place. ``queue.ServerQueue`` decides when a
-wait ends without a grant (cancelled, past the timeout, unwatched, the server closing); the ledger decides who is
+line asks the ledger for each every QUEUE_POLL_S (a heartbeat too; PUSHED_POLL_S while a broker says each change,
+room_watch.py) and at once when room is freed, and hands each answer to the kernels' registry (QuotaManager):
+granted, refused, or still waiting at its place. ``queue.ServerQueue`` decides when a wait ends without a grant (cancelled, past the timeout, unwatched, the server closing); the ledger decides who is
 granted (``queue.choose_card``). One that no notebook or client wants steps out of the host's line after
 UNWANTED_S, so that it holds no one up, and joins again at the back once wanted.
 """
@@ -24,9 +24,11 @@ from ..ledger.ledger import Reservations
 from ..ledger.queue import Request, ServerQueue, Wait
 from .ledger_worker import LedgerWorker
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message, rule_figures
+from .room_watch import RoomWatch
 from .services import KernelStarts
 
 QUEUE_POLL_S = 0.5
+PUSHED_POLL_S = 2.0  # while the broker says each change (room_watch.py): a heartbeat, and what no ledger says
 UNWANTED_S = 3.0  # a kernel in line that nothing wants (no session, no client) this long gives its place up
 
 
@@ -62,6 +64,7 @@ class Line:
         self.queue = ServerQueue(unwatched_s)
         self._serving: asyncio.Future | None = None  # the task that serves the line while anyone waits
         self._room = asyncio.Event()  # set when this server frees room: the line is served at once
+        self._watch: RoomWatch | None = None  # another server's release, pushed by the broker (room_watch.py)
 
     def waiting(self, kernel_id: str) -> Wait | None:
         return self.queue.waits.get(kernel_id)
@@ -86,6 +89,8 @@ class Line:
     def stop(self) -> None:
         if self._serving is not None:
             self._serving.cancel()
+        if self._watch is not None:
+            self._watch.stop()
 
     def join(self, rec: KernelRecord, request: Request, got: Waiting) -> None:
         """A kernel the ledger answered with a place in line joins this server's waits (or keeps its place)."""
@@ -102,6 +107,9 @@ class Line:
         )
         if self._serving is None or self._serving.done():
             self._serving = asyncio.ensure_future(self._serve())
+        if self._watch is None:
+            client = self.ledger.twin()
+            self._watch = None if client is None else RoomWatch(client, self.room_freed, self.log)
 
     def leave(self, kernel_id: str, why: str) -> None:
         """Take a kernel out of line without granting it (it no longer asks, or asks for something else)."""
@@ -137,12 +145,13 @@ class Line:
             except Exception:  # noqa: BLE001 (one bad turn must not leave every kernel waiting forever)
                 self.log.exception("jupyter-gpushare: serving the queue failed; trying again")
             self._room.clear()
+            poll = PUSHED_POLL_S if self._watch is not None and self._watch.live else QUEUE_POLL_S
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._room.wait(), QUEUE_POLL_S)
+                await asyncio.wait_for(self._room.wait(), poll)
 
     def room_freed(self) -> None:
-        """This server gave a reservation back: ask the ledger for its kernels in line now, not at the next poll
-        (another server's release is seen at that poll)."""
+        """This server gave a reservation back, or (through a broker) the line may have moved on the host: ask the
+        ledger for its kernels in line now, not at the next poll."""
         self._room.set()
 
     async def _serve_once(self) -> None:
