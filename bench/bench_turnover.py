@@ -1,9 +1,11 @@
-"""Turnover: from a notebook closing to the next kernel in line holding its reservation, two ways side by side.
+"""Turnover: from a notebook closing to the next kernel in line holding its reservation, side by side.
 
 Two real jupyter-servers share one ledger (one simulated 10 GiB card; each kernel reserves 4.5 GiB). A notebook of
 server A waits in line while one notebook of each server fills the card. Then either A's own notebook closes (A
-serves its line at once: event-driven) or B's does (A sees the room at its next poll of the ledger, every 0.5 s).
-Per trial: the seconds from the DELETE of the session until A's API says the waiting kernel is running.
+serves its line at once: event-driven) or B's does. Two ways of sharing, one after the other in one run: a ledger
+file (A sees B's release at its next poll of the ledger, every 0.5 s), and the host's broker (a real
+`jupyter gpushare broker`: it tells A at once, through the watch A holds, server/room_watch.py). Per trial: the
+seconds from the DELETE of the session until A's API says the waiting kernel is running.
 
     python bench/bench_turnover.py OUT.json [--trials 10]
 """
@@ -21,18 +23,21 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_broker import start_broker  # noqa: E402  (a bench script beside this one)
+
 TOKEN = "bench-turnover"
 SETTINGS = {"gpu_backend": "simulated", "simulated_cards": "10GiB", "card_headroom": "0MiB",
             "context_reserve": "512MiB", "default_quota": "4GiB", "park_after": 0}  # fmt: skip
 
 
 class Server:
-    def __init__(self, work: Path, port: int, ledger: Path) -> None:
+    def __init__(self, work: Path, port: int, ledger: Path | str) -> None:
+        """``ledger``: the ledger file, or the broker's socket."""
         for sub in ("config", "data", "runtime", "root"):
             (work / sub).mkdir(parents=True, exist_ok=True)
-        (work / "config" / "jupyter_server_config.json").write_text(
-            json.dumps({"GpuShareApp": {**SETTINGS, "ledger_path": str(ledger)}})
-        )
+        shared = {"ledger_path": str(ledger)} if isinstance(ledger, Path) else {"broker_socket": ledger}
+        (work / "config" / "jupyter_server_config.json").write_text(json.dumps({"GpuShareApp": {**SETTINGS, **shared}}))
         env = {**os.environ, "JUPYTER_CONFIG_DIR": str(work / "config"), "JUPYTER_DATA_DIR": str(work / "data"),
                "JUPYTER_RUNTIME_DIR": str(work / "runtime")}  # fmt: skip
         self.port, self.log = port, open(work / "server.log", "w")
@@ -103,24 +108,34 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--trials", type=int, default=10)
     args = ap.parse_args()
+    times: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        ledger = work / "ledger.sqlite"
-        a = Server(work / "a", 18700 + os.getpid() % 100, ledger)
-        b = Server(work / "b", 18800 + os.getpid() % 100, ledger)
+        broker, sock = start_broker(
+            str(work), 'c.GpuShareApp.simulated_cards = "10GiB"\nc.GpuShareApp.context_reserve = "512MiB"\n'
+        )
         try:
-            times: dict[str, list[float]] = {"own": [], "other": []}
-            for n in range(args.trials):
-                for closer in ("own", "other"):  # alternating, so both see the same machine
-                    times[closer].append(trial(a, b, n * 2 + (closer == "other"), closer))
+            for shared, ledger in (("file", work / "ledger.sqlite"), ("broker", sock)):
+                a = Server(work / f"a-{shared}", 18700 + os.getpid() % 100, ledger)
+                b = Server(work / f"b-{shared}", 18800 + os.getpid() % 100, ledger)
+                try:
+                    for n in range(args.trials):
+                        for closer in ("own", "other"):  # alternating, so both see the same machine
+                            times.setdefault(f"{shared}_{closer}", []).append(
+                                trial(a, b, n * 2 + (closer == "other"), closer)
+                            )
+                finally:
+                    a.stop()
+                    b.stop()
         finally:
-            a.stop()
-            b.stop()
+            broker.terminate()
+            broker.wait(30)
     medians = {k: statistics.median(v) for k, v in times.items()}
     result = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "seconds": times, "median_s": medians,
-              "ratio_own_over_other": round(medians["own"] / medians["other"], 2)}  # fmt: skip
+              "ratio_own_over_other": round(medians["file_own"] / medians["file_other"], 2),
+              "ratio_broker_other_over_file_other": round(medians["broker_other"] / medians["file_other"], 2)}  # fmt: skip
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in ("median_s", "ratio_own_over_other")}))
+    print(json.dumps({k: v for k, v in result.items() if k.startswith(("median", "ratio"))}))
     return 0
 
 
