@@ -297,8 +297,9 @@ class GpuShareProvisioner(LocalProvisioner):
     async def join_again(self) -> str:
         """A kernel whose wait ended without a GPU joins the line again in place: the same process, its variables
         kept. Only where the kernel agrees (``_gpushare_wait.can_rejoin``: no GPU framework was imported since: one
-        that ran without the GPU keeps that) and its pipe is open. Returns "ok" (in line again, or granted at once), else what the
-        kernel said instead: "imported:<names>", "busy" (it did not answer: a cell runs), or "cannot"."""
+        that ran without the GPU keeps that) and its pipe is open. Returns "ok" (in line again, or granted at
+        once), else what the kernel said instead: "imported:<names>", "busy" (it did not answer: a cell runs), or
+        "cannot". QuotaUnavailable where a rule refuses it now (it runs on without a GPU, and may join later)."""
         manager, held = self._manager(), self._held
         rec = manager.records.get(self.kernel_id)
         if held is None or not held.open or rec is None or rec.state != "cpu" or not rec.wait_ended:
@@ -319,7 +320,9 @@ class GpuShareProvisioner(LocalProvisioner):
         requested = parse_size(self.quota, f"{self._kernel_name} kernelspec quota") if self.quota else None
         try:
             self._grant = await self._admit(manager, language, requested)
-        except QuotaUnavailable as e:  # refused by a rule now: the kernel runs on without a GPU, and says why
+        except QuotaUnavailable as e:  # refused by a rule now (its event says which): it runs on without a GPU
+            rec = manager.record(self.kernel_id, self._kernel_name, language)
+            rec.state, rec.reason, rec.wait_ended = "cpu", str(e), "cancelled"
             self._grant = Grant("cpu", reason=str(e))
             await self._hand_over_grant(held)
             raise

@@ -315,6 +315,26 @@ async def test_join_again_in_place_keeps_the_process_and_its_variables(gpushare,
     assert await gpushare.state_of(ran) == "cpu"
 
 
+class TestJoinAgainRefused:
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config):
+        return {**gpushare_config, "queue_max_per_user": 1}
+
+    async def test_a_rule_that_refuses_a_join_leaves_the_kernel_on_the_cpu_with_why(self, gpushare, jp_fetch):
+        await full_card(gpushare)
+        _, first = await gpushare.open_notebook("first.ipynb")
+        await jp_fetch("api", "gpushare", "kernels", first, method="DELETE")  # stop waiting
+        await gpushare.wait_for(lambda: _state(gpushare, first, "cpu"), what="its wait ended")
+        _, second = await gpushare.open_notebook("second.ipynb")  # the one place in line this user may have
+        assert await gpushare.state_of(second) == "queued"
+        with pytest.raises(HTTPClientError) as e:
+            await jp_fetch("api", "gpushare", "kernels", first, "join", method="POST", body="")
+        assert e.value.code == 400 and json.loads(e.value.response.body)["code"] == "user-max-waiting"
+        rec = await gpushare.kernel(first)
+        assert (rec["state"], rec["wait_ended"]) == ("cpu", "cancelled")  # on the CPU, Join again offered
+        assert [q["kernel_id"] for q in (await gpushare.get("queue"))["queue"]] == [second]
+
+
 async def test_a_stand_in_that_dies_is_restarted_in_line(gpushare, jp_serverapp):
     await full_card(gpushare)
     _, kid = await gpushare.open_notebook("killed.ipynb")
