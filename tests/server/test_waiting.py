@@ -310,7 +310,10 @@ async def test_join_again_in_place_keeps_the_process_and_its_variables(gpushare,
     with pytest.raises(HTTPClientError) as e:
         await jp_fetch("api", "gpushare", "kernels", ran, "join", method="POST", body="")
     refusal = json.loads(e.value.response.body)
-    assert e.value.code == 409 and (refusal["code"], refusal["params"]) == ("join-needs-restart", {"frameworks": "torch"})
+    assert e.value.code == 409 and (refusal["code"], refusal["params"]) == (
+        "join-needs-restart",
+        {"frameworks": "torch"},
+    )
     assert refusal["message"].startswith("torch ran in this kernel without a GPU, so only a restart can give it one")
     assert await gpushare.state_of(ran) == "cpu"
 

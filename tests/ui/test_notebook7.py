@@ -88,7 +88,9 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
     # The teacher takes the waiting kernel out of the line from the host view; its student's page says who and why
     teacher = result["teacher"]
     assert teacher["dialog_focus"] == "Cancel", teacher
-    assert re.fullmatch(r"nb3\.ipynb: .+ took it out of the line: the lab is over for today\..*", teacher["told"]), teacher
+    assert re.fullmatch(r"nb3\.ipynb: .+ took it out of the line: the lab is over for today\..*", teacher["told"]), (
+        teacher
+    )
     assert teacher["state"] == "cpu", teacher  # it runs on, without a GPU
     # A smaller quota from the panel keeps the GPU: the same kernel on the same card, never in line
     shrunk = result["shrunk"]
