@@ -214,7 +214,8 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         64,
         config=True,
         help="Connections one user (a Unix uid, or a Hub user over TCP) may hold open to the broker; more are refused "
-        "with this number in the message. A server holds one, and one more for each `jupyter gpushare status`. Root and "
+        "with this number in the message. A server holds one, one more while its kernels wait (its watch of the line), "
+        "and one for each `jupyter gpushare status`. Root and "
         "the broker's own user are not limited. Default: 64.",
     )
     requests_per_second = Float(

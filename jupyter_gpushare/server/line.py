@@ -3,8 +3,9 @@
 A kernel the ledger cannot place now joins the line (``join``); while any of this server's kernels wait, the
 line asks the ledger for each every QUEUE_POLL_S (a heartbeat too; PUSHED_POLL_S while a broker says each change,
 room_watch.py) and at once when room is freed, and hands each answer to the kernels' registry (QuotaManager):
-granted, refused, or still waiting at its place. ``queue.ServerQueue`` decides when a wait ends without a grant (cancelled, past the timeout, unwatched, the server closing); the ledger decides who is
-granted (``queue.choose_card``). One that no notebook or client wants steps out of the host's line after
+granted, refused, or still waiting at its place. ``queue.ServerQueue`` decides when a wait ends without a grant
+(cancelled, past the timeout, unwatched, the server closing); the ledger decides who is granted
+(``queue.choose_card``). One that no notebook or client wants steps out of the host's line after
 UNWANTED_S, so that it holds no one up, and joins again at the back once wanted.
 """
 
