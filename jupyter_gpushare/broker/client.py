@@ -287,16 +287,22 @@ class BrokerLedger:
     def watch(self, since: int, wait_s: float) -> int:
         """Wait at the broker until the host's line may move (a reservation given back anywhere, a wait ended, the
         line reordered: broker/room.py), at most ``wait_s``: the broker's count of such changes. The call holds its
-        connection that long: a client of its own (``twin``)."""
-        saved, self.timeout = self.timeout, self.timeout + wait_s
+        connection that long (a client of its own: ``twin``), and is not tried again on a dropped connection (the
+        caller watches again, or has closed it to stop)."""
         try:
+            if self._sock is None:
+                self._connect()
+            assert self._sock is not None
+            self._sock.settimeout(self.timeout + wait_s)
+            reply = self._exchange("watch", {"since": since, "wait_s": wait_s})
             if self._sock is not None:
                 self._sock.settimeout(self.timeout)
-            count = self._call("watch", since=since, wait_s=wait_s)
-        finally:
-            self.timeout = saved
-            if self._sock is not None:
-                self._sock.settimeout(saved)
+        except (OSError, ValueError, _Refused) as e:
+            self._drop()
+            raise LedgerError(str(e) if isinstance(e, _Refused) else self._down_message(e)) from e
+        count = reply.get("result")
+        if not reply.get("ok"):
+            raise BrokerSaidNo(f"The GPU broker refused: {reply.get('message', reply)}")
         if not isinstance(count, int) or isinstance(count, bool):
             raise LedgerError(f"The GPU broker answered a watch with {count!r}, not a count.")
         return count

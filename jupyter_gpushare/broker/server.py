@@ -214,7 +214,7 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         64,
         config=True,
         help="Connections one user (a Unix uid, or a Hub user over TCP) may hold open to the broker; more are refused "
-        "with this number in the message. A server holds one, one more while its kernels wait (its watch of the line), "
+        "with this number in the message. A server holds one, one more while a kernel of it waits (its watch of the line), "
         "and one for each `jupyter gpushare status`. Root and "
         "the broker's own user are not limited. Default: 64.",
     )

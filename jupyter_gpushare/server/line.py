@@ -149,6 +149,9 @@ class Line:
             poll = PUSHED_POLL_S if self._watch is not None and self._watch.live else QUEUE_POLL_S
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._room.wait(), poll)
+        if self._watch is not None:  # nobody of this server waits: no watch held at the broker
+            self._watch.stop()
+            self._watch = None
 
     def room_freed(self) -> None:
         """This server gave a reservation back, or (through a broker) the line may have moved on the host: ask the
