@@ -75,6 +75,7 @@ async function main() {
   const teacher = await teacherTakesOut(page, waitingPage);
   const shrunk = await quotaShrinks(page);
   const interrupted = await overQuotaSaysWhy(page);
+  const sameName = await twoOfOneName(page);
   await browser.close();
   console.log(
     JSON.stringify({
@@ -86,7 +87,8 @@ async function main() {
       waiting,
       teacher,
       shrunk,
-      interrupted
+      interrupted,
+      same_name: sameName
     })
   );
   process.exit(errors.length ? 1 : 0);
@@ -293,6 +295,37 @@ async function overQuotaSaysWhy(page) {
       .filter({ hasText: 'KeyboardInterrupt' })
       .count()
   };
+}
+
+/**
+ * Two notebooks of one name (issue 32, item 2), in Notebook 7: sub/nb.ipynb opens beside nb.ipynb; the panel and its
+ * buttons' accessible names tell them apart by their paths.
+ */
+async function twoOfOneName(page) {
+  await page.evaluate(async () => {
+    const body = {
+      path: 'sub/nb.ipynb',
+      name: 'nb.ipynb',
+      type: 'notebook',
+      kernel: { name: 'python3' }
+    };
+    await fetch('/api/sessions', {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify(body)
+    });
+  });
+  const links = page.locator('#jp-gpushare .jp-gpushare-link');
+  for (let i = 0; i < 60; i++) {
+    if ((await links.allTextContents()).includes('sub/nb.ipynb')) {
+      break;
+    }
+    await page.waitForTimeout(500);
+  }
+  const labels = await page
+    .locator('#jp-gpushare button[aria-label*="nb.ipynb"]')
+    .evaluateAll(bs => bs.map(b => b.getAttribute('aria-label')));
+  return { links: await links.allTextContents(), labels };
 }
 
 main().catch(e => {

@@ -36,7 +36,8 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
         pytest.skip(
             "needs Node.js, Debian's chromium and labextension/ui-tests/node_modules (tests/ui/test_ui.py installs it)"
         )
-    for name in ("nb.ipynb", "nb2.ipynb", "nb3.ipynb"):  # two fit the 10 GiB card, the third waits
+    (tmp_path / "sub").mkdir()
+    for name in ("nb.ipynb", "nb2.ipynb", "nb3.ipynb", "sub/nb.ipynb"):  # two fit the 10 GiB card, the third waits
         (tmp_path / name).write_text(json.dumps(NOTEBOOK))
     port = free_port()
     env = {
@@ -97,6 +98,10 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
     assert shrunk["quota_mib"] == 2048 and shrunk["state"] == "running", shrunk
     assert shrunk["same_kernel"] and shrunk["same_card"], shrunk
     assert "queued" not in shrunk["states"] and shrunk["line_events"] == 0, shrunk
+    # Two notebooks of one name: the panel and its buttons' accessible names say their paths
+    same = result["same_name"]
+    assert "nb.ipynb" in same["links"] and "sub/nb.ipynb" in same["links"], same
+    assert any(label.endswith("for sub/nb.ipynb") for label in same["labels"]), same
     # Over its reservation, interrupted by the policy: the cell's output says why, beside its KeyboardInterrupt
     interrupted = result["interrupted"]
     assert interrupted["interrupts"] == 1 and len(interrupted["said"]) == 1, interrupted
