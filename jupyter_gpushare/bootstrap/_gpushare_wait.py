@@ -155,10 +155,9 @@ def wait_for_gpu(module) -> None:
         said = None
         while not _state["granted"] and _state["reading"]:
             now = _said(name, _state["place"])
-            if now != said:
-                if said is None:
-                    now += " CPU cells ran meanwhile; interrupt the kernel to stop waiting (it keeps its place)."
-                sys.stderr.write(now + "\n")
+            if now != said:  # (the first time with how to stop; again only when the place changes)
+                first = " CPU cells ran meanwhile; interrupt the kernel to stop waiting (it keeps its place)."
+                sys.stderr.write(now + (first if said is None else "") + "\n")
                 sys.stderr.flush()
                 said = now
             _cond.wait(0.5)  # (a timed wait: the main thread's interrupt is seen at once)

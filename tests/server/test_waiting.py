@@ -78,6 +78,7 @@ async def test_a_kernel_in_line_runs_cpu_cells_at_once_and_its_gpu_import_waits_
     said = await _stream_until(ws, gpu, "waits for this kernel's GPU")
     assert "torch waits for this kernel's GPU: #1 in line, needs 4.5 GiB" in said
     assert re.search(r"gives up at \d\d:\d\d\.", said)  # the line's timeout, said as such
+    assert "waits for this kernel's GPU" not in await _stream_for(ws, gpu, 2.0)  # said once while its place stays
     assert await gpushare.state_of(kid) == "queued"
 
     await gpushare.close_notebook(sessions[0])
@@ -96,6 +97,21 @@ async def _stream_until(ws, msg_id: str, text: str, timeout: float = 60) -> str:
     while text not in got:
         raw = await asyncio.wait_for(ws.read_message(), max(0.1, deadline - time.monotonic()))
         assert raw is not None, "the websocket closed"
+        msg = json.loads(raw)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            got += msg["content"]["text"]
+    return got
+
+
+async def _stream_for(ws, msg_id: str, seconds: float) -> str:
+    """What the cell ``msg_id`` printed in the next ``seconds``."""
+    got = ""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            raw = await asyncio.wait_for(ws.read_message(), left)
+        except asyncio.TimeoutError:
+            break
         msg = json.loads(raw)
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
             got += msg["content"]["text"]
