@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import json
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_escapes import Server, nvml_use, run  # noqa: E402
-from check_park_server import session, state, wait_state  # noqa: E402
+from check_park_server import card_meta, record_runs, session, state, wait_state  # noqa: E402
 
 SETTINGS = {"gpu_backend": "nvml", "default_quota": "45%", "park_after": 0, "queue_timeout": 300,
             "over_quota_action": "notify"}  # fmt: skip
@@ -95,21 +92,9 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    import pynvml
-
-    pynvml.nvmlInit()
-    h = pynvml.nvmlDeviceGetHandleByIndex(0)
-    name = pynvml.nvmlDeviceGetName(h)
-    meta = {"gpu": name if isinstance(name, str) else name.decode(), "driver": pynvml.nvmlSystemGetDriverVersion(),
-            "date": datetime.date.today().isoformat(), "settings": SETTINGS}  # fmt: skip
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for n in range(1, args.runs + 1):
-        with tempfile.TemporaryDirectory() as work:
-            result = {**meta, "run": n, **one_run(Path(work))}
-        (out_dir / f"check_join-run{n}.json").write_text(json.dumps(result, indent=1))
-        print(json.dumps({k: v for k, v in result.items() if k not in ("events_c", "server_log_tail", "settings")}),
-              flush=True)  # fmt: skip
+    record_runs(
+        args.out, args.runs, "check_join", card_meta(SETTINGS), one_run, ("events_c", "server_log_tail", "settings")
+    )
     return 0
 
 

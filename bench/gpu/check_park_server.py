@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_escapes import Server, nvml_use, run  # noqa: E402
@@ -132,28 +133,38 @@ def one_run(work: Path, cached: bool) -> dict:
     return out
 
 
+def card_meta(settings: dict) -> dict:
+    """What every recorded run says of where it ran: card 0's name, the driver, the date, the server's settings."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+    return {"gpu": name if isinstance(name, str) else name.decode(), "driver": pynvml.nvmlSystemGetDriverVersion(),
+            "date": datetime.date.today().isoformat(), "settings": settings}  # fmt: skip
+
+
+def record_runs(out: str, runs: int, stem: str, meta: dict, one_run: Callable[[Path], dict], quiet: tuple) -> None:
+    """Run ``one_run`` ``runs`` times, each in a fresh folder; every run recorded as OUT/STEM-runN.json, and printed
+    as one line without the ``quiet`` keys."""
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for n in range(1, runs + 1):
+        with tempfile.TemporaryDirectory() as work:
+            result = {**meta, "run": n, **one_run(Path(work))}
+        (out_dir / f"{stem}-run{n}.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps({k: v for k, v in result.items() if k not in quiet}), flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--cached", action="store_true", help="A keeps 4 GiB more in PyTorch's cache (module docstring)")
     args = ap.parse_args()
-    import pynvml
-
-    pynvml.nvmlInit()
-    h = pynvml.nvmlDeviceGetHandleByIndex(0)
-    name = pynvml.nvmlDeviceGetName(h)
-    meta = {"gpu": name if isinstance(name, str) else name.decode(), "driver": pynvml.nvmlSystemGetDriverVersion(),
-            "date": datetime.date.today().isoformat(), "settings": SETTINGS}  # fmt: skip
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for n in range(1, args.runs + 1):
-        with tempfile.TemporaryDirectory() as work:
-            result = {**meta, "run": n, "cached": args.cached, **one_run(Path(work), args.cached)}
-        name = f"check_park_server-{'cached-' if args.cached else ''}run{n}.json"
-        (out_dir / name).write_text(json.dumps(result, indent=1))
-        print(json.dumps({k: v for k, v in result.items() if k not in ("events_a", "server_log_tail", "settings")}),
-              flush=True)  # fmt: skip
+    stem = f"check_park_server{'-cached' if args.cached else ''}"
+    meta = {**card_meta(SETTINGS), "cached": args.cached}
+    record_runs(args.out, args.runs, stem, meta, lambda work: one_run(work, args.cached),
+                ("events_a", "server_log_tail", "settings"))  # fmt: skip
     return 0
 
 
