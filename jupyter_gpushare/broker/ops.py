@@ -262,6 +262,7 @@ class Operations:
         if waiter is not None:
             self._may_change(caller, args.kernel_id, waiter.user, waiter.owner, "stop the wait of")
             self._ledger.cancel_wait(args.kernel_id)
+            self.room.changed()  # the ones behind it move up
 
     def _op_act(self, caller: Caller, args: ActArgs) -> dict:
         """A teacher's action on any kernel of the host (ledger/notices.py): the broker's admins only."""
@@ -458,7 +459,7 @@ class Operations:
         if answer is None:  # 'auth' is answered by the connection, before any other request
             raise BrokerRefused(f"{op!r} is not a request for this point of the conversation.")
         result = answer(caller, args)
-        if op in ROOM_OPS:
+        if op in ROOM_OPS and result:
             self.room.changed()
         return result
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-# The requests after which a waiting kernel may fit, or come first: what they change is the room or the order.
-ROOM_OPS = frozenset({"release", "release_owned_except", "cancel_wait", "resize", "reap", "act"})
+# The requests after which a waiting kernel may fit, or come first, when they changed something (their answer says
+# so: a lease, a list, a notice; a wait stopped and the broker's own reaps are counted where they happen). A request
+# that changed nothing counts nothing: a caller cannot wake every server of the host with it.
+ROOM_OPS = frozenset({"release", "release_owned_except", "resize", "act"})
 
 
 class RoomChanges:

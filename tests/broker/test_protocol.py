@@ -194,3 +194,17 @@ def test_figures_that_are_not_plain_numbers_or_short_text_are_dropped():
               "nan_mib": float("nan"), "inf_mib": float("inf"), "line-noise": 1}  # fmt: skip
     error = policy_error_from({"message": "m", "code": "quota-below-min", "params": params})
     assert error.params == {"least_mib": 256, "ok_text": "4GiB"}
+
+
+def test_only_a_change_that_may_move_the_line_wakes_the_servers_watching_it(inproc):
+    """broker/room.py: a release, a wait stopped, a teacher's action count; a request that changed nothing does not
+    (a caller cannot wake every server of the host with it), nor does a reserve."""
+    broker, who = inproc
+    counted = broker.room.version
+    broker.handle(who["alice"], "release", {"kernel_id": "nothing-here"})
+    broker.handle(who["alice"], "cancel_wait", {"kernel_id": "nothing-here"})
+    assert broker.room.version == counted
+    broker.handle(who["alice"], "reserve", {"kernel_id": "k1", "mib": 1024})
+    assert broker.room.version == counted
+    broker.handle(who["alice"], "release", {"kernel_id": "k1"})
+    assert broker.room.version == counted + 1
