@@ -331,6 +331,12 @@ async def test_join_again_in_place_keeps_the_process_and_its_variables(gpushare,
         {"frameworks": "torch"},
     )
     assert refusal["message"].startswith("torch ran in this kernel without a GPU, so only a restart can give it one")
+    # A kernel that says anything else (its student controls it) is read as "cannot": nothing of it reaches the words
+    hostile = "import _gpushare_wait; _gpushare_wait.can_rejoin = lambda: 'imported:<b>x</b>' * 1000"
+    await run_in_kernel(jp_serverapp, ran, hostile)
+    with pytest.raises(HTTPClientError) as e:
+        await jp_fetch("api", "gpushare", "kernels", ran, "join", method="POST", body="")
+    assert json.loads(e.value.response.body)["code"] == "join-cannot" and "<b>" not in e.value.response.body.decode()
     assert await gpushare.state_of(ran) == "cpu"
 
 
