@@ -74,14 +74,20 @@ class ServerProcess:
         """The server's child processes that are kernels (or stand-ins), by command line.
 
         Other children (JupyterLab may run npm or git) can exit at any moment: one that is gone,
-        or a zombie not yet reaped, is not a kernel and is skipped.
+        or a zombie not yet reaped, is not a kernel and is skipped. A kernel's command line reads empty
+        while it execs (the stand-in becomes the kernel; CI saw a waiting kernel missed so): read it again.
         """
         found = []
         for child in psutil.Process(self.proc.pid).children():
-            try:
-                command = " ".join(child.cmdline())
-            except psutil.Error:
-                continue
+            command = ""
+            for _ in range(50):
+                try:
+                    command = " ".join(child.cmdline())
+                except psutil.Error:
+                    break
+                if command:
+                    break
+                time.sleep(0.02)
             if "ipykernel" in command:
                 found.append(child)
         return found
