@@ -86,6 +86,7 @@ class QuotaManager:
         # executor: a forked child inherits that one without its threads, and would wait on it forever.
         self._work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpushare-work")
         self.closing = False  # the server is shutting down: no new kernel is admitted
+        self._closed = False  # close() ran
         self.cards: list[Card] = list_cards(backend) if cards is None else cards
         self.holding = Holding(
             cgroups or KernelCgroups(enabled=False), backend, self.cards, self.blocking, self.event,
@@ -339,6 +340,8 @@ class QuotaManager:
     async def release(self, kernel_id: str, why: str = "shut down", forget: bool = True, said: bool = False) -> None:
         """Give a kernel's reservation back, or its place in line (idempotent), and, unless it restarts, forget its
         record. ``said``: the caller told the user itself (Ctrl-C outside a server): the event is not logged too."""
+        if self._closed:
+            return  # (the server's last kernel was released: nothing of it is left)
         self.line.leave(kernel_id, why)
         self.parking.forget(kernel_id)
         await self.remember_peak(kernel_id)
@@ -361,6 +364,9 @@ class QuotaManager:
             )
         elif rec is not None and rec.state == "queued":
             self.event("cancelled", kernel_id, f"Stopped waiting for a GPU ({why}).", path=rec.path, logged=not said)
+        if self.closing and not self.records:
+            self.close()  # the server's last kernel is gone: its ledger's files are closed
+
 
     def end_at_exit(self, kernel_id: str) -> None:
         """Give a kernel's reservation back as this program exits (batch.end_at_exit), its process gone: now, in
@@ -410,6 +416,12 @@ class QuotaManager:
         return await take_snapshot(self)
 
     def close(self) -> None:
+        """Close the ledger and the threads (once): a server's, after its last kernel is gone (``release``) or as it
+        stops without kernels (app.stop_extension); a server in a process that goes on (a test suite's) leaves no
+        file open."""
+        if self._closed:
+            return
+        self._closed = True
         self.line.stop()
         self.ledger.close()
         self._work.shutdown(wait=False)
