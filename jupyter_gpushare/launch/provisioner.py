@@ -425,11 +425,13 @@ class GpuShareProvisioner(LocalProvisioner):
     async def cleanup(self, restart: bool = False) -> None:
         self._stop_holding()
         await super().cleanup(restart=restart)
-        await self._manager().holding.end(self.kernel_id, restart)
-        if restart:  # the process that ran is gone: its peak is history (a shutdown records it in release)
-            await self._manager().remember_peak(self.kernel_id)
-        else:
-            await self._release("shut down")
+        manager = self._manager()
+        async with manager.cleaning():
+            await manager.holding.end(self.kernel_id, restart)
+            if restart:  # the process that ran is gone: its peak is history (a shutdown records it in release)
+                await manager.remember_peak(self.kernel_id)
+            else:
+                await self._release("shut down")
 
     def end_at_exit(self, deadline: float) -> None:
         """The program exits while this kernel still holds its reservation (``jupyter console`` asks its kernel to

@@ -371,5 +371,5 @@ class GpuShareExtension(ExtensionApp):
             sampler.stop()
             snapshots.stop()
             await self.settings["gpushare_enforcer"].close()
-        if manager is not None and not manager.records:
-            manager.close()  # no kernel to release (else the last one's release closes it)
+        if manager is not None:
+            manager.close_if_done()  # no kernel to release (else the last one's clean-up closes it)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import getpass
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
@@ -87,6 +88,7 @@ class QuotaManager:
         self._work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpushare-work")
         self.closing = False  # the server is shutting down: no new kernel is admitted
         self._closed = False  # close() ran
+        self._cleaning = 0  # kernels whose clean-up runs now (``cleaning``)
         self.cards: list[Card] = list_cards(backend) if cards is None else cards
         self.holding = Holding(
             cgroups or KernelCgroups(enabled=False), backend, self.cards, self.blocking, self.event,
@@ -102,8 +104,26 @@ class QuotaManager:
         self.teacher = Teacher(self)
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        """Blocking work that is not the ledger's (kernels' reports, their cgroups), off the IOLoop."""
+        """Blocking work that is not the ledger's (kernels' reports, their cgroups), off the IOLoop (on it once
+        closed: the server is gone but for the last clean-up)."""
+        if self._closed:
+            return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._work, fn, *args)
+
+    @contextlib.asynccontextmanager
+    async def cleaning(self) -> AsyncIterator[None]:
+        """A kernel's clean-up (the provisioner's): the manager does not close while one runs."""
+        self._cleaning += 1
+        try:
+            yield
+        finally:
+            self._cleaning -= 1
+            self.close_if_done()
+
+    def close_if_done(self) -> None:
+        """Close once the server is closing and its last kernel is gone, its clean-up done."""
+        if self.closing and not self.records and not self._cleaning:
+            self.close()
 
     def _reclaimed(self, leases: Sequence[Lease]) -> None:
         for lease in leases:
@@ -364,9 +384,7 @@ class QuotaManager:
             )
         elif rec is not None and rec.state == "queued":
             self.event("cancelled", kernel_id, f"Stopped waiting for a GPU ({why}).", path=rec.path, logged=not said)
-        if self.closing and not self.records:
-            self.close()  # the server's last kernel is gone: its ledger's files are closed
-
+        self.close_if_done()
 
     def end_at_exit(self, kernel_id: str) -> None:
         """Give a kernel's reservation back as this program exits (batch.end_at_exit), its process gone: now, in
