@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
@@ -53,6 +54,19 @@ async def cell_result(ws: WebSocketClientConnection, kernel_id: str, msg_id: str
     replies = await asyncio.wait_for(_replies(ws, kernel_id, msg_id), timeout)
     assert replies["execute_reply"]["status"] == "ok", f"kernel {kernel_id}: the cell failed: {replies}"
     return replies["execute_result"]["data"]["text/plain"]
+
+
+async def stream_until(ws: WebSocketClientConnection, msg_id: str, text: str, timeout: float = 60) -> str:
+    """What the cell ``msg_id`` printed, once it printed ``text``."""
+    got = ""
+    deadline = time.monotonic() + timeout
+    while text not in got:
+        raw = await asyncio.wait_for(ws.read_message(), max(0.1, deadline - time.monotonic()))
+        assert raw is not None, "the websocket closed"
+        msg = json.loads(raw)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            got += msg["content"]["text"]
+    return got
 
 
 async def run_cell(kernel_ws, kernel_id: str, code: str) -> str:

@@ -266,7 +266,8 @@ def install() -> bool:
     import _gpushare_caps
     import _gpushare_views
 
-    if os.environ.get(env.MODE) == "queued":  # it runs while its GPU waits: a framework waits for the grant first
+    if os.environ.get(env.MODE) in ("queued", "standby"):  # its GPU waits, or is not asked for yet: a framework
+        # waits for the grant first (and, standby, asks for it)
         import _gpushare_wait
 
         if os.environ.get(env.ROOT_PID) == str(os.getpid()):

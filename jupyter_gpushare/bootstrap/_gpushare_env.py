@@ -5,9 +5,11 @@ A value is text; sizes are whole MiB.
 """
 
 KERNEL_ID = "GPUSHARE_KERNEL_ID"
-MODE = "GPUSHARE_MODE"  # gpu (a reservation), cpu (without a GPU: REASON says why), none (no quota), queued (in line)
+MODE = "GPUSHARE_MODE"  # gpu (a reservation), cpu (without a GPU: REASON says why), none (no quota), queued (in line),
+# standby (nothing asked yet: its first GPU use asks, line_place = 'first-use')
 REASON = "GPUSHARE_REASON"
 GRANT_FD = "GPUSHARE_GRANT_FD"  # queued: the pipe its place in line and then its grant come through (held.py)
+ASK_FD = "GPUSHARE_ASK_FD"  # standby: the pipe its first GPU use asks through, once (held.py)
 REPORT_DIR = "GPUSHARE_REPORT_DIR"  # where the kernel's processes write their reports (reports.py reads them)
 ROOT_PID = "GPUSHARE_ROOT_PID"  # the kernel's own process, set by the bootstrap ("" from the server)
 QUOTA_MIB = "GPUSHARE_QUOTA_MIB"  # what the frameworks are capped at

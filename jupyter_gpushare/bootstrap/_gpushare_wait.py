@@ -1,5 +1,6 @@
 """Inside a kernel that runs while its GPU waits (GPUSHARE_MODE=queued): the first use of a GPU framework waits
-in its cell for the grant, says the kernel's place in line, and can be interrupted.
+in its cell for the grant, says the kernel's place in line, and can be interrupted. A kernel that has not asked
+yet (GPUSHARE_MODE=standby, line_place = 'first-use') asks first, through the pipe named by GPUSHARE_ASK_FD.
 
 The server writes to the pipe named by GPUSHARE_GRANT_FD (launch/held.py): ``{"wait": {...}}`` lines while the
 kernel is in line, then ``{"grant": {...}}``, the variables the grant changes in the kernel's environment (null:
@@ -23,14 +24,28 @@ import _gpushare_env as env
 # What waits for the grant: the GPU frameworks, and the CUDA bindings that open the card themselves (not numba:
 # it is a CPU compiler first; its numba.cuda opens the card).
 WAITS = ("torch", "tensorflow", "jax", "cupy", "numba.cuda", "pycuda")
-KEPT = (env.ROOT_PID, env.GRANT_FD, env.KERNEL_ID, env.REPORT_DIR)  # never changed by a grant: this process's own
+ASK_ANSWER_S = 2.0  # how long a first GPU use waits for the server's first answer before saying it waits
+KEPT = (
+    env.ROOT_PID,
+    env.GRANT_FD,
+    env.ASK_FD,
+    env.KERNEL_ID,
+    env.REPORT_DIR,
+)  # never changed by a grant: this process's own
 
 _cond = threading.Condition()
-_state: dict = {"place": None, "granted": False, "reading": False}
+_state: dict = {"place": None, "granted": False, "reading": False, "ask_fd": None}
 
 
 def start() -> bool:
     """Read the grant's pipe in a thread (the kernel's own process only); False when there is none."""
+    ask = os.environ.pop(env.ASK_FD, "")
+    if ask.isdigit():
+        try:
+            os.set_inheritable(int(ask), False)
+            _state["ask_fd"] = int(ask)
+        except OSError:
+            pass
     raw = os.environ.pop(env.GRANT_FD, "")
     if not raw.isdigit():
         return False
@@ -118,6 +133,23 @@ def _rejoined() -> None:
         os.environ.pop(env.REASON, None)
 
 
+def _ask() -> bool:
+    """Ask the server for this kernel's GPU (its first GPU use), once: it then waits as a kernel in line does. False
+    when it cannot ask (no pipe, or the server is gone): the framework goes on without a GPU. (Called with ``_cond``
+    held.)"""
+    fd, _state["ask_fd"] = _state["ask_fd"], None
+    if fd is None:
+        return False
+    try:
+        os.write(fd, b"ask\n")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    os.environ[env.MODE] = "queued"
+    return True
+
+
 def _said(name: str, place: dict | None) -> str:
     if not place:
         return f"jupyter-gpushare: {name} waits for this kernel's GPU (in line)."
@@ -152,6 +184,15 @@ def wait_for_gpu(module) -> None:
     with _cond:
         if _state["granted"] or not _state["reading"]:
             return
+        if os.environ.get(env.MODE) == "standby":
+            if not _ask():
+                sys.stderr.write(
+                    f"jupyter-gpushare: {name} runs without a GPU: this kernel could not ask for one (its pipe to "
+                    "the server is closed). Restart the kernel to ask again.\n"
+                )
+                return
+            # The server answers at once, with the grant or the kernel's place: say the place, not "in line".
+            _cond.wait_for(lambda: _state["place"] or _state["granted"] or not _state["reading"], ASK_ANSWER_S)
         said = None
         while not _state["granted"] and _state["reading"]:
             now = _said(name, _state["place"])

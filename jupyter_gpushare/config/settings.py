@@ -25,6 +25,7 @@ from ..core.policy import (
     DEFAULT_MIN_QUOTA_MIB,
     FRAMEWORKS,
     IDLE_ACTIONS,
+    LINE_PLACES,
     ON_FULL_CHOICES,
     OVER_QUOTA_ACTIONS,
     CardView,
@@ -102,9 +103,21 @@ class GpuShareApp(LoggingConfigurable):
         default_value="queue",
         config=True,
         help="What happens to a kernel when no card has room: 'queue' = it is listed at once as waiting, in line "
-        "(queue_overtake_limit) up to queue_timeout seconds, and its process starts when its reservation is granted; "
+        "(queue_overtake_limit) up to queue_timeout seconds, its CPU cells running meanwhile (a cell that uses the GPU "
+        "waits for the grant); "
         "'cpu' = start it without a GPU and say so; 'reject' = refuse at once with how much was free and needed. "
         "Default: 'queue'.",
+    )
+    line_place = Enum(
+        list(LINE_PLACES),
+        default_value="start",
+        config=True,
+        help="When a notebook's kernel asks for its GPU reservation: 'start' = as it starts (it is granted at once "
+        "if a card has room, else it takes its place in line while its CPU cells run); 'first-use' = at the first "
+        "import of a GPU framework in it (PyTorch, TensorFlow, JAX, CuPy, numba.cuda, PyCUDA), which waits in its "
+        "cell for the grant: a notebook that has not used the GPU yet, or never does, holds no reservation and no "
+        "place. Python kernels of a server only (other kernels, and nbclient or papermill, ask at the start). "
+        "Default: 'start'. docs/architecture.md compares the two.",
     )
     queue_timeout = Float(
         600.0,
@@ -461,6 +474,7 @@ class GpuShareApp(LoggingConfigurable):
             context_reserve_mib=sizes["context_reserve"].mib or 0,
             headroom=sizes["card_headroom"],
             on_full=self.on_full,
+            line_place=self.line_place,
             required_level=self.required_enforcement,
             queue_timeout_s=self.queue_timeout or float("inf"),
             overtake_limit_s=self.queue_overtake_limit,

@@ -35,6 +35,9 @@ CATALOGUE: dict[str, str] = {
     "status.wait_ended.label": "no GPU",
     "status.wait_ended.detail": "{reason} Its cells run on without a GPU. Join again to wait for one: the kernel "
     "keeps its variables, unless it ran a GPU framework without the GPU meanwhile (then it restarts in line).",
+    "status.standby.label": "GPU at first use",
+    "status.standby.detail": "Holds no GPU yet: its first cell that uses the GPU asks for one[ (a "
+    "{requested_quota_mib} quota)] and waits its turn if the card is full. CPU cells run now.",
     "status.parked.label": "parked",
     "status.parked.detail": "Parked while others needed the GPU: its {parked_mib} of GPU state waits in host memory, "
     "and its {reserved_mib} reservation went to the line. Your next cell brings it back (it may wait its turn).",
@@ -107,6 +110,7 @@ CATALOGUE: dict[str, str] = {
     "event.out-of-memory": "{framework} ran out of GPU memory at quota {quota_mib}: restart with {retry_mib} to run "
     "it with more.",
     "event.quota-requested": "Quota {quota_mib} requested; it applies at the next restart.",
+    "event.quota-at-first-use": "Quota {quota_mib} requested; it applies at the first GPU use, without a restart.",
     "event.over-quota-notify": "Still over its {reserved_mib} reservation after {over_s}: free memory or ask for "
     "a larger quota.",
     "event.over-quota-interrupt": "Interrupted: it used {used_mib}, over its {reserved_mib} reservation[, for "

@@ -13,6 +13,11 @@ wait that ended without a GPU, ``GPUSHARE_MODE=cpu`` and the reason). The grant 
 same process, with its state, runs on with the card opened to it. End of file before a grant (the server shut
 the kernel down, or is gone) leaves the GPU hidden.
 
+A kernel that asks at its first GPU use (line_place = 'first-use': ``GPUSHARE_MODE=standby``) also gets the write
+end of a second pipe, ``GPUSHARE_ASK_FD``: its first GPU framework import writes ``ask`` there, once, and then waits
+for the grant as a kernel in line does. The server reads that pipe (``listen``) and puts the kernel in line; any
+other bytes are the kernel's own business and are dropped, and past ASK_LIMIT of them the pipe is closed.
+
 A wait that ended without a GPU keeps the pipe open: the kernel may join the line again in place (``rejoin``;
 the kernel agrees first, ``_gpushare_wait.can_rejoin``), and its next wait and grant come through the same pipe.
 
@@ -27,12 +32,15 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..bootstrap import _gpushare_env as names
 
 STANDIN = str(Path(__file__).with_name("standin.py"))
+ASK = b"ask"  # the one line the kernel writes on its ask pipe
+ASK_LIMIT = 4096  # bytes read from a kernel's ask pipe before it is closed (a kernel that writes anything else)
 
 
 def standin_command(groups: list[str], cmd: list[str], broker: tuple[str, str] | None = None) -> list[str]:
@@ -47,9 +55,14 @@ def standin_command(groups: list[str], cmd: list[str], broker: tuple[str, str] |
 class HeldStart:
     """One running kernel's wait for its GPU: the pipe that carries its place in line and then its grant."""
 
-    def __init__(self) -> None:
+    def __init__(self, asks: bool = False) -> None:
         self._read_fd: int | None = None
         self._write_fd: int | None = None
+        self._asks = asks  # the kernel asks at its first GPU use (GPUSHARE_ASK_FD)
+        self._ask_read: int | None = None
+        self._ask_write: int | None = None
+        self._ask_seen = b""
+        self._ask_loop: asyncio.AbstractEventLoop | None = None  # where the ask pipe is read (``listen``)
         self._last: bytes = b""
         self._ended = False
         self.env: dict[str, str] = {}  # the kernel's environment as launched
@@ -62,17 +75,53 @@ class HeldStart:
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)  # a kernel that does not read never blocks the server
         self.env = {**(kwargs.get("env") or os.environ), names.GRANT_FD: str(self._read_fd)}
-        return {**kwargs, "env": self.env, "pass_fds": (*kwargs.get("pass_fds", ()), self._read_fd)}
+        passed = (*kwargs.get("pass_fds", ()), self._read_fd)
+        if self._asks:
+            self._ask_read, self._ask_write = os.pipe()
+            os.set_blocking(self._ask_read, False)
+            self.env[names.ASK_FD] = str(self._ask_write)
+            passed += (self._ask_write,)
+        return {**kwargs, "env": self.env, "pass_fds": passed}
 
     def launched(self) -> None:
         """The kernel runs: close our copy of its end of the pipe (its exit then closes it for good)."""
         if self.launched_at is None:
             self.launched_at = time.monotonic()
-        if self._read_fd is not None:
-            os.close(self._read_fd)
-            self._read_fd = None
+        for name in ("_read_fd", "_ask_write"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
         if not self.started.done():
             self.started.set_result(True)
+
+    def listen(self, on_ask: Callable[[], None]) -> None:
+        """Call ``on_ask`` (on the event loop) when the kernel asks for its GPU, once; then stop listening."""
+        if self._ask_read is not None:
+            self._ask_loop = asyncio.get_running_loop()
+            self._ask_loop.add_reader(self._ask_read, self._read_ask, on_ask)
+
+    def _read_ask(self, on_ask: Callable[[], None]) -> None:
+        assert self._ask_read is not None  # (the reader is removed with it)
+        try:
+            data = os.read(self._ask_read, ASK_LIMIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        self._ask_seen = (self._ask_seen + data)[-ASK_LIMIT:]
+        asked = ASK in self._ask_seen.split(b"\n")[:-1]
+        if asked or not data or len(self._ask_seen) >= ASK_LIMIT:  # asked; or closed (the kernel is gone); or junk
+            self._stop_asks()
+        if asked:
+            on_ask()
+
+    def _stop_asks(self) -> None:
+        fd, self._ask_read = self._ask_read, None
+        if fd is not None:
+            if self._ask_loop is not None:
+                self._ask_loop.remove_reader(fd)
+            os.close(fd)
 
     def progress(self, place: dict[str, Any]) -> None:
         """Tell the kernel where it stands in line: only what changed, and nothing while the pipe is full (a line
@@ -129,10 +178,11 @@ class HeldStart:
     def end(self) -> None:
         """No grant will come through the pipe (shut down, restarted, or granted already)."""
         self._ended = True
-        for fd in (self._read_fd, self._write_fd):
+        self._stop_asks()
+        for fd in (self._read_fd, self._write_fd, self._ask_write):
             if fd is not None:
                 os.close(fd)
-        self._read_fd = self._write_fd = None
+        self._read_fd = self._write_fd = self._ask_write = None
         if not self.started.done():
             self.started.set_result(False)
 

@@ -118,7 +118,7 @@ class GpuShareProvisioner(LocalProvisioner):
                 await manager.release(self.kernel_id, "quota changed", forget=False)
             try:
                 requested = parse_size(self.quota, f"{self._kernel_name} kernelspec quota") if self.quota else None
-                self._grant = await self._admit(manager, language, requested)
+                self._grant = await self._admit(manager, language, requested, first_use=True)
             except PolicyError as e:
                 self._forget_failed_start()
                 raise QuotaUnavailable(str(e), status=400) from e
@@ -136,8 +136,8 @@ class GpuShareProvisioner(LocalProvisioner):
                 # kernel of this environment sets it again itself (jupyter_gpushare_provisioner.pth).
                 del kwargs["env"][DEFAULT_ENV]
             assert self._grant is not None  # (admitted above, or kept from before the restart)
-            if self._grant.mode == "queued":  # it runs at once, its GPU hidden until the grant (held.py)
-                self._held = HeldStart()
+            if self._grant.mode in ("queued", "standby"):  # it runs at once, its GPU hidden until the grant (held.py)
+                self._held = HeldStart(asks=self._grant.mode == "standby")
             kwargs["env"].update(self._kernel_env(kwargs["env"]))
         except BaseException:
             await self._release("failed to start")
@@ -175,11 +175,16 @@ class GpuShareProvisioner(LocalProvisioner):
         km.provisioner = other
         return await other.pre_launch(**kwargs)
 
-    async def _admit(self, manager: QuotaManager, language: str, requested: Size | None) -> Grant:
-        """The kernel's grant. In a server a kernel in line is admitted later (``_admit_held``); outside one the
-        start waits here for its GPU, and Ctrl-C takes it out of line, says so in one line, and ends the program
-        (a KeyboardInterrupt without a traceback, batch.said)."""
-        admitting = manager.admit(self.kernel_id, self._kernel_name, language, requested, hold=manager.holds_starts)
+    async def _admit(
+        self, manager: QuotaManager, language: str, requested: Size | None, first_use: bool = False
+    ) -> Grant:
+        """The kernel's grant. In a server a kernel in line is admitted later (``_admit_held``), and with
+        ``first_use`` a Python kernel may be told to ask at its first GPU use (line_place, ``_asked``); outside a
+        server the start waits here for its GPU, and Ctrl-C takes it out of line, says so in one line, and ends the
+        program (a KeyboardInterrupt without a traceback, batch.said)."""
+        first_use = first_use and manager.policy.line_place == "first-use" and language == "python"
+        hold = manager.holds_starts
+        admitting = manager.admit(self.kernel_id, self._kernel_name, language, requested, hold, first_use)
         if manager.holds_starts:
             return await admitting
         try:
@@ -254,8 +259,17 @@ class GpuShareProvisioner(LocalProvisioner):
             raise
         if held is not None:
             held.launched()
-            self._admitting = asyncio.ensure_future(self._admit_held(held))
+            if self._grant is not None and self._grant.mode == "standby":
+                held.listen(lambda: self._asked(held))
+            else:
+                self._admitting = asyncio.ensure_future(self._admit_held(held))
         return info
+
+    def _asked(self, held: HeldStart) -> None:
+        """The kernel's first GPU use asks for its GPU (line_place = 'first-use'): it joins the line now."""
+        rec = self._manager().records.get(self.kernel_id)
+        if held is self._held and rec is not None and rec.state == "standby" and self._admitting is None:
+            self._admitting = asyncio.ensure_future(self._in_line(held))
 
     async def _admit_held(self, held: HeldStart) -> None:
         """Wait for the held kernel's grant, then turn its stand-in into the kernel; or, if its wait ends without
@@ -316,21 +330,32 @@ class GpuShareProvisioner(LocalProvisioner):
             held.rejoin()
         except (OSError, RuntimeError):  # its reader is gone (the kernel closed the pipe), or it shut down meanwhile
             return "cannot"
+        await self._in_line(held, raises=True)
+        return "ok"
+
+    async def _in_line(self, held: HeldStart, raises: bool = False) -> None:
+        """A running kernel asks for its GPU (joins again, or its first GPU use): granted at once, or in line with
+        its grant to come through ``held``. Refused by a rule now (its event says which), it runs on without a GPU
+        and may join again; QuotaUnavailable is raised then with ``raises``."""
+        manager = self._manager()
         language = (self.kernel_spec.language or "").lower()
         requested = parse_size(self.quota, f"{self._kernel_name} kernelspec quota") if self.quota else None
         try:
             self._grant = await self._admit(manager, language, requested)
-        except QuotaUnavailable as e:  # refused by a rule now (its event says which): it runs on without a GPU
+        except QuotaUnavailable as e:
             rec = manager.record(self.kernel_id, self._kernel_name, language)
             rec.state, rec.reason, rec.wait_ended = "cpu", str(e), "cancelled"
             self._grant = Grant("cpu", reason=str(e))
+            self._admitting = None
             await self._hand_over_grant(held)
-            raise
+            if raises:
+                raise
+            return
         if self._grant.mode == "queued":
             self._admitting = asyncio.ensure_future(self._admit_held(held))
         else:
+            self._admitting = None
             await self._hand_over_grant(held)
-        return "ok"
 
     def _describe_wait(self, done: bool = False) -> None:
         """What the server's kernel model says of a kernel in line (its ``reason``), for every Jupyter client, and

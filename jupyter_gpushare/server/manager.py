@@ -192,7 +192,13 @@ class QuotaManager:
         return rec
 
     async def admit(
-        self, kernel_id: str, kernel_name: str, language: str, requested: Size | None = None, hold: bool = False
+        self,
+        kernel_id: str,
+        kernel_name: str,
+        language: str,
+        requested: Size | None = None,
+        hold: bool = False,
+        first_use: bool = False,
     ) -> Grant:
         """Reserve GPU room for a kernel about to start, or decide it starts without.
 
@@ -201,6 +207,9 @@ class QuotaManager:
         awaits ``granted(kernel_id)``; without it (nbclient, papermill) this waits here until granted. Raises
         QuotaUnavailable (with how much was needed, how much was free and what to do) when the kernel must not
         start; a kernel that was restarting then stays listed as 'failed', with that reason.
+
+        ``first_use`` (line_place = 'first-use', a server's Python kernel): a start that the rules allow reserves
+        nothing yet and takes no place: a ``standby`` Grant; the kernel asks again, without it, at its first GPU use.
         """
         rec = self.record(kernel_id, kernel_name, language)
         ask = admission.StartRequest(
@@ -230,6 +239,10 @@ class QuotaManager:
         wait = self.line.waiting(kernel_id)
         if wait is not None and wait.request == request and wait.ending is None:
             return Grant("queued") if hold else await self.line.granted(kernel_id)  # still in line: keep its place
+        if first_use and hold and self.policy.on_full == "queue":
+            self.line.leave(kernel_id, "it asks at its first GPU use")
+            rec.state, rec.position = "standby", None
+            return Grant("standby")
         got: Lease | Waiting | LedgerError | PolicyError
         try:
             queue = self.policy.on_full == "queue"

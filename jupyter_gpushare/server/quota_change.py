@@ -5,7 +5,8 @@ A kernel's framework caps are set when its process starts, so a new quota applie
 at once from what the kernel's card has unreserved (ahead of the kernels in line: it holds the card already), or is
 refused at once with the figures (``grow-no-room``) and nothing changes; a smaller one shrinks the same reservation
 at the restart, on the same card. A kernel without a reservation (in line, parked, without a GPU) takes its new
-quota through the line at its restart, as any start does (QuotaManager.admit).
+quota through the line at its restart, as any start does (QuotaManager.admit). A kernel that has not asked yet
+(``standby``, line_place = 'first-use') needs no restart: its first GPU use asks for the new quota.
 """
 
 from __future__ import annotations
@@ -54,13 +55,13 @@ class QuotaChanges:
             rec.lease = await self._resize(kernel_id, quota.resolve(card.total_mib)) or rec.lease
         else:
             await k.ledger.on(lambda ledger: self._check_limits(ledger, kernel_id, quota))
-        rec.pending_quota = quota  # exactly what the server took, applied as it is at the restart
-        k.event(
-            "quota-requested",
-            kernel_id,
-            f"Quota {quota} requested; it applies at the next restart.",
-            quota_mib=rec.pending_quota_mib(),
-        )
+        rec.pending_quota = quota  # exactly what the server took, applied as it is at the restart (or the first use)
+        if rec.state == "standby":  # nothing reserved yet: its first GPU use asks for it (manager.admit)
+            when, code = "at the first GPU use, without a restart", "quota-at-first-use"
+        else:
+            when, code = "at the next restart", "quota-requested"
+        said = f"Quota {quota} requested; it applies {when}."
+        k.event("quota-requested", kernel_id, said, code=code, quota_mib=rec.pending_quota_mib())
         return rec
 
     async def apply(self, kernel_id: str) -> None:

@@ -57,14 +57,15 @@ def full_message(quota: Size, got: Waiting, reserve_mib: int, waited: float | No
 
 
 # (the API's Kernel.state) 'parked': its GPU state is in host memory and its reservation went to the line
-KernelState = Literal["starting", "queued", "running", "cpu", "none", "failed", "parked"]
-GrantMode = Literal["gpu", "cpu", "none", "queued"]
+KernelState = Literal["starting", "standby", "queued", "running", "cpu", "none", "failed", "parked"]
+GrantMode = Literal["gpu", "cpu", "none", "queued", "standby"]
 
 
 @dataclass
 class Grant:
     """What a kernel got: a GPU reservation, a start without GPU (``cpu``), no quota at all (``none``), or a place
-    in line (``queued``: the reservation comes later, from ``QuotaManager.granted``)."""
+    in line (``queued``: the reservation comes later, from ``QuotaManager.granted``), or nothing yet
+    (``standby``: line_place = 'first-use'; the kernel asks at its first GPU use)."""
 
     mode: GrantMode
     lease: Lease | None = None

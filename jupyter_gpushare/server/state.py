@@ -47,9 +47,10 @@ def event_view(event: Mapping[str, Any]) -> dict[str, Any]:
 
 
 STATE_SEVERITY = {"queued": "warn", "over_quota": "error", "near_quota": "warn", "idle": "warn", "running": "ok",
-                  "starting": "info", "cpu": "error", "none": "muted", "failed": "error", "parked": "info"}  # fmt: skip
+                  "starting": "info", "cpu": "error", "none": "muted", "failed": "error", "parked": "info",
+                  "standby": "muted"}  # fmt: skip
 STATUS_PARAMS = ("position", "need_mib", "free_mib", "wait_left_s", "gives_up_at", "likely_at", "used_mib",
-                 "reserved_mib", "quota_mib", "reserve_mib", "reason")  # fmt: skip
+                 "reserved_mib", "quota_mib", "requested_quota_mib", "reserve_mib", "reason")  # fmt: skip
 
 
 def kernel_status(k: Mapping[str, Any]) -> dict[str, Any]:

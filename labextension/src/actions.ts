@@ -59,7 +59,11 @@ class QuotaBody extends Widget implements Dialog.IBodyWidget<string> {
         quota_mib: kernel.quota_mib ?? kernel.requested_quota_mib
       }),
       limits,
-      say('ui.dialog.restarts')
+      say(
+        kernel.state === 'standby'
+          ? 'ui.dialog.first_use'
+          : 'ui.dialog.restarts'
+      )
     ]
       .filter(Boolean)
       .join(' ');
@@ -253,8 +257,17 @@ export function kernelActions(
         buttons: [
           Dialog.cancelButton(),
           Dialog.warnButton({
-            label: say('ui.dialog.restart'),
-            ariaLabel: say('ui.dialog.restart_label', { name: nameOf(k) })
+            ...(k.state === 'standby' // it holds no GPU yet: nothing restarts
+              ? {
+                  label: say('ui.dialog.set'),
+                  ariaLabel: say('ui.dialog.set_label', { name: nameOf(k) })
+                }
+              : {
+                  label: say('ui.dialog.restart'),
+                  ariaLabel: say('ui.dialog.restart_label', {
+                    name: nameOf(k)
+                  })
+                })
           })
         ],
         focusNodeSelector: 'input'
@@ -281,7 +294,13 @@ export function kernelActions(
     },
     changeQuota: async k => {
       const quota = await askQuota(k);
-      if (quota !== null) {
+      if (quota !== null && k.state === 'standby') {
+        Notification.info(
+          say('ui.quota.at_first_use', { name: nameOf(k), quota_mib: quota }),
+          { autoClose: 5000 }
+        );
+        void model.refresh();
+      } else if (quota !== null) {
         restartWithQuota(k, quota);
       }
     },

@@ -318,8 +318,8 @@ function renderKernel(
     : '';
   const fw = view.settings.showFrameworks ? frameworks(k) : null;
   const learned = historyText(k);
-  const tl =
-    k.state === 'queued' || k.state === 'starting' ? null : timeline(k);
+  const holdsNone = ['queued', 'starting', 'standby'].includes(k.state); // no reservation: no bar, no timeline
+  const tl = holdsNone ? null : timeline(k);
   const act: VirtualElement[] = [];
   // the quota to restart with after an out-of-memory error, in the server's words
   const retryMib = k.oom?.retry_quota_mib;
@@ -411,9 +411,7 @@ function renderKernel(
           )
         ]
       : []),
-    ...(k.state === 'queued' || k.state === 'starting'
-      ? []
-      : [quotaBar(k, s.severity)]),
+    ...(holdsNone ? [] : [quotaBar(k, s.severity)]),
     // what the student acts on stays in sight (a warning's sentence says what to do); the rest is one click away
     ...(s.severity !== 'ok' && k.state !== 'queued' ? [detail(s)] : []),
     h.div({ className: `${C}-actions` }, ...act),

@@ -62,7 +62,8 @@ export type KernelState =
   | 'cpu'
   | 'none'
   | 'failed'
-  | 'parked';
+  | 'parked'
+  | 'standby';
 
 /** A code with its figures: worded by the sidebar (words.ts) from the server's catalogue (words.py). */
 export interface IParams {
@@ -83,7 +84,8 @@ export interface IStatus {
     | 'cpu'
     | 'none'
     | 'failed'
-    | 'parked';
+    | 'parked'
+    | 'standby';
   params: IParams;
   severity: 'ok' | 'info' | 'warn' | 'error' | 'muted';
   /** The same in English, for logs and the CLI (the sidebar words the code). */

@@ -25,6 +25,10 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'status.queued.detail': __(
       'Waiting for a GPU: #{position} in line, needs {need_mib}[; {free_mib} unreserved now][; gives up at {gives_up_at}].[ Likely granted by {likely_at}, from how long kernels here held the GPU before.] CPU cells run now; a cell that uses the GPU waits for it and goes on by itself when a kernel frees room.'
     ),
+    'status.standby.label': __('GPU at first use'),
+    'status.standby.detail': __(
+      'Holds no GPU yet: its first cell that uses the GPU asks for one[ (a {requested_quota_mib} quota)] and waits its turn if the card is full. CPU cells run now.'
+    ),
     'status.parked.label': __('parked'),
     'status.parked.detail': __(
       'Parked while others needed the GPU: its {parked_mib} of GPU state waits in host memory, and its {reserved_mib} reservation went to the line. Your next cell brings it back (it may wait its turn).'
@@ -164,6 +168,9 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     ),
     'event.out-of-memory': __(
       '{framework} ran out of GPU memory at quota {quota_mib}: restart with {retry_mib} to run it with more.'
+    ),
+    'event.quota-at-first-use': __(
+      'Quota {quota_mib} requested; it applies at the first GPU use, without a restart.'
     ),
     'event.quota-requested': __(
       'Quota {quota_mib} requested; it applies at the next restart.'
@@ -486,6 +493,11 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.dialog.at_most': __('at most {size}'),
     'ui.dialog.and': __(' and '),
     'ui.dialog.restart': __('Restart with new quota'),
+    'ui.dialog.first_use': __(
+      'Nothing restarts: the kernel holds no GPU yet, and its first GPU use asks for the new quota.'
+    ),
+    'ui.dialog.set': __('Set quota'),
+    'ui.dialog.set_label': __('Set the quota of {name}'),
     'ui.dialog.restart_label': __('Restart {name} with the new quota'),
     'ui.dialog.not_changed': __('GPU quota not changed'),
     'ui.retry.title': __('Restart {name} with {quota_mib}?'),
@@ -562,6 +574,9 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.config.queue': __('When the GPU is full, kernels wait in line.'),
     'ui.config.cpu': __('When the GPU is full, kernels start on the CPU.'),
     'ui.config.reject': __('When the GPU is full, kernels are refused.'),
+    'ui.quota.at_first_use': __(
+      '{name} asks for a {quota_mib} GPU quota at its first GPU use.'
+    ),
     'ui.quota.restarting': __(
       'Restarting {name} with a {quota_mib} GPU quota…'
     ),

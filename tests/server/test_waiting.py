@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 from jupyter_client.session import Session
-from kernels import cell_result, run_in_kernel, send_cell
+from kernels import cell_result, run_in_kernel, send_cell, stream_until
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpushare.core.words import event_words
@@ -75,7 +75,7 @@ async def test_a_kernel_in_line_runs_cpu_cells_at_once_and_its_gpu_import_waits_
     assert await gpushare.state_of(kid) == "queued"
 
     gpu = send_cell(ws, session, "import torch; kept + 1, int(os.environ['GPUSHARE_QUOTA_MIB']), os.getpid()")
-    said = await _stream_until(ws, gpu, "waits for this kernel's GPU")
+    said = await stream_until(ws, gpu, "waits for this kernel's GPU")
     assert "torch waits for this kernel's GPU: #1 in line, needs 4.5 GiB" in said
     assert re.search(r"gives up at \d\d:\d\d\.", said)  # the line's timeout, said as such
     assert "waits for this kernel's GPU" not in await _stream_for(ws, gpu, 2.0)  # said once while its place stays
@@ -88,19 +88,6 @@ async def test_a_kernel_in_line_runs_cpu_cells_at_once_and_its_gpu_import_waits_
     rec = await gpushare.kernel(kid)
     assert rec["state"] == "running" and rec["pid"] == pid
     assert "reason" not in await kernel_model(jp_fetch, kid)
-
-
-async def _stream_until(ws, msg_id: str, text: str, timeout: float = 60) -> str:
-    """What the cell ``msg_id`` printed, once it printed ``text``."""
-    got = ""
-    deadline = time.monotonic() + timeout
-    while text not in got:
-        raw = await asyncio.wait_for(ws.read_message(), max(0.1, deadline - time.monotonic()))
-        assert raw is not None, "the websocket closed"
-        msg = json.loads(raw)
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
-            got += msg["content"]["text"]
-    return got
 
 
 async def _stream_for(ws, msg_id: str, seconds: float) -> str:
@@ -263,7 +250,7 @@ async def test_a_kernel_whose_wait_is_stopped_runs_on_without_a_gpu_and_says_why
     pid = standin_pid(jp_serverapp, kid)
     assert await cell_result(ws, kid, send_cell(ws, session, "kept = 'mine'; kept"), timeout=15) == "'mine'"
     gpu = send_cell(ws, session, "import torch, os; kept, os.environ['GPUSHARE_MODE'], os.getpid()")
-    await _stream_until(ws, gpu, "waits for this kernel's GPU")
+    await stream_until(ws, gpu, "waits for this kernel's GPU")
     await jp_fetch("api", "gpushare", "kernels", kid, method="DELETE")  # stop waiting
     error = await _error_of(ws, gpu)  # the cell that waited says that it did not run, and why
     assert error["ename"] == "GpuWaitEnded" and "this cell did not run: Stopped waiting for a GPU" in error["evalue"]
@@ -298,7 +285,7 @@ async def test_join_again_in_place_keeps_the_process_and_its_variables(gpushare,
     joined = json.loads((await jp_fetch("api", "gpushare", "kernels", kid, "join", method="POST", body="")).body)
     assert (joined["state"], joined["wait_ended"], joined["position"]) == ("queued", None, 1)
     gpu = send_cell(ws, session, "import torch, os; kept, os.environ['GPUSHARE_MODE'], os.getpid()")
-    await _stream_until(ws, gpu, "waits for this kernel's GPU")
+    await stream_until(ws, gpu, "waits for this kernel's GPU")
     await gpushare.close_notebook(sessions[0])
     assert await cell_result(ws, kid, gpu, timeout=60) == f"('mine', 'gpu', {pid})"
     rec = await gpushare.kernel(kid)
@@ -412,7 +399,7 @@ async def test_a_cell_waiting_for_the_gpu_survives_three_reloads_and_runs_after_
     session = Session()
     ws = await kernel_ws(kid, session.session)
     waiting = send_cell(ws, session, "import torch; ran = 'after the grant'")
-    await _stream_until(ws, waiting, "waits for this kernel's GPU")
+    await stream_until(ws, waiting, "waits for this kernel's GPU")
     ws.close()
     for _ in range(3):  # three reloads while it waits
         again = Session()

@@ -107,10 +107,13 @@ def test_browser():
 
 
 @pytest.mark.timeout(600)
-def test_browser_over_quota_interrupt():
-    """A JupyterLab whose policy interrupts a kernel 2 s over its reservation
-    (labextension/ui-tests/enforce-tests/interrupt.spec.ts): the interrupted cell's output says why, with the
-    figures and what to do, beside its KeyboardInterrupt."""
+@pytest.mark.parametrize("config", ["playwright-enforce.config.js", "playwright-first-use.config.js"])
+def test_browser_with_other_settings(config):
+    """A JupyterLab with other settings, and the specs for them: a policy that interrupts a kernel 2 s over its
+    reservation (labextension/ui-tests/enforce-tests/interrupt.spec.ts: the interrupted cell's output says why,
+    with the figures and what to do, beside its KeyboardInterrupt); line_place = 'first-use'
+    (first-use-tests/first-use.spec.ts: a notebook holds no GPU until its first GPU import, which waits in line
+    in its cell and goes on in the same kernel)."""
     jlpm = _need_node()
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set CHROMIUM=/path)")
@@ -122,7 +125,7 @@ def test_browser_over_quota_interrupt():
             "CHROMIUM": CHROMIUM, "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1", "CI": os.environ.get("CI", "1"),
         }  # fmt: skip
         r = subprocess.run(
-            [*jlpm, "playwright", "test", "--config", "playwright-enforce.config.js"],
+            [*jlpm, "playwright", "test", "--config", config],
             cwd=UI, env=env, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
     out = r.stdout[-8000:] + r.stderr[-4000:]
