@@ -36,6 +36,7 @@ FREED_WITHIN_S = 5.0  # the card must show it freed within this
 SETTLE_S = 1.0  # a park's room counts as coming for this long after it: until the next reading sees it granted
 AT_ONCE = 4  # parks under way at one time (each moves its state to host memory; they share the bus)
 TRIMMED_READ_S = 3.0  # after a kernel gave its caches back, how long to wait for a reading that shows it
+FREED_READ_S = 1.0  # how long to wait for each reading asked for after a park
 
 
 def holding(processes: Sequence[Any]) -> list[int]:
@@ -215,13 +216,10 @@ class Parking:
         return True
 
     async def _in_use(self, kernel_id: str, since: float, pids: list[int], used_mib: int) -> tuple[list[int], int]:
-        """The kernel's processes on the card and what they use, from the first reading after ``since`` (its
-        caches given back); the last reading's if none comes within TRIMMED_READ_S."""
-        readings = self.kernels.services.readings
-        deadline = time.monotonic() + TRIMMED_READ_S
-        while readings.usage.time <= since and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        usage = readings.kernel_usage(kernel_id) if readings.usage.time > since else None
+        """The kernel's processes on the card and what they use, from a reading taken after ``since`` (its caches
+        given back), asked for now; the last reading's if none comes within TRIMMED_READ_S."""
+        reading = await self.kernels.services.readings.fresh(since, TRIMMED_READ_S)
+        usage = reading.kernels.get(kernel_id) if reading is not None else None
         if usage is None:
             return pids, used_mib
         return holding(usage.processes), usage.used_mib or 0
@@ -231,6 +229,7 @@ class Parking:
         CheckpointError, after resuming them, if it does not."""
         deadline = time.monotonic() + FREED_WITHIN_S
         while True:
+            await self.kernels.services.readings.fresh(time.time(), FREED_READ_S)  # the card's word after the park
             held = sum(
                 (p.used_mib or 0) for s in self.kernels.latest_samples() for p in s.processes if p.pid in set(pids)
             )

@@ -124,10 +124,22 @@ class Readings:
 
     def __init__(self) -> None:
         self.usage = UsageSnapshot()
+        self.wanted = threading.Event()  # someone waits for a reading: the sampler reads now, not at its interval
 
     def publish(self, usage: UsageSnapshot) -> None:
         """A new reading (the sampler's thread)."""
         self.usage = usage
+
+    async def fresh(self, since: float, timeout: float) -> UsageSnapshot | None:
+        """The first reading taken after ``since`` (time.time()), asked for now (a park waits on the card's word:
+        parking.py); None if none comes within ``timeout`` (no sampler runs)."""
+        deadline = time.monotonic() + timeout
+        while self.usage.time <= since:
+            if time.monotonic() >= deadline:
+                return None
+            self.wanted.set()
+            await asyncio.sleep(0.02)
+        return self.usage
 
     def latest_samples(self) -> tuple[DeviceSample, ...]:
         """The driver's last per-process reading, if no older than a few intervals (else none: nothing is known)."""
@@ -192,6 +204,7 @@ class Sampler:
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the thread (safe to call from the IOLoop: it never waits on the loop)."""
         self._stop.set()
+        self.readings.wanted.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self._thread = None
@@ -209,7 +222,8 @@ class Sampler:
             except Exception:  # keep sampling; say what broke once per kind of failure
                 self.log.exception("jupyter-gpushare: sampler tick failed")
             pace = min(self.interval_s, FAST_INTERVAL_S) if self._hurried else self.interval_s
-            self._stop.wait(max(0.0, pace - (time.monotonic() - started)))
+            self.readings.wanted.wait(max(0.0, pace - (time.monotonic() - started)))  # (or asked for: ``fresh``)
+            self.readings.wanted.clear()
 
     # -- one tick ------------------------------------------------------------------------------
 
@@ -258,6 +272,7 @@ class Sampler:
         t0 = time.perf_counter()
         targets = self.manager.usage_targets()  # [(kernel id, pid, card uuid)]
         error = None
+        read_at = time.time()  # (the reading's time: when the driver was read, not when it was published)
         try:
             samples: list[DeviceSample] = self.manager.backend.sample()
             if not samples and not self.manager.cards:
@@ -279,7 +294,7 @@ class Sampler:
         tick_ms = (time.perf_counter() - t0) * 1000
         self._seq += 1
         snap = UsageSnapshot(
-            time=time.time(),
+            time=read_at,
             tick_ms=tick_ms,
             interval_s=self.interval_s,
             error=error,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from jupyter_client.session import Session
@@ -155,11 +156,18 @@ async def _has_framework(gpushare, kernel_id: str, name: str) -> bool:
 
 
 @pytest.mark.parametrize("gpushare_config", [{"park_after": 3600}], indirect=True)
-async def test_a_cell_sent_while_the_kernel_is_being_parked_brings_it_back(gpushare, jp_fetch, kernel_ws):
+async def test_a_cell_sent_while_the_kernel_is_being_parked_brings_it_back(
+    gpushare, jp_fetch, jp_serverapp, kernel_ws, monkeypatch
+):
+    # The stand-in's checkpoint takes as long as a real one of a few GiB (1–2 s on the H100: bench/README.md),
+    # so that the cell meets the park under way.
+    checkpointer = jp_serverapp.web_app.settings["gpushare_manager"].parking.checkpointer
+    park = checkpointer.park
+    monkeypatch.setattr(checkpointer, "park", lambda pids, timeout: (time.sleep(1.0), park(pids, timeout))[1])
     _, kid = await gpushare.open_notebook("racing.ipynb")
     session = Session()
     ws = await kernel_ws(kid, session.session)
-    code = "import gpushare_simulate; gpushare_simulate.use('1GiB'); kept = 5; kept"  # (its park waits for the card)
+    code = "import gpushare_simulate; gpushare_simulate.use('1GiB'); kept = 5; kept"
     assert await cell_result(ws, kid, send_cell(ws, session, code)) == "5"
     await gpushare.wait_for(lambda: _used(gpushare, 1024), what="the card to show the 1 GiB in use")
     parking = asyncio.ensure_future(jp_fetch("api", "gpushare", "kernels", kid, "park", method="POST", body=""))

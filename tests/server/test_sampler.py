@@ -285,3 +285,26 @@ def test_thread_publishes_snapshots_and_stops(sim):
         time.sleep(0.05)
     sampler.stop()
     assert sampler.snapshot.seq >= 2 and sampler._thread is None
+
+
+def test_a_reading_asked_for_comes_now_not_at_the_next_interval(sim):
+    """A park waits on the card's word (parking.py): a reading asked for (``Readings.fresh``) is taken now, by the
+    sampler's own thread, even when its interval is half a minute; one that nobody reads still comes at the
+    interval only. The reading's time is when the driver was read."""
+    manager, _ = sim
+    sampler = Sampler(manager, interval_s=30.0)
+    sampler.start()
+    try:
+
+        async def case():
+            first = await sampler.readings.fresh(0.0, 10)  # the thread's first tick
+            assert first is not None
+            await asyncio.sleep(0.5)
+            assert sampler.readings.usage is first  # nobody asked: no new reading before the interval
+            since = time.time()
+            asked = await sampler.readings.fresh(since, 10)
+            assert asked is not None and asked.seq == first.seq + 1 and asked.time > since
+
+        asyncio.run(case())
+    finally:
+        sampler.stop()
