@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 
 from ..host.cgroups import KernelCgroups, Level
 from .client import BrokerLedger
@@ -29,6 +30,7 @@ class BrokerGroups(KernelCgroups):
         """``offered``: the broker's ``hello`` answer's ``groups`` (where its groups are, how they hold)."""
         self.socket = socket
         self._client = BrokerLedger(socket)  # a connection of its own: the ledger's is its worker thread's
+        self._talk = threading.Lock()  # one request at a time on it (the server's work threads end kernels at once)
         self.bases = [str(b) for b in offered.get("bases") or []]
         self.devices = self.bpf = self.unified = None
         self.dmem = None
@@ -74,7 +76,8 @@ class BrokerGroups(KernelCgroups):
 
     def allow(self, kernel_id: str, minors: list[int] | None) -> None:
         if minors is not None:  # (which card: the broker's own list says, from the lease)
-            self._client.group_cards(kernel_id)
+            with self._talk:
+                self._client.group_cards(kernel_id)
 
     def limit(self, kernel_id: str, pci_bus_id: str | None, mib: int | None) -> bool:
         return False
@@ -83,17 +86,18 @@ class BrokerGroups(KernelCgroups):
         """End the kernel's group through the broker. While it does not answer, the end is kept and sent with the
         next one (what is left in the group runs until then; its GPU use counts as the lease's, or as use without
         one once the lease is gone)."""
-        self._unended[kernel_id] = keep
         killed = 0
-        for kid, keeping in list(self._unended.items()):
-            try:
-                ended = self._client.end_group(kid, keeping)
-            except OSError as e:
-                log.warning("jupyter-gpushare: kernel %s's cgroup is ended once the broker answers: %s", kid, e)
-                break
-            del self._unended[kid]
-            if kid == kernel_id:
-                killed = ended
+        with self._talk:  # (two kernels ended at once: one connection, one request at a time)
+            self._unended[kernel_id] = keep
+            for kid, keeping in list(self._unended.items()):
+                try:
+                    ended = self._client.end_group(kid, keeping)
+                except OSError as e:
+                    log.warning("jupyter-gpushare: kernel %s's cgroup is ended once the broker answers: %s", kid, e)
+                    break
+                del self._unended[kid]
+                if kid == kernel_id:
+                    killed = ended
         return killed
 
     def no_isolation(self, why: str) -> None:

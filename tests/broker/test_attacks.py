@@ -350,3 +350,25 @@ def test_a_kernels_stand_in_enters_no_group_on_the_word_of_a_broker_that_is_not_
         fake.kill()
         fake.wait()
         shutil.rmtree(where, ignore_errors=True)
+
+
+@needs_root
+def test_kernels_ended_at_once_end_their_groups_one_request_at_a_time(host):
+    """Two kernels shut down at the same moment: the server ends their groups through the broker from two work
+    threads, on one connection. Each request waits for the other's answer (before, the two crossed on the socket:
+    a KeyError in one clean-up and a thread that waited for an answer the other had read, which held the server's
+    exit for 20 s)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    broker, servers = host
+    alice = servers[ALICE]
+    kids = [alice.start_kernel() for _ in range(2)]
+    for kid in kids:
+        assert run_in_kernel(alice, kid, "print(6 * 7)").strip() == "42"  # started, and answering
+    before = len(alice.output())
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda kid: alice.call("DELETE", f"api/kernels/{kid}"), kids))
+    wait_until(lambda: not any(lease_of(broker, kid) for kid in kids), what="both leases given back")
+    said = alice.output()[before:]
+    assert "Traceback" not in said and "KeyError" not in said, said[-3000:]
+    assert said.count("is ended once the broker answers") == 0, said[-3000:]
