@@ -64,17 +64,7 @@ def one_run(work: Path) -> dict:
         t1 = time.monotonic()
         cell.join(300)
         out["cell_after_release_s"] = round(time.monotonic() - t1, 2)
-        out["cell_status"] = got.get("status")
-        line = next((x for x in (got.get("said") or "").splitlines() if x.startswith("JOINED")), "")
-        out["cell_said"] = line
-        fields = line.split()
-        if len(fields) == 8:
-            _, kept, pid, name, total, alloc, mode = fields[:7]
-            out.update(kept=kept, same_pid=int(pid) == out["c_pid"], device=name, torch_total_mib=int(total),
-                       allocated_mib=int(alloc), mode=mode)  # fmt: skip
-        rec = next(k for k in server.call("GET", "api/gpushare/kernels")["kernels"] if k["kernel_id"] == c)
-        out.update(c_state=rec["state"], c_quota_mib=rec.get("quota_mib"), c_reserved_mib=rec.get("reserved_mib"))
-        out["c_nvml_mib"] = nvml_use().get(out["c_pid"])
+        read_cell(server, c, got, out)
         for sid in (sb, sc):
             server.call("DELETE", f"api/sessions/{sid}")
     except Exception as e:  # noqa: BLE001 (recorded)
@@ -85,6 +75,22 @@ def one_run(work: Path) -> dict:
             out["events_c"] = [{k: e.get(k) for k in ("kind", "message")} for e in server.events(c)]
         server.stop()
     return out
+
+
+def read_cell(server: Server, kernel_id: str, got: dict, out: dict) -> None:
+    """What GPU_CELL printed in kernel ``kernel_id`` (``got``: its status and output), and what the server and NVML
+    say of that kernel now, into ``out``."""
+    out["cell_status"] = got.get("status")
+    line = next((x for x in (got.get("said") or "").splitlines() if x.startswith("JOINED")), "")
+    out["cell_said"] = line
+    fields = line.split()
+    if len(fields) == 8:
+        _, kept, pid, name, total, alloc, mode = fields[:7]
+        out.update(kept=kept, same_pid=int(pid) == out["c_pid"], device=name, torch_total_mib=int(total),
+                   allocated_mib=int(alloc), mode=mode)  # fmt: skip
+    rec = next(k for k in server.call("GET", "api/gpushare/kernels")["kernels"] if k["kernel_id"] == kernel_id)
+    out.update(c_state=rec["state"], c_quota_mib=rec.get("quota_mib"), c_reserved_mib=rec.get("reserved_mib"))
+    out["c_nvml_mib"] = nvml_use().get(out["c_pid"])
 
 
 def main() -> int:
