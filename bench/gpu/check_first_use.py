@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_escapes import Server, run  # noqa: E402
-from check_join import GPU_CELL, SETTINGS, read_cell  # noqa: E402
+from check_join import SETTINGS, waited_then_released  # noqa: E402
 from check_park_server import card_meta, record_runs, session, state  # noqa: E402
 
 FIRST_USE = {**SETTINGS, "line_place": "first-use"}
@@ -52,17 +51,7 @@ def one_run(work: Path) -> dict:
                 "took": "TOOK" in said,
                 "s": round(time.monotonic() - t0, 2),
             }
-        got: dict = {}
-        cell = threading.Thread(target=lambda: got.update(zip(("status", "said"), run(kc, GPU_CELL, timeout=300))))
-        cell.start()
-        time.sleep(3.0)
-        out["cell_waiting"] = cell.is_alive()
-        out["c_state_while_waiting"] = state(server, c)
-        server.call("DELETE", f"api/sessions/{sa}")
-        t1 = time.monotonic()
-        cell.join(300)
-        out["cell_after_release_s"] = round(time.monotonic() - t1, 2)
-        read_cell(server, c, got, out)
+        waited_then_released(server, kc, c, sa, out)
         for sid in (sb, sc):
             server.call("DELETE", f"api/sessions/{sid}")
     except Exception as e:  # noqa: BLE001 (recorded)

@@ -55,16 +55,7 @@ def one_run(work: Path) -> dict:
         joined = server.call("POST", f"api/gpushare/kernels/{c}/join")
         out["join_s"] = round(time.monotonic() - t0, 3)
         out["c_state_after_join"] = joined.get("state")
-        got: dict = {}
-        cell = threading.Thread(target=lambda: got.update(zip(("status", "said"), run(kc, GPU_CELL, timeout=300))))
-        cell.start()
-        time.sleep(3.0)
-        out["cell_waiting"] = cell.is_alive()
-        server.call("DELETE", f"api/sessions/{sa}")
-        t1 = time.monotonic()
-        cell.join(300)
-        out["cell_after_release_s"] = round(time.monotonic() - t1, 2)
-        read_cell(server, c, got, out)
+        waited_then_released(server, kc, c, sa, out)
         for sid in (sb, sc):
             server.call("DELETE", f"api/sessions/{sid}")
     except Exception as e:  # noqa: BLE001 (recorded)
@@ -75,6 +66,22 @@ def one_run(work: Path) -> dict:
             out["events_c"] = [{k: e.get(k) for k in ("kind", "message")} for e in server.events(c)]
         server.stop()
     return out
+
+
+def waited_then_released(server: Server, kc, kernel_id: str, holder: str, out: dict) -> None:
+    """Run GPU_CELL in kernel ``kernel_id`` (client ``kc``) while the card is full: it must wait; then close the
+    session ``holder`` (a notebook that holds the card), and read what the cell did once it went on."""
+    got: dict = {}
+    cell = threading.Thread(target=lambda: got.update(zip(("status", "said"), run(kc, GPU_CELL, timeout=300))))
+    cell.start()
+    time.sleep(3.0)
+    out["cell_waiting"] = cell.is_alive()
+    out["c_state_while_waiting"] = state(server, kernel_id)
+    server.call("DELETE", f"api/sessions/{holder}")
+    t1 = time.monotonic()
+    cell.join(300)
+    out["cell_after_release_s"] = round(time.monotonic() - t1, 2)
+    read_cell(server, kernel_id, got, out)
 
 
 def read_cell(server: Server, kernel_id: str, got: dict, out: dict) -> None:
