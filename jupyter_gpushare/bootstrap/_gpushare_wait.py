@@ -25,13 +25,8 @@ import _gpushare_env as env
 # it is a CPU compiler first; its numba.cuda opens the card).
 WAITS = ("torch", "tensorflow", "jax", "cupy", "numba.cuda", "pycuda")
 ASK_ANSWER_S = 2.0  # how long a first GPU use waits for the server's first answer before saying it waits
-KEPT = (
-    env.ROOT_PID,
-    env.GRANT_FD,
-    env.ASK_FD,
-    env.KERNEL_ID,
-    env.REPORT_DIR,
-)  # never changed by a grant: this process's own
+# Never changed by a grant: this process's own.
+KEPT = (env.ROOT_PID, env.GRANT_FD, env.ASK_FD, env.KERNEL_ID, env.REPORT_DIR)
 
 _cond = threading.Condition()
 _state: dict = {"place": None, "granted": False, "reading": False, "ask_fd": None}
