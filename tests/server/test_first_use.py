@@ -126,3 +126,66 @@ async def test_a_new_quota_before_the_first_gpu_use_needs_no_restart(gpushare, j
     ws.close()
     rec = await gpushare.kernel(kid)
     assert rec["state"] == "running" and rec["quota_mib"] == 2048 and rec.get("pending_quota_mib") is None
+
+
+async def test_a_restart_in_standby_stays_there_and_one_in_line_keeps_its_place(
+    gpushare, jp_fetch, jp_serverapp, kernel_ws
+):
+    """A standby kernel restarted is a standby kernel again (a new process, nothing reserved); one that asked and
+    waits keeps its place in line through a restart, as any kernel in line does."""
+    _, kid = await gpushare.open_notebook("again.ipynb")
+    await gpushare.wait_for(lambda: _state_is(gpushare, kid, "standby"), what="standby")
+    pid = kernel_pid(jp_serverapp, kid)
+    await jp_fetch("api", "kernels", kid, "restart", method="POST", body="")
+    await gpushare.wait_for(lambda: _state_is(gpushare, kid, "standby"), what="standby again")
+    assert kernel_pid(jp_serverapp, kid) != pid
+    assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 0
+
+    holders = []
+    for i in range(2):  # the card is full
+        _, holder = await gpushare.open_notebook(f"holder{i}.ipynb")
+        await _first_gpu_cell(kernel_ws, holder)
+        holders.append(holder)
+    session = Session()
+    ws = await kernel_ws(kid, session.session)
+    await stream_until(ws, send_cell(ws, session, "import torch"), "#1 in line")
+    ws.close()
+    await jp_fetch("api", "kernels", kid, "restart", method="POST", body="")
+    await gpushare.wait_for(lambda: _state_is(gpushare, kid, "queued"), what="in line after its restart")
+    assert [q["kernel_id"] for q in (await gpushare.get("queue"))["queue"]] == [kid]
+
+
+class TestAskRefused:
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config):
+        return {**gpushare_config, "queue_max_per_user": 1}
+
+    async def test_an_ask_that_a_rule_refuses_leaves_the_kernel_on_the_cpu_with_why(self, gpushare, kernel_ws):
+        """The user's one place in line is taken: a standby kernel's first GPU import is refused by that rule, runs
+        on without a GPU with the reason in its cell, and its notebook offers Join again (a wait that ended)."""
+        for i in range(2):  # the card is full
+            _, holder = await gpushare.open_notebook(f"holder{i}.ipynb")
+            await _first_gpu_cell(kernel_ws, holder)
+        _, waiting = await gpushare.open_notebook("waiting.ipynb")
+        session = Session()
+        ws = await kernel_ws(waiting, session.session)
+        await stream_until(ws, send_cell(ws, session, "import torch"), "#1 in line")
+        _, late = await gpushare.open_notebook("late.ipynb")
+        s = Session()
+        ws2 = await kernel_ws(late, s.session)
+        cell = send_cell(ws2, s, "import torch, os; os.environ['GPUSHARE_MODE']")
+        said = await stream_until(ws2, cell, "runs without a GPU")
+        assert "has 1 kernel waiting for a GPU already, the most one user may have in line here" in said
+        assert await cell_result(ws2, late, cell) == "'cpu'"
+        ws.close()
+        ws2.close()
+        rec = await gpushare.kernel(late)
+        assert (rec["state"], rec["wait_ended"]) == ("cpu", "cancelled")
+        assert [q["kernel_id"] for q in (await gpushare.get("queue"))["queue"]] == [waiting]
+
+
+async def _first_gpu_cell(kernel_ws, kernel_id: str) -> None:
+    session = Session()
+    ws = await kernel_ws(kernel_id, session.session)
+    assert await cell_result(ws, kernel_id, send_cell(ws, session, "import torch; 1")) == "1"
+    ws.close()
