@@ -338,7 +338,12 @@ function renderKernel(
       button(
         'quota-btn',
         say('ui.btn.quota'),
-        say('ui.btn.quota_label', { name }),
+        say(
+          k.state === 'standby'
+            ? 'ui.btn.quota_label_first_use'
+            : 'ui.btn.quota_label',
+          { name }
+        ),
         () => void actions.changeQuota(k)
       )
     );

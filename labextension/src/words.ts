@@ -373,6 +373,9 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     ),
     'ui.btn.quota': __('Change quota…'),
     'ui.btn.quota_label': __('Change the GPU quota of {name} (restarts it)'),
+    'ui.btn.quota_label_first_use': __(
+      'Change the GPU quota of {name} (its first GPU use asks for it)'
+    ),
     'ui.btn.shutdown': __('Shut down'),
     'ui.btn.shutdown_label': __('Shut down {name}'),
     'ui.open': __('Open {name}'),

@@ -9,7 +9,7 @@ import { notebook, waitForLab } from '../notebooks';
 
 const SOURCE = [
   ['import os\n', 'kept = 41\n', 'os.getpid()'],
-  ['import torch\n', 'kept + 1, os.environ["GPUSHARE_MODE"], os.getpid()']
+  ['import torch\n', 'kept + 1, os.environ["GPUSHARE_QUOTA_MIB"], os.getpid()']
 ];
 
 test('a notebook asks for its GPU at its first GPU import', async ({
@@ -64,6 +64,19 @@ test('a notebook asks for its GPU at its first GPU import', async ({
   await expect(firstOut).toHaveText(/^\d+$/, { timeout: 30000 });
   const pid = (await firstOut.textContent())!.trim();
 
+  // A quota changed now restarts nothing: the kernel holds no GPU yet (the same process runs on).
+  const dialog = page.locator('.jp-Dialog');
+  await card
+    .getByRole('button', {
+      name: 'Change the GPU quota of first.ipynb (its first GPU use asks for it)'
+    })
+    .click();
+  await expect(dialog).toContainText('Nothing restarts');
+  await dialog.locator('input.jp-gpushare-quota-input').fill('4GiB');
+  await dialog.locator('button', { hasText: 'Set quota' }).click();
+  await expect(card.locator('.jp-gpushare-kernel-meta')).toContainText('4 GiB');
+  await expect(card).toHaveAttribute('data-state', 'standby');
+
   // Two other kernels take the card: each asks at its import.
   const others: string[] = await page.evaluate(async () => {
     const app = (window as any).jupyterapp;
@@ -86,7 +99,7 @@ test('a notebook asks for its GPU at its first GPU import', async ({
   ); // (its promise waits for the cell: not awaited)
   const second = nb.locator('.jp-Cell').nth(1);
   await expect(second.locator('.jp-OutputArea-output')).toContainText(
-    "torch waits for this kernel's GPU: #1 in line, needs 3.5 GiB",
+    "torch waits for this kernel's GPU: #1 in line, needs 4.5 GiB",
     { timeout: 60000 }
   );
   await expect(nb.locator('.jp-gpushare-banner')).toContainText('#1 in line');
@@ -102,7 +115,7 @@ test('a notebook asks for its GPU at its first GPU import', async ({
     others[0]
   );
   await expect(second.locator('.jp-OutputArea-output').last()).toHaveText(
-    `(42, 'gpu', ${pid})`,
+    `(42, '4096', ${pid})`,
     { timeout: 60000 }
   );
   await expect(nb.locator('.jp-gpushare-banner')).toBeHidden();
