@@ -90,6 +90,8 @@ export function statusText(
     case 'cpu':
     case 'none':
       return say('ui.statusbar.no_gpu');
+    case 'standby': // (its label already names the GPU)
+      return say('ui.statusbar.first_use');
     default:
       return say('ui.statusbar.label', { label: statusOf(kernel).label });
   }

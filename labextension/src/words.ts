@@ -562,6 +562,7 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.statusbar.usage': __('GPU {usage}'),
     'ui.statusbar.label': __('GPU {label}'),
     'ui.statusbar.no_gpu': __('no GPU'),
+    'ui.statusbar.first_use': __('GPU at first use'),
     'ui.statusbar.no_kernel': __('GPU: no kernel'),
     'ui.statusbar.unknown': __('GPU –'),
     'ui.notify.kernel': __('{name}: {text}'),

@@ -25,7 +25,7 @@ NOTEBOOK = {
 }
 
 
-def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_path):
+def _need_browser() -> str:
     pytest.importorskip("notebook", minversion="7")
     chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
     if (
@@ -36,9 +36,13 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
         pytest.skip(
             "needs Node.js, Debian's chromium and labextension/ui-tests/node_modules (tests/ui/test_ui.py installs it)"
         )
-    (tmp_path / "sub").mkdir()
-    for name in ("nb.ipynb", "nb2.ipynb", "nb3.ipynb", "sub/nb.ipynb"):  # two fit the 10 GiB card, the third waits
-        (tmp_path / name).write_text(json.dumps(NOTEBOOK))
+    return chromium
+
+
+def _check(tmp_path, script: str, *settings: str) -> tuple[subprocess.CompletedProcess, str]:
+    """Notebook 7 on a simulated 10 GiB card with 3 GiB quotas (and ``settings``), the check ``script`` run on
+    its page of nb.ipynb: (the script's run, the server's log)."""
+    chromium = _need_browser()
     port = free_port()
     env = {
         **os.environ,
@@ -52,13 +56,13 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
              "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True", f"--ServerApp.root_dir={tmp_path}",
              "--JupyterNotebookApp.expose_app_in_browser=True", "--GpuShareApp.gpu_backend=simulated",
              "--GpuShareApp.simulated_cards=10GiB", "--GpuShareApp.default_quota=3GiB",
-             "--GpuShareApp.over_quota_action=interrupt", "--GpuShareApp.over_quota_grace=2", f"--GpuShareApp.ledger_path={tmp_path / 'l.sqlite'}"],
+             f"--GpuShareApp.ledger_path={tmp_path / 'l.sqlite'}", *settings],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
             wait_until(lambda: _answers(port), 60, "Notebook 7 to answer")
             out = subprocess.run(
-                ["node", str(UI / "notebook7-check.js"), f"http://127.0.0.1:{port}/notebooks/nb.ipynb", chromium],
+                ["node", str(UI / script), f"http://127.0.0.1:{port}/notebooks/nb.ipynb", chromium],
                 capture_output=True, text=True, timeout=180, cwd=UI,
             )  # fmt: skip
         finally:
@@ -69,7 +73,17 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
                 server.kill()
                 server.wait(15)
         log.seek(0)
-        server_log = log.read()
+        return out, log.read()
+
+
+def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_path):
+    _need_browser()
+    (tmp_path / "sub").mkdir()
+    for name in ("nb.ipynb", "nb2.ipynb", "nb3.ipynb", "sub/nb.ipynb"):  # two fit the 10 GiB card, the third waits
+        (tmp_path / name).write_text(json.dumps(NOTEBOOK))
+    out, server_log = _check(
+        tmp_path, "notebook7-check.js", "--GpuShareApp.over_quota_action=interrupt", "--GpuShareApp.over_quota_grace=2"
+    )
     assert out.returncode == 0, out.stdout + out.stderr + server_log[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["errors"] == [] and result["quota_mib"] == 3072 and result["path"] == "nb.ipynb"
@@ -109,6 +123,21 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
         r"GPU memory quota: Interrupted: it used 3(\.0)? GiB, over its 2\.6 GiB reservation(, for \d+ (s|min))?\. "
         r"Free memory or ask for a larger quota\.", interrupted["said"][0],
     ), interrupted  # fmt: skip
+
+
+def test_notebook7_with_first_use_shows_a_kernel_that_holds_no_gpu_until_its_first_gpu_import(tmp_path):
+    """line_place = 'first-use' in Notebook 7 (notebook7-first-use.js): the toolbar's indicator and the panel say
+    "GPU at first use"; a CPU cell leaves the kernel so; its first GPU import is granted in the same process."""
+    (tmp_path / "nb.ipynb").write_text(json.dumps(NOTEBOOK))
+    out, server_log = _check(tmp_path, "notebook7-first-use.js", "--GpuShareApp.line_place=first-use")
+    assert out.returncode == 0, out.stdout + out.stderr + server_log[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["errors"] == [], result
+    assert result["indicator"] == "GPU at first use" and result["badge"] == "GPU at first use", result
+    assert (result["before"], result["after_cpu"]) == ("standby", "standby"), result
+    pid = result["cpu"]
+    assert result["gpu"] == f"({pid}, 'gpu', '3072')" and result["after"] == "running", result
+    assert result["quota_mib"] == 3072, result
 
 
 def _answers(port: int) -> bool:

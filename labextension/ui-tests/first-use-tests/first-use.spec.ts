@@ -47,7 +47,7 @@ test('a notebook asks for its GPU at its first GPU import', async ({
     'Holds no GPU yet: its first cell that uses the GPU asks for one (a 3 GiB quota)'
   );
   await expect(card.locator('.jp-gpushare-quota')).toHaveCount(0); // nothing reserved: no bar
-  await expect(page.locator('.jp-gpushare-status')).toContainText(
+  await expect(page.locator('.jp-gpushare-status')).toHaveText(
     'GPU at first use'
   );
   await expect(nb.locator('.jp-gpushare-banner')).toBeHidden();
