@@ -36,6 +36,7 @@ from .snapshot import ServerSnapshot
 
 Judged = dict[str, tuple[Any, KernelUsage, dict[str, int]]]  # kernel id -> (record, usage, card uuid -> MiB)
 Judgment = Literal["near_quota", "over_quota", "idle"]  # (the API's Kernel.state, where the policies judge it)
+ACTIVE_WINDOW_S = 5.0  # a process's last SM sample is believed if this recent (nvml.py reads at most this far back)
 
 
 @dataclass
@@ -105,7 +106,7 @@ class Enforcer:
             idle = self._idle(kid, rec, usage, w, now, idle_for, execution)
             if idle:
                 states[kid] = idle
-            parking.consider(rec, usage, idle_for, last.frameworks.get(kid) or ())
+            parking.consider(rec, usage, idle_for, last.frameworks.get(kid) or (), busy=execution == "busy")
         parking.decide(self._line_needs(last))
         excesses = self._excesses(snap, last, judged, uuids)
         for kid, (rec, usage, _) in judged.items():
@@ -284,8 +285,11 @@ class Enforcer:
         """How long the kernel has run nothing and used no GPU, and its execution state."""
         kernel = self._kernel(kid)
         execution = getattr(kernel, "execution_state", None)
-        if (usage.utilization or 0) > 0 or execution == "busy":
+        if execution == "busy":
             w.gpu_active_at = now  # a running cell is never idle, even with 0% GPU
+        elif (usage.utilization or 0) > 0:  # used since the last reading: until the driver's last sample that saw it
+            at = usage.active_at  # (a time the driver's clock puts outside this reading's window is not believed)
+            w.gpu_active_at = max(w.gpu_active_at, at if at is not None and now - ACTIVE_WINDOW_S <= at <= now else now)
         last = getattr(kernel, "last_activity", None)
         last_ts = last.timestamp() if last is not None and hasattr(last, "timestamp") else 0.0
         return now - max(last_ts, w.gpu_active_at, w.started), execution

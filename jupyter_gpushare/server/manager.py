@@ -34,7 +34,7 @@ from .holding import Holding
 from .learning import Learning
 from .ledger_worker import LedgerWorker
 from .line import Line
-from .parking import Parking
+from .parking import AT_ONCE, Parking
 from .quota_change import QuotaChanges
 from .records import ChangeKind, Grant, KernelRecord, QuotaUnavailable, Version
 from .sampler import KernelUsage
@@ -83,9 +83,11 @@ class QuotaManager:
         self._on_change: Callable[[str | None, ChangeKind], None] = self.services.changes
         self.version = Version()  # every assignment to a record of this registry
         self.events: collections.deque[dict] = collections.deque(maxlen=500)
-        # Blocking work that is not the ledger's (kernels' reports, their cgroups). Not the loop's default
-        # executor: a forked child inherits that one without its threads, and would wait on it forever.
-        self._work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpushare-work")
+        # Blocking work that is not the ledger's (kernels' reports, their cgroups, parks and resumes). Not the
+        # loop's default executor: a forked child inherits that one without its threads, and would wait on it
+        # forever. A park or resume holds a thread for its driver call (about 1 s): two threads made the parks of
+        # one wave land in pairs; there are enough for AT_ONCE parks, as many resumes, and the rest.
+        self._work = ThreadPoolExecutor(max_workers=2 + 2 * AT_ONCE, thread_name_prefix="gpushare-work")
         self.closing = False  # the server is shutting down: no new kernel is admitted
         self._closed = False  # close() ran
         self._cleaning = 0  # kernels whose clean-up runs now (``cleaning``)

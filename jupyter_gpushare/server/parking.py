@@ -34,7 +34,7 @@ LOCK_TIMEOUT_S = 10.0  # a running GPU call that does not end within this is not
 FREED_MIB = 64  # a parked process shows at most this on the card (the driver keeps a few MiB: 4 on an H100)
 FREED_WITHIN_S = 5.0  # the card must show it freed within this
 SETTLE_S = 1.0  # a park's room counts as coming for this long after it: until the next reading sees it granted
-AT_ONCE = 4  # parks under way at one time (each moves its state to host memory; they share the bus)
+AT_ONCE = 8  # parks under way at one time (each moves its state to host memory; they share the bus)
 TRIMMED_READ_S = 3.0  # after a kernel gave its caches back, how long to wait for a reading that shows it
 FREED_READ_S = 1.0  # how long to wait for each reading asked for after a park
 
@@ -63,6 +63,8 @@ class Parking:
         self._parking: dict[str, int] = {}  # the kernels being parked now: the reservation each gives back
         self._candidates: list[tuple[float, KernelRecord, list[int], int, int | None]] = []  # (this reading's)
         self._settling: list[tuple[float, int]] = []  # parks just done: (monotonic) until when, the MiB given back
+        self._soonest = math.inf  # (this reading's) in how many s a kernel not yet idle long enough will be
+        self._wake: asyncio.TimerHandle | None = None  # the reading asked for then (``_read_at``)
 
     # -- what is parked ------------------------------------------------------------------------------
 
@@ -111,19 +113,26 @@ class Parking:
 
     # -- park ------------------------------------------------------------------------------------------
 
-    def consider(self, rec: KernelRecord, usage: Any, idle_for: float, frameworks: Sequence[str]) -> None:
-        """One kernel of this reading that may be parked (the enforcer calls it for each, then ``decide``)."""
+    def consider(
+        self, rec: KernelRecord, usage: Any, idle_for: float, frameworks: Sequence[str], busy: bool = False
+    ) -> None:
+        """One kernel of this reading that may be parked (the enforcer calls it for each, then ``decide``); ``busy``:
+        a cell runs in it."""
         kid = rec.kernel_id
         if (
             not self.rules.after_s
-            or idle_for < self.rules.after_s
+            or busy
             or rec.state != "running"
             or rec.lease is None
             or kid in self._moving
             or self._failed.get(kid, -1) == usage.pid
-            or time.monotonic() - self._touched.get(kid, -math.inf) < self.rules.after_s
             or not set(frameworks) <= set(self.rules.frameworks)
         ):
+            return
+        touched = time.monotonic() - self._touched.get(kid, -math.inf)
+        wait = self.rules.after_s - min(idle_for, touched)
+        if wait > 0:  # not idle long enough yet: when it will be, if nothing runs meanwhile
+            self._soonest = min(self._soonest, wait)
             return
         used = usage.used_mib or 0
         if self.rules.host_budget_mib is not None and self.parked_mib() + used > self.rules.host_budget_mib:
@@ -143,10 +152,11 @@ class Parking:
         longest; at most AT_ONCE at a time. The reservations of parks under way, and of those done in the last
         SETTLE_S (the line is granting them), count as room coming."""
         candidates, self._candidates = self._candidates, []
+        soonest, self._soonest = self._soonest, math.inf
         now = time.monotonic()
         self._settling = [(until, mib) for until, mib in self._settling if until > now]
         coming = sum(self._parking.values()) + sum(mib for _, mib in self._settling)
-        if need_mib <= coming or not candidates or self.checkpointer.unavailable():
+        if need_mib <= coming or self.checkpointer.unavailable():
             return
         for _, rec, pids, used, pid in sorted(candidates, key=lambda c: (c[3], -c[0])):
             if coming >= need_mib or len(self._parking) >= AT_ONCE:
@@ -154,6 +164,22 @@ class Parking:
             assert rec.lease is not None
             coming += rec.lease.reserved_mib
             self._start(rec.kernel_id, self._park(rec, pids, used, pid))
+        if coming < need_mib and soonest < math.inf:
+            self._read_at(soonest)
+
+    def _read_at(self, delay: float) -> None:
+        """Ask for a reading in ``delay`` s, when a kernel will have been idle ``after_s`` (its park is decided then,
+        not at the sampler's next interval); one such wake-up at a time, the soonest."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # judged outside the IOLoop (a direct call): the sampler's interval will do
+            return
+        at, wake = loop.time() + delay, self._wake
+        if wake is not None and not wake.cancelled() and wake.when() > loop.time():  # one is still to come
+            if wake.when() <= at:
+                return
+            wake.cancel()
+        self._wake = loop.call_at(at, self.kernels.services.readings.wanted.set)
 
     async def park(self, kernel_id: str) -> None:
         """Park a kernel now (an admin or its user asked): it must hold a reservation. PolicyError says why not."""

@@ -42,6 +42,7 @@ class ProcessUse:
     card_index: int
     used_mib: int | None
     utilization: float | None
+    active_at: float | None = None  # when the driver last saw it use the SM (ProcessSample.active_at)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +64,11 @@ class KernelUsage:
     utilization: float | None
     processes: tuple[ProcessUse, ...] = ()
     history: tuple[tuple[float, int], ...] = ()  # (time, used MiB), oldest first
+
+    @property
+    def active_at(self) -> float | None:
+        """When the driver last saw one of its processes use the SM, in this reading's window (None: not said)."""
+        return max((p.active_at for p in self.processes if p.active_at is not None), default=None)
 
 
 @dataclass(frozen=True)
@@ -318,7 +324,9 @@ def _card_usage(s: DeviceSample, owners: Mapping[int, str], per_kernel: dict[str
     for p in s.processes:
         kid = owners.get(p.pid)
         if kid is not None:
-            per_kernel.setdefault(kid, []).append(ProcessUse(p.pid, s.card.index, p.used_mib, p.utilization))
+            per_kernel.setdefault(kid, []).append(
+                ProcessUse(p.pid, s.card.index, p.used_mib, p.utilization, p.active_at)
+            )
             mine += p.used_mib or 0
         else:
             others_known += p.used_mib or 0

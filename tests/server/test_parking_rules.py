@@ -3,11 +3,14 @@ themselves run through a real server in test_parking.py."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from types import SimpleNamespace
 
 from jupyter_gpushare.core.policy import ParkRules
 from jupyter_gpushare.host.checkpoint import Unavailable
 from jupyter_gpushare.server.parking import Parking
+from jupyter_gpushare.server.sampler import Readings
 
 
 def _parking() -> Parking:
@@ -42,3 +45,39 @@ def test_a_kernel_sent_a_cell_or_just_resumed_is_not_a_candidate_whatever_the_la
     parking.touch("k1")
     parking.consider(rec, usage, 60.0, ["torch"])
     assert parking._candidates == []
+
+
+def _waiting_line_parking(after_s: float) -> Parking:
+    """A parking whose checkpoints can run, in a registry with a sampler's readings (nothing is parked here: the
+    candidates are asked for no move)."""
+
+    async def blocking(fn, *args):
+        return fn(*args)
+
+    kernels = SimpleNamespace(records={}, services=SimpleNamespace(readings=Readings()))
+    checkpointer = SimpleNamespace(unavailable=lambda: None)
+    return Parking(kernels, checkpointer, ParkRules(after_s=after_s, frameworks=("torch",)), blocking)
+
+
+async def test_a_kernel_not_yet_idle_long_enough_is_judged_again_when_it_will_be_not_at_the_next_interval():
+    """A kernel whose cell ended 0.4 s ago, with parks after 1 s and a kernel in line: a reading is asked for when it
+    will have been idle 1 s (its park is decided then), not left to the sampler's interval, which put up to a
+    second more into every wave change of a class (bench/README.md). A busy kernel, or nobody in line, asks for
+    nothing."""
+    parking = _waiting_line_parking(after_s=1.0)
+    wanted = parking.kernels.services.readings.wanted
+    rec, usage = _kernel()
+    parking.consider(rec, usage, 60.0, ["torch"], busy=True)
+    parking.decide(4096)
+    parking.consider(rec, usage, 0.4, ["torch"])
+    parking.decide(0)  # nobody waits
+    await asyncio.sleep(0.9)
+    assert not wanted.is_set()
+
+    t0 = time.monotonic()
+    parking.consider(rec, usage, 0.4, ["torch"])
+    assert parking._candidates == []
+    parking.decide(4096)
+    while not wanted.is_set() and time.monotonic() - t0 < 3:
+        await asyncio.sleep(0.01)
+    assert 0.5 <= time.monotonic() - t0 < 0.9, time.monotonic() - t0

@@ -10,14 +10,16 @@ import shutil
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
-from jupyter_gpushare.core.policy import Policy, Size
+from jupyter_gpushare.core.policy import EnforcePolicy, Policy, Size
 from jupyter_gpushare.host.gpu import FakeNvml, NoGpuBackend, SimulatedBackend
 from jupyter_gpushare.host.gpu.nvml import NvmlBackend
 from jupyter_gpushare.ledger.attribution import unreserved_use
 from jupyter_gpushare.ledger.ledger import Lease, Ledger, ProcessRef, Request, SessionRef
+from jupyter_gpushare.server.enforce import Enforcer, _Watch
 from jupyter_gpushare.server.manager import QuotaManager
 from jupyter_gpushare.server.sampler import Sampler
 
@@ -127,6 +129,25 @@ def test_card_lost_mid_run_then_back(sim, tree):
     fake.lose(0, False)
     snap = sampler.tick()
     assert not snap.cards["GPU-simulated-0"].lost and snap.kernels["k1"].used_mib == 1500
+
+
+def test_the_idle_clock_starts_at_the_drivers_last_sample_of_use_not_at_the_reading(sim, tree):
+    """The driver's per-process samples carry their own time: a process last seen using the SM 2 s before the
+    reading has been idle 2 s at the reading, not 0 (the reading's time put up to a sampler interval into every
+    park's start: bench/README.md). A sample time outside the reading's window (a driver's clock that is not the
+    host's) is not believed: the reading's time is kept."""
+    manager, fake = sim
+    root, child = tree
+    add_kernel(manager, "k1", root)
+    enforcer = Enforcer(manager, SimpleNamespace(get_kernel=lambda kid: SimpleNamespace(execution_state="idle")),
+                        EnforcePolicy())  # fmt: skip
+    for ago, idle_s in ((2.0, 2.0), (600.0, 0.0)):
+        fake.add_process(child, 900, utilization=40, sampled_at=time.time() - ago)
+        usage = Sampler(manager).tick().kernels["k1"]
+        assert usage.utilization == 40.0 and usage.active_at == pytest.approx(time.time() - ago, abs=0.5)
+        now = time.time()
+        idle_for, _ = enforcer._idle_for("k1", usage, _Watch(pid=root, started=now - 60), now)
+        assert idle_for == pytest.approx(idle_s, abs=0.5)
 
 
 def test_unsupported_and_unreported_fields_are_null_not_zero(sim, tree):

@@ -38,13 +38,15 @@ class ProcessSample:
 
     ``used_mib`` is None when the driver does not say (WDDM, some MIG set-ups); ``utilization`` is the
     process's SM use in percent over the last interval, 0 when the driver has no sample for it, and
-    None when the card cannot report it at all.
+    None when the card cannot report it at all; ``active_at`` is when the driver's last sample in that
+    interval saw it use the SM (Unix seconds; None: no such sample), which can be well before the reading.
     """
 
     pid: int
     used_mib: int | None
     utilization: float | None = 0.0
     kind: str = "compute"  # compute | graphics | compute+graphics
+    active_at: float | None = None
 
 
 @dataclass(frozen=True)

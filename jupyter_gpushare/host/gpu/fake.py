@@ -84,11 +84,14 @@ class FakeNvml:
         utilization: float = 0.0,
         kind: str = "compute",
         slot: int | None = None,
+        sampled_at: float | None = None,
     ) -> None:
         """A process holding ``used_mib`` on a card, or on its MIG instance in ``slot`` (None: the driver
-        does not say how much)."""
+        does not say how much); its utilisation samples are taken at ``sampled_at`` (Unix s; None: when read)."""
         with self._lock:
-            self._device(card, slot).processes[pid] = {"used_mib": used_mib, "utilization": utilization, "kind": kind}
+            self._device(card, slot).processes[pid] = {
+                "used_mib": used_mib, "utilization": utilization, "kind": kind, "sampled_at": sampled_at,
+            }  # fmt: skip
 
     def set_process(self, pid: int, card: int = 0, **changes) -> None:
         with self._lock:
@@ -203,7 +206,14 @@ class FakeNvml:
                 raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
             now = int(time.time() * 1e6)
             samples = [
-                SimpleNamespace(pid=pid, timeStamp=now, smUtil=int(p["utilization"]), memUtil=0, encUtil=0, decUtil=0)
+                SimpleNamespace(
+                    pid=pid,
+                    timeStamp=int(p["sampled_at"] * 1e6) if p.get("sampled_at") else now,
+                    smUtil=int(p["utilization"]),
+                    memUtil=0,
+                    encUtil=0,
+                    decUtil=0,
+                )  # fmt: skip
                 for pid, p in dev.processes.items()
                 if p["utilization"] > 0  # like the driver: idle processes have no samples
             ]

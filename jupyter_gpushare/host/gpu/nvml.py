@@ -245,12 +245,18 @@ class NvmlBackend(GpuBackend):
                     found[p.pid] = (used, kind)
         util = self._process_utilization(nv, handle, uuid, mig, errors) if found else {}
         return tuple(
-            ProcessSample(pid=pid, used_mib=used, kind=kind, utilization=None if util is None else util.get(pid, 0.0))
+            ProcessSample(
+                pid=pid, used_mib=used, kind=kind, utilization=None if util is None else util.get(pid, (0.0, None))[0],
+                active_at=None if util is None else util.get(pid, (0.0, None))[1],
+            )
             for pid, (used, kind) in found.items()
-        )
+        )  # fmt: skip
 
-    def _process_utilization(self, nv: Any, handle: Any, uuid: str, mig: bool, errors: dict) -> dict[int, float] | None:
-        """SM percent per pid over the samples since the last call; {} = no samples (all idle).
+    def _process_utilization(
+        self, nv: Any, handle: Any, uuid: str, mig: bool, errors: dict
+    ) -> dict[int, tuple[float, float | None]] | None:
+        """Per pid, its SM percent over the samples since the last call and when the last sample that saw it use
+        the SM was taken (Unix seconds; None: none did); {} = no samples (all idle).
 
         None when the card cannot report it (MIG instances, old GPUs): then per-process utilisation
         is "not available", not 0.
@@ -269,12 +275,15 @@ class NvmlBackend(GpuBackend):
             errors["process_utilization"] = str(e) or type(e).__name__
             return None
         per_pid: dict[int, list[float]] = {}
+        active: dict[int, float] = {}
         latest = since
         for s in samples:
             per_pid.setdefault(s.pid, []).append(float(s.smUtil))
             latest = max(latest, int(s.timeStamp))
+            if s.smUtil > 0:  # the driver's own clock of the sample (microseconds, the CPU's time)
+                active[s.pid] = max(active.get(s.pid, 0.0), int(s.timeStamp) / 1e6)
         self._util_seen[uuid] = latest
-        return {pid: sum(v) / len(v) for pid, v in per_pid.items()}
+        return {pid: (sum(v) / len(v), active.get(pid)) for pid, v in per_pid.items()}
 
     def close(self) -> None:
         with self._lock:
