@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The idle study at 4x on the lent GPU, the code before a change and after it, side by side in one call:
-#   bash bench/gpu/idle_pair.sh N before after     (carry .whl on the machine's first call)
+# The idle study on the lent GPU, the code before a change and after it, side by side in one call:
+#   [FACTOR=2] bash bench/gpu/idle_pair.sh N before after     (carry .whl on the machine's first call)
 # "before" runs the package copied under bench/gpu/before/ (git archive REV jupyter_gpushare | tar -x -C there),
-# "after" this checkout's. Each run: PyTorch, 4x the kernels that fit, each runs its job, idles 60 s, runs it
-# again; parking after 1 s idle. Results under $OUT/study-idle4x-<which>-runN.
+# "after" this checkout's. Each run: PyTorch, FACTOR (default 4) times the kernels that fit, each runs its job,
+# idles 60 s, runs it again; parking after 1 s idle. Results under $OUT/study-idle<FACTOR>x-<which>-runN.
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -11,15 +11,16 @@ OUT=${OUT:-/tmp/gpushare-out}
 mkdir -p "$OUT"
 source bench/gpu/device_env.sh || exit 1
 n=$1; shift
+factor=${FACTOR:-4}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 for which in "$@"; do
   export JUPYTER_DATA_DIR=$(mktemp -d) JUPYTER_RUNTIME_DIR=$(mktemp -d)
   # (python -m puts the working directory first on sys.path: the server runs the package found there)
   if [ "$which" = before ]; then dir="$ROOT/bench/gpu/before"; else dir="$ROOT"; fi
   export PYTHONPATH="$dir:/tmp/site"
-  name="study-idle4x-$which-run$n"
+  name="study-idle${factor}x-$which-run$n"
   echo "=== $name $(date -u +%H:%M:%S) $(cd "$dir" && python3 -c 'import jupyter_gpushare; print(jupyter_gpushare.__file__)')"
-  (cd "$dir" && python3 "$ROOT/bench/study/harness.py" --out "$OUT/$name" --runs torch:parking:4 --fit 8 --epochs 2 \
+  (cd "$dir" && python3 "$ROOT/bench/study/harness.py" --out "$OUT/$name" --runs torch:parking:$factor --fit 8 --epochs 2 \
     --reruns 3 --workdir /tmp --idle 60 --park-after 1 > "$OUT/$name.log" 2>&1)
   grep -E "^\[|device" "$OUT/$name.log" | tail -3
 done

@@ -463,6 +463,7 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
     }
     if args.idle:
         result.update(idle_figures(jobs, events, idle, sizing["fit"], args.idle, result["all_ok_s"]))
+        result["moves"] = moves(jobs, events, t0)
     if args.idle:
         print(f"[{label}] idle {args.idle} s: held by idle kernels {result['idle_held_gib_h']} GiB-h "
               f"({result['idle_held_while_waited_gib_h']} while one waited), parked "
@@ -524,6 +525,21 @@ def idle_figures(jobs: list[Job], events: list[dict], idle: Idle | None, fit: in
         "ideal_s": round(ideal, 2) if ideal else None,
         "of_ideal": round(ideal / all_ok_s, 3) if ideal and all_ok_s else None,
     }
+
+
+MOVE_FIGURES = ("park_s", "resume_s", "waited_s", "lock", "checkpoint", "restore", "unlock", "parked_mib")
+
+
+def moves(jobs: list[Job], events: list[dict], t0: float) -> list[dict]:
+    """Each park, resume and grant as the server told it: when (s after the class began), whose job, and the
+    figures of the move (its steps' seconds): where a wave change's time goes."""
+    job_of = {j.kernel_id: j.index for j in jobs}
+    return [
+        {"at": round(e["time"] - t0, 2), "kind": e["kind"], "job": job_of.get(e.get("kernel_id"))}
+        | {k: v for k, v in (e.get("params") or {}).items() if k in MOVE_FIGURES}
+        for e in events
+        if e["kind"] in ("parked", "park-failed", "resumed", "admitted")
+    ]
 
 
 def ideal_schedule(students: int, fit: int, run1: float, run2: float, idle_s: float) -> float:
