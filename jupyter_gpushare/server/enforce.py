@@ -106,7 +106,7 @@ class Enforcer:
             idle = self._idle(kid, rec, usage, w, now, idle_for, execution)
             if idle:
                 states[kid] = idle
-            parking.consider(rec, usage, idle_for, last.frameworks.get(kid) or (), busy=execution == "busy")
+            parking.consider(rec, usage, idle_for, last.frameworks.get(kid) or (), execution=execution)
         parking.decide(self._line_needs(last))
         excesses = self._excesses(snap, last, judged, uuids)
         for kid, (rec, usage, _) in judged.items():

@@ -37,6 +37,7 @@ SETTLE_S = 1.0  # a park's room counts as coming for this long after it: until t
 AT_ONCE = 8  # parks under way at one time (each moves its state to host memory; they share the bus)
 TRIMMED_READ_S = 3.0  # after a kernel gave its caches back, how long to wait for a reading that shows it
 FREED_READ_S = 1.0  # how long to wait for each reading asked for after a park
+STARTING_S = 30.0  # a kernel is not idle while Jupyter says it is starting, for at most this long
 
 
 def holding(processes: Sequence[Any]) -> list[int]:
@@ -114,14 +115,18 @@ class Parking:
     # -- park ------------------------------------------------------------------------------------------
 
     def consider(
-        self, rec: KernelRecord, usage: Any, idle_for: float, frameworks: Sequence[str], busy: bool = False
+        self, rec: KernelRecord, usage: Any, idle_for: float, frameworks: Sequence[str], execution: str | None = None
     ) -> None:
-        """One kernel of this reading that may be parked (the enforcer calls it for each, then ``decide``); ``busy``:
-        a cell runs in it."""
+        """One kernel of this reading that may be parked (the enforcer calls it for each, then ``decide``);
+        ``execution``: its state as Jupyter last heard it."""
         kid = rec.kernel_id
         if (
             not self.rules.after_s
-            or busy
+            or execution == "busy"
+            # a kernel still starting is not idle: its notebook's first cell waits for it (a class that opened at
+            # once had its first kernels parked, and sent to the back of the line, before they ran a cell); one that
+            # no client ever connected to stays "starting" for Jupyter, and is judged by its activity after a while
+            or (execution == "starting" and idle_for < STARTING_S)
             or rec.state != "running"
             or rec.lease is None
             or kid in self._moving

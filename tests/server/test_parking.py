@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import sys
 import time
 
 import pytest
@@ -207,6 +208,37 @@ async def test_as_many_idle_kernels_are_parked_as_the_line_needs_at_once(gpushar
     began = sorted(e["time"] - e["params"]["park_s"] for e in parked)
     ended = sorted(e["time"] for e in parked)
     assert began[-1] - began[0] < 0.9 and ended[-1] - ended[0] < 0.9, (began, ended)
+
+
+@pytest.fixture
+def slow_kernel(jp_data_dir):
+    """A Python kernel that takes 4 s to start (a kernel's start under a class's load, on 2 cores)."""
+    boot = "import os, sys, time; time.sleep(4); os.execv(sys.executable, [sys.executable, '-m', 'ipykernel_launcher', '-f', sys.argv[1]])"
+    spec = jp_data_dir / "kernels" / "slow"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-c", boot, "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Slow", "language": "python"}))
+    return "slow"
+
+
+async def test_a_kernel_still_starting_is_not_parked_for_one_in_line(gpushare, jp_serverapp, kernel_ws, slow_kernel):
+    """A notebook whose kernel still starts keeps its place, however long the start: its first cell waits for it.
+    A class that opened at once on the H100 had its first eight kernels parked 1.8 s in, before they had run
+    anything, and sent to the back of the line (bench/README.md). Once started, it is idle like any other."""
+    _, slow = await gpushare.open_notebook("slow.ipynb", slow_kernel)
+    await gpushare.open_notebook("other.ipynb")
+    _, late = await gpushare.open_notebook("late.ipynb")
+    await gpushare.wait_for(lambda: _state(gpushare, late, "queued"), what="the third kernel to wait")
+    session = Session()
+    connecting = asyncio.ensure_future(kernel_ws(slow, session.session))  # its open waits for the kernel's start
+    while not connecting.done():
+        assert await gpushare.state_of(slow) == "running", "parked while it started"
+        await asyncio.sleep(0.2)
+    ws = await connecting
+    started = time.monotonic()
+    await gpushare.wait_for(lambda: _state(gpushare, slow, "parked"), what="the started, idle kernel to be parked")
+    assert time.monotonic() - started < 5
+    ws.close()
 
 
 async def test_a_cell_held_for_a_parked_kernel_survives_a_reload_and_runs_at_its_resume(

@@ -67,7 +67,7 @@ async def test_a_kernel_not_yet_idle_long_enough_is_judged_again_when_it_will_be
     parking = _waiting_line_parking(after_s=1.0)
     wanted = parking.kernels.services.readings.wanted
     rec, usage = _kernel()
-    parking.consider(rec, usage, 60.0, ["torch"], busy=True)
+    parking.consider(rec, usage, 60.0, ["torch"], execution="busy")
     parking.decide(4096)
     parking.consider(rec, usage, 0.4, ["torch"])
     parking.decide(0)  # nobody waits
