@@ -13,6 +13,9 @@ source bench/gpu/device_env.sh || exit 1
 n=$1; shift
 factor=${FACTOR:-4}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+# The page cache warmed once for both sides: the machine's first PyTorch import reads its libraries from disk, and
+# the side run first paid it in its first wave (about 5 s: wave 1 took 23 s, the later ones 18 s, 2026-11-27).
+python3 -c "import torch; torch.ones(1, device='cuda'); print('warm:', torch.__version__)"
 for which in "$@"; do
   export JUPYTER_DATA_DIR=$(mktemp -d) JUPYTER_RUNTIME_DIR=$(mktemp -d)
   # (python -m puts the working directory first on sys.path: the server runs the package found there)
