@@ -312,6 +312,8 @@ class Idle:
     since: dict[str, float] = field(default_factory=dict)  # kernel id -> (Unix time) idle since
     held_mib_s: float = 0.0  # reserved MiB × seconds held by idle kernels (idle_held)
     held_waited_mib_s: float = 0.0  # the same while a kernel waited in line
+    cpu_jobs: list = field(default_factory=list)  # the students whose notebooks never touch the GPU
+    cpu_held_waited_mib_s: float = 0.0  # reserved MiB × seconds held by those while a kernel waited in line
 
 
 async def granted_at(server: Server, job: Job, t0: float) -> None:
@@ -364,6 +366,8 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         gpushare["default_quota"] = f"{2 * sizing['learned_quota_mib']}MiB"
     if args.idle and scenario in EXTENSION:  # the idle study: parking on (its scenario) or off (the others)
         gpushare["park_after"] = args.park_after if scenario == "parking" else 0
+    if scenario in EXTENSION:
+        gpushare["line_place"] = args.line_place
     if scenario == "learned":  # the warm-up runs at a quarter of the card, so its peak is not cut by the quota
         gpushare.update(
             quota_from_history=True, history_margin=args.learn_margin, default_quota=f"{sizing['card_mib'] // 4}MiB"
@@ -374,6 +378,7 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
     label = f"{framework}/{scenario}/{n_jobs}"
     print(f"[{label}] starting server", flush=True)
     jobs: list[Job] = []
+    cpu_jobs: list[Job] = []
     attempts: list[Job] = []
     try:
         await server.wait_ready()
@@ -392,9 +397,16 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         monitor = Monitor(nvml, t0)
         monitor.start()
         jobs = [Job(i) for i in range(n_jobs)]
+        # students whose notebooks never touch the GPU (a NumPy job), their notebooks opened among the others'
+        cpu_jobs = [Job(n_jobs + i) for i in range(args.cpu_students)]
+        cpu_code = job_code("numpy", 0, epochs=args.cpu_epochs, n=args.images, free_scratch=bool(args.idle))
+        order = sorted([(j.index, j, code) for j in jobs] + [((i + 0.5) * n_jobs / max(1, len(cpu_jobs)), j, cpu_code)
+                        for i, j in enumerate(cpu_jobs)], key=lambda o: o[0])  # fmt: skip
+        if idle is not None:
+            idle.cpu_jobs = cpu_jobs
         quotas = asyncio.ensure_future(kernel_quotas(server, scenario))
         held = asyncio.ensure_future(idle_held(server, idle)) if idle and scenario in EXTENSION else None
-        await asyncio.gather(*(run_job(server, j, code, t0, args.job_timeout, idle) for j in jobs))
+        await asyncio.gather(*(run_job(server, j, c, t0, args.job_timeout, idle) for _, j, c in order))
         if held is not None:
             held.cancel()
         batch_s = round(time.time() - t0, 2)
@@ -464,6 +476,10 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
     if args.idle:
         result.update(idle_figures(jobs, events, idle, sizing["fit"], args.idle, result["all_ok_s"]))
         result["moves"] = moves(jobs, events, t0)
+    result["line_place"] = args.line_place if scenario in EXTENSION else None
+    if cpu_jobs:
+        result["cpu_students"] = cpu_figures(cpu_jobs, events, idle)
+        print(f"[{label}] students without a GPU: {result['cpu_students']}", flush=True)
     if args.idle:
         print(f"[{label}] idle {args.idle} s: held by idle kernels {result['idle_held_gib_h']} GiB-h "
               f"({result['idle_held_while_waited_gib_h']} while one waited), parked "
@@ -489,9 +505,12 @@ async def idle_held(server: Server, idle: Idle, every: float = 1.0) -> None:
             continue
         now = time.time()
         held = sum(k.get("reserved_mib") or 0 for k in kernels if k["kernel_id"] in idle.since)
+        cpu = {j.kernel_id for j in idle.cpu_jobs}
+        cpu_held = sum(k.get("reserved_mib") or 0 for k in kernels if k["kernel_id"] in cpu)
         idle.held_mib_s += held * (now - last)
         if any(k["state"] == "queued" for k in kernels):  # what it costs: held while someone waits
             idle.held_waited_mib_s += held * (now - last)
+            idle.cpu_held_waited_mib_s += cpu_held * (now - last)
         last = now
 
 
@@ -524,6 +543,21 @@ def idle_figures(jobs: list[Job], events: list[dict], idle: Idle | None, fit: in
         "run2_s_median": round(second[len(second) // 2], 2) if second else None,
         "ideal_s": round(ideal, 2) if ideal else None,
         "of_ideal": round(ideal / all_ok_s, 3) if ideal and all_ok_s else None,
+    }
+
+
+def cpu_figures(cpu_jobs: list[Job], events: list[dict], idle: Idle | None) -> dict:
+    """The students whose notebooks never touch the GPU: how many were ok and when, how many of their kernels held
+    a GPU place at some time (``line_place`` 'start' gives each one), and what they held while a kernel waited."""
+    ids = {j.kernel_id for j in cpu_jobs}
+    placed = {e.get("kernel_id") for e in events if e["kind"] in ("reserved", "admitted")} & ids
+    ok = [j for j in cpu_jobs if j.status == "ok"]
+    return {
+        "students": len(cpu_jobs),
+        "ok": len(ok),
+        "all_ok_s": round(max(j.finished for j in ok), 2) if len(ok) == len(cpu_jobs) else None,
+        "got_a_gpu_place": len(placed),
+        "held_while_waited_gib_h": round((idle.cpu_held_waited_mib_s if idle else 0) / 1024 / 3600, 4),
     }
 
 
@@ -668,6 +702,10 @@ async def main() -> int:
     ap.add_argument("--idle", type=float, default=0, help="the idle study: each notebook runs its job, sits idle "
                     "this many seconds, and runs it again (0: one run)")  # fmt: skip
     ap.add_argument("--park-after", type=float, default=15, help="the idle study's parking scenario: park_after")
+    ap.add_argument("--line-place", default="start", choices=("start", "first-use"), help="GpuShareApp.line_place")
+    ap.add_argument("--cpu-students", type=int, default=0, help="more students, whose notebooks never touch the GPU "
+                    "(a NumPy job), opened among the others'")  # fmt: skip
+    ap.add_argument("--cpu-epochs", type=int, default=20, help="the NumPy job's epochs (--cpu-students)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
