@@ -479,7 +479,8 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
     result["line_place"] = args.line_place if scenario in EXTENSION else None
     if cpu_jobs:
         result["cpu_students"] = cpu_figures(cpu_jobs, events, idle)
-        print(f"[{label}] students without a GPU: {result['cpu_students']}", flush=True)
+        print(f"[{label}] students without a GPU: { {k: v for k, v in result['cpu_students'].items() if k != 'per_job'} }",
+              flush=True)  # fmt: skip
     if args.idle:
         print(f"[{label}] idle {args.idle} s: held by idle kernels {result['idle_held_gib_h']} GiB-h "
               f"({result['idle_held_while_waited_gib_h']} while one waited), parked "
@@ -558,6 +559,7 @@ def cpu_figures(cpu_jobs: list[Job], events: list[dict], idle: Idle | None) -> d
         "all_ok_s": round(max(j.finished for j in ok), 2) if len(ok) == len(cpu_jobs) else None,
         "got_a_gpu_place": len(placed),
         "held_while_waited_gib_h": round((idle.cpu_held_waited_mib_s if idle else 0) / 1024 / 3600, 4),
+        "per_job": [{k: v for k, v in asdict(j).items() if k != "output"} for j in cpu_jobs],
     }
 
 
