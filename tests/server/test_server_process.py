@@ -30,6 +30,10 @@ pytestmark = pytest.mark.server  # starts jupyter servers as processes (README: 
             "--GpuShareApp.on_full=later",
             "The 'on_full' trait of a GpuShareApp instance expected any of ['queue', 'cpu', 'reject'], not the str 'later'",
         ),
+        (
+            "--GpuShareApp.line_place=first",
+            "The 'line_place' trait of a GpuShareApp instance expected any of ['start', 'first-use'], not the str 'first'",
+        ),
     ],
 )
 def test_bad_config_stops_the_server_with_the_setting_and_value(tmp_path, arg, expect):
