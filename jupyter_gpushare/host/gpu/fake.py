@@ -213,7 +213,7 @@ class FakeNvml:
                     memUtil=0,
                     encUtil=0,
                     decUtil=0,
-                )  # fmt: skip
+                )
                 for pid, p in dev.processes.items()
                 if p["utilization"] > 0  # like the driver: idle processes have no samples
             ]

@@ -244,13 +244,11 @@ class NvmlBackend(GpuBackend):
                 else:
                     found[p.pid] = (used, kind)
         util = self._process_utilization(nv, handle, uuid, mig, errors) if found else {}
-        return tuple(
-            ProcessSample(
-                pid=pid, used_mib=used, kind=kind, utilization=None if util is None else util.get(pid, (0.0, None))[0],
-                active_at=None if util is None else util.get(pid, (0.0, None))[1],
-            )
-            for pid, (used, kind) in found.items()
-        )  # fmt: skip
+        samples = []
+        for pid, (used, kind) in found.items():
+            share, active_at = (None, None) if util is None else util.get(pid, (0.0, None))
+            samples.append(ProcessSample(pid=pid, used_mib=used, kind=kind, utilization=share, active_at=active_at))
+        return tuple(samples)
 
     def _process_utilization(
         self, nv: Any, handle: Any, uuid: str, mig: bool, errors: dict
