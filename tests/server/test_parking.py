@@ -207,7 +207,8 @@ async def test_as_many_idle_kernels_are_parked_as_the_line_needs_at_once(gpushar
     parked = [await _event(gpushare, kid, "parked") for kid in idle]
     began = sorted(e["time"] - e["params"]["park_s"] for e in parked)
     ended = sorted(e["time"] for e in parked)
-    assert began[-1] - began[0] < 0.9 and ended[-1] - ended[0] < 0.9, (began, ended)
+    # (two threads: 1, 1, 2, 2, 3 s; one begin to its end is the checkpoint's 1 s plus a trim and two readings)
+    assert began[-1] - began[0] < 0.9 and ended[-1] - ended[0] < 1.5, (began, ended)
 
 
 @pytest.fixture

