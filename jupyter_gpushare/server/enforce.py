@@ -36,7 +36,7 @@ from .snapshot import ServerSnapshot
 
 Judged = dict[str, tuple[Any, KernelUsage, dict[str, int]]]  # kernel id -> (record, usage, card uuid -> MiB)
 Judgment = Literal["near_quota", "over_quota", "idle"]  # (the API's Kernel.state, where the policies judge it)
-ACTIVE_WINDOW_S = 5.0  # a process's last SM sample is believed if this recent (nvml.py reads at most this far back)
+ACTIVE_WINDOW_S = 5.0  # a process's last SM sample is believed if this recent; else the reading's time (never sooner)
 
 
 @dataclass
