@@ -201,6 +201,9 @@ def test_jupyter_console_gives_its_kernels_reservation_back_as_it_exits(user):
                             timeout=120)  # fmt: skip
     try:
         console.expect(r"In \[1\]")
+        # jupyter_console shows its first prompt without checking that its IOPub subscription is connected (jupyter_
+        # client's wait_for_ready does): a line sent at once on a loaded host can wait forever for an idle it missed
+        time.sleep(2)
         console.sendline(SHOW)
         console.expect(r"In \[2\]")
         assert "gpu 3072" in console.before
