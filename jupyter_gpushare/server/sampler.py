@@ -124,6 +124,11 @@ class UsageSnapshot:
         }
 
 
+def _answer(future: asyncio.Future, usage: UsageSnapshot) -> None:
+    if not future.done():
+        future.set_result(usage)
+
+
 class Readings:
     """The cards as this process's sampler last read them (none yet: an empty reading), where the sampler publishes
     each reading and the manager reads it (services.Services)."""
@@ -131,21 +136,44 @@ class Readings:
     def __init__(self) -> None:
         self.usage = UsageSnapshot()
         self.wanted = threading.Event()  # someone waits for a reading: the sampler reads now, not at its interval
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[float, asyncio.AbstractEventLoop, asyncio.Future]] = []  # ``fresh``'s waiters
 
     def publish(self, usage: UsageSnapshot) -> None:
-        """A new reading (the sampler's thread)."""
+        """A new reading (the sampler's thread): it answers the waiters it is fresh enough for, and asks for the
+        next one at once while any other still waits (a reading begun before a waiter asked)."""
         self.usage = usage
+        with self._lock:
+            answered = [w for w in self._waiting if usage.time > w[0]]
+            self._waiting = [w for w in self._waiting if usage.time <= w[0]]
+            if self._waiting:
+                self.wanted.set()
+        for _, loop, future in answered:
+            try:
+                loop.call_soon_threadsafe(_answer, future, usage)
+            except RuntimeError:  # its loop has closed: nobody waits any more
+                pass
 
     async def fresh(self, since: float, timeout: float) -> UsageSnapshot | None:
         """The first reading taken after ``since`` (time.time()), asked for now (a park waits on the card's word:
-        parking.py); None if none comes within ``timeout`` (no sampler runs)."""
-        deadline = time.monotonic() + timeout
-        while self.usage.time <= since:
-            if time.monotonic() >= deadline:
-                return None
+        parking.py); None if none comes within ``timeout`` (no sampler runs). The reading answers the wait as it is
+        published: nothing polls."""
+        if self.usage.time > since:
+            return self.usage
+        waiter = (since, asyncio.get_running_loop(), asyncio.get_running_loop().create_future())
+        with self._lock:
+            self._waiting.append(waiter)
+        try:
+            if self.usage.time > since:  # published between the first look and joining the waiters
+                return self.usage
             self.wanted.set()
-            await asyncio.sleep(0.02)
-        return self.usage
+            return await asyncio.wait_for(waiter[2], timeout)
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            with self._lock:
+                if waiter in self._waiting:
+                    self._waiting.remove(waiter)
 
     def latest_samples(self) -> tuple[DeviceSample, ...]:
         """The driver's last per-process reading, if no older than a few intervals (else none: nothing is known)."""

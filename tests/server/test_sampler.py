@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -21,7 +22,7 @@ from jupyter_gpushare.ledger.attribution import unreserved_use
 from jupyter_gpushare.ledger.ledger import Lease, Ledger, ProcessRef, Request, SessionRef
 from jupyter_gpushare.server.enforce import Enforcer, _Watch
 from jupyter_gpushare.server.manager import QuotaManager
-from jupyter_gpushare.server.sampler import Sampler
+from jupyter_gpushare.server.sampler import Readings, Sampler, UsageSnapshot
 
 TREE = (
     "import subprocess, sys, time\n"
@@ -329,3 +330,34 @@ def test_a_reading_asked_for_comes_now_not_at_the_next_interval(sim):
         asyncio.run(case())
     finally:
         sampler.stop()
+
+
+def test_a_reading_begun_before_the_wait_asks_for_the_next_at_once_and_that_one_answers():
+    """``fresh`` is answered by the publish itself (no poll): a reading taken before the wait began does not answer
+    it, and asks the sampler for the next one at once; the next answers it as it is published; a wait that no
+    reading answers ends with None, and leaves nothing behind."""
+    readings = Readings()
+
+    def publish_from_the_samplers_thread(taken_at: float) -> None:
+        thread = threading.Thread(target=readings.publish, args=(UsageSnapshot(time=taken_at),))
+        thread.start()
+        thread.join()
+
+    async def case():
+        since = time.time()
+        waiting = asyncio.ensure_future(readings.fresh(since, 10))
+        await asyncio.sleep(0.05)
+        assert readings.wanted.is_set()
+        readings.wanted.clear()  # (the sampler's thread takes the request and reads)
+        publish_from_the_samplers_thread(since - 0.5)  # begun before the wait asked
+        await asyncio.sleep(0.1)
+        assert not waiting.done() and readings.wanted.is_set()  # asked for the next one at once
+        t0 = time.monotonic()
+        publish_from_the_samplers_thread(time.time())
+        got = await waiting
+        assert got.time > since and time.monotonic() - t0 < 0.5
+        assert await readings.fresh(since, 0.1) is got  # a fresh enough reading answers at once
+        assert await readings.fresh(time.time() + 60, 0.2) is None
+        assert readings._waiting == []
+
+    asyncio.run(case())
