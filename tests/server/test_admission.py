@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 
@@ -105,7 +106,7 @@ class TestWhenFull:
     def gpushare_config(self, gpushare_config, request):
         return {**gpushare_config, **request.param}
 
-    @pytest.mark.parametrize("gpushare_config", [{"queue_timeout": 1.0}], indirect=True)
+    @pytest.mark.parametrize("gpushare_config", [{"queue_timeout": 3.0}], indirect=True)
     async def test_a_wait_past_the_queue_timeout_ends_with_the_reason(self, gpushare, jp_serverapp):
         await gpushare.start_kernel(), await gpushare.start_kernel()
         session, kid = await gpushare.open_notebook("late.ipynb")
@@ -113,7 +114,11 @@ class TestWhenFull:
         ended = await gpushare.wait_for(lambda: _event(gpushare, kid, "no-gpu"), what="the wait to time out")
         message = ended["message"]
         assert "needs 4.5 GiB (quota 4 GiB + 512 MiB CUDA context reserve)" in message
-        assert "most unreserved on any card is 1 GiB" in message and "waited 1 s in the queue" in message
+        assert "most unreserved on any card is 1 GiB" in message
+        waited = re.search(
+            r"waited (\d+) s in the queue", message
+        )  # (the wait as it was: the timeout, or a turn later)
+        assert waited and 3 <= int(waited[1]) <= 10, message
         assert "Shut down a kernel you no longer use" in message and ended["path"] == "late.ipynb"
         assert ended["code"] == "refused-timeout"  # the sidebar's words, from the figures
         words = event_words(ended["code"], ended["params"])

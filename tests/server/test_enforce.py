@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import psutil
 import pytest
@@ -92,6 +91,7 @@ class TestProtect:
     async def test_on_a_shared_card_interrupt_then_restart(self, gpushare, jp_serverapp):
         kid, neighbour = await gpushare.start_kernel(), await gpushare.start_kernel()
         assert (await gpushare.kernel(kid))["held"]["watchdog"] == "protect"  # the default
+        await run_in_kernel(jp_serverapp, kid, "pass")  # up (an interrupt during its start would end it)
         before = await gpushare.kernel(kid)
         fake_of(jp_serverapp).add_process(before["pid"], 3000)  # held whatever an interrupt does
         interrupted = await gpushare.wait_for(lambda: _event(gpushare, kid, "over-quota-interrupt"), what="interrupt")
@@ -142,10 +142,11 @@ class TestIdle:
         client.start_channels()
         try:
             await client.wait_for_ready(timeout=60)
-            client.execute("import time; time.sleep(4)")
+            client.execute("import time; time.sleep(60)")
             await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="busy kernel not idle")
             await asyncio.sleep(2.5)  # longer than idle_timeout, still inside the cell
             assert (await gpushare.kernel(kid))["state"] == "running"
+            await jp_serverapp.kernel_manager.interrupt_kernel(kid)
         finally:
             client.stop_channels()
         assert kid in jp_serverapp.kernel_manager.list_kernel_ids()  # warn only: never shut down
@@ -204,10 +205,13 @@ class TestTheft:
         self, gpushare, jp_serverapp
     ):
         (kid, *neighbours), (pid, *neighbour_pids) = await self._kernels(gpushare, 4)
-        started = time.monotonic()
-        await run_in_kernel(jp_serverapp, kid, "import gpushare_simulate; gpushare_simulate.use('6GiB')")
+        claimed = await run_in_kernel(
+            jp_serverapp,
+            kid,
+            "import gpushare_simulate, time; t = time.time(); gpushare_simulate.use('6GiB'); print(t)",
+        )
         restarted = await gpushare.wait_for(lambda: _event(gpushare, kid, "over-quota-restart"), what="restart")
-        assert time.monotonic() - started <= 3.0 + 1.0  # acted on within 3 s of the claim (1 s for the cell's reply)
+        assert restarted["time"] - float(claimed) <= 3.0  # acted on within 3 s of the claim (the grace is 30 s)
         assert restarted["why"] == "theft" and restarted["stolen_mib"] == 3584 and restarted["over_s"] is None
         assert event_words(restarted["code"], restarted) == (
             "Restarted at once: it took 3.5 GiB of GPU memory other kernels had reserved. Ask for a larger quota."
@@ -225,12 +229,12 @@ class TestTheft:
             kid,
             "import subprocess, sys\n"
             "p = subprocess.Popen([sys.executable, '-c', 'import gpushare_simulate, time; "
-            'gpushare_simulate.use("6GiB"); time.sleep(120)\'])\n'
+            'print(time.time(), flush=True); gpushare_simulate.use("6GiB"); time.sleep(120)\'], stdout=subprocess.PIPE)\n'
             "print(p.pid)",
         )
-        started = time.monotonic()
         stopped = await gpushare.wait_for(lambda: _event(gpushare, kid, "over-quota-stop"), what="stop")
-        assert time.monotonic() - started <= 3.0
+        claimed = await run_in_kernel(jp_serverapp, kid, "print(p.stdout.readline().decode().strip())")
+        assert stopped["time"] - float(claimed) <= 3.0  # (the child's own clock: its start is not counted)
         assert stopped["stopped"] == [int(child)] and stopped["why"] == "theft" and stopped["processes"] == 1
         assert event_words(stopped["code"], stopped) == (
             "Ended 1 process it started, which took 3.5 GiB other kernels had reserved. It runs on."
@@ -269,13 +273,14 @@ class TestOverUseAcrossDips:
             "def cycle():\n"
             "    while True:\n"
             "        gpushare_simulate.use('3GiB'); time.sleep(1.8); gpushare_simulate.use(0); time.sleep(0.4)\n"
-            "threading.Thread(target=cycle, daemon=True).start()"
+            "started = time.time()\n"
+            "threading.Thread(target=cycle, daemon=True).start()\n"
+            "print(started)"
         )
-        await run_in_kernel(jp_serverapp, kid, code)
-        started = time.monotonic()
+        started = float(await run_in_kernel(jp_serverapp, kid, code))
         acted = await gpushare.wait_for(lambda: _event(gpushare, kid, "over-quota-interrupt"), what="action")
         assert acted["why"] == "grace" and acted["over_s"] >= 2.0
-        assert time.monotonic() - started <= 2 * 2.0 + 1.0
+        assert acted["time"] - started <= 2 * 2.0 + 1.0  # (from the cycle's start, in the kernel)
 
 
 class TestAnotherCard:

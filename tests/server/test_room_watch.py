@@ -47,7 +47,7 @@ async def test_a_release_by_another_server_grants_the_next_in_line_at_once(gpush
         took = time.monotonic() - released
     finally:
         other.close()
-    assert took < 5.0, f"granted {took:.2f} s after another server's release: not pushed"
+    assert took < 15.0, f"granted {took:.2f} s after another server's release: not pushed (the poll is 30 s)"
 
 
 async def _live(watch) -> bool:

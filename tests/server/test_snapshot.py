@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 
@@ -89,7 +90,9 @@ def test_changes_close_together_are_built_into_few_snapshots(manager):
         for i in range(100):
             manager.event("note", None, f"change {i}")
             snapshots.changed(None)
-        await asyncio.sleep(0.3)  # past the settling time: the owner built them without a reader
+        deadline = time.monotonic() + 10
+        while len(snapshots.current.events) < 100 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # past the settling time: the owner builds them without a reader
         snap = snapshots.current
         assert len(snap.events) == 100 and snap.seq - first <= 2
 

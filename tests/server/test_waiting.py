@@ -21,6 +21,11 @@ from kernels import cell_result, run_in_kernel, send_cell, stream_until
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpushare.core.words import event_words
+from jupyter_gpushare.ledger.ledger import Ledger
+
+# "At once": far below what each bug these tests guard would take (held until a grant that never comes here, or
+# jupyter_client's 60 s kernel_info_timeout), and above what a loaded 2-core host takes for a start or a websocket.
+AT_ONCE_S = 10.0
 
 
 @pytest.fixture
@@ -58,7 +63,7 @@ async def test_a_kernel_in_line_runs_cpu_cells_at_once_and_its_gpu_import_waits_
     sessions = await full_card(gpushare)
     t0 = time.monotonic()
     _, kid = await gpushare.open_notebook("week2/train.ipynb")
-    assert time.monotonic() - t0 < 1.0  # the start answers at once, not when the kernel is admitted
+    assert time.monotonic() - t0 < AT_ONCE_S  # the start answers at once, not when the kernel is admitted
     await gpushare.wait_for(
         lambda: _reason_is(jp_fetch, kid, "Waiting for a GPU: #1 in line, needs 4.5 GiB"), what="the model's reason"
     )
@@ -68,7 +73,7 @@ async def test_a_kernel_in_line_runs_cpu_cells_at_once_and_its_gpu_import_waits_
     session = Session()
     t0 = time.monotonic()
     ws = await kernel_ws(kid, session.session)
-    assert time.monotonic() - t0 < 1.0  # the websocket opens at once too
+    assert time.monotonic() - t0 < AT_ONCE_S  # the websocket opens at once too
     cpu = send_cell(ws, session, "import os; kept = 41; os.getpid(), os.environ['CUDA_VISIBLE_DEVICES']")
     pid = standin_pid(jp_serverapp, kid)
     assert await cell_result(ws, kid, cpu, timeout=15) == f"({pid}, '')"  # ran while waiting, no GPU visible
@@ -145,7 +150,7 @@ async def test_closing_a_waiting_notebook_takes_it_out_of_line_at_once(gpushare,
     pid = standin_pid(jp_serverapp, k1)
     t0 = time.monotonic()
     await gpushare.close_notebook(s1)
-    assert time.monotonic() - t0 < 1.5
+    assert time.monotonic() - t0 < AT_ONCE_S
     assert k1 not in jp_serverapp.kernel_manager.list_kernel_ids() and not psutil.pid_exists(pid)
     queue = (await gpushare.get("queue"))["queue"]
     assert [(q["position"], q["kernel_id"]) for q in queue] == [(1, k2)]
@@ -162,7 +167,7 @@ async def test_restarting_or_interrupting_a_waiting_kernel_keeps_its_place(gpush
     assert psutil.pid_exists(old) and await gpushare.state_of(k1) == "queued"
     t0 = time.monotonic()
     r = await jp_fetch("api", "kernels", k1, "restart", method="POST", body="{}")
-    assert r.code == 200 and time.monotonic() - t0 < 3.0  # not held until kernel_info_timeout
+    assert r.code == 200 and time.monotonic() - t0 < AT_ONCE_S  # not held until kernel_info_timeout
     assert standin_pid(jp_serverapp, k1) != old
     queue = (await gpushare.get("queue"))["queue"]
     assert [q["kernel_id"] for q in queue] == [k1, k2]  # still first in line
@@ -196,13 +201,15 @@ async def test_a_second_restart_while_one_runs_is_refused_with_409(gpushare, jp_
 class TestUnwatched:
     @pytest.fixture
     def gpushare_config(self, gpushare_config):
-        return {**gpushare_config, "queue_unwatched_timeout": 3.0}
+        return {**gpushare_config, "queue_unwatched_timeout": 120.0}
 
     async def test_a_waiting_kernel_no_client_watches_leaves_the_line(self, gpushare, jp_serverapp, kernel_ws):
         sessions = await full_card(gpushare)
         orphan = await gpushare.start_kernel()  # POST /api/kernels, and nobody connects
-        _, watched = await gpushare.open_notebook("watched.ipynb")  # (its websocket can take over 1 s to open here)
+        _, watched = await gpushare.open_notebook("watched.ipynb")
         ws = await kernel_ws(watched, Session().session)
+        # The setting's 3 s from here on: a websocket can take longer than that to open on a loaded 2-core host
+        jp_serverapp.web_app.settings["gpushare_manager"].line.queue.unwatched_s = 3.0
         left = await gpushare.wait_for(lambda: _event(gpushare, orphan, "cancelled"), what="the orphan to leave")
         assert "no notebook or program was connected to this kernel for 3 s" in left["message"]
         assert left["code"] == "cancelled-unwatched" and event_words(left["code"], left["params"]) == (
@@ -215,13 +222,16 @@ class TestUnwatched:
         ws.close()
 
 
-async def test_no_reservation_goes_to_a_kernel_without_a_notebook_or_a_client(gpushare, jp_serverapp):
+async def test_no_reservation_goes_to_a_kernel_without_a_notebook_or_a_client(gpushare, jp_serverapp, ledger_file):
     sessions = await full_card(gpushare)
     nobody = await gpushare.start_kernel()  # in line first, but nothing wants it
     _, wanted = await gpushare.open_notebook("wanted.ipynb")
     # The kernel nobody wants steps out of the host's line after line.UNWANTED_S (3 s), so that it holds up
     # no one: the notebook's kernel behind it is admitted as soon as room is freed.
-    await asyncio.sleep(4)
+    ledger = Ledger(ledger_file)
+    await gpushare.wait_for(
+        lambda: _true([w.kernel_id for w in ledger.waiters()] == [wanted]), what="the unwanted one out of the line"
+    )
     await gpushare.close_notebook(sessions[0])
     await gpushare.wait_for(
         lambda: _state(gpushare, wanted, "running"), timeout=10, what="the notebook's kernel admitted"
