@@ -9,6 +9,11 @@ No framework has initialised CUDA by then (their imports wait for it here), so e
 child process started afterwards see the card and the quota. A grant of ``GPUSHARE_MODE=cpu`` is a wait that
 ended without a GPU: the frameworks then import without one, and the waiting cell says why.
 
+A kernel granted its GPU in line may be asked to give it back while others wait and it has not used it
+(``{"standby": {...}}``: the server's parking.py): it agrees only if no GPU framework was imported, and then
+stands by as a kernel that asks at its first GPU use does. It answers on its ask pipe (``standby`` or
+``kept:<why>``), where it also asks again at its next GPU use.
+
 Standard library only; the kernel process alone reads the pipe (its children do not inherit it).
 """
 
@@ -72,8 +77,8 @@ def _read(pipe) -> None:
                         message = json.loads(line)
                     except ValueError:
                         continue
-                    if isinstance(message, dict) and _take(message):
-                        return
+                    if isinstance(message, dict):
+                        _take(message)
     except OSError:
         pass
     finally:
@@ -82,26 +87,60 @@ def _read(pipe) -> None:
             _cond.notify_all()
 
 
-def _take(message: dict) -> bool:
-    """Apply one message from the server; True once the GPU's grant came (a wait that ended without a GPU keeps the
-    pipe: the kernel may join the line again, ``can_rejoin``)."""
-    place, grant = message.get("wait"), message.get("grant")
+def _take(message: dict) -> None:
+    """Apply one message from the server. The pipe is read to its end (the server closes it when nothing more can
+    come): a wait that ended without a GPU may join the line again (``can_rejoin``), and a kernel granted its GPU in
+    line may be asked to stand by."""
+    place, grant, standby = message.get("wait"), message.get("grant"), message.get("standby")
     with _cond:
         if message.get("rejoin") is True:
             _rejoined()
         if isinstance(place, dict):
             _state["place"] = place
         if isinstance(grant, dict):
-            for name, value in grant.items():
-                if not isinstance(name, str) or name in KEPT:
-                    continue
-                if value is None:
-                    os.environ.pop(name, None)
-                elif isinstance(value, str):
-                    os.environ[name] = value
+            _apply(grant)
             _state["granted"] = True
+        if isinstance(standby, dict):
+            _tell(_stand_by(standby))
         _cond.notify_all()
-    return bool(_state["granted"]) and os.environ.get(env.MODE) == "gpu"
+
+
+def _apply(changes: dict) -> None:
+    """The server's changes to this kernel's environment (null: removed); never this process's own variables."""
+    for name, value in changes.items():
+        if not isinstance(name, str) or name in KEPT:
+            continue
+        if value is None:
+            os.environ.pop(name, None)
+        elif isinstance(value, str):
+            os.environ[name] = value
+
+
+def _stand_by(changes: dict) -> str:
+    """The server asks this kernel to give back the GPU it holds and has not used: it does, unless a GPU framework
+    (or CUDA binding) was imported since its start (that one may hold the card, or will: CUDA is set up once a
+    process). Then the next GPU import asks for a GPU again and waits, as at a first use. What to answer. (Called
+    with ``_cond`` held, as every import's wait for the GPU takes it: none begins meanwhile.)"""
+    if not _state["granted"] or os.environ.get(env.MODE) != "gpu":
+        return "kept:not-granted"
+    imported = [name for name in WAITS if name in sys.modules]
+    if imported:
+        return "kept:" + ",".join(imported)
+    _apply(changes)
+    _state["granted"], _state["place"] = False, None
+    return "standby"
+
+
+def _tell(answer: str) -> bool:
+    """Write one line to the server on the ask pipe; False when it cannot be (no pipe, or the server is gone)."""
+    fd = _state["ask_fd"]
+    if fd is None:
+        return False
+    try:
+        os.write(fd, answer.encode() + b"\n")
+    except OSError:
+        return False
+    return True
 
 
 def can_rejoin() -> str:
@@ -129,18 +168,11 @@ def _rejoined() -> None:
 
 
 def _ask() -> bool:
-    """Ask the server for this kernel's GPU (its first GPU use), once: it then waits as a kernel in line does. False
-    when it cannot ask (no pipe, or the server is gone): the framework goes on without a GPU. (Called with ``_cond``
-    held.)"""
-    fd, _state["ask_fd"] = _state["ask_fd"], None
-    if fd is None:
+    """Ask the server for this kernel's GPU (its first GPU use, or the first since it stood by): it then waits as a
+    kernel in line does. False when it cannot ask (no pipe, or the server is gone): the framework goes on without a
+    GPU. (Called with ``_cond`` held.)"""
+    if not _tell("ask"):
         return False
-    try:
-        os.write(fd, b"ask\n")
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
     os.environ[env.MODE] = "queued"
     return True
 

@@ -68,6 +68,8 @@ CATALOGUE: dict[str, str] = {
     "event.parked": "Parked: {parked_mib} moved to host memory in {park_s}; its reservation went to the line until "
     "its next cell.",
     "event.park-failed": "Could not be parked, and runs on: {reason}",
+    "event.stood-by": "Gave its {reserved_mib} GPU reservation to the line, unused for {held_s} while others waited. "
+    "Its next GPU use asks again.",
     "event.teacher-front": "{by} moved it to the front of the line[: {why}]. It is served first where it fits.",
     "event.teacher-remove": "{by} took it out of the line[: {why}]. Its cells run on without a GPU.",
     "event.teacher-release": "{by} gave its GPU reservation back[: {why}].",
@@ -202,6 +204,7 @@ SEVERITY: dict[str, str] = {
     "over-quota-shutdown": "warning",
     "idle-shutdown": "warning",
     "teacher-front": "info",
+    "stood-by": "info",
     "teacher-remove": "warning",
     "teacher-release": "warning",
 }

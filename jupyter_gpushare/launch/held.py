@@ -13,10 +13,13 @@ wait that ended without a GPU, ``GPUSHARE_MODE=cpu`` and the reason). The grant 
 same process, with its state, runs on with the card opened to it. End of file before a grant (the server shut
 the kernel down, or is gone) leaves the GPU hidden.
 
-A kernel that asks at its first GPU use (line_place = 'first-use': ``GPUSHARE_MODE=standby``) also gets the write
-end of a second pipe, ``GPUSHARE_ASK_FD``: its first GPU framework import writes ``ask`` there, once, and then waits
-for the grant as a kernel in line does. The server reads that pipe (``listen``) and puts the kernel in line; any
-other bytes are the kernel's own business and are dropped, and past ASK_LIMIT of them the pipe is closed.
+Every such kernel also gets the write end of a second pipe, ``GPUSHARE_ASK_FD``, for what it says to the server, one
+line each. A kernel that asks at its first GPU use (line_place = 'first-use': ``GPUSHARE_MODE=standby``) writes
+``ask`` there at its first GPU framework import, and then waits for the grant as a kernel in line does; the server
+reads that pipe (``listen``) and puts the kernel in line. A Python kernel granted its GPU through the pipe keeps it
+open: while others wait, the server may ask it to give the GPU back if it has not used it (``stand_by``); it
+answers ``standby`` (it holds no GPU now, and asks again at its next GPU use) or ``kept:<why>``. Any other line
+is the kernel's own business and is dropped, and past ASK_LIMIT bytes of them the pipe is closed.
 
 A wait that ended without a GPU keeps the pipe open: the kernel may join the line again in place (``rejoin``;
 the kernel agrees first, ``_gpushare_wait.can_rejoin``), and its next wait and grant come through the same pipe.
@@ -32,14 +35,15 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from ..bootstrap import _gpushare_env as names
 
 STANDIN = str(Path(__file__).with_name("standin.py"))
-ASK = b"ask"  # the one line the kernel writes on its ask pipe
+ASK = b"ask"  # the kernel asks for its GPU (its ask pipe)
+STANDBY, KEPT = b"standby", b"kept:"  # its answers when asked to stand by
 ASK_LIMIT = 4096  # bytes read from a kernel's ask pipe before it is closed (a kernel that writes anything else)
 
 
@@ -55,13 +59,18 @@ def standin_command(groups: list[str], cmd: list[str], broker: tuple[str, str] |
 class HeldStart:
     """One running kernel's wait for its GPU: the pipe that carries its place in line and then its grant."""
 
-    def __init__(self, asks: bool = False) -> None:
+    def __init__(self) -> None:
         self._read_fd: int | None = None
         self._write_fd: int | None = None
-        self._asks = asks  # the kernel asks at its first GPU use (GPUSHARE_ASK_FD)
-        self._ask_read: int | None = None
+        self._ask_read: int | None = None  # what the kernel says (GPUSHARE_ASK_FD)
         self._ask_write: int | None = None
-        self._ask_seen = b""
+        self._ask_seen = b""  # a line the kernel has not ended yet
+        self._ask_junk = 0  # bytes of lines that were neither an ask nor an answer
+        self._on_ask: Callable[[], None] | None = None
+        self._on_stood_by: Callable[[], Awaitable[None]] | None = None
+        self._standby: tuple[asyncio.Future[str], dict[str, str]] | None = None  # asked to stand by: answer, env
+        self._standing = False  # it agreed, and the server is not done with it yet (an ask waits till then)
+        self._ask_deferred = False
         self._ask_loop: asyncio.AbstractEventLoop | None = None  # where the ask pipe is read (``listen``)
         self._last: bytes = b""
         self._ended = False
@@ -75,12 +84,10 @@ class HeldStart:
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)  # a kernel that does not read never blocks the server
         self.env = {**(kwargs.get("env") or os.environ), names.GRANT_FD: str(self._read_fd)}
-        passed = (*kwargs.get("pass_fds", ()), self._read_fd)
-        if self._asks:
-            self._ask_read, self._ask_write = os.pipe()
-            os.set_blocking(self._ask_read, False)
-            self.env[names.ASK_FD] = str(self._ask_write)
-            passed += (self._ask_write,)
+        self._ask_read, self._ask_write = os.pipe()
+        os.set_blocking(self._ask_read, False)
+        self.env[names.ASK_FD] = str(self._ask_write)
+        passed = (*kwargs.get("pass_fds", ()), self._read_fd, self._ask_write)
         return {**kwargs, "env": self.env, "pass_fds": passed}
 
     def launched(self) -> None:
@@ -95,13 +102,15 @@ class HeldStart:
         if not self.started.done():
             self.started.set_result(True)
 
-    def listen(self, on_ask: Callable[[], None]) -> None:
-        """Call ``on_ask`` (on the event loop) when the kernel asks for its GPU, once; then stop listening."""
-        if self._ask_read is not None:
+    def listen(self, on_ask: Callable[[], None], on_stood_by: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Call ``on_ask`` (on the event loop) each time the kernel asks for its GPU, and await ``on_stood_by`` once
+        it agreed to stand by (``stand_by``); an ask meanwhile waits until that is done."""
+        self._on_ask, self._on_stood_by = on_ask, on_stood_by
+        if self._ask_read is not None and self._ask_loop is None:
             self._ask_loop = asyncio.get_running_loop()
-            self._ask_loop.add_reader(self._ask_read, self._read_ask, on_ask)
+            self._ask_loop.add_reader(self._ask_read, self._read_ask)
 
-    def _read_ask(self, on_ask: Callable[[], None]) -> None:
+    def _read_ask(self) -> None:
         assert self._ask_read is not None  # (the reader is removed with it)
         try:
             data = os.read(self._ask_read, ASK_LIMIT)
@@ -109,12 +118,46 @@ class HeldStart:
             return
         except OSError:
             data = b""
-        self._ask_seen = (self._ask_seen + data)[-ASK_LIMIT:]
-        asked = ASK in self._ask_seen.split(b"\n")[:-1]
-        if asked or not data or len(self._ask_seen) >= ASK_LIMIT:  # asked; or closed (the kernel is gone); or junk
+        *lines, self._ask_seen = (self._ask_seen + data).split(b"\n")
+        said: list[bytes] = []
+        for line in lines:
+            if line == ASK or line == STANDBY or line.startswith(KEPT):
+                said.append(line)
+            else:
+                self._ask_junk += len(line) + 1
+        if not data or self._ask_junk + len(self._ask_seen) >= ASK_LIMIT:  # closed (the kernel is gone); or junk
             self._stop_asks()
-        if asked:
-            on_ask()
+        for line in said:
+            if line != ASK:
+                self._answered(line[:200].decode("ascii", "replace"))
+            elif self._standing:
+                self._ask_deferred = True
+            elif self._on_ask is not None:
+                self._on_ask()
+
+    def _answered(self, said: str) -> None:
+        """The kernel's answer to ``stand_by``; one nobody asked for changes nothing."""
+        asked, self._standby = self._standby, None
+        if asked is None or asked[0].done():
+            return
+        answer, env = asked
+        if said != STANDBY.decode():
+            answer.set_result(said)
+            return
+        self.env, self._last, self._standing = env, b"", True
+        asyncio.ensure_future(self._stood_by(answer))
+
+    async def _stood_by(self, answer: asyncio.Future[str]) -> None:
+        try:
+            if self._on_stood_by is not None:
+                await self._on_stood_by()
+        finally:
+            self._standing = False
+            answer.set_result(STANDBY.decode())
+            if self._ask_deferred:
+                self._ask_deferred = False
+                if self._on_ask is not None:
+                    self._on_ask()
 
     def _stop_asks(self) -> None:
         fd, self._ask_read = self._ask_read, None
@@ -122,6 +165,11 @@ class HeldStart:
             if self._ask_loop is not None:
                 self._ask_loop.remove_reader(fd)
             os.close(fd)
+
+    @property
+    def answers(self) -> bool:
+        """Whether the kernel can still say something (its ask pipe is open and listened to)."""
+        return self._ask_read is not None and self._ask_loop is not None
 
     def progress(self, place: dict[str, Any]) -> None:
         """Tell the kernel where it stands in line: only what changed, and nothing while the pipe is full (a line
@@ -135,17 +183,24 @@ class HeldStart:
         except (BlockingIOError, BrokenPipeError):
             pass  # full (a kernel that does not read), or gone (shut down meanwhile: its exit says the rest)
 
-    async def release(self, granted: dict[str, str]) -> None:
-        """Hand the kernel its grant: what ``granted`` (the grant's variables, kernel_env.py) changes in its
-        environment, and the GPUSHARE_* variables it no longer has (as null). A GPU's grant closes the pipe; a wait
-        that ended without one keeps it, for a wait again in place (``rejoin``)."""
-        if self._write_fd is None:
-            raise RuntimeError("the kernel's wait for a GPU has ended")
+    def _changes(self, granted: dict[str, str]) -> dict[str, str | None]:
+        """What ``granted`` (kernel_env.py's variables) changes in the kernel's environment as it is now, with the
+        GPUSHARE_* variables it no longer has (as null)."""
         changes: dict[str, str | None] = {k: v for k, v in granted.items() if self.env.get(k) != v}
         changes.update({k: None for k in self.env if k.startswith("GPUSHARE_") and k not in granted})
         changes.pop(names.GRANT_FD, None)
+        changes.pop(names.ASK_FD, None)
+        return changes
+
+    async def release(self, granted: dict[str, str], keep: bool = False) -> None:
+        """Hand the kernel its grant: what ``granted`` (the grant's variables, kernel_env.py) changes in its
+        environment. A GPU's grant closes the pipe, unless ``keep`` (the server may ask the kernel to stand by
+        later); a wait that ended without one keeps it, for a wait again in place (``rejoin``)."""
+        if self._write_fd is None:
+            raise RuntimeError("the kernel's wait for a GPU has ended")
+        changes = self._changes(granted)
         data = (json.dumps({"grant": changes}) + "\n").encode()
-        final = granted.get(names.MODE) == "gpu"
+        final = granted.get(names.MODE) == "gpu" and not keep
         fd, self._write_fd = self._write_fd, None  # ours alone while it is written (``end`` may come meanwhile)
         try:
             os.set_blocking(fd, True)
@@ -159,6 +214,25 @@ class HeldStart:
         self.env = {k: v for k, v in {**self.env, **changes}.items() if v is not None}  # what the kernel has now
         if final:
             self.end()
+
+    async def stand_by(self, standby: dict[str, str], timeout: float) -> str:
+        """Ask the kernel to give its GPU back and stand by (``standby``: kernel_env.py's variables of a kernel that
+        asks at its first GPU use). "standby" once it agreed and ``listen``'s ``on_stood_by`` is done; else what it
+        said ("kept:<why>"), or "cannot" (no pipe to it, or no answer within ``timeout``: one that comes later
+        still stands it by)."""
+        if self._write_fd is None or not self.answers or self._standby is not None or self._standing:
+            return "cannot"
+        changes = self._changes(standby)
+        try:
+            os.write(self._write_fd, (json.dumps({"standby": changes}) + "\n").encode())  # (whole: under PIPE_BUF)
+        except (BlockingIOError, BrokenPipeError):
+            return "cannot"
+        answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._standby = (answer, {k: v for k, v in {**self.env, **changes}.items() if v is not None})
+        try:
+            return await asyncio.wait_for(asyncio.shield(answer), timeout)
+        except asyncio.TimeoutError:
+            return "cannot"
 
     def rejoin(self) -> None:
         """Tell the kernel, whose wait ended without a GPU, that it waits again in place (it agreed first:

@@ -55,6 +55,7 @@ from .kernel_env import PEAK_BEFORE, kernel_env
 
 WAITING = "Waiting for a GPU"  # how the server's kernel model's reason begins while a kernel is in line
 JOIN_ASK_S = 3.0  # how long a kernel has to agree to join the line again in place (a cell that runs delays it)
+STAND_BY_ASK_S = 3.0  # how long a kernel has to answer when asked to stand by (its pipe's thread answers)
 
 
 class GpuShareProvisioner(LocalProvisioner):
@@ -137,7 +138,7 @@ class GpuShareProvisioner(LocalProvisioner):
                 del kwargs["env"][DEFAULT_ENV]
             assert self._grant is not None  # (admitted above, or kept from before the restart)
             if self._grant.mode in ("queued", "standby"):  # it runs at once, its GPU hidden until the grant (held.py)
-                self._held = HeldStart(asks=self._grant.mode == "standby")
+                self._held = HeldStart()
             kwargs["env"].update(self._kernel_env(kwargs["env"]))
         except BaseException:
             await self._release("failed to start")
@@ -259,17 +260,40 @@ class GpuShareProvisioner(LocalProvisioner):
             raise
         if held is not None:
             held.launched()
-            if self._grant is not None and self._grant.mode == "standby":
-                held.listen(lambda: self._asked(held))
-            else:
+            held.listen(lambda: self._asked(held), lambda: self._stood_by(held))
+            if self._grant is None or self._grant.mode != "standby":
                 self._admitting = asyncio.ensure_future(self._admit_held(held))
         return info
 
     def _asked(self, held: HeldStart) -> None:
-        """The kernel's first GPU use asks for its GPU (line_place = 'first-use'): it joins the line now."""
+        """The kernel's first GPU use asks for its GPU (line_place = 'first-use', or since it stood by): it joins the
+        line now."""
         rec = self._manager().records.get(self.kernel_id)
         if held is self._held and rec is not None and rec.state == "standby" and self._admitting is None:
             self._admitting = asyncio.ensure_future(self._in_line(held))
+
+    async def stand_by(self) -> str:
+        """Give back the GPU this kernel holds and has not used, while others wait (parking.py decides when): the
+        kernel agrees only if it imported no GPU framework (``_gpushare_wait._stand_by``); it then holds no
+        reservation, its card is closed to it, and its next GPU use asks again, as at a first use. Returns
+        "standby", else what the kernel said ("kept:<why>") or "cannot" (no pipe to it, or no answer in time: an
+        answer that comes later still stands it by)."""
+        manager, held = self._manager(), self._held
+        rec = manager.records.get(self.kernel_id)
+        if held is None or rec is None or rec.state != "running" or rec.lease is None:
+            return "cannot"
+        python = (self.kernel_spec.language or "").lower() == "python"
+        standby = kernel_env(Grant("standby"), self.kernel_id, python, held.env, report_dir())
+        return await held.stand_by(standby, STAND_BY_ASK_S)
+
+    async def _stood_by(self, held: HeldStart) -> None:
+        """The kernel agreed to stand by: the server gives its reservation to the line (parking.py); it asks again
+        at its next GPU use."""
+        try:
+            await self._manager().parking.stood_by(self.kernel_id)
+        finally:
+            if held is self._held:
+                self._grant, self._admitting = Grant("standby"), None
 
     async def _admit_held(self, held: HeldStart) -> None:
         """Wait for the held kernel's grant, then turn its stand-in into the kernel; or, if its wait ends without
@@ -295,9 +319,11 @@ class GpuShareProvisioner(LocalProvisioner):
         ``held``): the kernel may join the line again in place (``join_again``)."""
         manager = self._manager()
         assert self._grant is not None
+        python = (self.kernel_spec.language or "").lower() == "python"
+        keep = python and manager.holds_starts and manager.policy.line_place == "start"  # it may stand by later
         try:
             await manager.holding.open_cards(self.kernel_id, self._grant)
-            await held.release(self._kernel_env(held.env))
+            await held.release(self._kernel_env(held.env), keep=keep)
         except Exception:
             self.log.exception("jupyter-gpushare: kernel %s could not be given its GPU after its wait", self.kernel_id)
             held.end()
@@ -396,7 +422,8 @@ class GpuShareProvisioner(LocalProvisioner):
 
     @property
     def held(self) -> HeldStart | None:
-        """The kernel's start while it waits for its grant (None once it runs, or when it never waited)."""
+        """The kernel's pipes while it waits for its grant, and after it for a Python kernel granted in line under
+        'start' (it may be asked to stand by); None when it never waited, or once they are closed."""
         return self._held
 
     async def shutdown_requested(self, restart: bool = False) -> None:

@@ -134,6 +134,13 @@ class ServerStarts:
             self.log.warning("jupyter-gpushare: kernel %s could not be restarted: %s", kernel_id, e)
             return False
 
+    async def stand_by(self, kernel_id: str) -> str:
+        provisioner = (
+            getattr(self.kernels.get_kernel(kernel_id), "provisioner", None) if kernel_id in self.kernels else None
+        )
+        stand_by = getattr(provisioner, "stand_by", None)
+        return "cannot" if stand_by is None else await stand_by()
+
     async def trim(self, kernel_id: str) -> list[str] | None:
         """Ask the kernel to evaluate its bootstrap's ``trim()`` (``ask``); what it says is read only as names of
         frameworks it knows. None when it did not answer within TRIM_TIMEOUT_S (a cell runs after all, or no

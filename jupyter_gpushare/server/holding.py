@@ -78,6 +78,12 @@ class Holding:
             await self._blocking(self.cgroups.allow, kernel_id, card_minors(grant.card))
             await self._blocking(self._limit, kernel_id, grant)
 
+    async def close_cards(self, kernel_id: str) -> None:
+        """A kernel gives its GPU back and runs on (parking.py, ``stood_by``): its group may open no card again until
+        its next grant, and no driver limit is left on it."""
+        await self._blocking(self.cgroups.allow, kernel_id, None)
+        await self._blocking(self._limit, kernel_id, None)
+
     async def end(self, kernel_id: str, restart: bool) -> None:
         """The kernel's process is gone: end what is left in its groups (what it started and left behind) and,
         unless it restarts, remove them."""

@@ -12,6 +12,12 @@ start), nor touch a card itself (host/checkpoint.py does, through the driver or 
   frameworks' cached memory back (the server's ``trim``), then its GPU processes are checkpointed,
   the card is read until it shows them holding nothing, and the reservation is given back. Every view says
   ``parked``. A park that fails leaves the kernel running and is not tried again for that process.
+- **Stand by**, first, a kernel that holds a reservation it has not used: granted in line (its pipe is open), with
+  nothing of it on the card, no GPU framework in its reports, and held ``after_s`` while another kernel waits, busy
+  with a CPU cell or not. It is asked (its provisioner's ``stand_by``) and agrees only if it imported no GPU
+  framework; it then gives its reservation to the line and runs on, its card closed, and its next GPU use asks again
+  as at a first use (line_place = 'first-use'). Nothing is checkpointed, and its cells are never held. One that
+  says no (or cannot be asked) is not asked again for that process; once idle, it may be parked.
 - **Resume** at the kernel's next cell (connection.py holds the cell meanwhile) or on request: it asks for its
   reservation again on the same card, through the line, then restores. A resume that waits past the line's
   timeout leaves the kernel parked; its next cell asks again.
@@ -62,10 +68,13 @@ class Parking:
         self.given_back_mib_s = 0.0  # reserved MiB × seconds parked, of kernels resumed or gone
         self.seconds: dict[str, list[float]] = {"park": [], "resume": []}  # the last moves' durations
         self._parking: dict[str, int] = {}  # the kernels being parked now: the reservation each gives back
-        self._candidates: list[tuple[float, KernelRecord, list[int], int, int | None]] = []  # (this reading's)
+        # (this reading's) idle for, record, processes to checkpoint (None: to stand by), MiB used, pid
+        self._candidates: list[tuple[float, KernelRecord, list[int] | None, int, int | None]] = []
         self._settling: list[tuple[float, int]] = []  # parks just done: (monotonic) until when, the MiB given back
         self._soonest = math.inf  # (this reading's) in how many s a kernel not yet idle long enough will be
         self._wake: asyncio.TimerHandle | None = None  # the reading asked for then (``_read_at``)
+        self._standing: dict[str, int] = {}  # kernels being asked to stand by now: the reservation each gives back
+        self._kept: dict[str, int | None] = {}  # kernels that would not stand by: the process that said so
 
     # -- what is parked ------------------------------------------------------------------------------
 
@@ -120,6 +129,8 @@ class Parking:
         """One kernel of this reading that may be parked (the enforcer calls it for each, then ``decide``);
         ``execution``: its state as Jupyter last heard it."""
         kid = rec.kernel_id
+        if self._may_stand_by(rec, usage, frameworks, idle_for, execution):
+            return
         if (
             not self.rules.after_s
             or execution == "busy"
@@ -145,6 +156,30 @@ class Parking:
         pids = holding(usage.processes)
         self._candidates.append((idle_for, rec, pids, used, usage.pid))
 
+    def _may_stand_by(
+        self, rec: KernelRecord, usage: Any, frameworks: Sequence[str], idle_for: float, execution: str | None
+    ) -> bool:
+        """Whether the kernel is one of this reading's to ask to stand by (the module's docstring): it holds a
+        reservation, has held it ``after_s`` without anything on the card, and reports no GPU framework."""
+        kid, lease = rec.kernel_id, rec.lease
+        if (
+            not self.rules.after_s
+            or rec.state != "running"
+            or lease is None
+            or frameworks
+            or usage.processes
+            or kid in self._moving
+            or self._kept.get(kid, -1) == usage.pid
+            or (execution == "starting" and idle_for < STARTING_S)
+        ):
+            return False
+        wait = self.rules.after_s - (time.time() - lease.created)
+        if wait > 0:
+            self._soonest = min(self._soonest, wait)
+            return True  # (not a park either: it would be the same kernel, sooner)
+        self._candidates.append((math.inf, rec, None, 0, usage.pid))
+        return True
+
     def touch(self, kernel_id: str) -> None:
         """A cell goes to the kernel now (connection.py), or it came back: it is not idle, whatever the last reading
         said (a reading can predate the cell; a park must never freeze a running cell)."""
@@ -160,15 +195,18 @@ class Parking:
         soonest, self._soonest = self._soonest, math.inf
         now = time.monotonic()
         self._settling = [(until, mib) for until, mib in self._settling if until > now]
-        coming = sum(self._parking.values()) + sum(mib for _, mib in self._settling)
-        if need_mib <= coming or self.checkpointer.unavailable():
+        coming = sum(self._parking.values()) + sum(self._standing.values()) + sum(mib for _, mib in self._settling)
+        if need_mib <= coming:
             return
+        if self.checkpointer.unavailable():  # only what stands by, which moves nothing
+            candidates = [c for c in candidates if c[2] is None]
         for _, rec, pids, used, pid in sorted(candidates, key=lambda c: (c[3], -c[0])):
             if coming >= need_mib or len(self._parking) >= AT_ONCE:
                 break
             assert rec.lease is not None
             coming += rec.lease.reserved_mib
-            self._start(rec.kernel_id, self._park(rec, pids, used, pid))
+            moving = self._stand_by(rec, pid) if pids is None else self._park(rec, pids, used, pid)
+            self._start(rec.kernel_id, moving)
         if coming < need_mib and soonest < math.inf:
             self._read_at(soonest)
 
@@ -199,6 +237,44 @@ class Parking:
         pids = holding(processes)
         used = (usage.used_mib or 0) if usage is not None else 0
         await self._start(kernel_id, self._park(rec, pids, used, usage.pid if usage else None))
+
+    async def _stand_by(self, rec: KernelRecord, pid: int | None) -> None:
+        """Ask a kernel to stand by (``decide``); its reservation counts as room coming meanwhile."""
+        kid = rec.kernel_id
+        reserved = rec.lease.reserved_mib if rec.lease is not None else 0
+        self._standing[kid] = reserved
+        try:
+            said = await self.kernels.services.starts.stand_by(kid)
+        finally:
+            del self._standing[kid]
+        if said == "standby":
+            self._settling.append((time.monotonic() + SETTLE_S, reserved))
+        else:
+            self._kept[kid] = pid
+
+    async def stood_by(self, kernel_id: str) -> None:
+        """A kernel agreed to stand by (its provisioner says so, whoever asked): its card closes to it and its
+        reservation goes to the line; it runs on as a kernel that asks at its first GPU use."""
+        rec = self.kernels.records.get(kernel_id)
+        if rec is None or rec.lease is None:
+            return
+        lease = rec.lease
+        rec.lease, rec.state, rec.card, rec.position = None, "standby", None, None
+        await self.kernels.holding.close_cards(kernel_id)
+        try:
+            await self.kernels.ledger.on(lambda ledger: ledger.release(kernel_id))
+        except Exception as e:  # noqa: BLE001 (a full disk, the broker down: reconcile gives its room back later)
+            self.kernels.event(
+                "release-pending", kernel_id, f"Its reservation will be given back once the ledger works: {e}"
+            )
+        held_s = round(time.time() - lease.created)
+        self.kernels.line.room_freed()
+        self.kernels.event(
+            "stood-by", kernel_id,
+            f"Gave its {format_mib(lease.reserved_mib)} reservation to the line: it had not used the GPU in the "
+            f"{held_s} s it held it while others waited. It runs on; its next GPU use asks for a GPU again.",
+            reserved_mib=lease.reserved_mib, held_s=held_s,
+        )  # fmt: skip
 
     async def _park(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None) -> None:
         reserved = rec.lease.reserved_mib if rec.lease is not None else 0
@@ -339,6 +415,7 @@ class Parking:
             self.given_back_mib_s += rec.parked.reserved_mib * (time.time() - rec.parked.since)
             rec.parked = None
         self._failed.pop(kernel_id, None)
+        self._kept.pop(kernel_id, None)
         self._touched.pop(kernel_id, None)
 
     def _start(self, kernel_id: str, move: Awaitable[None]) -> asyncio.Future:

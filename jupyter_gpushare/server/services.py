@@ -56,6 +56,11 @@ class KernelStarts(Protocol):
         """Restart a kernel (a teacher gave its reservation back and it cannot be parked); False where it cannot."""
         ...
 
+    async def stand_by(self, kernel_id: str) -> str:
+        """Ask a kernel that holds a GPU it has not used to give it back and stand by (its provisioner's
+        ``stand_by``): "standby", or why not ("kept:<why>", "cannot")."""
+        ...
+
     async def ask(self, kernel_id: str, expression: str, timeout: float) -> str | None:
         """The text of ``expression``'s value in the kernel (untrusted), "" when it raised; None without an answer."""
         ...
@@ -89,6 +94,10 @@ class ProgramStarts:
     async def restart(self, kernel_id: str) -> bool:
         """A program's kernels are its own to restart."""
         return False
+
+    async def stand_by(self, kernel_id: str) -> str:
+        """A program's kernels are never asked to stand by (its start waited for the GPU it holds)."""
+        return "cannot"
 
     async def ask(self, kernel_id: str, expression: str, timeout: float) -> str | None:
         """A program's kernels are its own to ask."""

@@ -75,6 +75,9 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       'Parked: {parked_mib} moved to host memory in {park_s}; its reservation went to the line until its next cell.'
     ),
     'event.park-failed': __('Could not be parked, and runs on: {reason}'),
+    'event.stood-by': __(
+      'Gave its {reserved_mib} GPU reservation to the line, unused for {held_s} while others waited. Its next GPU use asks again.'
+    ),
     'event.teacher-front': __(
       '{by} moved it to the front of the line[: {why}]. It is served first where it fits.'
     ),
