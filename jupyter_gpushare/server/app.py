@@ -134,11 +134,15 @@ class ServerStarts:
             self.log.warning("jupyter-gpushare: kernel %s could not be restarted: %s", kernel_id, e)
             return False
 
+    def _provisioner(self, kernel_id: str) -> Any:
+        return getattr(self.kernels.get_kernel(kernel_id), "provisioner", None) if kernel_id in self.kernels else None
+
+    def can_stand_by(self, kernel_id: str) -> bool:
+        held = getattr(self._provisioner(kernel_id), "held", None)
+        return held is not None and held.open and held.answers
+
     async def stand_by(self, kernel_id: str) -> str:
-        provisioner = (
-            getattr(self.kernels.get_kernel(kernel_id), "provisioner", None) if kernel_id in self.kernels else None
-        )
-        stand_by = getattr(provisioner, "stand_by", None)
+        stand_by = getattr(self._provisioner(kernel_id), "stand_by", None)
         return "cannot" if stand_by is None else await stand_by()
 
     async def trim(self, kernel_id: str) -> list[str] | None:

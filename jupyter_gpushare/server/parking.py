@@ -171,6 +171,7 @@ class Parking:
             or kid in self._moving
             or self._kept.get(kid, -1) == usage.pid
             or (execution == "starting" and idle_for < STARTING_S)
+            or not self.kernels.services.starts.can_stand_by(kid)  # granted at its start: no pipe to ask through
         ):
             return False
         wait = self.rules.after_s - (time.time() - lease.created)

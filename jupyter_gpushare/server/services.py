@@ -56,6 +56,10 @@ class KernelStarts(Protocol):
         """Restart a kernel (a teacher gave its reservation back and it cannot be parked); False where it cannot."""
         ...
 
+    def can_stand_by(self, kernel_id: str) -> bool:
+        """Whether a kernel could be asked to stand by now (it was granted in line: its pipe is open)."""
+        ...
+
     async def stand_by(self, kernel_id: str) -> str:
         """Ask a kernel that holds a GPU it has not used to give it back and stand by (its provisioner's
         ``stand_by``): "standby", or why not ("kept:<why>", "cannot")."""
@@ -95,8 +99,11 @@ class ProgramStarts:
         """A program's kernels are its own to restart."""
         return False
 
-    async def stand_by(self, kernel_id: str) -> str:
+    def can_stand_by(self, kernel_id: str) -> bool:
         """A program's kernels are never asked to stand by (its start waited for the GPU it holds)."""
+        return False
+
+    async def stand_by(self, kernel_id: str) -> str:
         return "cannot"
 
     async def ask(self, kernel_id: str, expression: str, timeout: float) -> str | None:
