@@ -36,7 +36,7 @@ CATALOGUE: dict[str, str] = {
     "status.wait_ended.detail": "{reason} Its cells run on without a GPU. Join again to wait for one: the kernel "
     "keeps its variables, unless it ran a GPU framework without the GPU meanwhile (then it restarts in line).",
     "status.standby.label": "GPU at first use",
-    "status.standby.detail": "Holds no GPU yet: its first cell that uses the GPU asks for one[ (a "
+    "status.standby.detail": "Holds no GPU now: its next cell that uses the GPU asks for one[ (a "
     "{requested_quota_mib} quota)] and waits its turn if the card is full. CPU cells run now.",
     "status.parked.label": "parked",
     "status.parked.detail": "Parked while others needed the GPU: its {parked_mib} of GPU state waits in host memory, "

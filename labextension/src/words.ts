@@ -27,7 +27,7 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     ),
     'status.standby.label': __('GPU at first use'),
     'status.standby.detail': __(
-      'Holds no GPU yet: its first cell that uses the GPU asks for one[ (a {requested_quota_mib} quota)] and waits its turn if the card is full. CPU cells run now.'
+      'Holds no GPU now: its next cell that uses the GPU asks for one[ (a {requested_quota_mib} quota)] and waits its turn if the card is full. CPU cells run now.'
     ),
     'status.parked.label': __('parked'),
     'status.parked.detail': __(

@@ -44,7 +44,7 @@ test('a notebook asks for its GPU at its first GPU import', async ({
     'GPU at first use'
   );
   await expect(card.locator('.jp-gpushare-kernel-detail')).toContainText(
-    'Holds no GPU yet: its first cell that uses the GPU asks for one (a 3 GiB quota)'
+    'Holds no GPU now: its next cell that uses the GPU asks for one (a 3 GiB quota)'
   );
   await expect(card.locator('.jp-gpushare-quota')).toHaveCount(0); // nothing reserved: no bar
   await expect(page.locator('.jp-gpushare-status')).toHaveText(
