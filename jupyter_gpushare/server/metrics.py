@@ -119,6 +119,8 @@ def _parking_gauges(parking: Mapping[str, Any], moves_s: Mapping[str, float]) ->
         ("parked_memory_bytes", "Host memory the parked kernels' GPU state takes", parking["parked_mib"] * MIB),
         ("parked_given_back_gib_hours", "Reservations given back to the line by parking, in GiB-hours",
          parking["given_back_gib_h"]),
+        ("stood_by_kernels", "Times a kernel gave back a reservation it had not used (stand-by), since the server "
+         "started", parking["stood_by"]),
     )  # fmt: skip
     for name, doc, value in figures:
         g = _gauge(name, doc, [])

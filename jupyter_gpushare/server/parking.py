@@ -66,6 +66,7 @@ class Parking:
         self._failed: dict[str, int | None] = {}  # kernels whose park failed: the process it failed for
         self._touched: dict[str, float] = {}  # (monotonic) a cell sent to the kernel, or its resume: its idle clock
         self.given_back_mib_s = 0.0  # reserved MiB × seconds parked, of kernels resumed or gone
+        self.stood_by_count = 0  # kernels that stood by so far (each time one did)
         self.seconds: dict[str, list[float]] = {"park": [], "resume": []}  # the last moves' durations
         self._parking: dict[str, int] = {}  # the kernels being parked now: the reservation each gives back
         # (this reading's) idle for, record, processes to checkpoint (None: to stand by), MiB used, pid
@@ -113,6 +114,7 @@ class Parking:
             "parked_kernels": len(self.parked()),
             "parked_mib": self.parked_mib(),
             "given_back_gib_h": round(self.given_back_gib_h(), 6),
+            "stood_by": self.stood_by_count,
         }
 
     def unavailable(self) -> str | None:
@@ -261,7 +263,10 @@ class Parking:
             return
         lease = rec.lease
         rec.lease, rec.state, rec.card, rec.position = None, "standby", None, None
-        await self.kernels.holding.close_cards(kernel_id)
+        try:  # (it stands by whatever fails here: its environment has no GPU now)
+            await self.kernels.holding.close_cards(kernel_id)
+        except OSError as e:  # its group is gone meanwhile; or the host's: what it takes is outside use, acted on
+            self.kernels.log.warning("jupyter-gpushare: kernel %s stood by; its card stays open: %s", kernel_id, e)
         try:
             await self.kernels.ledger.on(lambda ledger: ledger.release(kernel_id))
         except Exception as e:  # noqa: BLE001 (a full disk, the broker down: reconcile gives its room back later)
@@ -269,6 +274,7 @@ class Parking:
                 "release-pending", kernel_id, f"Its reservation will be given back once the ledger works: {e}"
             )
         held_s = round(time.time() - lease.created)
+        self.stood_by_count += 1
         self.kernels.line.room_freed()
         self.kernels.event(
             "stood-by", kernel_id,

@@ -43,7 +43,7 @@ async def _exists(path) -> bool:
 
 
 async def test_a_busy_kernel_that_never_used_its_gpu_stands_by_for_one_in_line(
-    gpushare, jp_serverapp, kernel_ws, tmp_path
+    gpushare, jp_fetch, jp_serverapp, kernel_ws, tmp_path
 ):
     km = jp_serverapp.kernel_manager
     first_session, first = await gpushare.open_notebook("first.ipynb")
@@ -78,8 +78,9 @@ async def test_a_busy_kernel_that_never_used_its_gpu_stands_by_for_one_in_line(
     stood = await _event(gpushare, cpu, "stood-by")
     assert stood["reserved_mib"] == 4608 and stood["path"] == "cpu.ipynb"
     assert event_words(stood["code"], stood["params"]).startswith("Gave its 4.5 GiB GPU reservation to the line")
-    cards = (await gpushare.get("cards"))["cards"]
-    assert cards[0]["reserved_mib"] == 2 * 4608  # the busy one's and the late one's: nothing held for it
+    got = await gpushare.get("cards")
+    assert got["cards"][0]["reserved_mib"] == 2 * 4608  # the busy one's and the late one's: nothing held for it
+    assert got["parking"]["stood_by"] == 1
 
     # Its next cells run at once, without a GPU; its next GPU import asks again, waits, and is granted in place
     (tmp_path / "stop").touch()
@@ -93,6 +94,8 @@ async def test_a_busy_kernel_that_never_used_its_gpu_stands_by_for_one_in_line(
     assert await cell_result(ws, cpu, gpu, timeout=60) == f"(42, 'gpu', {pid})"
     assert await gpushare.state_of(late) == "standby" and await _event(gpushare, late, "stood-by")
     assert (await gpushare.kernel(cpu))["state"] == "running"
+    metrics = (await jp_fetch("metrics", method="GET")).body.decode()
+    assert "gpushare_stood_by_kernels 2.0" in metrics
     (tmp_path / "stop-busy").touch()
     ws.close()
     busy_ws.close()
