@@ -186,7 +186,9 @@ def run_in_kernel(server: UserServer, kernel_id: str, code: str) -> str:
     """Run ``code`` in a kernel of ``server`` (as its user, in its process) and return what it printed."""
     client = BlockingKernelClient(connection_file=str(server.home / "runtime" / f"kernel-{kernel_id}.json"))
     client.load_connection_file()
-    client.start_channels()
+    # No heartbeat: a client without a kernel manager calls a kernel dead once it misses heartbeats for a second,
+    # which one that is still starting does on a loaded host ("Kernel died before replying to kernel_info")
+    client.start_channels(hb=False)
     try:
         client.wait_for_ready(timeout=60)
         out: list[str] = []
