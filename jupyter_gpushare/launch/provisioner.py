@@ -202,10 +202,14 @@ class GpuShareProvisioner(LocalProvisioner):
         manager, grant = self._manager(), self._grant
         assert grant is not None
         rec = manager.records.get(self.kernel_id)
-        python = (self.kernel_spec.language or "").lower() == "python"
         peak = rec.learned_peak_mib if rec else None
         most, learns = manager.max_quota_mib(grant), manager.learning.rules.enabled
-        return kernel_env(grant, self.kernel_id, python, base, report_dir(), most, peak, learns)
+        return kernel_env(grant, self.kernel_id, self._python, base, report_dir(), most, peak, learns)
+
+    @property
+    def _python(self) -> bool:
+        """A Python kernel: it runs the bootstrap (the GPU waits, the stand-by)."""
+        return (self.kernel_spec.language or "").lower() == "python"
 
     async def _pick_ports(self, **kwargs: Any) -> dict[str, Any]:
         """LocalProvisioner's pre_launch, with ports held (``hold_ports``) and renewed when asked.
@@ -282,8 +286,7 @@ class GpuShareProvisioner(LocalProvisioner):
         rec = manager.records.get(self.kernel_id)
         if held is None or rec is None or rec.state != "running" or rec.lease is None:
             return "cannot"
-        python = (self.kernel_spec.language or "").lower() == "python"
-        standby = kernel_env(Grant("standby"), self.kernel_id, python, held.env, report_dir())
+        standby = kernel_env(Grant("standby"), self.kernel_id, self._python, held.env, report_dir())
         return await held.stand_by(standby, STAND_BY_ASK_S)
 
     async def _stood_by(self, held: HeldStart) -> None:
@@ -319,8 +322,7 @@ class GpuShareProvisioner(LocalProvisioner):
         ``held``): the kernel may join the line again in place (``join_again``)."""
         manager = self._manager()
         assert self._grant is not None
-        python = (self.kernel_spec.language or "").lower() == "python"
-        keep = python and manager.holds_starts and manager.policy.line_place == "start"  # it may stand by later
+        keep = self._python and manager.holds_starts and manager.policy.line_place == "start"  # it may stand by later
         try:
             await manager.holding.open_cards(self.kernel_id, self._grant)
             await held.release(self._kernel_env(held.env), keep=keep)
