@@ -266,8 +266,10 @@ def install() -> bool:
     import _gpushare_caps
     import _gpushare_views
 
-    if os.environ.get(env.MODE) in ("queued", "standby"):  # its GPU waits, or is not asked for yet: a framework
-        # waits for the grant first (and, standby, asks for it)
+    mode = os.environ.get(env.MODE)
+    if mode in ("queued", "standby") or (mode == "gpu" and os.environ.get(env.GRANT_FD)):
+        # Its GPU waits, or is not asked for yet: a framework waits for the grant first (and, standby, asks for it);
+        # or it is granted, and may be asked to stand by later (then its next framework import waits again)
         import _gpushare_wait
 
         if os.environ.get(env.ROOT_PID) == str(os.getpid()):

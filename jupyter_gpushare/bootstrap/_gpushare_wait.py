@@ -9,10 +9,12 @@ No framework has initialised CUDA by then (their imports wait for it here), so e
 child process started afterwards see the card and the quota. A grant of ``GPUSHARE_MODE=cpu`` is a wait that
 ended without a GPU: the frameworks then import without one, and the waiting cell says why.
 
-A kernel granted its GPU in line may be asked to give it back while others wait and it has not used it
-(``{"standby": {...}}``: the server's parking.py): it agrees only if no GPU framework was imported, and then
-stands by as a kernel that asks at its first GPU use does. It answers on its ask pipe (``standby`` or
-``kept:<why>``), where it also asks again at its next GPU use.
+A kernel granted its GPU (in line, or at its start under line_place = 'start': it then starts granted, its pipe
+open) may be asked to give it back while others wait and it has not used it (``{"standby": {...}}``: the server's
+parking.py): it agrees only if no GPU framework was imported and no child process of it runs, and then stands by
+as a kernel that asks at its first GPU use does. It answers on its ask pipe (``standby`` or
+``kept:<why>``), where it also asks again at its next GPU use. Its first GPU framework import says ``using`` there
+first (the server then never asks: the answer would be no, and a kernel loading a framework can be slow to give it).
 
 Standard library only; the kernel process alone reads the pipe (its children do not inherit it).
 """
@@ -34,7 +36,7 @@ ASK_ANSWER_S = 2.0  # how long a first GPU use waits for the server's first answ
 KEPT = (env.ROOT_PID, env.GRANT_FD, env.ASK_FD, env.KERNEL_ID, env.REPORT_DIR)
 
 _cond = threading.Condition()
-_state: dict = {"place": None, "granted": False, "reading": False, "ask_fd": None}
+_state: dict = {"place": None, "granted": False, "reading": False, "ask_fd": None, "using": False}
 
 
 def start() -> bool:
@@ -55,7 +57,7 @@ def start() -> bool:
         pipe = os.fdopen(fd, "rb", buffering=0)
     except OSError:
         return False
-    _state["reading"] = True
+    _state["reading"], _state["granted"] = True, os.environ.get(env.MODE) == "gpu"  # (granted at its start)
     threading.Thread(target=_read, args=(pipe,), name="gpushare-grant", daemon=True).start()
     return True
 
@@ -119,16 +121,37 @@ def _apply(changes: dict) -> None:
 def _stand_by(changes: dict) -> str:
     """The server asks this kernel to give back the GPU it holds and has not used: it does, unless a GPU framework
     (or CUDA binding) was imported since its start (that one may hold the card, or will: CUDA is set up once a
-    process). Then the next GPU import asks for a GPU again and waits, as at a first use. What to answer. (Called
+    process), or a child process runs (started with the card in its environment). Then the next GPU import asks for a GPU again and waits, as at a first use. What to answer. (Called
     with ``_cond`` held, as every import's wait for the GPU takes it: none begins meanwhile.)"""
     if not _state["granted"] or os.environ.get(env.MODE) != "gpu":
         return "kept:not-granted"
     imported = [name for name in WAITS if name in sys.modules]
     if imported:
         return "kept:" + ",".join(imported)
+    if _children():  # one may use the card it was started with (`!python train.py`): it would lose it midway
+        return "kept:children"
     _apply(changes)
     _state["granted"], _state["place"] = False, None
     return "standby"
+
+
+def _children() -> list[int]:
+    """This process's live child processes (Linux's /proc; none where it cannot be read)."""
+    me, found = os.getpid(), []
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()  # (the name, in parentheses, may hold anything)
+        if len(fields) > 1 and fields[1] == str(me).encode() and fields[0] != b"Z":
+            found.append(int(pid))
+    return found
 
 
 def _tell(answer: str) -> bool:
@@ -209,6 +232,10 @@ def wait_for_gpu(module) -> None:
     GPU raises GpuWaitEnded in the cell that waited; later imports go on without a GPU."""
     name = module.__name__
     with _cond:
+        if not _state["using"] and _state["reading"] and os.environ.get(env.MODE) != "standby":
+            # The server need not ask it to stand by now (it would say no: a framework is imported from here on), nor
+            # wait for its answer meanwhile: said once, before the import's first line runs
+            _state["using"] = _tell("using")
         if _state["granted"] or not _state["reading"]:
             return
         if os.environ.get(env.MODE) == "standby":

@@ -266,8 +266,8 @@ class GpuShareApp(LoggingConfigurable):
         "parked while another kernel waits in line: its GPU state is moved to host memory through the CUDA driver's "
         "checkpoint API and its reservation goes to the line; its next cell brings it back (it waits in line if it "
         "must). Only kernels whose frameworks are all in park_frameworks are parked. Under line_place = 'start', a "
-        "kernel granted in line that has held its reservation this long with nothing on the card and no GPU "
-        "framework imported stands by instead, busy or not: its reservation goes to the line, its cells run on, "
+        "Python kernel that has held its reservation this long with nothing on the card, no GPU framework imported "
+        "and no child process stands by instead, busy or not: its reservation goes to the line, its cells run on, "
         "and its next GPU use asks again. Default: 600. 0 = never park, never stand by.",
     )
     park_frameworks = List(

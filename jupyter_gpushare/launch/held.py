@@ -18,8 +18,9 @@ line each. A kernel that asks at its first GPU use (line_place = 'first-use': ``
 ``ask`` there at its first GPU framework import, and then waits for the grant as a kernel in line does; the server
 reads that pipe (``listen``) and puts the kernel in line. A Python kernel granted its GPU through the pipe keeps it
 open: while others wait, the server may ask it to give the GPU back if it has not used it (``stand_by``); it
-answers ``standby`` (it holds no GPU now, and asks again at its next GPU use) or ``kept:<why>``. Any other line
-is the kernel's own business and is dropped, and past ASK_LIMIT bytes of them the pipe is closed.
+answers ``standby`` (it holds no GPU now, and asks again at its next GPU use) or ``kept:<why>``. Its first GPU
+framework import says ``using`` (as an ``ask`` does): it is not asked from then on. Any other line is the kernel's
+own business and is dropped, and past ASK_LIMIT bytes of them the pipe is closed.
 
 A wait that ended without a GPU keeps the pipe open: the kernel may join the line again in place (``rejoin``;
 the kernel agrees first, ``_gpushare_wait.can_rejoin``), and its next wait and grant come through the same pipe.
@@ -44,6 +45,7 @@ from ..bootstrap import _gpushare_env as names
 STANDIN = str(Path(__file__).with_name("standin.py"))
 ASK = b"ask"  # the kernel asks for its GPU (its ask pipe)
 STANDBY, KEPT = b"standby", b"kept:"  # its answers when asked to stand by
+USING = b"using"  # its first GPU framework import began: it will not stand by (its own word: only it loses by it)
 ASK_LIMIT = 4096  # bytes read from a kernel's ask pipe before it is closed (a kernel that writes anything else)
 
 
@@ -72,6 +74,9 @@ class HeldStart:
         self._standing = False  # it agreed, and the server is not done with it yet (an ask waits till then)
         self._ask_deferred = False
         self._ask_loop: asyncio.AbstractEventLoop | None = None  # where the ask pipe is read (``listen``)
+        self.using = (
+            False  # it said a GPU framework import began (``using``, or an ``ask``): it is not asked to stand by
+        )
         self._last: bytes = b""
         self._ended = False
         self.env: dict[str, str] = {}  # the kernel's environment as launched
@@ -121,7 +126,9 @@ class HeldStart:
         *lines, self._ask_seen = (self._ask_seen + data).split(b"\n")
         said: list[bytes] = []
         for line in lines:
-            if line == ASK or line == STANDBY or line.startswith(KEPT):
+            if line == USING:
+                self.using = True
+            elif line == ASK or line == STANDBY or line.startswith(KEPT):
                 said.append(line)
             else:
                 self._ask_junk += len(line) + 1
@@ -130,7 +137,9 @@ class HeldStart:
         for line in said:
             if line != ASK:
                 self._answered(line[:200].decode("ascii", "replace"))
-            elif self._standing:
+                continue
+            self.using = True
+            if self._standing:
                 self._ask_deferred = True
             elif self._on_ask is not None:
                 self._on_ask()

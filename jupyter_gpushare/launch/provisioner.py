@@ -82,6 +82,7 @@ class GpuShareProvisioner(LocalProvisioner):
     _ports_renewed = False
     _ports: tuple[socket.socket, ...] = ()  # the kernel's ports, held bound from their pick to its shutdown
     _held: HeldStart | None = None
+    _attach_at_launch = True  # False for a kernel in line: attached at its grant
     _admitting: asyncio.Future | None = None
 
     def _manager(self) -> QuotaManager:
@@ -103,7 +104,7 @@ class GpuShareProvisioner(LocalProvisioner):
         return getattr(self.parent, "kernel_name", "") or self.kernel_spec.display_name
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        chosen = self._chosen_default()
+        chosen = chosen_default(self.kernel_spec, self.config)
         if chosen is not None:
             return await self._hand_over(chosen, **kwargs)
         manager = self._manager()
@@ -137,28 +138,15 @@ class GpuShareProvisioner(LocalProvisioner):
                 # kernel of this environment sets it again itself (jupyter_gpushare_provisioner.pth).
                 del kwargs["env"][DEFAULT_ENV]
             assert self._grant is not None  # (admitted above, or kept from before the restart)
-            if self._grant.mode in ("queued", "standby"):  # it runs at once, its GPU hidden until the grant (held.py)
+            # It runs at once, its GPU hidden until the grant (held.py); or, granted now, it keeps a pipe through
+            # which it may be asked to stand by later
+            if self._grant.mode in ("queued", "standby") or (self._grant.mode == "gpu" and self._may_stand_by):
                 self._held = HeldStart()
             kwargs["env"].update(self._kernel_env(kwargs["env"]))
         except BaseException:
             await self._release("failed to start")
             raise
         return kwargs
-
-    def _chosen_default(self) -> str | None:
-        """Another default provisioner chosen in the config of the program that starts this kernel outside a server
-        (``c.KernelProvisionerFactory.default_provisioner_name``), when we are only its default (its kernelspec
-        names no provisioner): jupyter_client gives the factory of a KernelManager without a parent (nbclient's) no
-        config, so the choice reached it only through JUPYTER_DEFAULT_PROVISIONER_NAME, which the .pth set."""
-        if "provisioner_name" in self.kernel_spec.metadata.get("kernel_provisioner", {}):
-            return None
-        manager = process_manager()
-        if manager is not None and manager.holds_starts:
-            return None  # a server: its factory has the server's config
-        config, _ = program_config(self.config)
-        section = config["KernelProvisionerFactory"] if "KernelProvisionerFactory" in config else {}
-        name = section.get("default_provisioner_name")
-        return name if isinstance(name, str) and name and name != PROVISIONER_NAME else None
 
     async def _hand_over(self, name: str, **kwargs: Any) -> dict[str, Any]:
         """Let the provisioner ``name`` (the program's chosen default) start the kernel instead: the KernelManager
@@ -211,6 +199,13 @@ class GpuShareProvisioner(LocalProvisioner):
         """A Python kernel: it runs the bootstrap (the GPU waits, the stand-by)."""
         return (self.kernel_spec.language or "").lower() == "python"
 
+    @property
+    def _may_stand_by(self) -> bool:
+        """A granted kernel keeps a pipe to the server, which may ask it to stand by (parking.py): a Python kernel of
+        a server under line_place = 'start'."""
+        manager = self._manager()
+        return self._python and manager.holds_starts and manager.policy.line_place == "start"
+
     async def _pick_ports(self, **kwargs: Any) -> dict[str, Any]:
         """LocalProvisioner's pre_launch, with ports held (``hold_ports``) and renewed when asked.
 
@@ -246,12 +241,15 @@ class GpuShareProvisioner(LocalProvisioner):
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any):
         held = self._held
+        assert self._grant is not None  # (pre_launch)
+        waits = self._grant.mode in ("queued", "standby")
+        self._attach_at_launch = not waits
         try:
             _check_command(cmd, kwargs.get("env"))  # a kernelspec that cannot start is an error now, as Jupyter says
             # Its cgroups (cgroups.py), entered before it runs: none of its card while it waits (and none without
             # a GPU). The stand-in enters them, then becomes the kernel.
-            groups, broker = self._manager().holding.groups(self.kernel_id, None if held is not None else self._grant)
-            if held is not None:  # in line: it runs now, and its grant comes through a pipe (held.py)
+            groups, broker = self._manager().holding.groups(self.kernel_id, None if waits else self._grant)
+            if held is not None:  # in line, it runs now and its grant comes through a pipe; granted, it keeps one
                 kwargs = held.command(kwargs)
             if groups or broker:
                 cmd = standin_command(groups, cmd, broker)
@@ -265,7 +263,7 @@ class GpuShareProvisioner(LocalProvisioner):
         if held is not None:
             held.launched()
             held.listen(lambda: self._asked(held), lambda: self._stood_by(held))
-            if self._grant is None or self._grant.mode != "standby":
+            if self._grant.mode == "queued":
                 self._admitting = asyncio.ensure_future(self._admit_held(held))
         return info
 
@@ -322,10 +320,9 @@ class GpuShareProvisioner(LocalProvisioner):
         ``held``): the kernel may join the line again in place (``join_again``)."""
         manager = self._manager()
         assert self._grant is not None
-        keep = self._python and manager.holds_starts and manager.policy.line_place == "start"  # it may stand by later
         try:
             await manager.holding.open_cards(self.kernel_id, self._grant)
-            await held.release(self._kernel_env(held.env), keep=keep)
+            await held.release(self._kernel_env(held.env), keep=self._may_stand_by)
         except Exception:
             self.log.exception("jupyter-gpushare: kernel %s could not be given its GPU after its wait", self.kernel_id)
             held.end()
@@ -404,7 +401,7 @@ class GpuShareProvisioner(LocalProvisioner):
     async def post_launch(self, **kwargs: Any) -> None:
         await super().post_launch(**kwargs)
         manager = self._manager()
-        if self._held is None:
+        if self._attach_at_launch:  # (a kernel in line is attached at its grant)
             await manager.attach(self.kernel_id, self.pid)
         if not manager.holds_starts:  # a program, not a server: what it does not clean up is given back at its exit
             end_at_exit(self)
@@ -424,8 +421,8 @@ class GpuShareProvisioner(LocalProvisioner):
 
     @property
     def held(self) -> HeldStart | None:
-        """The kernel's pipes while it waits for its grant, and after it for a Python kernel granted in line under
-        'start' (it may be asked to stand by); None when it never waited, or once they are closed."""
+        """The kernel's pipes while it waits for its grant, and after it for a Python kernel of a server under
+        'start' (it may be asked to stand by); None when it has none, or once they are closed."""
         return self._held
 
     async def shutdown_requested(self, restart: bool = False) -> None:
@@ -516,6 +513,22 @@ class GpuShareProvisioner(LocalProvisioner):
         _close(self._ports)
         self._ports = ()
         await self._manager().release(self.kernel_id, why)
+
+
+def chosen_default(kernel_spec: Any, config: Any) -> str | None:
+    """Another default provisioner chosen in the config of the program that starts a kernel outside a server
+    (``c.KernelProvisionerFactory.default_provisioner_name``), when we are only its default (its kernelspec names
+    no provisioner): jupyter_client gives the factory of a KernelManager without a parent (nbclient's) no config,
+    so the choice reached it only through JUPYTER_DEFAULT_PROVISIONER_NAME, which the .pth set."""
+    if "provisioner_name" in kernel_spec.metadata.get("kernel_provisioner", {}):
+        return None
+    manager = process_manager()
+    if manager is not None and manager.holds_starts:
+        return None  # a server: its factory has the server's config
+    found, _ = program_config(config)
+    section = found["KernelProvisionerFactory"] if "KernelProvisionerFactory" in found else {}
+    name = section.get("default_provisioner_name")
+    return name if isinstance(name, str) and name and name != PROVISIONER_NAME else None
 
 
 def _hold_ports(ip: str) -> tuple[socket.socket, ...]:

@@ -139,7 +139,7 @@ class ServerStarts:
 
     def can_stand_by(self, kernel_id: str) -> bool:
         held = getattr(self._provisioner(kernel_id), "held", None)
-        return held is not None and held.open and held.answers
+        return held is not None and held.open and held.answers and not held.using
 
     async def stand_by(self, kernel_id: str) -> str:
         stand_by = getattr(self._provisioner(kernel_id), "stand_by", None)

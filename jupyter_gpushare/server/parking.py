@@ -12,12 +12,13 @@ start), nor touch a card itself (host/checkpoint.py does, through the driver or 
   frameworks' cached memory back (the server's ``trim``), then its GPU processes are checkpointed,
   the card is read until it shows them holding nothing, and the reservation is given back. Every view says
   ``parked``. A park that fails leaves the kernel running and is not tried again for that process.
-- **Stand by**, first, a kernel that holds a reservation it has not used: granted in line (its pipe is open), with
-  nothing of it on the card, no GPU framework in its reports, and held ``after_s`` while another kernel waits, busy
-  with a CPU cell or not. It is asked (its provisioner's ``stand_by``) and agrees only if it imported no GPU
-  framework; it then gives its reservation to the line and runs on, its card closed, and its next GPU use asks again
-  as at a first use (line_place = 'first-use'). Nothing is checkpointed, and its cells are never held. One that
-  says no (or cannot be asked) is not asked again for that process; once idle, it may be parked.
+- **Stand by**, first, a kernel that holds a reservation it has not used: a Python kernel under line_place = 'start'
+  (its pipe to the server is open, granted at its start or in line), with nothing of it on the card, no GPU
+  framework in its reports, and held ``after_s`` while another kernel waits, busy with a CPU cell or not. It is
+  asked (its provisioner's ``stand_by``) and agrees only if it imported no GPU framework and runs no child process;
+  it then gives its reservation to the line and runs on, its card closed, and its next GPU use asks again as at a
+  first use (line_place = 'first-use'). Nothing is checkpointed, and its cells are never held. One that says no (or
+  cannot be asked) is not asked again for that process; once idle, it may be parked.
 - **Resume** at the kernel's next cell (connection.py holds the cell meanwhile) or on request: it asks for its
   reservation again on the same card, through the line, then restores. A resume that waits past the line's
   timeout leaves the kernel parked; its next cell asks again.
@@ -173,7 +174,7 @@ class Parking:
             or kid in self._moving
             or self._kept.get(kid, -1) == usage.pid
             or (execution == "starting" and idle_for < STARTING_S)
-            or not self.kernels.services.starts.can_stand_by(kid)  # granted at its start: no pipe to ask through
+            or not self.kernels.services.starts.can_stand_by(kid)  # no pipe to ask through
         ):
             return False
         wait = self.rules.after_s - (time.time() - lease.created)

@@ -57,7 +57,8 @@ class KernelStarts(Protocol):
         ...
 
     def can_stand_by(self, kernel_id: str) -> bool:
-        """Whether a kernel could be asked to stand by now (it was granted in line: its pipe is open)."""
+        """Whether a kernel could be asked to stand by now: its pipe is open, and it has not said that a GPU framework
+        import began."""
         ...
 
     async def stand_by(self, kernel_id: str) -> str:
