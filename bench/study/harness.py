@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -475,7 +476,7 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
     }
     if args.idle:
         result.update(idle_figures(jobs, events, idle, sizing["fit"], args.idle, result["all_ok_s"]))
-        result["moves"] = moves(jobs, events, t0)
+        result["moves"] = moves(jobs, events, t0, cpu_jobs)
     result["line_place"] = args.line_place if scenario in EXTENSION else None
     if cpu_jobs:
         result["cpu_students"] = cpu_figures(cpu_jobs, events, idle)
@@ -558,23 +559,26 @@ def cpu_figures(cpu_jobs: list[Job], events: list[dict], idle: Idle | None) -> d
         "ok": len(ok),
         "all_ok_s": round(max(j.finished for j in ok), 2) if len(ok) == len(cpu_jobs) else None,
         "got_a_gpu_place": len(placed),
+        "stood_by": sum(1 for e in events if e["kind"] == "stood-by" and e.get("kernel_id") in ids),
         "held_while_waited_gib_h": round((idle.cpu_held_waited_mib_s if idle else 0) / 1024 / 3600, 4),
         "per_job": [{k: v for k, v in asdict(j).items() if k != "output"} for j in cpu_jobs],
     }
 
 
-MOVE_FIGURES = ("park_s", "resume_s", "waited_s", "lock", "checkpoint", "restore", "unlock", "parked_mib")
+MOVE_FIGURES = ("park_s", "resume_s", "waited_s", "lock", "checkpoint", "restore", "unlock", "parked_mib", "held_s")
 
 
-def moves(jobs: list[Job], events: list[dict], t0: float) -> list[dict]:
-    """Each park, resume and grant as the server told it: when (s after the class began), whose job, and the
-    figures of the move (its steps' seconds): where a wave change's time goes."""
-    job_of = {j.kernel_id: j.index for j in jobs}
+def moves(jobs: list[Job], events: list[dict], t0: float, cpu_jobs: Sequence[Job] = ()) -> list[dict]:
+    """Each park, resume, stand-by and grant as the server told it: when (s after the class began), whose job (a
+    CPU-only student's: ``cpu<n>``), and the figures of the move (its steps' seconds): where a wave change's time
+    goes."""
+    job_of: dict[str | None, int | str] = {j.kernel_id: j.index for j in jobs}
+    job_of.update({j.kernel_id: f"cpu{j.index}" for j in cpu_jobs})
     return [
         {"at": round(e["time"] - t0, 2), "kind": e["kind"], "job": job_of.get(e.get("kernel_id"))}
         | {k: v for k, v in (e.get("params") or {}).items() if k in MOVE_FIGURES}
         for e in events
-        if e["kind"] in ("parked", "park-failed", "resumed", "admitted")
+        if e["kind"] in ("parked", "park-failed", "resumed", "admitted", "stood-by")
     ]
 
 
