@@ -65,6 +65,8 @@ class Line:
         self.queue = ServerQueue(unwatched_s)
         self._serving: asyncio.Future | None = None  # the task that serves the line while anyone waits
         self._room = asyncio.Event()  # set when this server frees room: the line is served at once
+        self.turns = 0  # the line's turns begun (each asks the ledger for every kernel in line, and answers)
+        self.turns_done = 0  # the last turn done: what the ledger said in it is in the kernels' records
         self._watch: RoomWatch | None = None  # another server's release, pushed by the broker (room_watch.py)
 
     def waiting(self, kernel_id: str) -> Wait | None:
@@ -141,11 +143,11 @@ class Line:
         """While kernels of this server wait: ask the ledger for each (a heartbeat too) every QUEUE_POLL_S, grant,
         and end the waits that end (queue.ServerQueue.due)."""
         while self.queue.waits:
+            self._room.clear()  # (before the turn: room freed during it brings the next one at once)
             try:
                 await self._serve_once()
             except Exception:  # noqa: BLE001 (one bad turn must not leave every kernel waiting forever)
                 self.log.exception("jupyter-gpushare: serving the queue failed; trying again")
-            self._room.clear()
             poll = PUSHED_POLL_S if self._watch is not None and self._watch.live else QUEUE_POLL_S
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._room.wait(), poll)
@@ -159,6 +161,14 @@ class Line:
         self._room.set()
 
     async def _serve_once(self) -> None:
+        self.turns += 1
+        turn = self.turns
+        try:
+            await self._turn()
+        finally:
+            self.turns_done = max(self.turns_done, turn)
+
+    async def _turn(self) -> None:
         ask, ending = self.queue.due(self.starts.watchers)
         ask = [w for w in ask if self._wanted(w)]
         for wait in ending:

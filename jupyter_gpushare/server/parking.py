@@ -40,7 +40,7 @@ from .records import Grant, KernelRecord, Parked, QuotaUnavailable
 LOCK_TIMEOUT_S = 10.0  # a running GPU call that does not end within this is not parked
 FREED_MIB = 64  # a parked process shows at most this on the card (the driver keeps a few MiB: 4 on an H100)
 FREED_WITHIN_S = 5.0  # the card must show it freed within this
-SETTLE_S = 1.0  # a park's room counts as coming for this long after it: until the next reading sees it granted
+SETTLE_S = 1.0  # a park's room counts as coming until the line has had a turn since (at most this long)
 AT_ONCE = 8  # parks under way at one time (each moves its state to host memory; they share the bus)
 TRIMMED_READ_S = 3.0  # after a kernel gave its caches back, how long to wait for a reading that shows it
 FREED_READ_S = 1.0  # how long to wait for each reading asked for after a park
@@ -72,7 +72,8 @@ class Parking:
         self._parking: dict[str, int] = {}  # the kernels being parked now: the reservation each gives back
         # (this reading's) idle for, record, processes to checkpoint (None: to stand by), MiB used, pid
         self._candidates: list[tuple[float, KernelRecord, list[int] | None, int, int | None]] = []
-        self._settling: list[tuple[float, int]] = []  # parks just done: (monotonic) until when, the MiB given back
+        # parks and stand-bys just done: (monotonic) until when, the MiB given back, the line's turns begun by then
+        self._settling: list[tuple[float, int, int]] = []
         self._soonest = math.inf  # (this reading's) in how many s a kernel not yet idle long enough will be
         self._wake: asyncio.TimerHandle | None = None  # the reading asked for then (``_read_at``)
         self._standing: dict[str, int] = {}  # kernels being asked to stand by now: the reservation each gives back
@@ -193,13 +194,14 @@ class Parking:
         """Park as many of this reading's candidates as the line needs: ``need_mib``, what the kernels in line need
         beyond the free room (0: nobody waits). The ones with the least GPU state first (the cheapest to park and
         bring back: a kernel that holds a reservation and uses nothing costs nothing), then the ones idle the
-        longest; at most AT_ONCE at a time. The reservations of parks under way, and of those done in the last
-        SETTLE_S (the line is granting them), count as room coming."""
+        longest; at most AT_ONCE at a time. The reservations of parks under way, and of those done since the line's
+        last turn (at most SETTLE_S ago: the line is granting them), count as room coming."""
         candidates, self._candidates = self._candidates, []
         soonest, self._soonest = self._soonest, math.inf
         now = time.monotonic()
-        self._settling = [(until, mib) for until, mib in self._settling if until > now]
-        coming = sum(self._parking.values()) + sum(self._standing.values()) + sum(mib for _, mib in self._settling)
+        done = self.kernels.line.turns_done  # a turn begun after the move is done: its room was granted, or is free
+        self._settling = [(until, mib, turn) for until, mib, turn in self._settling if until > now and done <= turn]
+        coming = sum(self._parking.values()) + sum(self._standing.values()) + sum(m for _, m, _ in self._settling)
         if need_mib <= coming:
             return
         if self.checkpointer.unavailable():  # only what stands by, which moves nothing
@@ -251,9 +253,7 @@ class Parking:
             said = await self.kernels.services.starts.stand_by(kid)
         finally:
             del self._standing[kid]
-        if said == "standby":
-            self._settling.append((time.monotonic() + SETTLE_S, reserved))
-        else:
+        if said != "standby":
             self._kept[kid] = pid
 
     async def stood_by(self, kernel_id: str) -> None:
@@ -277,12 +277,17 @@ class Parking:
         held_s = round(time.time() - lease.created)
         self.stood_by_count += 1
         self.kernels.line.room_freed()
+        self._settled(lease.reserved_mib)
         self.kernels.event(
             "stood-by", kernel_id,
             f"Gave its {format_mib(lease.reserved_mib)} reservation to the line: it had not used the GPU in the "
             f"{held_s} s it held it while others waited. It runs on; its next GPU use asks for a GPU again.",
             reserved_mib=lease.reserved_mib, held_s=held_s,
         )  # fmt: skip
+
+    def _settled(self, mib: int) -> None:
+        """A move gave ``mib`` back to the line just now: room coming until the line's next turn is done."""
+        self._settling.append((time.monotonic() + SETTLE_S, mib, self.kernels.line.turns))
 
     async def _park(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None) -> None:
         reserved = rec.lease.reserved_mib if rec.lease is not None else 0
@@ -293,7 +298,7 @@ class Parking:
         finally:
             del self._parking[rec.kernel_id]
             if parked:
-                self._settling.append((time.monotonic() + SETTLE_S, reserved))
+                self._settled(reserved)
 
     async def _park_now(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None) -> bool:
         kid, lease, card = rec.kernel_id, rec.lease, rec.card
