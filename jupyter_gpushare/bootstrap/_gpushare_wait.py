@@ -121,8 +121,9 @@ def _apply(changes: dict) -> None:
 def _stand_by(changes: dict) -> str:
     """The server asks this kernel to give back the GPU it holds and has not used: it does, unless a GPU framework
     (or CUDA binding) was imported since its start (that one may hold the card, or will: CUDA is set up once a
-    process), or a child process runs (started with the card in its environment). Then the next GPU import asks for a GPU again and waits, as at a first use. What to answer. (Called
-    with ``_cond`` held, as every import's wait for the GPU takes it: none begins meanwhile.)"""
+    process), or a child process runs (started with the card in its environment). Then the next GPU import asks for
+    a GPU again and waits, as at a first use. What to answer. (Called with ``_cond`` held, as every import's wait for
+    the GPU takes it: none begins meanwhile.)"""
     if not _state["granted"] or os.environ.get(env.MODE) != "gpu":
         return "kept:not-granted"
     imported = [name for name in WAITS if name in sys.modules]

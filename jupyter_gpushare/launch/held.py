@@ -74,9 +74,8 @@ class HeldStart:
         self._standing = False  # it agreed, and the server is not done with it yet (an ask waits till then)
         self._ask_deferred = False
         self._ask_loop: asyncio.AbstractEventLoop | None = None  # where the ask pipe is read (``listen``)
-        self.using = (
-            False  # it said a GPU framework import began (``using``, or an ``ask``): it is not asked to stand by
-        )
+        # it said a GPU framework import began (``using``, or an ``ask``): it is not asked to stand by
+        self.using = False
         self._last: bytes = b""
         self._ended = False
         self.env: dict[str, str] = {}  # the kernel's environment as launched
