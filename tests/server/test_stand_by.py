@@ -88,6 +88,8 @@ async def test_a_busy_kernel_that_never_used_its_gpu_stands_by_for_one_in_line(
     _, busy = await gpushare.open_notebook("busy.ipynb")  # both granted at their start
     first_pid = km.get_kernel(first).provisioner.pid
     session = Session()
+    first_ws = await kernel_ws(first, session.session)  # its notebook is open (a kernel nobody connected to is
+    # still "starting" for Jupyter, and judged only after STARTING_S)
     busy_ws = await kernel_ws(busy, session.session)
     # busy all along, with a GPU framework: neither parked nor stood by
     send_cell(busy_ws, session, f"import torch\n{_long_cell(tmp_path / 'stop-busy')}")
@@ -97,11 +99,9 @@ async def test_a_busy_kernel_that_never_used_its_gpu_stands_by_for_one_in_line(
     _, cpu = await gpushare.open_notebook("cpu.ipynb")
     await gpushare.wait_for(lambda: _state(gpushare, cpu, "running"), what="the third granted in line")
     assert await gpushare.state_of(first) == "standby" and await _event(gpushare, first, "stood-by")
-    first_ws = await kernel_ws(first, session.session)
     seen = send_cell(first_ws, session, "import os; os.environ['GPUSHARE_MODE'], os.environ['CUDA_VISIBLE_DEVICES']")
     assert await cell_result(first_ws, first, seen, timeout=30) == "('standby', '')"
     assert km.get_kernel(first).provisioner.pid == first_pid
-    first_ws.close()
     pid = km.get_kernel(cpu).provisioner.pid
 
     # What it says on its pipe unasked changes nothing (its student controls every byte of it)
@@ -116,6 +116,7 @@ async def test_a_busy_kernel_that_never_used_its_gpu_stands_by_for_one_in_line(
     send_cell(ws, session, f"import pathlib; pathlib.Path({str(started)!r}).touch()\n{_long_cell(tmp_path / 'stop')}")
     await gpushare.wait_for(lambda: _exists(started), what="the CPU cell running")
     _, late = await gpushare.open_notebook("late.ipynb")
+    late_ws = await kernel_ws(late, session.session)  # (its notebook open, as the first's)
     await gpushare.wait_for(lambda: _state(gpushare, late, "running"), what="the late one granted")
     assert await gpushare.state_of(cpu) == "standby" and km.get_kernel(cpu).provisioner.pid == pid
     stood = await _event(gpushare, cpu, "stood-by")
@@ -140,8 +141,8 @@ async def test_a_busy_kernel_that_never_used_its_gpu_stands_by_for_one_in_line(
     metrics = (await jp_fetch("metrics", method="GET")).body.decode()
     assert "gpushare_stood_by_kernels 3.0" in metrics
     (tmp_path / "stop-busy").touch()
-    ws.close()
-    busy_ws.close()
+    for each in (ws, busy_ws, first_ws, late_ws):
+        each.close()
 
 
 def test_the_kernel_stands_by_only_if_it_imported_no_gpu_framework():
