@@ -176,6 +176,12 @@ w.wait_for_gpu(type(sys)("torch"))  # a GPU import begins: it says so once, befo
 w.wait_for_gpu(type(sys)("jax"))
 os.set_blocking(r, False)
 said.append(os.read(r, 100).decode())
+import contextlib, io
+w._state["reading"] = False  # a program the kernel started, after it stood by: it cannot ask, and says so
+os.environ["GPUSHARE_MODE"] = "standby"
+with contextlib.redirect_stderr(io.StringIO()) as err:
+    w.wait_for_gpu(type(sys)("torch"))
+said.append("cannot ask for one" in err.getvalue() and "in a cell of the notebook first" in err.getvalue())
 print(json.dumps(said))
 """
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
@@ -187,4 +193,5 @@ print(json.dumps(said))
         ["kept:children\n", "gpu"],
         ["kept:cupy\n", "gpu", "GPU-1"],
         "using\n",
+        True,
     ]
