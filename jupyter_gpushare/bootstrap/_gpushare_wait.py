@@ -237,7 +237,8 @@ def wait_for_gpu(module) -> None:
             # The server need not ask it to stand by now (it would say no: a framework is imported from here on), nor
             # wait for its answer meanwhile: said once, before the import's first line runs
             _state["using"] = _tell("using")
-        if not _state["reading"] and os.environ.get(env.MODE) in ("queued", "standby"):  # a program the kernel ran
+        child = os.environ.get(env.ROOT_PID) != str(os.getpid())  # a program the kernel started
+        if child and os.environ.get(env.MODE) in ("queued", "standby"):
             sys.stderr.write(
                 f"jupyter-gpushare: {name} runs without a GPU in this process: its kernel holds none now, and a "
                 f"program the kernel started cannot ask for one. Import {name} in a cell of the notebook first (it "

@@ -178,7 +178,7 @@ os.set_blocking(r, False)
 said.append(os.read(r, 100).decode())
 import contextlib, io
 w._state["reading"] = False  # a program the kernel started, after it stood by: it cannot ask, and says so
-os.environ["GPUSHARE_MODE"] = "standby"
+os.environ.update(GPUSHARE_MODE="standby", GPUSHARE_ROOT_PID=str(os.getppid()))
 with contextlib.redirect_stderr(io.StringIO()) as err:
     w.wait_for_gpu(type(sys)("torch"))
 said.append("cannot ask for one" in err.getvalue() and "in a cell of the notebook first" in err.getvalue())
