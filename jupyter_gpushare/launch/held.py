@@ -125,20 +125,17 @@ class HeldStart:
         *lines, self._ask_seen = (self._ask_seen + data).split(b"\n")
         said: list[bytes] = []
         for line in lines:
-            if line == USING:
-                self.using = True
-            elif line == ASK or line == STANDBY or line.startswith(KEPT):
+            self.using = self.using or line in (USING, ASK)
+            if line == ASK or line == STANDBY or line.startswith(KEPT):
                 said.append(line)
-            else:
+            elif line != USING:
                 self._ask_junk += len(line) + 1
         if not data or self._ask_junk + len(self._ask_seen) >= ASK_LIMIT:  # closed (the kernel is gone); or junk
             self._stop_asks()
         for line in said:
             if line != ASK:
                 self._answered(line[:200].decode("ascii", "replace"))
-                continue
-            self.using = True
-            if self._standing:
+            elif self._standing:
                 self._ask_deferred = True
             elif self._on_ask is not None:
                 self._on_ask()

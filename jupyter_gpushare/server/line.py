@@ -144,10 +144,12 @@ class Line:
         and end the waits that end (queue.ServerQueue.due)."""
         while self.queue.waits:
             self._room.clear()  # (before the turn: room freed during it brings the next one at once)
+            self.turns += 1
             try:
                 await self._serve_once()
             except Exception:  # noqa: BLE001 (one bad turn must not leave every kernel waiting forever)
                 self.log.exception("jupyter-gpushare: serving the queue failed; trying again")
+            self.turns_done = self.turns
             poll = PUSHED_POLL_S if self._watch is not None and self._watch.live else QUEUE_POLL_S
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._room.wait(), poll)
@@ -161,14 +163,6 @@ class Line:
         self._room.set()
 
     async def _serve_once(self) -> None:
-        self.turns += 1
-        turn = self.turns
-        try:
-            await self._turn()
-        finally:
-            self.turns_done = max(self.turns_done, turn)
-
-    async def _turn(self) -> None:
         ask, ending = self.queue.due(self.starts.watchers)
         ask = [w for w in ask if self._wanted(w)]
         for wait in ending:

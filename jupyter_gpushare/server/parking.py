@@ -276,8 +276,7 @@ class Parking:
             )
         held_s = round(time.time() - lease.created)
         self.stood_by_count += 1
-        self.kernels.line.room_freed()
-        self._settled(lease.reserved_mib)
+        self._room_freed(lease.reserved_mib)
         self.kernels.event(
             "stood-by", kernel_id,
             f"Gave its {format_mib(lease.reserved_mib)} reservation to the line: it had not used the GPU in the "
@@ -285,20 +284,18 @@ class Parking:
             reserved_mib=lease.reserved_mib, held_s=held_s,
         )  # fmt: skip
 
-    def _settled(self, mib: int) -> None:
-        """A move gave ``mib`` back to the line just now: room coming until the line's next turn is done."""
+    def _room_freed(self, mib: int) -> None:
+        """A move gave ``mib`` back to the line just now: the line is served at once, and the room counts as coming
+        until a turn of it begun after now is done."""
+        self.kernels.line.room_freed()
         self._settling.append((time.monotonic() + SETTLE_S, mib, self.kernels.line.turns))
 
     async def _park(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None) -> None:
-        reserved = rec.lease.reserved_mib if rec.lease is not None else 0
-        self._parking[rec.kernel_id] = reserved
-        parked = False
+        self._parking[rec.kernel_id] = rec.lease.reserved_mib if rec.lease is not None else 0
         try:
-            parked = await self._park_now(rec, pids, used_mib, pid)
+            await self._park_now(rec, pids, used_mib, pid)
         finally:
             del self._parking[rec.kernel_id]
-            if parked:
-                self._settled(reserved)
 
     async def _park_now(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None) -> bool:
         kid, lease, card = rec.kernel_id, rec.lease, rec.card
@@ -326,7 +323,7 @@ class Parking:
         rec.parked = Parked(lease.card_uuid, lease.card_index, tuple(pids), used_mib, lease.quota_mib,
                             lease.reserved_mib, time.time(), seconds)  # fmt: skip
         rec.lease, rec.state, rec.card = None, "parked", card
-        self.kernels.line.room_freed()
+        self._room_freed(lease.reserved_mib)
         self.kernels.event(
             "parked", kid,
             f"Parked after {format_mib(used_mib)} of GPU state moved to host memory in {seconds} s; its "

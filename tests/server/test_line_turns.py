@@ -27,7 +27,7 @@ async def test_room_freed_during_a_turn_brings_the_next_turn_at_once():
         if len(began) == 3:
             line.queue.waits.clear()  # nobody waits any more: the line stops
 
-    line._turn = turn
+    line._serve_once = turn
     await asyncio.wait_for(line._serve(), 5)
     assert seen == [(1, 0), (2, 1), (3, 2)] and line.turns_done == 3
     assert began[1] - began[0] < 0.05 + QUEUE_POLL_S / 2  # at once, not at the next poll

@@ -54,7 +54,7 @@ def _waiting_line_parking(after_s: float) -> Parking:
     async def blocking(fn, *args):
         return fn(*args)
 
-    line = SimpleNamespace(turns=0, turns_done=0)
+    line = SimpleNamespace(turns=0, turns_done=0, room_freed=lambda: None)
     kernels = SimpleNamespace(records={}, services=SimpleNamespace(readings=Readings()), line=line)
     checkpointer = SimpleNamespace(unavailable=lambda: None)
     return Parking(kernels, checkpointer, ParkRules(after_s=after_s, frameworks=("torch",)), blocking)
@@ -97,7 +97,7 @@ async def test_a_move_just_done_counts_as_room_coming_only_until_the_line_has_ha
 
     parking._park = park
     line.turns = 3  # a turn under way as the move is done (it may have read the ledger before the release)
-    parking._settled(4096)
+    parking._room_freed(4096)
     rec, usage = _kernel()
     line.turns_done = 3
     parking.consider(rec, usage, 60.0, ["torch"])
