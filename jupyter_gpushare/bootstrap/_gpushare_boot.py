@@ -20,7 +20,8 @@ What it does, all driven by the GPUSHARE_* environment the provisioner set:
 - when a framework's out-of-memory error reaches the notebook or the top of a script, a short note
   follows the usual traceback (``_gpushare_oom``).
 
-- in a kernel that runs while its GPU waits, a framework's import first waits for the grant (``_gpushare_wait``).
+- in a kernel that runs while its GPU waits, a framework's import waits for the grant (``_gpushare_wait``): before
+  its code runs, or, PyTorch's, after (it imports while the kernel waits) and before the import returns.
 
 The layers, lowest first: ``_gpushare_env`` (the variables' names), ``_gpushare_report`` (the quota read from the
 environment, warnings and the report), the hooks (``_gpushare_alloc``, ``_gpushare_oom``, ``_gpushare_views``,
@@ -86,28 +87,74 @@ class _HookedLoader:
             module.__spec__.loader = self._loader
         pre, post = self._finder.take(self._name)
         start = time.perf_counter()
+        done = False
         try:
-            for fn in pre:
-                _guarded(fn, self._name, module)
+            for i, fn in enumerate(pre):
+                after = _guarded(fn, self._name, module)
+                if callable(after):  # the module executes now; this and the rest of the pre hooks after it
+                    seconds, interrupted = _whole(self._execute, module)
+                    start += seconds  # (not the bootstrap's time)
+                    module, done = sys.modules.get(self._name, module), True
+                    if interrupted:
+                        raise KeyboardInterrupt
+                    _guarded(after, self._name, module)
+                    for rest in pre[i + 1 :]:
+                        _guarded(rest, self._name, module)
+                    break
         except BaseException:  # an interrupted wait for the GPU: the import fails, and the next one runs them again
             self._finder.put_back(self._name, pre, post)
+            if done:  # (its code ran: the next import takes this module as it is, not a second run of it)
+                self._finder.keep(self._name, module)
             raise
         spent = time.perf_counter() - start
+        if not done:
+            self._execute(module)
+        start = time.perf_counter()
+        for fn in post:
+            _guarded(fn, self._name, sys.modules.get(self._name, module))
+        rep.HOOK_SECONDS[self._name] = spent + time.perf_counter() - start
+
+    def _execute(self, module) -> float:
+        """Run the module's code (or take the module an earlier import ran and a wait then failed); its seconds."""
+        start = time.perf_counter()
+        kept = self._finder.kept(self._name)
+        if kept is not None:
+            sys.modules[self._name] = kept  # (importlib returns what sys.modules holds after exec_module)
+            return 0.0
         outer = _enter_import(self._name)
         try:
             self._loader.exec_module(module)
         finally:
             if outer:
                 _importing.stack.pop()
-        start = time.perf_counter()
-        for fn in post:
-            _guarded(fn, self._name, sys.modules.get(self._name, module))
-        rep.HOOK_SECONDS[self._name] = spent + time.perf_counter() - start
+        return time.perf_counter() - start
 
 
-def _guarded(fn, name: str, module) -> None:
+def _whole(run, module) -> tuple:
+    """``run(module)`` with an interrupt (SIGINT, in the main thread) held until it returns: what it returned, and
+    whether an interrupt came meanwhile (to raise then). A framework interrupted midway through its code is left
+    half imported, and no later import mends it."""
+    import signal
+    import threading
+
+    held: list = []
     try:
-        fn(module)
+        if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+            return run(module), False
+        before = signal.signal(signal.SIGINT, lambda *_: held.append(True))
+    except (ValueError, OSError):
+        return run(module), False
+    try:
+        return run(module), bool(held)
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _guarded(fn, name: str, module):
+    """``fn(module)``, a failure said as a warning; what it returned (a pre hook's hook to run after the module's
+    code: see ``register``)."""
+    try:
+        return fn(module)
     except Exception as e:
         if getattr(e, "stops_import", False):  # a hook's word to the cell (a wait for the GPU that ended), not a fault
             raise
@@ -121,6 +168,7 @@ class _Finder:
         self._pre: dict[str, list] = {}
         self._post: dict[str, list] = {}
         self._busy = _thread._local()
+        self._kept: dict = {}
 
     def add(self, name: str, pre=None, post=None) -> None:
         with rep.LOCK:
@@ -133,6 +181,14 @@ class _Finder:
         with rep.LOCK:
             self._pre[name] = pre + self._pre.get(name, [])
             self._post[name] = post + self._post.get(name, [])
+
+    def keep(self, name: str, module) -> None:
+        with rep.LOCK:
+            self._kept[name] = module
+
+    def kept(self, name: str):
+        with rep.LOCK:
+            return self._kept.pop(name, None)
 
     def take(self, name: str) -> tuple[list, list]:
         with rep.LOCK:
@@ -169,7 +225,10 @@ def register(name: str, pre=None, post=None) -> None:
     """Run ``pre(module)`` just before module ``name`` executes and ``post(module)`` just after.
 
     Each runs once. If the module is already imported, ``post`` runs now and ``pre`` never.
-    Exceptions in either become a GpuShareWarning.
+    Exceptions in either become a GpuShareWarning. A ``pre`` may return a callable: the module's code then runs at
+    once, and that callable and the later ``pre`` hooks after it (the wait for the GPU lets PyTorch import first).
+    If one of them raises (an interrupted wait), the import fails, and the next import takes the same module
+    object, without running its code again, and runs them all again.
     """
     if name in sys.modules:
         if post is not None:

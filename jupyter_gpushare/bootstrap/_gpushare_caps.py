@@ -26,28 +26,6 @@ MiB = 2**20
 _torch_plan: dict = {}
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
-    import re
-
-    return tuple(int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3])
-
-
-def _torch_build(module) -> tuple[str | None, str | None]:
-    """torch's version and CUDA version, read from torch/version.py before torch is imported."""
-    import re
-
-    for folder in getattr(getattr(module, "__spec__", None), "submodule_search_locations", None) or []:
-        try:
-            with open(os.path.join(folder, "version.py"), encoding="utf-8") as f:
-                text = f.read()
-        except OSError:
-            continue
-        version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.M)
-        cuda = re.search(r"^cuda(?:\s*:[^=]*)?=\s*['\"]([^'\"]+)", text, re.M)
-        return (version.group(1) if version else None, cuda.group(1) if cuda else None)
-    return None, None
-
-
 def merge_alloc_conf(existing: str, fraction: str) -> tuple[str, str | None]:
     """``existing`` allocator config with ``per_process_memory_fraction`` at most ``fraction``.
 
@@ -77,12 +55,12 @@ def merge_alloc_conf(existing: str, fraction: str) -> tuple[str, str | None]:
 
 def _torch_pre(module) -> None:
     _torch_plan.clear()
-    version, cuda = _torch_build(module)
+    version, cuda = rep.torch_build(module)
     _torch_plan.update(version=version, cuda=cuda)
     if rep.no_cap_reason() or cuda is None or version is None:
         return
     fraction = os.environ.get(env.TORCH_FRACTION) or f"{rep.fraction():.6f}"
-    if _version_tuple(version) < TORCH_ENV_CAP_SINCE:
+    if rep.version_tuple(version) < TORCH_ENV_CAP_SINCE:
         _torch_plan["method"] = "lazy"
         return
     # PYTORCH_CUDA_ALLOC_CONF wins over PYTORCH_ALLOC_CONF; extend the one torch will read.

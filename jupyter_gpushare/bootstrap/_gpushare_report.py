@@ -94,6 +94,28 @@ def no_cap_reason() -> str | None:
 # -- warnings and the report ---------------------------------------------------------------------
 
 
+def version_tuple(text: str) -> tuple[int, ...]:
+    import re
+
+    return tuple(int(x) for x in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def torch_build(module) -> tuple[str | None, str | None]:
+    """torch's version and CUDA version, read from torch/version.py before torch is imported."""
+    import re
+
+    for folder in getattr(getattr(module, "__spec__", None), "submodule_search_locations", None) or []:
+        try:
+            with open(os.path.join(folder, "version.py"), encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            continue
+        version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.M)
+        cuda = re.search(r"^cuda(?:\s*:[^=]*)?=\s*['\"]([^'\"]+)", text, re.M)
+        return (version.group(1) if version else None, cuda.group(1) if cuda else None)
+    return None, None
+
+
 def _user_stacklevel() -> int:
     """A stacklevel pointing at the first frame outside the bootstrap and the import machinery."""
     level = 1

@@ -5,8 +5,9 @@ yet (GPUSHARE_MODE=standby, line_place = 'first-use') asks first, through the pi
 The server writes to the pipe named by GPUSHARE_GRANT_FD (launch/held.py): ``{"wait": {...}}`` lines while the
 kernel is in line, then ``{"grant": {...}}``, the variables the grant changes in the kernel's environment (null:
 removed). A thread reads the pipe from the kernel's start and applies the grant to ``os.environ`` as it comes.
-No framework has initialised CUDA by then (their imports wait for it here), so every framework's caps and every
-child process started afterwards see the card and the quota. A grant of ``GPUSHARE_MODE=cpu`` is a wait that
+No framework has initialised CUDA by then (their imports wait for it here; PyTorch's code runs first, while it
+waits, and sets CUDA up only at its first use), so every framework's caps and every child process started afterwards
+see the card and the quota. A grant of ``GPUSHARE_MODE=cpu`` is a wait that
 ended without a GPU: the frameworks then import without one, and the waiting cell says why.
 
 A kernel granted its GPU (in line, or at its start under line_place = 'start': it then starts granted, its pipe
@@ -27,10 +28,19 @@ import threading
 import time
 
 import _gpushare_env as env
+import _gpushare_report as rep
 
 # What waits for the grant: the GPU frameworks, and the CUDA bindings that open the card themselves (not numba:
 # it is a CPU compiler first; its numba.cuda opens the card).
 WAITS = ("torch", "tensorflow", "jax", "cupy", "numba.cuda", "pycuda")
+# Imported while the kernel waits, the wait then coming before the import returns: a framework whose import opens no
+# card and reads nothing the grant changes (CUDA is set up at its first use), from the version measured so (torch
+# 2.11 imported with every GPU hidden, then given the card and its allocator's cap in os.environ: it saw the card and
+# kept to the cap; bench/results/probe_import_first-h100-2026-11-27.json). Its import's seconds (1.2-2.1 s on an
+# H100 host, 8 at once) pass while the kernel waits, not after its grant; only near the front of the line (at most
+# half the host's CPUs import at once so, beside the kernels that compute: 24 imports at once slowed the first wave
+# of a class by 7.6 s on the H100 host, bench/README.md).
+IMPORTS_FIRST = {"torch": (2, 11)}
 ASK_ANSWER_S = 2.0  # how long a first GPU use waits for the server's first answer before saying it waits
 # Never changed by a grant: this process's own.
 KEPT = (env.ROOT_PID, env.GRANT_FD, env.ASK_FD, env.KERNEL_ID, env.REPORT_DIR)
@@ -227,44 +237,96 @@ class GpuWaitEnded(RuntimeError):
     stops_import = True  # the import fails with it (_gpushare_boot lets it through), and the next one runs
 
 
-def wait_for_gpu(module) -> None:
+def wait_for_gpu(module):
     """A framework's pre-import hook: return once the kernel holds its grant. An interrupt raises KeyboardInterrupt
     here: the import fails, the kernel stays in line, and the next import waits again. A wait that ends without a
-    GPU raises GpuWaitEnded in the cell that waited; later imports go on without a GPU."""
+    GPU raises GpuWaitEnded in the cell that waited; later imports go on without a GPU. A framework that imports
+    first (``IMPORTS_FIRST``) waits here only until its kernel is near the front of the line (``_near_front``), and
+    then returns what to call once its code ran (``_gpushare_boot`` does): the rest of the wait, before the import
+    returns."""
     name = module.__name__
     with _cond:
-        if not _state["using"] and _state["reading"] and os.environ.get(env.MODE) != "standby":
-            # The server need not ask it to stand by now (it would say no: a framework is imported from here on), nor
-            # wait for its answer meanwhile: said once, before the import's first line runs
-            _state["using"] = _tell("using")
-        child = os.environ.get(env.ROOT_PID) != str(os.getpid())  # a program the kernel started
-        if child and os.environ.get(env.MODE) in ("queued", "standby"):
+        if not _must_wait(name):
+            return None
+        first = _imports_first(module)
+        said = _wait(name, _near_front if first else None)
+        if first and not _state["granted"] and _state["reading"]:
+            return lambda _module: _wait_and_say(name, said)
+    _say_after(name, said)
+    return None
+
+
+def _must_wait(name: str) -> bool:
+    """Whether this import waits for the GPU (a kernel in line, or one standing by, which asks first here). (Called
+    with ``_cond`` held.)"""
+    if not _state["using"] and _state["reading"] and os.environ.get(env.MODE) != "standby":
+        # The server need not ask it to stand by now (it would say no: a framework is imported from here on), nor
+        # wait for its answer meanwhile: said once, before the import's first line runs
+        _state["using"] = _tell("using")
+    child = os.environ.get(env.ROOT_PID) != str(os.getpid())  # a program the kernel started
+    if child and os.environ.get(env.MODE) in ("queued", "standby"):
+        sys.stderr.write(
+            f"jupyter-gpushare: {name} runs without a GPU in this process: its kernel holds none now, and a "
+            f"program the kernel started cannot ask for one. Import {name} in a cell of the notebook first (it "
+            "waits for the kernel's GPU there), then start the program again.\n"
+        )
+        return False
+    if _state["granted"] or not _state["reading"]:
+        return False
+    if os.environ.get(env.MODE) == "standby":
+        if not _ask():
             sys.stderr.write(
-                f"jupyter-gpushare: {name} runs without a GPU in this process: its kernel holds none now, and a "
-                f"program the kernel started cannot ask for one. Import {name} in a cell of the notebook first (it "
-                "waits for the kernel's GPU there), then start the program again.\n"
+                f"jupyter-gpushare: {name} runs without a GPU: this kernel could not ask for one (its pipe to "
+                "the server is closed). Restart the kernel to ask again.\n"
             )
-            return
-        if _state["granted"] or not _state["reading"]:
-            return
-        if os.environ.get(env.MODE) == "standby":
-            if not _ask():
-                sys.stderr.write(
-                    f"jupyter-gpushare: {name} runs without a GPU: this kernel could not ask for one (its pipe to "
-                    "the server is closed). Restart the kernel to ask again.\n"
-                )
-                return
-            # The server answers at once, with the grant or the kernel's place: say the place, not "in line".
-            _cond.wait_for(lambda: _state["place"] or _state["granted"] or not _state["reading"], ASK_ANSWER_S)
-        said = None
-        while not _state["granted"] and _state["reading"]:
-            now = _said(name, _state["place"])
-            if now != said:  # (the first time with how to stop; again only when the place changes)
-                first = " CPU cells ran meanwhile; interrupt the kernel to stop waiting (it keeps its place)."
-                sys.stderr.write(now + (first if said is None else "") + "\n")
-                sys.stderr.flush()
-                said = now
-            _cond.wait(0.5)  # (a timed wait: the main thread's interrupt is seen at once)
+            return False
+        # The server answers at once, with the grant or the kernel's place: say the place, not "in line".
+        _cond.wait_for(lambda: _state["place"] or _state["granted"] or not _state["reading"], ASK_ANSWER_S)
+    return True
+
+
+def _imports_first(module) -> bool:
+    """Whether this framework's code may run before the grant: listed in IMPORTS_FIRST, at a version measured so."""
+    since = IMPORTS_FIRST.get(module.__name__)
+    version = rep.torch_build(module)[0] if since is not None else None
+    return since is not None and version is not None and rep.version_tuple(version) >= since
+
+
+def _near_front() -> bool:
+    """Whether this kernel is within the first places of the line, as many as half this host's CPUs: so many
+    framework imports run at once while kernels wait, beside the kernels that compute. (Called with ``_cond``
+    held.)"""
+    position = (_state["place"] or {}).get("position")
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 2
+    return isinstance(position, int) and position <= max(1, cpus // 2)
+
+
+def _wait_and_say(name: str, said: str | None) -> None:
+    with _cond:
+        said = _wait(name, said=said)
+    _say_after(name, said)
+
+
+def _wait(name: str, until=None, said: str | None = None) -> str | None:
+    """Until the grant, the wait's end, or ``until()`` (the place said first); what was last said of the place (None:
+    nothing, it did not wait). (Called with ``_cond`` held.)"""
+    while not _state["granted"] and _state["reading"]:
+        now = _said(name, _state["place"])
+        if now != said:  # (the first time with how to stop; again only when the place changes)
+            first = " CPU cells ran meanwhile; interrupt the kernel to stop waiting (it keeps its place)."
+            sys.stderr.write(now + (first if said is None else "") + "\n")
+            sys.stderr.flush()
+            said = now
+        if until is not None and until():
+            break
+        _cond.wait(0.5)  # (a timed wait: the main thread's interrupt is seen at once)
+    return said
+
+
+def _say_after(name: str, said: str | None) -> None:
     if os.environ.get(env.MODE) != "gpu":
         reason = os.environ.get(env.REASON) or "the wait for a GPU ended"
         if said is not None:  # this cell waited: it says that it did not run, and why (the next one runs on the CPU)

@@ -1,0 +1,89 @@
+"""Can PyTorch be imported before its kernel holds a GPU, and the card given to it after?
+
+For the kernel that imports its framework while it waits (_gpushare_wait, torch only): each check runs in a fresh
+process, 3 times. ``late``: torch imported with CUDA_VISIBLE_DEVICES="" (a kernel in line), then the card and
+PYTORCH_CUDA_ALLOC_CONF per_process_memory_fraction set in os.environ (the grant), then CUDA used: does torch see the
+card, and does it honour the cap set after its import? ``early``: the same cap set before the import (control).
+``cap`` is 0.05 of the card; the check allocates 0.03 (must fit) and then 0.10 (must be refused) of it.
+Then what the first CUDA use costs after the import, alone and with 8 processes at once.
+    python3 bench/gpu/probe_import_first.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+CHILD = r"""
+import json, os, sys, time
+order = sys.argv[1]
+uuid = sys.argv[2]
+conf = "per_process_memory_fraction:0.05"
+if order == "early":
+    os.environ["CUDA_VISIBLE_DEVICES"] = uuid
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+t0 = time.perf_counter()
+import torch
+out = {"order": order, "torch": torch.__version__, "import_s": round(time.perf_counter() - t0, 3),
+       "initialized_after_import": torch.cuda.is_initialized()}
+if order == "late":
+    os.environ["CUDA_VISIBLE_DEVICES"] = uuid
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+t1 = time.perf_counter()
+out["available"] = torch.cuda.is_available()
+out["count"] = torch.cuda.device_count()
+total = torch.cuda.get_device_properties(0).total_memory if out["count"] else 0
+x = torch.ones(1, device="cuda") if out["count"] else None
+out["first_use_s"] = round(time.perf_counter() - t1, 3)
+for share in (0.03, 0.10):
+    try:
+        t = torch.empty(int(total * share), dtype=torch.uint8, device="cuda")
+        out[f"alloc_{share}"] = "ok"
+        del t
+        torch.cuda.empty_cache()
+    except Exception as e:
+        out[f"alloc_{share}"] = type(e).__name__
+print(json.dumps(out))
+"""
+
+
+def child(order: str, uuid: str) -> dict:
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/root", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, order, uuid], capture_output=True, text=True, env=env, timeout=300
+    )
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"order": order, "error": done.stderr[-800:]}
+
+
+def main() -> None:
+    uuid = (
+        subprocess.run(
+            ["nvidia-smi", "--query-gpu=uuid,name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()[0]
+    )
+    card = uuid.split(",")[0].strip()
+    runs = {"gpu": uuid, "date": time.strftime("%Y-%m-%d"), "alone": [], "eight": []}
+    for _ in range(3):
+        for order in ("late", "early"):
+            runs["alone"].append(child(order, card))
+            print(runs["alone"][-1], flush=True)
+    for _ in range(2):
+        with ThreadPoolExecutor(8) as pool:
+            runs["eight"].append(list(pool.map(lambda _: child("late", card), range(8))))
+        print([(r.get("import_s"), r.get("first_use_s")) for r in runs["eight"][-1]], flush=True)
+    with open(sys.argv[1], "w") as f:
+        json.dump(runs, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

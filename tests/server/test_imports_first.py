@@ -1,0 +1,95 @@
+"""PyTorch imports while its kernel waits for the GPU, and the wait comes before the import returns: a real
+jupyter-server, real kernels, the real (CPU) PyTorch, a simulated card.
+
+Its import's seconds then pass in line, not after the grant. An interrupt during the wait fails the import as before
+(the kernel keeps its place), and the next ``import torch`` takes the module whose code already ran: PyTorch's code
+cannot run twice in a process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import pytest
+from jupyter_client.session import Session
+from kernels import cell_result, send_cell, stream_until
+from test_waiting import _state, full_card, standin_pid
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture
+def gpushare_config(gpushare_config):
+    return {**gpushare_config, "default_quota": "4GiB", "queue_timeout": 120}
+
+
+async def reply_of(ws, msg_id: str) -> dict:
+    while True:
+        msg = json.loads(await asyncio.wait_for(ws.read_message(), 60))
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_reply":
+            return msg["content"]
+
+
+def mapped(pid: int, library: str) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return library in f.read()
+
+
+async def test_torch_imports_while_its_kernel_waits_and_an_interrupted_wait_keeps_the_module(
+    gpushare, jp_fetch, jp_serverapp, kernel_ws
+):
+    sessions = await full_card(gpushare)
+    _, kid = await gpushare.open_notebook("train.ipynb")
+    session = Session()
+    ws = await kernel_ws(kid, session.session)
+    pid = standin_pid(jp_serverapp, kid)
+    waiting = send_cell(ws, session, "import torch")
+    await stream_until(ws, waiting, "torch waits for this kernel's GPU: #1 in line")  # said before its code runs
+    # The student interrupts at once, while PyTorch's code runs: it runs to its end, and the cell stops then
+    await jp_fetch("api", "kernels", kid, "interrupt", method="POST", body="{}")
+    reply = await reply_of(ws, waiting)
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+    assert mapped(pid, "libtorch_cpu")  # its code ran while the kernel waits
+    assert await gpushare.state_of(kid) == "queued"  # the kernel keeps its place
+    check = send_cell(ws, session, "import sys; 'torch' in sys.modules, 'torch._C' in sys.modules")
+    assert await cell_result(ws, kid, check) == "(False, True)"  # the import failed; PyTorch's code had run
+
+    again = send_cell(ws, session, "import torch; ran = float(torch.ones(3).sum())")
+    await stream_until(ws, again, "torch waits for this kernel's GPU")  # waits again, its code not run again
+    await gpushare.close_notebook(sessions[0])
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the grant")
+    assert (await reply_of(ws, again))["status"] == "ok"
+    done = send_cell(ws, session, "import os; ran, os.environ['GPUSHARE_MODE'], os.getpid()")
+    assert await cell_result(ws, kid, done) == f"(3.0, 'gpu', {pid})"
+    ws.close()
+
+
+async def test_only_kernels_near_the_front_of_the_line_import_while_they_wait(gpushare, jp_serverapp, kernel_ws):
+    """As many kernels as half the host's CPUs import PyTorch while they wait, the first in line; one behind them
+    imports once it comes that near (so many imports at once do not slow the kernels that compute)."""
+    near = max(1, len(os.sched_getaffinity(0)) // 2)
+    sessions = await full_card(gpushare)
+    waiting = []
+    for i in range(near + 1):  # in line in this order
+        _, kid = await gpushare.open_notebook(f"line-{i}.ipynb")
+        session = Session()
+        ws = await kernel_ws(kid, session.session)
+        waiting.append((kid, ws, send_cell(ws, session, "import torch"), standin_pid(jp_serverapp, kid)))
+    for _, ws, cell, _ in waiting:
+        await stream_until(ws, cell, "torch waits for this kernel's GPU")
+    for *_, pid in waiting[:near]:
+        await gpushare.wait_for(lambda pid=pid: _true(mapped(pid, "libtorch_cpu")), what="its import while it waits")
+    last_kid, *_, last_pid = waiting[-1]
+    await asyncio.sleep(2)  # (the imports near the front were done; this one did not begin)
+    assert not mapped(last_pid, "libtorch_cpu")
+    await gpushare.close_notebook(sessions[0])  # the first is granted: the last comes near the front
+    await gpushare.wait_for(lambda: _true(mapped(last_pid, "libtorch_cpu")), what="its import, near the front now")
+    assert await gpushare.state_of(last_kid) == "queued"
+    for _, ws, *_ in waiting:
+        ws.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
