@@ -39,7 +39,7 @@ WAITS = ("torch", "tensorflow", "jax", "cupy", "numba.cuda", "pycuda")
 # kept to the cap; bench/results/probe_import_first-h100-2026-11-27.json). Its import's seconds (1.2-2.1 s on an
 # H100 host, 8 at once) pass while the kernel waits, not after its grant; only near the front of the line (at most
 # half the host's CPUs import at once so, beside the kernels that compute: 24 imports at once slowed the first wave
-# of a class by 7.6 s on the H100 host, bench/README.md).
+# of a class by 7.3 s on the H100 host, bench/README.md).
 IMPORTS_FIRST = {"torch": (2, 11)}
 ASK_ANSWER_S = 2.0  # how long a first GPU use waits for the server's first answer before saying it waits
 # Never changed by a grant: this process's own.
