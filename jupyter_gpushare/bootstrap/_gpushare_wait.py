@@ -327,6 +327,8 @@ def _wait(name: str, until=None, said: str | None = None) -> str | None:
 
 
 def _say_after(name: str, said: str | None) -> None:
+    """What the cell hears when its wait is over: that the GPU is its kernel's now (if it waited), or why it runs
+    without one."""
     if os.environ.get(env.MODE) != "gpu":
         reason = os.environ.get(env.REASON) or "the wait for a GPU ended"
         if said is not None:  # this cell waited: it says that it did not run, and why (the next one runs on the CPU)
@@ -337,3 +339,4 @@ def _say_after(name: str, said: str | None) -> None:
         sys.stderr.write(f"jupyter-gpushare: {name} runs without a GPU: {reason}\n")
     elif said is not None:
         sys.stderr.write(f"jupyter-gpushare: the GPU is this kernel's now; {name} goes on.\n")
+    sys.stderr.flush()  # before the cell's next output: PyTorch's import now returns at once after it

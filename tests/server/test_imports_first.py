@@ -25,10 +25,15 @@ def gpushare_config(gpushare_config):
     return {**gpushare_config, "default_quota": "4GiB", "queue_timeout": 120}
 
 
-async def reply_of(ws, msg_id: str) -> dict:
+async def reply_of(ws, msg_id: str, streams: list | None = None) -> dict:
+    """The cell's execute_reply; what it printed meanwhile, in order, into ``streams``."""
     while True:
         msg = json.loads(await asyncio.wait_for(ws.read_message(), 60))
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_reply":
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream" and streams is not None:
+            streams.append((msg["content"]["name"], msg["content"]["text"]))
+        if msg["msg_type"] == "execute_reply":
             return msg["content"]
 
 
@@ -56,11 +61,15 @@ async def test_torch_imports_while_its_kernel_waits_and_an_interrupted_wait_keep
     check = send_cell(ws, session, "import sys; 'torch' in sys.modules, 'torch._C' in sys.modules")
     assert await cell_result(ws, kid, check) == "(False, True)"  # the import failed; PyTorch's code had run
 
-    again = send_cell(ws, session, "import torch; ran = float(torch.ones(3).sum())")
+    again = send_cell(ws, session, "import torch; ran = float(torch.ones(3).sum()); print('ran')")
     await stream_until(ws, again, "torch waits for this kernel's GPU")  # waits again, its code not run again
     await gpushare.close_notebook(sessions[0])
     await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the grant")
-    assert (await reply_of(ws, again))["status"] == "ok"
+    streams: list = []
+    assert (await reply_of(ws, again, streams))["status"] == "ok"
+    # the import returns at once after its wait: the wait's last word comes before the cell's own output
+    assert [name for name, _ in streams] == ["stderr", "stdout"], streams
+    assert "the GPU is this kernel's now; torch goes on." in streams[0][1]
     done = send_cell(ws, session, "import os; ran, os.environ['GPUSHARE_MODE'], os.getpid()")
     assert await cell_result(ws, kid, done) == f"(3.0, 'gpu', {pid})"
     ws.close()
