@@ -202,7 +202,6 @@ class Job:
     first_output: float | None = None  # the cell's first output (a cell held for a resume waits for it)
     # the idle study: the first run's own time and end, when the job ran again, and how long that cell waited
     first_s: float | None = None
-    sent: float | None = None  # when its first cell was sent (its kernel up, the websocket open)
     first_done: float | None = None
     again: float | None = None
     again_wait_s: float | None = None
@@ -228,7 +227,7 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
         job.status, job.error = "failed", f"could not connect to the kernel: {e}"
         return
     deadline = time.monotonic() + timeout
-    start = job.sent = time.time() - t0
+    start = time.time() - t0
     reply = await run_cell(server, ws, session, code, job, t0, deadline)
     await granted_at(server, job, t0)  # (before a parked kernel's resume is granted too)
     if idle is not None and job.status == "pending" and reply and reply.get("status") == "ok":

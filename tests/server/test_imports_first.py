@@ -15,7 +15,7 @@ import os
 import pytest
 from jupyter_client.session import Session
 from kernels import cell_result, send_cell, stream_until
-from test_waiting import _state, full_card, standin_pid
+from test_waiting import _state, _true, full_card, standin_pid
 
 pytest.importorskip("torch")
 
@@ -98,7 +98,3 @@ async def test_only_kernels_near_the_front_of_the_line_import_while_they_wait(gp
     assert await gpushare.state_of(last_kid) == "queued"
     for _, ws, *_ in waiting:
         ws.close()
-
-
-async def _true(value: bool) -> bool:
-    return value
