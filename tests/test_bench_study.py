@@ -97,3 +97,28 @@ def test_compare_says_when_a_file_has_no_results(tmp_path):
         [sys.executable, str(HARNESS.with_name("compare.py")), str(empty)], capture_output=True, text=True
     )
     assert out.returncode == 1 and "no study results" in out.stderr
+
+
+def test_gaps_splits_the_time_over_the_ideal_along_the_last_jobs_path():
+    """bench/study/gaps.py on a recorded 4x idle class (H100): the path back from the last job's end crosses the
+    four waves, each change is the park_after (1 s) and the park of the kernel whose room was taken, and the parts
+    add up to the class's time over its ideal."""
+    sys.path.insert(0, str(HARNESS.parent))
+    try:
+        import gaps
+    finally:
+        sys.path.remove(str(HARNESS.parent))
+    root = HARNESS.parent.parent
+    result = json.loads((root / "results" / "study" / "study-idle4x-importfirst-after-h100-2026-11-27-run9.json")
+                        .read_text())["results"][0]  # fmt: skip
+    g = gaps.gaps(result)
+    assert g["waves"] == 4 and g["chain_starts_at_a_start"]
+    assert g["chain_ends_s"] == pytest.approx(result["all_ok_s"], abs=0.05)
+    assert g["over_ideal_s"] == pytest.approx(result["all_ok_s"] - result["ideal_s"], abs=0.05)
+    assert [c["kind"] for c in g["changes"]] == ["parked"] * 3
+    for change in g["changes"]:
+        assert change["s"] == pytest.approx(1.0 + change["park_s"], abs=0.1)
+    assert g["start_s"] == pytest.approx(3.31, abs=0.01) and g["resume_wait_s"] == pytest.approx(1.08, abs=0.01)
+    out = subprocess.run([sys.executable, str(HARNESS.with_name("gaps.py")), str(root / "results" / "study" /
+                          "study-idle4x-importfirst-after-h100-2026-11-27-run9.json")], capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0 and "14.36" in out.stdout, out.stdout + out.stderr

@@ -5,7 +5,8 @@ process, 3 times. ``late``: torch imported with CUDA_VISIBLE_DEVICES="" (a kerne
 PYTORCH_CUDA_ALLOC_CONF per_process_memory_fraction set in os.environ (the grant), then CUDA used: does torch see the
 card, and does it honour the cap set after its import? ``early``: the same cap set before the import (control).
 ``cap`` is 0.05 of the card; the check allocates 0.03 (must fit) and then 0.10 (must be refused) of it.
-Then what the first CUDA use costs after the import, alone and with 8 processes at once.
+Then what the first CUDA use costs after the import, alone and with 8 processes at once, and the process's
+resident memory after the import (what a kernel in line holds for it).
     python3 bench/gpu/probe_import_first.py OUT.json
 """
 
@@ -29,6 +30,8 @@ t0 = time.perf_counter()
 import torch
 out = {"order": order, "torch": torch.__version__, "import_s": round(time.perf_counter() - t0, 3),
        "initialized_after_import": torch.cuda.is_initialized()}
+with open("/proc/self/status") as f:  # the host memory a kernel holds while it waits, torch imported
+    out["rss_mib_after_import"] = next(int(l.split()[1]) // 1024 for l in f if l.startswith("VmRSS:"))
 if order == "late":
     os.environ["CUDA_VISIBLE_DEVICES"] = uuid
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
