@@ -116,6 +116,29 @@ def torch_build(module) -> tuple[str | None, str | None]:
     return None, None
 
 
+def dist_version(module) -> str | None:
+    """A package's version before its import, from the one installed distribution beside it that ships it
+    (``tensorflow``, ``tensorflow-cpu``, ``tf-nightly``: its ``*.dist-info`` lists the package in
+    ``top_level.txt``); None when there is none, or several of different versions."""
+    found = set()
+    for folder in getattr(getattr(module, "__spec__", None), "submodule_search_locations", None) or []:
+        parent = os.path.dirname(os.path.abspath(folder))
+        try:
+            names = [n for n in os.listdir(parent) if n.endswith(".dist-info")]
+        except OSError:
+            continue
+        for name in names:
+            try:
+                with open(os.path.join(parent, name, "top_level.txt"), encoding="utf-8") as f:
+                    ships = module.__name__ in f.read().split()
+            except OSError:
+                continue
+            stem = name[: -len(".dist-info")]  # <name>-<version>
+            if ships and stem.count("-") == 1:
+                found.add(stem.split("-")[1])
+    return found.pop() if len(found) == 1 else None
+
+
 def _user_stacklevel() -> int:
     """A stacklevel pointing at the first frame outside the bootstrap and the import machinery."""
     level = 1

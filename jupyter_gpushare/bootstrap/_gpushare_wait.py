@@ -34,13 +34,16 @@ import _gpushare_report as rep
 # it is a CPU compiler first; its numba.cuda opens the card).
 WAITS = ("torch", "tensorflow", "jax", "cupy", "numba.cuda", "pycuda")
 # Imported while the kernel waits, the wait then coming before the import returns: a framework whose import opens no
-# card and reads nothing the grant changes (CUDA is set up at its first use), from the version measured so (torch
-# 2.11 imported with every GPU hidden, then given the card and its allocator's cap in os.environ: it saw the card and
-# kept to the cap; bench/results/probe_import_first-h100-2026-11-27.json). Its import's seconds (1.2-2.1 s on an
-# H100 host, 8 at once) pass while the kernel waits, not after its grant; only near the front of the line (at most
-# half the host's CPUs import at once so, beside the kernels that compute: 24 imports at once slowed the first wave
-# of a class by 7.3 s on the H100 host, bench/README.md).
-IMPORTS_FIRST = {"torch": (2, 11)}
+# card and reads nothing the grant changes (CUDA is set up at its first use), from the version measured so. torch
+# 2.11, imported with every GPU hidden, then given the card and its allocator's cap in os.environ, saw the card and
+# kept to the cap (bench/results/probe_import_first-h100-2026-11-27*.json); TensorFlow 2.21 (and Keras 3 on it),
+# imported so, then given the card, listed it and kept to the logical device's memory_limit set after (as
+# _gpushare_caps sets it: its hooks run after the wait), the driver's library not even loaded by the import
+# (probe_import_first-tensorflow-h100-2026-11-27.json). Their imports' seconds (torch 1.2-2.1 s, TensorFlow 9-14 s
+# on an H100 host, 8 at once) pass while the kernel waits, not after its grant; only near the front of the line (at
+# most half the host's CPUs import at once so, beside the kernels that compute: 24 imports at once slowed the first
+# wave of a class by 7.3 s on the H100 host, bench/README.md).
+IMPORTS_FIRST = {"torch": (2, 11), "tensorflow": (2, 21)}
 ASK_ANSWER_S = 2.0  # how long a first GPU use waits for the server's first answer before saying it waits
 # Never changed by a grant: this process's own.
 KEPT = (env.ROOT_PID, env.GRANT_FD, env.ASK_FD, env.KERNEL_ID, env.REPORT_DIR)
@@ -288,8 +291,10 @@ def _must_wait(name: str) -> bool:
 def _imports_first(module) -> bool:
     """Whether this framework's code may run before the grant: listed in IMPORTS_FIRST, at a version measured so."""
     since = IMPORTS_FIRST.get(module.__name__)
-    version = rep.torch_build(module)[0] if since is not None else None
-    return since is not None and version is not None and rep.version_tuple(version) >= since
+    if since is None:
+        return False
+    version = rep.torch_build(module)[0] if module.__name__ == "torch" else rep.dist_version(module)
+    return version is not None and rep.version_tuple(version) >= since
 
 
 def _near_front() -> bool:

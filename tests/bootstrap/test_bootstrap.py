@@ -195,6 +195,16 @@ def test_hooks_run_around_the_import_and_never_break_it(tmp_path, monkeypatch):
     assert [w.category.__name__ for w in caught] == ["GpuShareWarning", "GpuShareWarning"]
     assert "gs_demo_fail was imported without it" in str(caught[0].message)
 
+    # A pre hook may return the rest of itself (the wait of a framework that imports while its kernel waits):
+    # the body runs first, then that, then the later pre hooks (a framework's caps), then the post hooks
+    (pkg / "gs_demo_first.py").write_text("import builtins\nbuiltins.GS_EVENTS.append('body')\n")
+    events.clear()
+    boot.register("gs_demo_first", pre=lambda m: (events.append("pre"), lambda m: events.append("rest"))[1])
+    boot.register("gs_demo_first", pre=lambda m: events.append("caps pre"), post=lambda m: events.append("post"))
+    import gs_demo_first  # noqa: F401
+
+    assert events == ["pre", "body", "rest", "caps pre", "post"]
+
     boot.register("gs_demo_broken", post=lambda m: events.append("never"))
     with pytest.raises(ModuleNotFoundError) as err:
         import gs_demo_broken  # noqa: F401
@@ -477,3 +487,27 @@ def test_bootstrap_on_the_oldest_python_and_cupy_limit(tmp_path):
         "limit_mib": QUOTA,
         "detail": f"CUPY_GPU_MEMORY_LIMIT={QUOTA * 2**20} bytes (CuPy's default memory pool)",
     }
+
+
+def test_a_packages_version_is_read_from_the_one_distribution_that_ships_it(tmp_path):
+    """What decides whether TensorFlow imports while its kernel waits: its version, read before its import from
+    the installed distribution (tensorflow, tensorflow-cpu, tf-nightly) whose top_level.txt lists it."""
+    rep = boot_module("_gpushare_report")
+
+    def site(*dists: tuple[str, str]):
+        root = tmp_path / f"site{len(list(tmp_path.iterdir()))}"
+        (root / "tensorflow").mkdir(parents=True)
+        for name, top in dists:
+            (root / f"{name}.dist-info").mkdir()
+            (root / f"{name}.dist-info" / "top_level.txt").write_text(top)
+        module = type(sys)("tensorflow")
+        module.__spec__ = importlib.util.spec_from_file_location(
+            "tensorflow", root / "tensorflow" / "__init__.py", submodule_search_locations=[str(root / "tensorflow")]
+        )
+        return rep.dist_version(module)
+
+    assert site(("tensorflow_cpu-2.21.0", "tensorflow\n"), ("keras-3.15.1", "keras\n")) == "2.21.0"
+    assert site(("tf_nightly-2.22.0.dev20261101", "tensorflow\n")) == "2.22.0.dev20261101"
+    assert site(("tensorflow-2.21.0", "tensorflow\n"), ("tensorflow_cpu-2.20.0", "tensorflow\n")) is None
+    assert site(("keras-3.15.1", "keras\n")) is None  # none ships it
+    assert site(("tensorflow-2.21.0", "tensorflow\n"), ("tensorflow_intel-2.21.0", "tensorflow\n")) == "2.21.0"

@@ -1,5 +1,5 @@
-"""PyTorch imports while its kernel waits for the GPU, and the wait comes before the import returns: a real
-jupyter-server, real kernels, the real (CPU) PyTorch, a simulated card.
+"""PyTorch and TensorFlow import while their kernel waits for the GPU, and the wait comes before the import returns:
+a real jupyter-server, real kernels, the real (CPU) PyTorch and TensorFlow, a simulated card.
 
 Its import's seconds then pass in line, not after the grant. An interrupt during the wait fails the import as before
 (the kernel keeps its place), and the next ``import torch`` takes the module whose code already ran: PyTorch's code
@@ -98,3 +98,28 @@ async def test_only_kernels_near_the_front_of_the_line_import_while_they_wait(gp
     assert await gpushare.state_of(last_kid) == "queued"
     for _, ws, *_ in waiting:
         ws.close()
+
+
+async def test_tensorflow_imports_while_its_kernel_waits_and_is_set_up_for_the_grant(gpushare, jp_serverapp, kernel_ws):
+    """Keras 3 and TensorFlow imported in a waiting kernel: TensorFlow's code runs while it waits, and its set-up
+    (the logical device within the quota, on a real card) comes after the grant, not before it."""
+    pytest.importorskip("tensorflow")
+    sessions = await full_card(gpushare)
+    _, kid = await gpushare.open_notebook("keras.ipynb")
+    session = Session()
+    ws = await kernel_ws(kid, session.session)
+    pid = standin_pid(jp_serverapp, kid)
+    cell = send_cell(ws, session, "import keras, tensorflow as tf; print(tf.__version__)")
+    await stream_until(ws, cell, "tensorflow waits for this kernel's GPU: #1 in line")
+    await gpushare.wait_for(lambda: _true(mapped(pid, "libtensorflow_framework")), 90, "its import while it waits")
+    assert await gpushare.state_of(kid) == "queued"
+    await gpushare.close_notebook(sessions[0])
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the grant")
+    streams: list = []
+    assert (await reply_of(ws, cell, streams))["status"] == "ok"
+    assert "the GPU is this kernel's now; tensorflow goes on." in "".join(text for _, text in streams)
+    # set up for the grant: the simulated card's word, not a waiting kernel's "no GPU quota" (the hooks' order
+    # is test_bootstrap's: the caps' hooks run after the wait)
+    report = "import _gpushare_report as r; r.STATE['frameworks'].get('tensorflow', {}).get('detail')"
+    assert "the card is simulated" in await cell_result(ws, kid, send_cell(ws, session, report))
+    ws.close()
