@@ -42,16 +42,23 @@ def mapped(pid: int, library: str) -> bool:
         return library in f.read()
 
 
+async def first_in_line(gpushare, jp_serverapp, kernel_ws, framework: str, code: str | None = None):
+    """A notebook opened on a full card, its kernel #1 in line, a cell importing ``framework`` sent: the card's
+    sessions, the kernel's id, its session, websocket and pid, and the cell's message id (its place said, before
+    the framework's code runs)."""
+    sessions = await full_card(gpushare)
+    _, kid = await gpushare.open_notebook(f"{framework}.ipynb")
+    session = Session()
+    ws = await kernel_ws(kid, session.session)
+    cell = send_cell(ws, session, code or f"import {framework}")
+    await stream_until(ws, cell, f"{framework} waits for this kernel's GPU: #1 in line")
+    return sessions, kid, session, ws, standin_pid(jp_serverapp, kid), cell
+
+
 async def test_torch_imports_while_its_kernel_waits_and_an_interrupted_wait_keeps_the_module(
     gpushare, jp_fetch, jp_serverapp, kernel_ws
 ):
-    sessions = await full_card(gpushare)
-    _, kid = await gpushare.open_notebook("train.ipynb")
-    session = Session()
-    ws = await kernel_ws(kid, session.session)
-    pid = standin_pid(jp_serverapp, kid)
-    waiting = send_cell(ws, session, "import torch")
-    await stream_until(ws, waiting, "torch waits for this kernel's GPU: #1 in line")  # said before its code runs
+    sessions, kid, session, ws, pid, waiting = await first_in_line(gpushare, jp_serverapp, kernel_ws, "torch")
     # The student interrupts at once, while PyTorch's code runs: it runs to its end, and the cell stops then
     await jp_fetch("api", "kernels", kid, "interrupt", method="POST", body="{}")
     reply = await reply_of(ws, waiting)
@@ -104,13 +111,9 @@ async def test_tensorflow_imports_while_its_kernel_waits_and_is_set_up_for_the_g
     """Keras 3 and TensorFlow imported in a waiting kernel: TensorFlow's code runs while it waits, and its set-up
     (the logical device within the quota, on a real card) comes after the grant, not before it."""
     pytest.importorskip("tensorflow")
-    sessions = await full_card(gpushare)
-    _, kid = await gpushare.open_notebook("keras.ipynb")
-    session = Session()
-    ws = await kernel_ws(kid, session.session)
-    pid = standin_pid(jp_serverapp, kid)
-    cell = send_cell(ws, session, "import keras, tensorflow as tf; print(tf.__version__)")
-    await stream_until(ws, cell, "tensorflow waits for this kernel's GPU: #1 in line")
+    sessions, kid, session, ws, pid, cell = await first_in_line(
+        gpushare, jp_serverapp, kernel_ws, "tensorflow", "import keras, tensorflow as tf; print(tf.__version__)"
+    )
     await gpushare.wait_for(lambda: _true(mapped(pid, "libtensorflow_framework")), 90, "its import while it waits")
     assert await gpushare.state_of(kid) == "queued"
     await gpushare.close_notebook(sessions[0])
