@@ -132,16 +132,26 @@ class _HookedLoader:
 
 def _whole(run, module) -> tuple:
     """``run(module)`` with an interrupt (SIGINT, in the main thread) held until it returns: what it returned, and
-    whether an interrupt came meanwhile (to raise then). A framework interrupted midway through its code is left
-    half imported, and no later import mends it."""
+    whether an interrupt came meanwhile (to raise then; the cell hears at once that it will). A framework
+    interrupted midway through its code is left half imported, and no later import mends it."""
     import signal
     import threading
 
     held: list = []
+
+    def hold(*_) -> None:
+        if not held:
+            sys.stderr.write(
+                f"jupyter-gpushare: the interrupt stops this cell once {module.__name__}'s import has run (a "
+                "framework stopped midway could not be imported again in this kernel).\n"
+            )
+            sys.stderr.flush()
+        held.append(True)
+
     try:
         if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
             return run(module), False
-        before = signal.signal(signal.SIGINT, lambda *_: held.append(True))
+        before = signal.signal(signal.SIGINT, hold)
     except (ValueError, OSError):
         return run(module), False
     try:

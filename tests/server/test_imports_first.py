@@ -61,8 +61,10 @@ async def test_torch_imports_while_its_kernel_waits_and_an_interrupted_wait_keep
     sessions, kid, session, ws, pid, waiting = await first_in_line(gpushare, jp_serverapp, kernel_ws, "torch")
     # The student interrupts at once, while PyTorch's code runs: it runs to its end, and the cell stops then
     await jp_fetch("api", "kernels", kid, "interrupt", method="POST", body="{}")
-    reply = await reply_of(ws, waiting)
+    said: list = []
+    reply = await reply_of(ws, waiting, said)
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+    assert "the interrupt stops this cell once torch's import has run" in "".join(text for _, text in said)
     assert mapped(pid, "libtorch_cpu")  # its code ran while the kernel waits
     assert await gpushare.state_of(kid) == "queued"  # the kernel keeps its place
     check = send_cell(ws, session, "import sys; 'torch' in sys.modules, 'torch._C' in sys.modules")
