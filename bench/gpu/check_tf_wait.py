@@ -2,10 +2,15 @@
 the kernel waits (``_gpushare_wait.IMPORTS_FIRST``), and at the grant its cell goes on with TensorFlow on its quota.
 
 Run on a GPU machine after `source bench/gpu/device_env.sh` and then `source /tmp/tfgpu-env.sh` (TensorFlow's GPU
-build, ../shared/tools/tf-gpu), as root; with the code before (PYTHONPATH=bench/gpu/before:...) for the control,
-where TensorFlow imports only after the grant:
+build, ../shared/tools/tf-gpu), as root:
 
     python3 bench/gpu/check_tf_wait.py OUT_DIR [--runs 3] [--label after]
+
+The control, the code before (where TensorFlow imports only after the grant), from its own folder: the server runs
+``python -m jupyter_server`` in the working directory, which ``python -m`` puts first on sys.path:
+
+    cd bench/gpu/before && PYTHONPATH=$PWD:/tmp/site:/tmp/tfsite:/tmp/tfdeps \
+        python3 ../check_tf_wait.py OUT_DIR --label before
 
 Each kernel's quota is 45% of the card, so two fit. Per run: notebooks A and B hold the card (PyTorch allocates 30%
 of it in each); C opens (#1 in line) and runs a TensorFlow cell. The check reads C's /proc/<pid>/maps: whether
