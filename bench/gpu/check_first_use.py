@@ -16,7 +16,6 @@ of the card, and NVML lists C's process with that memory. Every run is recorded:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_escapes import Server, run  # noqa: E402
 from check_join import SETTINGS, waited_then_released  # noqa: E402
-from check_park_server import card_meta, record_runs, session, state  # noqa: E402
+from check_park_server import card_meta, record_runs, recorded, session, state  # noqa: E402
 
 FIRST_USE = {**SETTINGS, "line_place": "first-use"}
 TAKE = "import torch; x = torch.ones(2**28, device='cuda'); torch.cuda.synchronize(); print('TOOK')"
@@ -33,8 +32,9 @@ TAKE = "import torch; x = torch.ones(2**28, device='cuda'); torch.cuda.synchroni
 def one_run(work: Path) -> dict:
     server = Server(work, FIRST_USE)
     out: dict = {}
-    try:
+    with recorded(server, work, out) as watched:
         sc, c = session(server, "c.ipynb")
+        watched["c"] = c
         sa, a = session(server, "a.ipynb")
         sb, b = session(server, "b.ipynb")
         out["states_at_open"] = [state(server, k) for k in (c, a, b)]
@@ -54,13 +54,6 @@ def one_run(work: Path) -> dict:
         waited_then_released(server, kc, c, sa, out)
         for sid in (sb, sc):
             server.call("DELETE", f"api/sessions/{sid}")
-    except Exception as e:  # noqa: BLE001 (recorded)
-        out["error"] = f"{type(e).__name__}: {e}"
-        out["server_log_tail"] = (work / "server.log").read_text()[-3000:]
-    finally:
-        with contextlib.suppress(Exception):
-            out["events_c"] = [{k: e.get(k) for k in ("kind", "message")} for e in server.events(c)]
-        server.stop()
     return out
 
 

@@ -17,7 +17,6 @@ OUT_DIR/check_join-runN.json.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import threading
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_escapes import Server, nvml_use, run  # noqa: E402
-from check_park_server import card_meta, record_runs, session, state, wait_state  # noqa: E402
+from check_park_server import card_meta, record_runs, recorded, session, state, wait_state  # noqa: E402
 
 SETTINGS = {"gpu_backend": "nvml", "default_quota": "45%", "park_after": 0, "queue_timeout": 300,
             "over_quota_action": "notify"}  # fmt: skip
@@ -41,10 +40,11 @@ GPU_CELL = (
 def one_run(work: Path) -> dict:
     server = Server(work, SETTINGS)
     out: dict = {}
-    try:
+    with recorded(server, work, out) as watched:
         sa, a = session(server, "a.ipynb")
         sb, b = session(server, "b.ipynb")
         sc, c = session(server, "c.ipynb")
+        watched["c"] = c
         out["c_state_at_open"] = state(server, c)
         kc = server.client(c)
         status, said = run(kc, "kept = 'mine'; import os; print(os.getpid())")
@@ -58,13 +58,6 @@ def one_run(work: Path) -> dict:
         waited_then_released(server, kc, c, sa, out)
         for sid in (sb, sc):
             server.call("DELETE", f"api/sessions/{sid}")
-    except Exception as e:  # noqa: BLE001 (recorded)
-        out["error"] = f"{type(e).__name__}: {e}"
-        out["server_log_tail"] = (work / "server.log").read_text()[-3000:]
-    finally:
-        with contextlib.suppress(Exception):
-            out["events_c"] = [{k: e.get(k) for k in ("kind", "message")} for e in server.events(c)]
-        server.stop()
     return out
 
 

@@ -133,6 +133,22 @@ def one_run(work: Path, cached: bool) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def recorded(server: Server, work: Path, out: dict):
+    """One run's body against ``server``: a failure is recorded in ``out`` with the server's log tail; then, always,
+    the events of the kernel the body names (``watched["c"] = kernel_id``) and the server's stop."""
+    watched: dict = {}
+    try:
+        yield watched
+    except Exception as e:  # noqa: BLE001 (recorded)
+        out["error"] = f"{type(e).__name__}: {e}"
+        out["server_log_tail"] = (work / "server.log").read_text()[-3000:]
+    finally:
+        with contextlib.suppress(Exception):
+            out["events_c"] = [{k: e.get(k) for k in ("kind", "message")} for e in server.events(watched["c"])]
+        server.stop()
+
+
 def card_meta(settings: dict) -> dict:
     """What every recorded run says of where it ran: card 0's name, the driver, the date, the server's settings."""
     import pynvml

@@ -23,7 +23,6 @@ done. The cell lists the GPUs, reads its logical device's limit, allocates 60% o
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import threading
@@ -32,11 +31,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_escapes import SIMULATE, Server, nvml_use, run  # noqa: E402
+from check_first_use import TAKE  # noqa: E402
 from check_join import SETTINGS  # noqa: E402
-from check_park_server import card_meta, record_runs, session, state  # noqa: E402
+from check_park_server import card_meta, record_runs, recorded, session, state  # noqa: E402
 
 SETTLE_S = 25.0
-TAKE = "import torch; x = torch.ones(2**28, device='cuda'); torch.cuda.synchronize(); print('TOOK')"
 TF_CELL = """
 import json, os, time
 imported = time.time()
@@ -70,13 +69,14 @@ def one_run(work: Path) -> dict:
     settings = {**SETTINGS, "gpu_backend": "simulated", "simulated_cards": "80GiB"} if SIMULATE else SETTINGS
     server = Server(work, settings)
     out: dict = {}
-    try:
+    with recorded(server, work, out) as watched:
         sa, a = session(server, "a.ipynb")
         sb, b = session(server, "b.ipynb")
         for name, kid in (("a", a), ("b", b)):
             status, said = run(server.client(kid), TAKE if not SIMULATE else "print('TOOK')", timeout=300)
             out[f"{name}_took"] = status == "ok" and "TOOK" in said
         sc, c = session(server, "c.ipynb")
+        watched["c"] = c
         kc = server.client(c)
         status, said = run(kc, "import os; print(os.getpid())")
         pid = out["c_pid"] = int(said.split()[-1])
@@ -107,13 +107,6 @@ def one_run(work: Path) -> dict:
         out["c_nvml_mib"] = nvml_use().get(pid)
         for sid in (sb, sc):
             server.call("DELETE", f"api/sessions/{sid}")
-    except Exception as e:  # noqa: BLE001 (recorded)
-        out["error"] = f"{type(e).__name__}: {e}"
-        out["server_log_tail"] = (work / "server.log").read_text()[-3000:]
-    finally:
-        with contextlib.suppress(Exception):
-            out["events_c"] = [{k: e.get(k) for k in ("kind", "message")} for e in server.events(c)]
-        server.stop()
     return out
 
 
@@ -124,9 +117,6 @@ def main() -> int:
     ap.add_argument("--label", default="after")
     args = ap.parse_args()
     meta = {"simulated": True, "settings": SETTINGS} if SIMULATE else card_meta(SETTINGS)
-    import jupyter_gpushare
-
-    meta["package"] = jupyter_gpushare.__file__
     record_runs(args.out, args.runs, f"check_tf_wait-{args.label}", meta, one_run, ("events_c", "server_log_tail"))
     return 0
 
