@@ -101,7 +101,8 @@ def version_tuple(text: str) -> tuple[int, ...]:
 
 
 def torch_build(module) -> tuple[str | None, str | None]:
-    """torch's version and CUDA version, read from torch/version.py (before torch is imported, or after)."""
+    """torch's version and CUDA version, read from torch/version.py (before torch is imported, or after); (None,
+    None) for a package without a version.py."""
     import re
 
     for folder in getattr(getattr(module, "__spec__", None), "submodule_search_locations", None) or []:

@@ -293,7 +293,7 @@ def _imports_first(module) -> bool:
     since = IMPORTS_FIRST.get(module.__name__)
     if since is None:
         return False
-    version = rep.torch_build(module)[0] if module.__name__ == "torch" else rep.dist_version(module)
+    version = rep.torch_build(module)[0] or rep.dist_version(module)  # its own version.py (torch), else its dist-info
     return version is not None and rep.version_tuple(version) >= since
 
 
