@@ -10,7 +10,6 @@ import logging
 import os
 import socket
 import ssl
-import stat
 import struct
 import time
 import uuid
@@ -18,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..core.addresses import BrokerAt
 from ..core.history import HistoryRules, Learned, Run
 from ..core.policy import Policy, PolicyError, UserLimits, parse_limits
 from ..host.gpu import Card
@@ -68,6 +68,7 @@ class BrokerLedger:
     owner: ProcessRef = field(default_factory=ProcessRef.me)
     token: str | None = None
     instance: str = field(default_factory=lambda: uuid.uuid4().hex)
+    broker_uids: frozenset[int] = frozenset()  # who may serve the socket besides root and us (GpuShareApp.broker_users)
     _sock: socket.socket | None = field(default=None, repr=False)
     _file: Any = field(default=None, repr=False)
     _pending_release: set = field(default_factory=set, repr=False)
@@ -75,6 +76,11 @@ class BrokerLedger:
     outage: _Outage | None = field(default=None, repr=False)
     replaced: str | None = None  # (the broker's file is the broker's to watch)
     _hello: tuple[float, dict] | None = field(default=None, repr=False)
+
+    @classmethod
+    def at(cls, where: BrokerAt, **kwargs: Any) -> BrokerLedger:
+        """A client of the broker ``where`` says (its socket, its CA, whom to believe there)."""
+        return cls(where.socket, ca_file=where.ca_file, broker_uids=where.uids, **kwargs)
 
     # -- transport ---------------------------------------------------------------------------------------
 
@@ -111,24 +117,17 @@ class BrokerLedger:
                 raise _Refused(f"The GPU broker at {self.path} refused this server: {reply.get('message', reply)}")
 
     def _check_peer(self, sock: socket.socket) -> None:
-        """Whoever listens at the socket must be the broker, as the host says it: root, this server's own user (a
-        broker a user runs for themself), or the owner of the socket's directory where no one else may write in it
-        (a broker run as a dedicated user). Anyone else would receive this server's leases and answer its quotas."""
+        """Whoever listens at the socket must be the broker, by its credentials (SO_PEERCRED), never by a path: root,
+        this server's own user (a broker a user runs for themself), or a user the admin named as the broker's
+        (GpuShareApp.broker_users). Anyone else would receive this server's leases and answer its quotas."""
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, _ = struct.unpack("3i", creds)
-        trusted = {0, os.getuid()}
-        try:
-            folder = os.stat(os.path.dirname(os.path.abspath(self.path)))
-            if not folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                trusted.add(folder.st_uid)
-        except OSError:
-            pass
-        if uid not in trusted:
+        if uid not in {0, os.getuid(), *self.broker_uids}:
             raise _Refused(
                 f"The socket {self.path} is served by uid {uid} (pid {pid}): not root, not this server's user, and "
-                "not the owner of a directory only it may write. It is not the GPU broker, and nothing was sent to "
-                "it. Check GpuShareApp.broker_socket, and that the socket's directory is writable by the broker's "
-                "user only."
+                "not a user named in GpuShareApp.broker_users. It is not the GPU broker, and nothing was sent to it. "
+                "Check GpuShareApp.broker_socket; if the broker runs as a user of its own, name that user in "
+                "GpuShareApp.broker_users."
             )
 
     def _wrap_tls(self, sock: socket.socket, host: str) -> ssl.SSLSocket:
@@ -310,11 +309,20 @@ class BrokerLedger:
     def twin(self) -> BrokerLedger:
         """A client on a connection of its own, as this server (its session too, on TCP)."""
         return BrokerLedger(
-            self.path, self.timeout, self.ca_file, owner=self.owner, token=self.token, instance=self.instance
-        )
+            self.path, self.timeout, self.ca_file, owner=self.owner, token=self.token, instance=self.instance,
+            broker_uids=self.broker_uids,
+        )  # fmt: skip
 
     def take_notices(self, kernel_ids: set[str]) -> list[Notice]:
         return [Notice.from_json(n) for n in self._call("take_notices", kernel_ids=sorted(kernel_ids))]
+
+    def park(self, kernel_id: str, mib: int, budget_mib: int | None = None) -> None:
+        """Count a park against the host's one budget, the broker's (``budget_mib`` is not sent); PolicyError
+        ``park-budget`` when it does not fit."""
+        self._call("park", kernel_id=kernel_id, mib=mib)
+
+    def unpark(self, kernel_id: str) -> None:
+        self._query("unpark", None, kernel_id=kernel_id)
 
     def cancel_wait(self, kernel_id: str) -> None:
         try:

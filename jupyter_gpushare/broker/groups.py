@@ -17,6 +17,7 @@ import logging
 import socket
 import threading
 
+from ..core.addresses import BrokerAt
 from ..host.cgroups import KernelCgroups, Level
 from .client import BrokerLedger
 
@@ -26,10 +27,10 @@ log = logging.getLogger("jupyter_gpushare")
 class BrokerGroups(KernelCgroups):
     """The kernels' cgroups of this server, made, opened and ended by the broker at ``socket``."""
 
-    def __init__(self, socket: str, offered: dict) -> None:
+    def __init__(self, broker: BrokerAt, offered: dict) -> None:
         """``offered``: the broker's ``hello`` answer's ``groups`` (where its groups are, how they hold)."""
-        self.socket = socket
-        self._client = BrokerLedger(socket)  # a connection of its own: the ledger's is its worker thread's
+        self.socket = broker.socket
+        self._client = BrokerLedger.at(broker)  # a connection of its own: the ledger's is its worker thread's
         self._talk = threading.Lock()  # one request at a time on it (the server's work threads end kernels at once)
         self.bases = [str(b) for b in offered.get("bases") or []]
         self.devices = self.bpf = self.unified = None
@@ -46,15 +47,17 @@ class BrokerGroups(KernelCgroups):
         )
 
     @classmethod
-    def offered(cls, socket: str) -> BrokerGroups | None:
+    def offered(cls, broker: BrokerAt) -> BrokerGroups | None:
         """The broker's groups, where the broker at ``socket`` makes them; None where it does not (or does not
         answer: the server then holds its kernels as it can, and says so)."""
         try:
-            groups = BrokerLedger(socket).hello().get("groups")
+            groups = BrokerLedger.at(broker).hello().get("groups")
         except Exception as e:  # a broker that is down or older: the server's own way
-            log.warning("jupyter-gpushare: the broker at %s makes no kernel cgroups for this server: %s", socket, e)
+            log.warning(
+                "jupyter-gpushare: the broker at %s makes no kernel cgroups for this server: %s", broker.socket, e
+            )
             return None
-        return cls(socket, groups) if isinstance(groups, dict) and groups.get("bases") else None
+        return cls(broker, groups) if isinstance(groups, dict) and groups.get("bases") else None
 
     def through_broker(self, kernel_id: str) -> tuple[str, str] | None:
         """The broker's socket and the kernel's id, for its stand-in; None while the broker does not answer (a

@@ -40,6 +40,7 @@ from .protocol import (
     KernelsArgs,
     LearnedArgs,
     NoArgs,
+    ParkArgs,
     RecordPeakArgs,
     ReserveArgs,
     ResizeArgs,
@@ -70,6 +71,7 @@ class Operations:
     watchdog: Watchdog  # the over-quota policy on every lease
     groups: KernelCgroups  # kernels' cgroups the broker owns for servers whose own a kernel could leave
     _group_users: dict[str, int]  # kernel id -> the uid whose kernel entered its group
+    park_budget_mib: int | None  # host memory all parked kernels' GPU state may take (None: no bound)
     room: RoomChanges  # changes that may move the line, which servers watch (room.py)
 
     def limits_for(self, caller: Caller) -> UserLimits:
@@ -265,7 +267,9 @@ class Operations:
             self.room.changed()  # the ones behind it move up
 
     def _op_act(self, caller: Caller, args: ActArgs) -> dict:
-        """A teacher's action on any kernel of the host (ledger/notices.py): the broker's admins only."""
+        """A teacher's action on any kernel of the host (ledger/notices.py): the broker's admins only. A take-out is
+        done here at once; a release here at its deadline unless the kernel's server gave the lease back first
+        (server.py, ``_release_overdue``)."""
         assert self._ledger is not None
         if not caller.admin:
             raise BrokerRefused(
@@ -276,16 +280,36 @@ class Operations:
             notice = self._ledger.act(args.kernel_id, args.action, caller.user, args.why)
         except NoSuchKernel as e:
             raise BrokerRefused(str(e)) from e
-        self.log.info("%s: %s kernel %s: %s", caller.user, args.action, args.kernel_id, args.why)
+        self.log.info(
+            "jupyter-gpushare broker: %s: %s %s's kernel %s (%s)%s", caller.user, args.action, notice.user,
+            args.kernel_id, args.why or "no reason given",
+            f"; its server has until {time.strftime('%H:%M:%S', time.localtime(notice.deadline))}"
+            if notice.deadline else "",
+        )  # fmt: skip
         return notice.to_json()
 
     def _op_take_notices(self, caller: Caller, args: KernelsArgs) -> list[dict]:
-        """The notices for the caller's own kernels (held or in line), each given once."""
+        """The notices written for the caller's kernels (notices.take: for the server that held each when it was
+        ruled on, its user's only), each given once."""
+        with self._as_owner(caller) as led:
+            return [n.to_json() for n in led.take_notices(set(args.kernel_ids), caller.user)]
+
+    def _op_park(self, caller: Caller, args: ParkArgs) -> None:
+        """A kernel's GPU state is to be parked in host memory: counted against the host's one budget (the broker's
+        GpuShareApp.park_host_budget, whatever the server's says); PolicyError ``park-budget`` when it does not fit.
+        Only the server that holds the kernel's lease asks."""
+        if self._lease_to_change(caller, args.kernel_id, "park") is None:
+            raise BrokerRefused(f"Kernel {args.kernel_id} holds no GPU reservation, so there is nothing to park.")
+        with self._as_owner(caller) as led:
+            led.park(args.kernel_id, args.mib, self.park_budget_mib)
+
+    def _op_unpark(self, caller: Caller, args: KernelArgs) -> None:
+        """The kernel's parked state is back on its card or gone; only its own server (or an admin) says so."""
         assert self._ledger is not None
-        held = {lease.kernel_id: lease.user for lease in self._ledger.leases()}
-        held.update({w.kernel_id: w.user for w in self._ledger.waiters()})
-        mine = {kid for kid in args.kernel_ids if held.get(kid) == caller.user}
-        return [n.to_json() for n in self._ledger.take_notices(mine)] if mine else []
+        row = self._ledger.parked().get(args.kernel_id)
+        if row is not None:
+            self._may_change(caller, args.kernel_id, row[0], row[1], "unpark")
+            self._ledger.unpark(args.kernel_id)
 
     def _lease_to_change(self, caller: Caller, kernel_id: str, what: str) -> Lease | None:
         """The kernel's lease, None when it holds none; BrokerRefused if the caller may not ``what`` it."""
@@ -438,6 +462,7 @@ class Operations:
         view["notebooks"], view["notebooks_total"] = newest(found), len(found)  # a bounded answer
         if caller.admin:  # processes without a lease, with their user and command, and how each kernel is held
             view["unleased"] = list(self.unleased.current)
+            view["rulings"] = [n.to_json() for n in led.rulings()]  # the teachers' rulings and what became of them
             view["levels"] = {
                 lease.kernel_id: {"user": lease.user, "level": self._level_of(lease.kernel.pid, lease.kernel_id)}
                 for lease in led.leases()

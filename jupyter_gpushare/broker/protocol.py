@@ -20,6 +20,7 @@ from typing import Any, Callable
 from ..core.addresses import DEFAULT_LEDGER, DEFAULT_SOCKET, is_tcp, parse_tcp  # noqa: F401  (the broker's names)
 from ..core.history import MAX_PATH, MAX_PEAK_MIB, PATH, Run
 from ..core.policy import MAX_MIB, PolicyError, Size
+from ..ledger.leases import ADOPTED_ID_PREFIX
 from ..ledger.notices import ACTIONS, WHY, WHY_MAX
 
 MAX_LINE = (
@@ -103,6 +104,12 @@ class ActArgs:
 
 
 @dataclass(frozen=True)
+class ParkArgs:
+    kernel_id: str
+    mib: int  # the host memory its parked GPU state takes
+
+
+@dataclass(frozen=True)
 class KernelsArgs:
     kernel_ids: frozenset[str]
 
@@ -139,6 +146,17 @@ class _Fields:
 
     def kernel_id(self, key: str = "kernel_id") -> str:
         return self.text(key, KERNEL_ID)
+
+    def new_kernel_id(self, key: str = "kernel_id") -> str:
+        """A kernel id a caller names for itself: never one of the broker's own names for a process it gave a
+        lease to (``process-<pid>-<start>``, a name anyone can compute from /proc)."""
+        value = self.kernel_id(key)
+        if value.startswith(ADOPTED_ID_PREFIX):
+            raise BrokerRefused(
+                f"Bad {self.op!r} request: kernel ids starting with {ADOPTED_ID_PREFIX!r} are the broker's names for "
+                "processes it gave a lease to; a kernel's id is the one Jupyter gave it."
+            )
+        return value
 
     def flag(self, key: str) -> bool:
         value = self.args.get(key, False)
@@ -177,7 +195,7 @@ def _reserve(f: _Fields) -> ReserveArgs:
     except PolicyError as e:
         raise BrokerRefused(f"Bad 'reserve' request: {e}") from e
     name = f.text("kernel_name", NAME, 200, default="")
-    return ReserveArgs(f.kernel_id(), quota, name, f.flag("wait"), f.texts("cards", CARD_ID, MAX_CARDS))
+    return ReserveArgs(f.new_kernel_id(), quota, name, f.flag("wait"), f.texts("cards", CARD_ID, MAX_CARDS))
 
 
 def _attach(f: _Fields) -> AttachArgs:
@@ -222,6 +240,13 @@ def _act(f: _Fields) -> ActArgs:
 MAX_WATCH_S = 60.0  # the longest a broker holds a 'watch' answer
 
 
+def _park(f: _Fields) -> ParkArgs:
+    mib = f.number("mib", (int,))
+    if mib is None or not 0 <= mib <= MAX_MIB:
+        raise f.refuse("mib", f"a whole number of MiB from 0 to {MAX_MIB}")
+    return ParkArgs(f.kernel_id(), mib)
+
+
 def _watch(f: _Fields) -> WatchArgs:
     since, wait_s = f.number("since", (int,)), f.number("wait_s", (int, float))
     if since is None or not 0 <= since < 1 << 62:
@@ -252,12 +277,14 @@ REQUESTS: dict[str, Callable[[_Fields], Any]] = {
     "waiters": lambda f: NoArgs(),
     "record_peak": _record_peak,
     "learned_peak": _learned,
-    "enter_group": lambda f: KernelArgs(f.kernel_id()),
+    "enter_group": lambda f: KernelArgs(f.new_kernel_id()),
     "group_cards": lambda f: KernelArgs(f.kernel_id()),
     "end_group": lambda f: EndGroupArgs(f.kernel_id(), f.flag("keep")),
     "act": _act,
     "take_notices": lambda f: KernelsArgs(frozenset(f.texts("kernel_ids", KERNEL_ID, MAX_KEEP))),
     "watch": _watch,
+    "park": _park,
+    "unpark": lambda f: KernelArgs(f.kernel_id()),
 }
 
 

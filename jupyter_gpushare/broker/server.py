@@ -39,13 +39,13 @@ from ..host.cgroups import KernelCgroups
 from ..host.gpu import Card, DeviceSample
 from ..host.hub import HubClient, HubError
 from ..host.procs import container_reason, proc_hidden_from_me
-from ..ledger.attribution import lease_use
-from ..ledger.ledger import Lease, Ledger, LedgerError, ProcessRef, SessionRef, host_clock
+from ..ledger.ledger import Ledger, LedgerError, ProcessRef, SessionRef, host_clock
 from .connections import AUTH_TIMEOUT_S, Connections
 from .guard import Guard, LogLimiter, raise_fd_limit
 from .identity import Caller, user_and_groups
+from .judging import Judging
 from .listener import Listener, tcp_listener_socket, unix_listener_socket
-from .ops import SAMPLE_TTL_S, Operations
+from .ops import SAMPLE_TTL_S
 from .paths import fillable_by_students, untrusted_dir
 from .protocol import (
     DEFAULT_LEDGER,
@@ -56,13 +56,13 @@ from .protocol import (
 )
 from .room import RoomChanges
 from .unleased import ACTIONS as UNLEASED_ACTIONS
-from .unleased import Unleased, UnleasedPolicy, adopted_size, find_unleased
+from .unleased import UnleasedPolicy
 from .watchdog import Watchdog
 
 RESTART_HEAR_S = 5.0  # at start, kernels in line must call again within this (servers in line call every 0.5 s)
 
 
-class GpuShareBroker(Operations, Connections, JupyterApp):
+class GpuShareBroker(Judging, Connections, JupyterApp):
     """The host-wide GPU reservation broker (``jupyter gpushare broker``)."""
 
     name = "jupyter-gpushare-broker"
@@ -282,8 +282,13 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         action = {"shutdown": "restart"}.get(shared.over_quota_action, shared.over_quota_action)
         self.watchdog = Watchdog(action, shared.over_quota_grace, self.log)
         self.unleased = UnleasedPolicy(
-            self.unleased_action, self.unleased_grace, self.unleased_exempt_users, self.log, self._adopt
-        )
+            self.unleased_action, self.unleased_grace, self.unleased_exempt_users, self.log, self._adopt,
+            barred=self._barred,
+        )  # fmt: skip
+        self.park_budget_mib = shared.build_park().host_budget_mib  # one budget for the whole host
+        self.taken_out_s = shared.taken_out_for
+        self._ruled: dict[str, str] = {}  # processes of kernels whose lease a ruling released: (key) -> why
+        self._unleased_mib: dict[str, int] = {}  # (this reading's) per card, what processes without a lease use
         self.backend = open_backend(shared.gpu_backend, shared.simulated_cards)
         self.cards: list[Card] = self.backend.cards()
         shared.check(self.policy, [CardView(c.uuid, c.index, c.total_mib) for c in self.cards])
@@ -452,6 +457,8 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(lambda _loop, context: self.log_limited("event-loop", logging.ERROR, "jupyter-gpushare broker: %s", context.get("message"), exc_info=bool(context.get("exception"))))  # fmt: skip
         self._ledger = self._open_ledger()
+        self._ledger.barred_s = self.taken_out_s
+        self._groups_found()
         self._ledger.extend_sessions(host_clock() + self.session_ttl)  # servers could not call while it was down
         self._ledger.hear_waiters_within(RESTART_HEAR_S)  # while waiters of live servers call twice a second
         gone = self._ledger.reap()
@@ -507,6 +514,8 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
             try:
                 assert self._ledger is not None  # opened before the sweep starts
                 self._log_reclaimed(self._ledger.reap())
+                for kernel_id in list(self._group_users):  # groups left by servers that ended without ending them
+                    self._end_empty_group(kernel_id)
                 stale = time.monotonic() - self.session_ttl
                 self._touched = {k: t for k, t in self._touched.items() if t > stale}
             except Exception:
@@ -525,27 +534,6 @@ class GpuShareBroker(Operations, Connections, JupyterApp):
                 self.watch_once(self._latest_samples(pace))
             except Exception:
                 self.log.exception("jupyter-gpushare broker: the over-quota watchdog failed")
-
-    def watch_once(self, samples: Sequence[DeviceSample]) -> None:
-        """One reading judged: every lease's over-use, then every process without a lease."""
-        assert self._ledger is not None
-        leases = self._ledger.leases()
-        use = lease_use(samples, leases)
-        if use is None:  # in a container ourselves: no process can be told from another
-            return
-        self.watchdog.sweep(samples, leases, use)
-        self.unleased.sweep(find_unleased(samples, leases, use))
-
-    def _adopt(self, u: Unleased) -> Lease | None:
-        """A lease for a process without one, from its user's limits (unleased_action 'lease')."""
-        assert self._ledger is not None
-        card = next((c for c in self.cards if c.uuid == u.card), None)
-        if card is None or u.uid is None or u.user is None:
-            return None
-        user, groups = user_and_groups(u.uid)
-        limits = self.limits_for(Caller(user, u.uid, groups))
-        process = ProcessRef(u.pid, u.start)
-        return self._ledger.adopt(u.key, user, card, adopted_size(u.used_mib), process, self.policy, limits)
 
     def start(self) -> None:
         os.umask(0o077)  # the ledger, its WAL and lock files: broker's user only

@@ -20,6 +20,7 @@ listed. Nothing in a student's config or environment reaches any of this: the br
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -37,6 +38,7 @@ from ..core.overuse import Excess, OverUseJudge
 from ..core.policy import format_mib
 from ..host.gpu import DeviceSample
 from ..ledger.attribution import LeaseUse, card_rooms
+from ..ledger.leases import ADOPTED_ID_PREFIX
 from ..ledger.ledger import Lease
 
 ACTIONS = ("notify", "stop", "lease")
@@ -62,7 +64,7 @@ class Unleased:
     @property
     def key(self) -> str:
         """A name for the process that its pid alone would not make (pids are reused); also its lease's kernel id."""
-        return f"process-{self.pid}-{int(self.start * 100)}"
+        return f"{ADOPTED_ID_PREFIX}{self.pid}-{int(self.start * 100)}"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,21 +86,30 @@ def _identify(pid: int) -> tuple[float, int | None, str | None, str | None, str 
     return start, uid, user, " ".join(argv)[:200] or None, kernel
 
 
-def find_unleased(samples: Sequence[DeviceSample], leases: Sequence[Lease], use: LeaseUse) -> list[Unleased]:
+def find_unleased(
+    samples: Sequence[DeviceSample], leases: Sequence[Lease], use: LeaseUse, arrived: dict[str, float], now: float
+) -> list[Unleased]:
     """The processes of this reading that use a card without a lease (but those in containers), each with what it
-    takes of what leases have reserved: the card's shortfall, laid on its largest users first."""
+    takes of what leases have reserved: the card's shortfall, laid on the processes that arrived last first (the
+    one whose arrival made it), never on a bystander that was there before. ``arrived``: when each process (its
+    key) was first seen on a card, kept by the caller across readings; updated here, and pruned to this reading's."""
     rooms = card_rooms(samples, leases, use)
     index = {s.card.uuid: s.card.index for s in samples}
     found = []
-    short = {uuid: room.stolen("", 1 << 40) for uuid, room in rooms.items()}  # every lease counts as another's
-    for pid, card, mib in sorted(use.unleased, key=lambda p: -p[2]):
+    for pid, card, mib in use.unleased:
         who = _identify(pid)
-        if who is None:
-            continue
-        stolen = min(mib, short.get(card, 0))
-        short[card] = short.get(card, 0) - stolen
-        found.append(Unleased(pid, who[0], card, index.get(card, -1), mib, *who[1:], stolen_mib=stolen))
-    return found
+        if who is not None:
+            found.append(Unleased(pid, who[0], card, index.get(card, -1), mib, *who[1:]))
+    seen = {u.key: arrived.get(u.key, now) for u in found}
+    arrived.clear()
+    arrived.update(seen)
+    short = {uuid: room.stolen("", 1 << 40) for uuid, room in rooms.items()}  # every lease counts as another's
+    out = []
+    for u in sorted(found, key=lambda u: (-seen[u.key], -u.used_mib)):
+        stolen = min(u.used_mib, short.get(u.card, 0))
+        short[u.card] = short.get(u.card, 0) - stolen
+        out.append(dataclasses.replace(u, stolen_mib=stolen))
+    return out
 
 
 class UnleasedPolicy:
@@ -114,13 +125,17 @@ class UnleasedPolicy:
         adopt: Callable[[Unleased], Lease | None],
         clock: Callable[[], float] = time.monotonic,
         kill: Callable[[int, int], None] = os.kill,
+        barred: Callable[[Unleased], str | None] = lambda u: None,
     ) -> None:
+        """``barred``: why a process may hold no lease at all (a teacher released its kernel's, or it cannot be held
+        at the admin's required level), or None: such a process is stopped at once (listed only under 'notify')."""
         if action not in ACTIONS:
             raise ValueError(f"unleased_action {action!r}: one of {', '.join(ACTIONS)}")
         self.action, self.exempt, self.log, self.clock = action, set(exempt), log, clock
-        self._adopt, self._kill = adopt, kill
+        self._adopt, self._kill, self._barred = adopt, kill, barred
         self.judge = OverUseJudge("notify" if action == "notify" else "restart", grace_s)
         self.current: list[dict] = []
+        self.arrived: dict[str, float] = {}  # when each process was first seen using a card (find_unleased)
         self._said: set[str] = set()
         self._refused: set[str] = set()
 
@@ -131,9 +146,15 @@ class UnleasedPolicy:
         by_key: dict[str, Unleased] = {}
         current = []
         for u in found:
-            status = "listed"
+            status, why = "listed", None
             if u.user in self.exempt:
                 self._say(u, "(its user is in unleased_exempt_users: listed only)")
+            elif (why := self._barred(u)) is not None:
+                if self.action == "notify":
+                    self._say(u, f"({why}; unleased_action notify: listed only)")
+                elif self._end(u, why):
+                    status = "stopped"
+                    done.append((u.pid, "stop"))
             elif self.action == "lease" and self._lease(u):
                 status = "leased"
                 done.append((u.pid, "lease"))
@@ -145,27 +166,31 @@ class UnleasedPolicy:
                 status = "judged" if self.action != "notify" else "listed"
                 if self.action == "notify":
                     self._say(u, "(unleased_action notify: counted as taken, listed for admins)")
-            current.append({**u.to_dict(), "status": status, "over_s": round(self.judge.over_s(u.key), 1)})
+            entry = {**u.to_dict(), "status": status, "over_s": round(self.judge.over_s(u.key), 1)}
+            current.append({**entry, "why": why} if why else entry)
         for verdict in self.judge.judge(self.clock(), judged):
             u = by_key[verdict.kernel_id]
             if verdict.action == "notify":
                 continue  # said above, once
-            try:
-                self._kill(u.pid, signal.SIGKILL)
-            except OSError as e:  # gone meanwhile
-                self.log.debug("jupyter-gpushare broker: ending process %s: %s", u.pid, e)
-                continue
             why = (
                 f"it took {format_mib(u.stolen_mib)} that kernels have reserved"
                 if verdict.why == "theft"
                 else f"it used the GPU without a reservation for {verdict.over_s:.0f} s"
             )
-            self.log.warning(
-                "jupyter-gpushare broker: %s: ended, %s (unleased_action %s)", self._who(u), why, self.action
-            )
-            done.append((u.pid, "stop"))
+            if self._end(u, why):
+                done.append((u.pid, "stop"))
         self.current = current
         return done
+
+    def _end(self, u: Unleased, why: str) -> bool:
+        """End the process (SIGKILL, it alone) and log why; False when it was gone already."""
+        try:
+            self._kill(u.pid, signal.SIGKILL)
+        except OSError as e:  # gone meanwhile
+            self.log.debug("jupyter-gpushare broker: ending process %s: %s", u.pid, e)
+            return False
+        self.log.warning("jupyter-gpushare broker: %s: ended, %s (unleased_action %s)", self._who(u), why, self.action)
+        return True
 
     def _lease(self, u: Unleased) -> bool:
         lease = self._adopt(u)

@@ -18,6 +18,7 @@ from ..broker.paths import fillable_by_students
 from ..broker.protocol import DEFAULT_SOCKET
 from ..config.settings import GpuShareApp, settings_from
 from ..config.sources import load_config
+from ..core.addresses import BrokerAt
 from ..core.policy import CardView, PolicyError, format_mib
 from ..host.cgroups import KernelCgroups
 from ..ledger.file import SETTLE_S
@@ -72,8 +73,10 @@ def diagnose(
         findings.append(_parking_finding(app))
     socket_path = socket_path or getattr(app, "broker_socket", "") or None
     if socket_path:
-        findings += _broker_findings(socket_path, getattr(app, "broker_ca_file", ""))
-        findings += _users_kernels_findings(socket_path, getattr(app, "broker_ca_file", ""))
+        broker = app.broker(socket_path) if app is not None else None
+        broker = broker or BrokerAt(socket_path)
+        findings += _broker_findings(broker)
+        findings += _users_kernels_findings(broker)
     else:
         findings.append(_no_broker_finding())
         if app is not None:
@@ -84,9 +87,9 @@ def diagnose(
     return findings + _cgroup_findings(app, shared=bool(socket_path))
 
 
-def _users_kernels_findings(socket_path: str, ca_file: str) -> list[Finding]:
+def _users_kernels_findings(broker: BrokerAt) -> list[Finding]:
     """What every user's kernels get, as the broker reads them (an admin's view): the level of each running kernel."""
-    client = BrokerLedger(socket_path, timeout=5.0, ca_file=ca_file)
+    client = BrokerLedger.at(broker, timeout=5.0)
     try:
         view = client.view()
     except (LedgerError, PolicyError):
@@ -226,9 +229,10 @@ def _cards_finding(app: GpuShareApp) -> Finding:
     return Finding("cards", "ok", text)
 
 
-def _broker_findings(socket_path: str, ca_file: str) -> list[Finding]:
+def _broker_findings(broker: BrokerAt) -> list[Finding]:
     findings = []
-    client = BrokerLedger(socket_path, timeout=5.0, ca_file=ca_file)
+    socket_path = broker.socket
+    client = BrokerLedger.at(broker, timeout=5.0)
     try:
         hello = client.hello()
         findings.append(Finding("broker", "ok", f"The broker at {socket_path} answers: you are {hello['user']!r}"

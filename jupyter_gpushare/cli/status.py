@@ -12,6 +12,7 @@ from typing import Any
 from ..broker.client import BrokerLedger
 from ..broker.identity import Caller
 from ..config.settings import GpuShareApp
+from ..core.addresses import BrokerAt
 from ..core.history import newest
 from ..core.policy import format_mib
 from ..core.words import format_duration, limits_words
@@ -68,7 +69,7 @@ def gather_status(app: GpuShareApp, socket_path: str | None = None, ledger_path:
     if ledger_path is None and socket_path is None:
         socket_path = app.broker_socket or None  # (the default socket when it exists: GpuShareApp.broker_socket)
     if socket_path and ledger_path is None:
-        client = BrokerLedger(socket_path, ca_file=app.broker_ca_file)
+        client = BrokerLedger.at(app.broker(socket_path) or BrokerAt(socket_path))
         try:
             return add_use({"source": f"broker {socket_path}", **client.view()}, backend)
         finally:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, default, validate
-from traitlets.config import Config, LoggingConfigurable
+from traitlets.config import Config
 
 from ..core.history import DAY_S, HistoryRules
 from ..core.levels import REQUIRED_CHOICES
@@ -37,6 +37,7 @@ from ..core.policy import (
     format_mib,
     parse_size,
 )
+from .broker_place import BrokerPlace, checked
 
 MIN_INTERVAL_S = 0.2  # the sampler reads the driver at most this often
 HISTORY_RANGES = {  # setting -> (highest, example)
@@ -53,7 +54,7 @@ SIZES = {  # setting -> (may be a percentage, may be zero, may be empty)
 }
 
 
-class GpuShareApp(LoggingConfigurable):
+class GpuShareApp(BrokerPlace):
     """GPU memory quotas for notebook kernels on a shared GPU server: the admin's settings."""
 
     default_quota = Unicode(
@@ -142,6 +143,13 @@ class GpuShareApp(LoggingConfigurable):
         help="Kernels one user may have waiting in line at once; one more is refused at once with this limit "
         "in the message (waiting kernels also count against a broker's per-user limits). Default: 10. "
         "0 = no cap.",
+    )
+    taken_out_for = Float(
+        600.0,
+        config=True,
+        help="Seconds a kernel an admin took out of the line (the host view's Take out) may not join it again: its "
+        "server's and its student's asks are refused with the admin's reason until then; a new kernel (another "
+        "notebook) joins at the back. With a broker, the broker's setting applies. Default: 600.",
     )
     queue_unwatched_timeout = Float(
         120.0,
@@ -316,31 +324,6 @@ class GpuShareApp(LoggingConfigurable):
         "setting applies. Default: 3. 0 = only history_teachers teach others.",
     )
 
-    broker_socket = Unicode(
-        "",
-        config=True,
-        help="Unix socket of this host's GPU broker (`jupyter gpushare broker`, docs/multi-user.md), e.g. "
-        "'/run/jupyter-gpushare/broker.sock', or 'tcp://host:port' ('tls://host:port' when the broker has "
-        "GpuShareBroker.tcp_certfile) for a server in a container, which then identifies itself with its "
-        "$JUPYTERHUB_API_TOKEN. When set, reservations go through the broker, which "
-        "owns the host's ledger and applies per-user limits, and ledger_path is not used. Default: the broker's "
-        "default socket, '/run/jupyter-gpushare/broker.sock', when it exists on this host (so that every program "
-        "finds this host's broker with nothing set: a server, a student's `jupyter execute` in a terminal), else "
-        "'' = no broker: this server uses ledger_path itself. Set '' to use ledger_path even so.",
-    )
-    broker_ca_file = Unicode(
-        "",
-        config=True,
-        help="PEM file of the CA that signed the broker's TLS certificate (GpuShareBroker.tcp_certfile), for "
-        "broker_socket = 'tls://host:port'. Default: '' = the system's trusted CAs.",
-    )
-
-    @default("broker_socket")
-    def _default_broker_socket(self) -> str:
-        from ..core.addresses import DEFAULT_SOCKET
-
-        return DEFAULT_SOCKET if os.path.exists(DEFAULT_SOCKET) else ""
-
     @default("ledger_path")
     def _default_ledger_path(self) -> str:
         from jupyter_core.paths import jupyter_data_dir
@@ -355,7 +338,7 @@ class GpuShareApp(LoggingConfigurable):
         percent_ok, zero_ok, empty_ok = SIZES[name]
         if empty_ok and value == "":
             return value
-        size = _checked(lambda: parse_size(value, f"GpuShareApp.{name}", allow_percent=percent_ok))
+        size = checked(lambda: parse_size(value, f"GpuShareApp.{name}", allow_percent=percent_ok))
         if size.is_zero and not zero_ok:
             hint = (
                 "; to give a kernelspec no GPU, set kernel_quotas = {'<name>': '0MiB'}"
@@ -368,7 +351,7 @@ class GpuShareApp(LoggingConfigurable):
     @validate("kernel_quotas")
     def _valid_kernel_quotas(self, proposal: Any) -> dict:
         for kernel, value in proposal["value"].items():
-            _checked(lambda: parse_size(value, f"GpuShareApp.kernel_quotas[{kernel!r}]"))  # noqa: B023
+            checked(lambda: parse_size(value, f"GpuShareApp.kernel_quotas[{kernel!r}]"))  # noqa: B023
         return proposal["value"]
 
     @validate("simulated_cards")
@@ -376,13 +359,14 @@ class GpuShareApp(LoggingConfigurable):
         from ..host.gpu import parse_simulated_cards
 
         if proposal["value"]:
-            _checked(lambda: parse_simulated_cards(proposal["value"]))
+            checked(lambda: parse_simulated_cards(proposal["value"]))
         return proposal["value"]
 
     @validate(
         "queue_timeout",
         "queue_overtake_limit",
         "queue_unwatched_timeout",
+        "taken_out_for",
         "reconcile_interval",
         "over_quota_grace",
         "idle_timeout",
@@ -429,23 +413,6 @@ class GpuShareApp(LoggingConfigurable):
         if not 0 <= proposal["value"] <= 1:
             raise TraitError(
                 f"GpuShareApp.near_quota_threshold: {proposal['value']!r} is a fraction of the reservation, e.g. 0.9."
-            )
-        return proposal["value"]
-
-    @validate("broker_socket")
-    def _valid_broker_socket(self, proposal: Any) -> str:
-        from ..core.addresses import is_tcp, parse_tcp
-
-        if is_tcp(proposal["value"]):
-            _checked(lambda: parse_tcp(proposal["value"], "GpuShareApp.broker_socket"), ValueError)
-        return proposal["value"]
-
-    @validate("broker_ca_file")
-    def _valid_ca_file(self, proposal: Any) -> str:
-        if proposal["value"] and not os.access(proposal["value"], os.R_OK):
-            raise TraitError(
-                f"GpuShareApp.broker_ca_file = {proposal['value']!r} is not a file this server can read; name the "
-                "PEM file of the CA that signed the broker's certificate, or '' for the system's CAs."
             )
         return proposal["value"]
 
@@ -557,14 +524,6 @@ class GpuShareApp(LoggingConfigurable):
                 policy.check_quota(quota, allowed)
             except PolicyError as e:
                 raise PolicyError(f"{name}: {e} Every kernel of that kind would be refused: lower it.") from e
-
-
-def _checked(parse: Any, errors: type[Exception] = PolicyError) -> Any:
-    """A parse that raises ``errors``, its message as the TraitError traitlets reports for a bad setting."""
-    try:
-        return parse()
-    except errors as e:
-        raise TraitError(str(e)) from e
 
 
 def _below(quota: Size | None, minimum: Size | None) -> bool:

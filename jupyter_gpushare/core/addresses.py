@@ -3,9 +3,21 @@ name our provisioner is registered under. Constants and parsing only."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 DEFAULT_SOCKET = "/run/jupyter-gpushare/broker.sock"
 DEFAULT_LEDGER = "/var/lib/jupyter-gpushare/ledger.sqlite"
 PROVISIONER_NAME = "gpushare-provisioner"  # our entry point in jupyter_client.kernel_provisioners (pyproject.toml)
+
+
+@dataclass(frozen=True)
+class BrokerAt:
+    """Where this host's broker listens and whom to believe there: GpuShareApp.broker_socket, broker_ca_file and the
+    uids of broker_users (a server sends nothing to a socket served by anyone but root, itself or those)."""
+
+    socket: str
+    ca_file: str = ""
+    uids: frozenset[int] = frozenset()
 
 
 def is_tcp(address: str) -> bool:

@@ -95,6 +95,7 @@ CATALOGUE: dict[str, str] = {
     "event.refused-user-max-kernels.one": "Not started: you may run only {max_kernels} GPU kernel at a time.",
     "event.refused-level-below-required": "Not started: this host holds kernels at enforcement level {level}, "
     "and the admin requires {required}.",
+    "event.refused-taken-out": "No GPU: {by} took it out of the line[: {why}]. It may join again in {wait_s}.",
     "event.refused-user-max-total": "Not started: your kernels hold {held_mib} of your {limit_mib}; it asks for {quota_mib}.",
     "event.no-gpu-none": "Started without a GPU: this server has none.",
     "event.no-gpu-ledger": "Started without a GPU: no GPU memory can be reserved now. The GPU panel says why.",
@@ -151,6 +152,10 @@ CATALOGUE: dict[str, str] = {
     "policy.join-cannot": "This kernel cannot wait again in place (it did not wait for a GPU since its start): only a "
     "restart gives it one, and its variables are lost.",
     "policy.join-busy": "The kernel is busy: join again once its cell has finished.",
+    "policy.taken-out": "{by} took this kernel out of the GPU line[: {why}]. It may join the line again in "
+    "{wait_s}; until then its cells run without a GPU. Ask {by} if it needs the GPU sooner.",
+    "policy.park-budget": "Its {parked_mib} of GPU state does not fit the host memory kept for parked kernels: {held_mib} of "
+    "{budget_mib} is taken. It is not parked.",
     "limits.use": "You hold {held}.",
     "limits.total": "{quota_mib} of {max_total_mib}",
     "limits.kernels": "{kernels} of {max_kernels} GPU kernels",

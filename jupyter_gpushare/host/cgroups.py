@@ -303,17 +303,22 @@ class KernelCgroups:
 
     def _attach_program(self, kernel_id: str, minors: list[int] | None) -> None:
         """The group's device program, replaced: the new one is attached before the old one goes (both deny
-        meanwhile, never neither)."""
+        meanwhile, never neither). A group this process did not attach to since it started (a broker that
+        restarted) has its programs found on the group itself and detached as the old one would be."""
         assert self.bpf is not None
         group = os.path.join(self.bpf, kernel_id)
+        known = self._programs.get(kernel_id)
+        olds = [known] if known is not None else _attached(group)
         prog = _load(device_program(minors))
         try:
             _attach(group, prog)
         except OSError:
             os.close(prog)
+            for old in olds if known is None else []:
+                os.close(old)
             raise
-        old, self._programs[kernel_id] = self._programs.get(kernel_id), prog
-        if old is not None:
+        self._programs[kernel_id] = prog
+        for old in olds:
             try:
                 _attach(group, old, _BPF_PROG_DETACH)
             finally:
@@ -326,6 +331,32 @@ class KernelCgroups:
         for d in self._dirs(kernel_id) if self.bases else []:
             for root, _dirs, _files in os.walk(d, topdown=False):
                 out.append(root)
+        return out
+
+    def found(self) -> dict[str, int | None]:
+        """The kernels' groups there are now (made by this process before it restarted, or by another), each with
+        the uid of the processes in it (None: it holds none, or processes of several users)."""
+        out: dict[str, int | None] = {}
+        for base in self.bases:
+            try:
+                names = [n for n in os.listdir(base) if os.path.isdir(os.path.join(base, n))]
+            except OSError:
+                continue
+            for name in names:
+                try:
+                    self._dirs(name)
+                except ValueError:  # (not a kernel's: not ours to judge)
+                    continue
+                if name in out:
+                    continue
+                uids: set[int] = set()
+                for pid in self.pids(name):
+                    try:
+                        with open(f"/proc/{pid}/status") as f:
+                            uids.update(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+                    except (OSError, ValueError, IndexError):
+                        continue
+                out[name] = uids.pop() if len(uids) == 1 else None
         return out
 
     def pids(self, kernel_id: str) -> set[int]:
@@ -460,7 +491,7 @@ def _bus_id(text: str) -> str:
 # -- cgroup v2: an eBPF device program per kernel group ------------------------------------------------
 
 _BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine)
-_BPF_PROG_LOAD, _BPF_PROG_ATTACH, _BPF_PROG_DETACH = 5, 8, 9
+_BPF_PROG_LOAD, _BPF_PROG_ATTACH, _BPF_PROG_DETACH, _BPF_PROG_GET_FD_BY_ID, _BPF_PROG_QUERY = 5, 8, 9, 13, 16
 _BPF_PROG_TYPE_CGROUP_DEVICE, _BPF_CGROUP_DEVICE, _BPF_F_ALLOW_MULTI = 15, 6, 2
 
 
@@ -504,6 +535,29 @@ def _load(program: bytes) -> int:
         "<IIQQ", _BPF_PROG_TYPE_CGROUP_DEVICE, len(program) // 8, ctypes.addressof(insns), ctypes.addressof(license)
     )
     return _bpf(_BPF_PROG_LOAD, attr)
+
+
+def _attached(group: str) -> list[int]:
+    """Descriptors of the device programs attached to ``group`` now (BPF_PROG_QUERY, BPF_PROG_GET_FD_BY_ID);
+    [] where there are none or they cannot be read."""
+    fd = os.open(group, os.O_RDONLY | os.O_DIRECTORY)
+    ids = (ctypes.c_uint32 * 64)()
+    try:
+        attr = struct.pack("<IIIIQI", fd, _BPF_CGROUP_DEVICE, 0, 0, ctypes.addressof(ids), len(ids))
+        buf = ctypes.create_string_buffer(attr, 128)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syscall(_BPF_SYSCALL, _BPF_PROG_QUERY, buf, 128) < 0:
+            return []
+        count = struct.unpack_from("<I", buf.raw, 24)[0]
+    finally:
+        os.close(fd)
+    out = []
+    for prog_id in list(ids)[: min(count, len(ids))]:
+        try:
+            out.append(_bpf(_BPF_PROG_GET_FD_BY_ID, struct.pack("<III", prog_id, 0, 0)))
+        except OSError:
+            continue
+    return out
 
 
 def _attach(group: str, prog: int, cmd: int = _BPF_PROG_ATTACH) -> None:

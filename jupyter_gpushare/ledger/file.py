@@ -35,6 +35,17 @@ log = logging.getLogger("jupyter_gpushare.ledger.ledger")
 SCHEMA_VERSION = 2
 PEAK_COLUMNS = "kernel_id, run, user, kernel_name, path, peak_mib, reserved_mib, recorded, need_mib, failed"
 SETTLE_S = 30.0  # after a re-creation, no new reservations for this long (servers re-enter theirs first)
+NOTICE_COLUMNS_ADDED = (  # the notices' columns after the first (notices.py); a file of an older release gets them
+    ("user", "TEXT NOT NULL DEFAULT ''"),
+    ("owner_pid", "INTEGER"),
+    ("owner_start", "REAL"),
+    ("owner_session", "TEXT"),
+    ("bound", "REAL"),
+    ("deadline", "REAL"),
+    ("taken", "REAL"),
+    ("done", "REAL"),
+    ("outcome", "TEXT NOT NULL DEFAULT ''"),
+)
 _FILES = ("", "-wal", "-shm")  # the database and SQLite's WAL files next to it
 
 _SCHEMA = """
@@ -102,6 +113,22 @@ CREATE TABLE IF NOT EXISTS notices (
     why          TEXT NOT NULL,
     at           REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS barred (
+    kernel_id    TEXT PRIMARY KEY,
+    user         TEXT NOT NULL,
+    by           TEXT NOT NULL,
+    why          TEXT NOT NULL,
+    until        REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS parked (
+    kernel_id    TEXT PRIMARY KEY,
+    user         TEXT NOT NULL,
+    mib          INTEGER NOT NULL,
+    owner_pid    INTEGER NOT NULL,
+    owner_start  REAL NOT NULL,
+    owner_session TEXT,
+    since        REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS holds (
     user         TEXT NOT NULL,
     kernel_name  TEXT NOT NULL,
@@ -112,7 +139,9 @@ CREATE INDEX IF NOT EXISTS peaks_recorded ON peaks (recorded)
 """  # meta: settle_until, while a re-created file settles (ledger_file.LedgerFile._recreate); peaks: one row per
 # kernel process (run: its pid and start time) with the peak GPU memory it reached, the quota it teaches and whether
 # it ran out of memory (history.Run; need_mib and failed came later, like waiters.cards); peaks_recorded
-# keeps the age and MAX_ROWS pruning of every record_peak an index walk (2 ms at 200,000 rows, 290 ms without)
+# keeps the age and MAX_ROWS pruning of every record_peak an index walk (2 ms at 200,000 rows, 290 ms without);
+# notices, barred: a teacher's rulings (notices.py; the notices' owner, bound, deadline and outcome columns came
+# later, like waiters.cards); parked: the host memory parked kernels' GPU state takes, host-wide (Ledger.park)
 _MIGRATE_FROM_1 = """
 ALTER TABLE leases ADD COLUMN owner_session TEXT;
 ALTER TABLE waiters ADD COLUMN owner_session TEXT
@@ -213,6 +242,10 @@ class LedgerFile:
         if "need_mib" not in {r[1] for r in db.execute("PRAGMA table_info(peaks)")}:
             db.execute("ALTER TABLE peaks ADD COLUMN need_mib INTEGER")
             db.execute("ALTER TABLE peaks ADD COLUMN failed INTEGER NOT NULL DEFAULT 0")
+        have = {r[1] for r in db.execute("PRAGMA table_info(notices)")}
+        for name, kind in NOTICE_COLUMNS_ADDED:
+            if name not in have:
+                db.execute(f"ALTER TABLE notices ADD COLUMN {name} {kind}")
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def _lock_held(self) -> None:

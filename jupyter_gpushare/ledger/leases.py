@@ -11,6 +11,7 @@ from ..core.policy import PolicyError, Size, parse_size
 from ..host.procs import Owner, ProcessRef, SessionRef
 
 ADOPTED = "(no kernel)"  # the kernelspec name of a lease the broker gave a process that held memory without one
+ADOPTED_ID_PREFIX = "process-"  # its kernel id: process-<pid>-<start time x 100>, a name no client may reserve
 
 
 @dataclass(frozen=True)

@@ -27,20 +27,20 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Protocol
 
-from ..core.history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Learned, Run, choose_peak
+from ..core.history import HistoryRules, Learned, Run, choose_peak
 from ..core.policy import CardView, Policy, PolicyError, UserLimits, format_mib
 from ..host.gpu import Card, DeviceSample
 from ..host.procs import Owner, ProcessRef, SessionRef
-from . import notices
+from . import notices, parked
 from .attribution import unreserved_use
 from .estimate import PastHolds, likely_at, record_holds
-from .file import PEAK_COLUMNS, LedgerError, LedgerFile, check_ledger
-from .leases import ADOPTED, Lease, Waiter, Waiting
+from .file import LedgerError, LedgerFile, check_ledger
+from .leases import Lease, Waiter, Waiting
 from .notices import Notice
 from .queue import Entry, Request, ages_from, check_waiting, choose_card
 from .rows import (
+    adopt_row,
     ahead_of,
     end_waits,
     exact_quota,
@@ -52,6 +52,7 @@ from .rows import (
     owner_of,
     read_ledger,
     read_notebooks,
+    record_run,
     reserved_by_card,
     waiter_of,
     waiting_answer,
@@ -77,72 +78,6 @@ ALIVE_CACHE_S = 1.0  # how long a "still running" answer is trusted (a gone proc
 REAP_EVERY_S = 1.0  # reserve() reaps at most this often, and always before it answers "no room"
 
 
-class Reservations(Protocol):
-    """What the manager needs of a ledger, whichever it has: this user's ledger file (``Ledger``) or the host's
-    broker (``broker.client.BrokerLedger``). The manager never asks which."""
-
-    @property
-    def replaced(self) -> str | None:
-        """What happened the last time the ledger's file was removed under this process, or None."""
-
-    def reserve(
-        self,
-        req: Request,
-        policy: Policy,
-        cards: Sequence[Card],
-        wait: bool,
-        limits: UserLimits | None = None,
-        outside: Mapping[str, int] | None = None,
-    ) -> Lease | Waiting: ...
-
-    def outside(self, samples: Sequence[DeviceSample], leases: Sequence[Lease] | None = None) -> dict[str, int] | None:
-        """Per card, what processes that hold no reservation use; None where this process cannot tell (the
-        broker measures it itself). ``leases``: the ledger's, when the caller has just read them."""
-        ...
-
-    def caller(self) -> tuple[str | None, bool, UserLimits | None]:
-        """Who this process reserves as: (user, or None for this process's own; whether it sees everyone's
-        kernels; its per-user limits, None where there are none)."""
-        ...
-
-    def record_peak(self, kernel_id: str, path: str, run: Run, rules: HistoryRules) -> bool:
-        """Remember the run (peak, quota it teaches, failed) of the kernel process that holds ``kernel_id``'s lease, for the lease's user and
-        kernelspec and the notebook ``path``; False when there is no such lease (or no history is kept)."""
-        ...
-
-    def learned_peak(self, user: str, kernel_name: str, path: str, rules: HistoryRules) -> Learned | None:
-        """What earlier runs of a notebook teach ``user`` (history.choose_peak). Through the broker, the broker's
-        rules apply and the user is the caller."""
-        ...
-
-    def cancel_wait(self, kernel_id: str) -> None: ...
-    def act(self, kernel_id: str, action: str, by: str, why: str) -> Notice:
-        """A teacher's action on a kernel of the host (notices.py); the caller checks that ``by`` may act."""
-        ...
-
-    def take_notices(self, kernel_ids: set[str]) -> list[Notice]:
-        """The teacher's notices for these kernels (this server's), each given once."""
-        ...
-
-    def attach(self, kernel_id: str, kernel: ProcessRef | None) -> None: ...
-    def resize(
-        self,
-        kernel_id: str,
-        quota_mib: int,
-        policy: Policy,
-        cards: Sequence[Card],
-        limits: UserLimits | None = None,
-        outside: Mapping[str, int] | None = None,
-    ) -> Lease | None: ...
-    def release(self, kernel_id: str) -> Lease | None: ...
-    def release_owned_except(self, keep: set[str]) -> list[Lease]: ...
-    def reap(self) -> list[Lease]: ...
-    def leases(self) -> list[Lease]: ...
-    def get(self, kernel_id: str) -> Lease | None: ...
-    def waiters(self) -> list[Waiter]: ...
-    def close(self) -> None: ...
-
-
 class Ledger:
     """Reservations in one SQLite file, shared by every process that opens it.
 
@@ -158,6 +93,7 @@ class Ledger:
         # Every lease this process last saw or wrote: what it enters again if the file is re-created.
         self._known: dict[str, Lease] = {}
         self._past = PastHolds()  # how long reservations were held before (estimate.py), read when it changed
+        self.barred_s = notices.BARRED_S  # how long a kernel a teacher took out of line stays out of it
         self._file = LedgerFile(path, on_replaced=self._enter_known)
         with self._file.read() as db:
             self._seen(db.execute("SELECT * FROM leases").fetchall())
@@ -256,6 +192,10 @@ class Ledger:
             row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (req.kernel_id,)).fetchone()
             if row:
                 return lease_of(row)
+            try:
+                notices.barred(db, req.kernel_id, now)
+            except notices.TakenOut as e:
+                raise e.refusal(now) from None
             settling = self._file.settle_until(db) - now
             line = line_of(db)
             mine = next((e for e in line if e.kernel_id == req.kernel_id), None)
@@ -325,14 +265,51 @@ class Ledger:
 
     def act(self, kernel_id: str, action: str, by: str, why: str) -> Notice:
         with self._tx() as db:
-            return notices.act(db, kernel_id, action, by, why, time.time())
+            return notices.act(db, kernel_id, action, by, why, time.time(), self.barred_s)
 
-    def take_notices(self, kernel_ids: set[str]) -> list[Notice]:
+    def take_notices(self, kernel_ids: set[str], user: str | None = None) -> list[Notice]:
+        """The notices written for this owner's kernels among ``kernel_ids`` (notices.take), with ``user`` only
+        that user's."""
         with self._file.read() as db:  # asked at every server's reconcile: a write only when there is a notice
-            if db.execute("SELECT 1 FROM notices LIMIT 1").fetchone() is None:
+            if db.execute("SELECT 1 FROM notices WHERE taken IS NULL LIMIT 1").fetchone() is None:
                 return []
         with self._tx() as db:
-            return notices.take(db, kernel_ids, time.time())
+            return notices.take(db, kernel_ids, self.owner, time.time(), user)
+
+    def rulings(self) -> list[Notice]:
+        """The last rulings of the host's admins, with their outcomes, newest first (the admin's view)."""
+        with self._file.read() as db:
+            return notices.recent(db, time.time())
+
+    def overdue_releases(self) -> list[tuple[Notice, Lease]]:
+        """Releases a teacher ruled whose deadline passed with the lease still held: released now, here (the
+        broker's part of a ruling, notices.py), each with the lease it was."""
+        now = time.time()
+        with self._file.read() as db:
+            soonest = notices.pending_deadline(db)
+        if soonest is None or soonest > now:
+            return []
+        with self._tx() as db:
+            out = [(n, lease_of(row)) for n, row in notices.overdue(db, now)]
+            record_holds(db, [lease for _, lease in out], now)
+            for n, _ in out:
+                parked.drop(db, n.kernel_id)
+        for _, lease in out:
+            self._known.pop(lease.kernel_id, None)
+        return out
+
+    def park(self, kernel_id: str, mib: int, budget_mib: int | None) -> None:
+        with self._tx() as db:
+            parked.admit(db, kernel_id, mib, budget_mib, self.owner, time.time())
+
+    def unpark(self, kernel_id: str) -> None:
+        with self._tx() as db:
+            parked.drop(db, kernel_id)
+
+    def parked(self) -> dict[str, tuple[str, Owner, int]]:
+        """Every parked kernel of the host (parked.on_host)."""
+        with self._file.read() as db:
+            return parked.on_host(db)
 
     def cancel_wait(self, kernel_id: str) -> None:
         with self._tx() as db:
@@ -347,32 +324,21 @@ class Ledger:
         process: ProcessRef,
         policy: Policy,
         limits: UserLimits | None = None,
+        others_mib: int = 0,
     ) -> Lease | None:
         """A lease for a process that already holds ``mib`` on ``card`` without one (the broker's unleased_action
         'lease'): in ``user``'s name, owned by the process itself (reclaimed once it ends), if the card's
-        reservations leave room for it and ``limits`` allow it; None otherwise. It jumps no line: the memory is
-        in use already, and admission counted it as taken; this only names its holder."""
+        reservations and ``others_mib`` (what other processes without a lease use on it, as the card says) leave
+        room for it and ``limits`` allow it; None otherwise. It jumps no line: the memory is in use already, and
+        admission counted it as taken; this only names its holder. A lease already under ``kernel_id`` is returned
+        only if it is this very process's adoption (an adopted lease of the same pid and start time): anything else
+        of that name is not this process's, and covers nothing of it."""
         with self._tx() as db:
-            row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
-            if row:
-                return lease_of(row)
-            if reserved_by_card(db).get(card.uuid, 0) + mib > policy.usable_mib(card.total_mib):
-                return None
-            if limits is not None:
-                held = [r[0] for r in db.execute("SELECT quota_mib FROM leases WHERE user=?", (user,))]
-                try:
-                    limits.check(user, mib, card.total_mib, held)
-                except PolicyError:
-                    return None
-            db.execute(
-                "INSERT INTO leases (kernel_id, card_uuid, card_index, quota_mib, reserve_mib, user, kernel_name,"
-                " owner_pid, owner_start, owner_session, kernel_pid, kernel_start, created)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (kernel_id, card.uuid, card.index, mib, 0, user, ADOPTED, *owner_columns(process), process.pid,
-                 process.start, time.time()),
-            )  # fmt: skip
-            lease = lease_of(db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone())
-        self._known[kernel_id] = lease
+            lease = adopt_row(
+                db, kernel_id, user, card, mib, process, policy.usable_mib(card.total_mib) - others_mib, limits
+            )
+        if lease is not None:
+            self._known[kernel_id] = lease
         return lease
 
     def attach(self, kernel_id: str, kernel: ProcessRef | None) -> None:
@@ -435,6 +401,8 @@ class Ledger:
             db.execute("DELETE FROM leases WHERE kernel_id=?", (kernel_id,))
             end_waits(db, "kernel_id=?", (kernel_id,), time.time())
             record_holds(db, [lease_of(row)] if row else [], time.time())
+            if row:
+                notices.released(db, kernel_id, time.time(), by_server=True)
         self._known.pop(kernel_id, None)
         return lease_of(row) if row else None
 
@@ -447,6 +415,8 @@ class Ledger:
             ).fetchall()
             gone = [lease_of(r) for r in rows if r["kernel_id"] not in keep]
             db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in gone])
+            for lease in gone:
+                notices.released(db, lease.kernel_id, time.time(), by_server=False)
         for lease in gone:
             self._known.pop(lease.kernel_id, None)
         return gone
@@ -456,27 +426,11 @@ class Ledger:
         then forget runs past the rules' age and the row bounds (history.RUNS_KEPT, ROWS_PER_USER, MAX_ROWS)."""
         if not rules.kept:
             return False
-        now = time.time()
         with self._tx() as db:
             row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
-            if row is None:
-                return False
-            lease = lease_of(row)
-            key = f"{lease.kernel.pid}:{lease.kernel.start}" if lease.kernel else ""
-            db.execute(
-                f"INSERT OR REPLACE INTO peaks ({PEAK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (kernel_id, key, lease.user, lease.kernel_name, path, run.peak_mib, lease.reserved_mib, now)
-                + (run.need_mib, int(run.failed)),
-            )
-            db.execute("DELETE FROM peaks WHERE recorded < ?", (now - rules.max_age_s,))
-            newest = "SELECT rowid FROM peaks WHERE {} ORDER BY recorded DESC LIMIT -1 OFFSET ?"
-            db.execute(
-                f"DELETE FROM peaks WHERE rowid IN ({newest.format('user=? AND kernel_name=? AND path=?')})",
-                (lease.user, lease.kernel_name, path, RUNS_KEPT),
-            )
-            db.execute(f"DELETE FROM peaks WHERE rowid IN ({newest.format('user=?')})", (lease.user, ROWS_PER_USER))
-            db.execute(f"DELETE FROM peaks WHERE rowid IN ({newest.format('1')})", (MAX_ROWS,))
-        return True
+            if row is not None:
+                record_run(db, lease_of(row), path, run, rules, time.time())
+        return row is not None
 
     def learned_peak(self, user: str, kernel_name: str, path: str, rules: HistoryRules) -> Learned | None:
         if not rules.kept:
@@ -560,6 +514,8 @@ class Ledger:
         db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in dead])
         for lease in dead:
             self._known.pop(lease.kernel_id, None)
+            notices.released(db, lease.kernel_id, now, by_server=False)
+        parked.reap(db, lambda owner: self._alive(owner, sessions))
         for row in db.execute("SELECT * FROM waiters").fetchall():
             if tick - row["heartbeat"] > WAITER_STALE_S or not self._alive(owner_of(row), sessions):
                 end_waits(db, "ticket=?", (row["ticket"],), now)

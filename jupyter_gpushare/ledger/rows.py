@@ -9,12 +9,12 @@ import sqlite3
 import time
 from collections.abc import Sequence
 
-from ..core.history import HistoryRules, Run, notebooks
-from ..core.policy import CardView, Policy, PolicyError, Size, parse_size
+from ..core.history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Run, notebooks
+from ..core.policy import CardView, Policy, PolicyError, Size, UserLimits, parse_size
 from ..host.gpu import Card
 from ..host.procs import Owner, ProcessRef, SessionRef
-from .file import open_readonly
-from .leases import Lease, Waiter, Waiting
+from .file import PEAK_COLUMNS, open_readonly
+from .leases import ADOPTED, Lease, Waiter, Waiting
 from .queue import Entry, Request
 
 
@@ -85,6 +85,59 @@ def held_by(
 def reserved_by_card(db: sqlite3.Connection) -> dict[str, int]:
     rows = db.execute("SELECT card_uuid, SUM(quota_mib + reserve_mib) FROM leases GROUP BY card_uuid")
     return {uuid: int(total) for uuid, total in rows}
+
+
+def adopt_row(
+    db: sqlite3.Connection,
+    kernel_id: str,
+    user: str,
+    card: Card,
+    mib: int,
+    process: ProcessRef,
+    room_mib: int,
+    limits: UserLimits | None,
+) -> Lease | None:
+    """The adopted lease of ``process`` (Ledger.adopt): the one it already has, else a new one of ``mib`` where
+    the card's reservations leave ``room_mib`` for it and ``limits`` allow it; None otherwise, and for a lease of
+    that name that is not this very process's adoption."""
+    row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
+    if row:
+        lease = lease_of(row)
+        return lease if lease.adopted and lease.kernel == process and lease.owner == process else None
+    if reserved_by_card(db).get(card.uuid, 0) + mib > room_mib:
+        return None
+    if limits is not None:
+        held = [r[0] for r in db.execute("SELECT quota_mib FROM leases WHERE user=?", (user,))]
+        try:
+            limits.check(user, mib, card.total_mib, held)
+        except PolicyError:
+            return None
+    db.execute(
+        "INSERT INTO leases (kernel_id, card_uuid, card_index, quota_mib, reserve_mib, user, kernel_name,"
+        " owner_pid, owner_start, owner_session, kernel_pid, kernel_start, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        (kernel_id, card.uuid, card.index, mib, 0, user, ADOPTED, *owner_columns(process), process.pid, process.start,
+         time.time()),
+    )  # fmt: skip
+    return lease_of(db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone())
+
+
+def record_run(db: sqlite3.Connection, lease: Lease, path: str, run: Run, rules: HistoryRules, now: float) -> None:
+    """A run's figures for the lease's kernel process (one row per process: a second call replaces it), then runs
+    past the rules' age and the row bounds forgotten (history.RUNS_KEPT, ROWS_PER_USER, MAX_ROWS)."""
+    key = f"{lease.kernel.pid}:{lease.kernel.start}" if lease.kernel else ""
+    db.execute(
+        f"INSERT OR REPLACE INTO peaks ({PEAK_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
+        (lease.kernel_id, key, lease.user, lease.kernel_name, path, run.peak_mib, lease.reserved_mib, now)
+        + (run.need_mib, int(run.failed)),
+    )
+    db.execute("DELETE FROM peaks WHERE recorded < ?", (now - rules.max_age_s,))
+    newest = "SELECT rowid FROM peaks WHERE {} ORDER BY recorded DESC LIMIT -1 OFFSET ?"
+    db.execute(
+        f"DELETE FROM peaks WHERE rowid IN ({newest.format('user=? AND kernel_name=? AND path=?')})",
+        (lease.user, lease.kernel_name, path, RUNS_KEPT),
+    )
+    db.execute(f"DELETE FROM peaks WHERE rowid IN ({newest.format('user=?')})", (lease.user, ROWS_PER_USER))
+    db.execute(f"DELETE FROM peaks WHERE rowid IN ({newest.format('1')})", (MAX_ROWS,))
 
 
 def notebooks_in(db: sqlite3.Connection, since: float, user: str | None = None) -> list[dict]:

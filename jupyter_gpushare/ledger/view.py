@@ -16,7 +16,8 @@ from typing import Any, Protocol
 from ..core.policy import Policy, UserLimits
 from ..core.words import render
 from ..host.gpu import Card
-from .ledger import Lease, ProcessRef, Reservations, Waiter
+from .ledger import Lease, ProcessRef, Waiter
+from .reservations import Reservations
 
 SEGMENTS = ("mine", "others", "over", "outside", "headroom", "free")  # a card's parts, in the bar's order (words.py)
 

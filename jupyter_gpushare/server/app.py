@@ -342,6 +342,7 @@ class GpuShareExtension(ExtensionApp):
 
     async def _reconcile_forever(self) -> None:
         manager = self.settings["gpushare_manager"]
+        manager.line.keep_watching()  # (with a broker) what it says reaches this server at once: a ruling too
         failing = None
         while True:
             await asyncio.sleep(self.gpushare.reconcile_interval)

@@ -16,7 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
 from ..broker import BrokerLedger
-from ..ledger.ledger import Lease, Ledger, LedgerError, Reservations
+from ..core.addresses import BrokerAt
+from ..ledger.ledger import Lease, Ledger, LedgerError
+from ..ledger.reservations import Reservations
 
 T = TypeVar("T")
 RETRY_S = (1.0, 60.0)  # a ledger that cannot be opened is tried again after 1 s, doubling up to 60 s
@@ -28,15 +30,14 @@ class LedgerWorker:
     def __init__(
         self,
         path: str,
-        broker_socket: str | None = None,
-        broker_ca_file: str = "",
+        broker: BrokerAt | None = None,
         log: logging.Logger | None = None,
         on_reclaimed: Callable[[Sequence[Lease]], None] = lambda leases: None,
     ):
-        """``path``: the ledger file; ``broker_socket``: reserve through the host's broker instead (broker/), with
-        ``broker_ca_file`` the CA of its TLS certificate ('tls://' sockets); ``on_reclaimed``: told of the leases of
+        """``path``: the ledger file; ``broker``: reserve through the host's broker instead (broker/);
+        ``on_reclaimed``: told of the leases of
         dead kernels reclaimed as the ledger opens."""
-        self.path, self.broker_socket, self.broker_ca_file = path, broker_socket, broker_ca_file
+        self.path, self.broker = path, broker
         self.log = log or logging.getLogger("jupyter_gpushare")
         self.on_reclaimed = on_reclaimed
         self.error: str | None = None  # why the ledger cannot be used now (None: it can)
@@ -76,14 +77,14 @@ class LedgerWorker:
     def _connect(self, on_state: Callable[[str | None], None] | None = None) -> Reservations:
         """A new connection to the ledger: the file, or the host's broker (many users on this host: their broker
         owns the ledger; ``on_state`` is told when it goes down or comes back)."""
-        if self.broker_socket:
-            return BrokerLedger(self.broker_socket, ca_file=self.broker_ca_file, on_state=on_state)
+        if self.broker is not None:
+            return BrokerLedger.at(self.broker, on_state=on_state)
         return Ledger(self.path)
 
     def twin(self) -> BrokerLedger | None:
         """A broker client of its own (for a request that holds its connection: room_watch.py); None without a
         broker."""
-        return BrokerLedger(self.broker_socket, ca_file=self.broker_ca_file) if self.broker_socket else None
+        return BrokerLedger.at(self.broker) if self.broker is not None else None
 
     def ensure(self) -> bool:
         """Whether a ledger is open, opening it again when its back-off has passed."""

@@ -15,14 +15,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from ..core.policy import Policy, PolicyError, format_mib
 from ..host.gpu import Card
 from ..ledger.file import LedgerError
 from ..ledger.leases import Lease, Waiting
-from ..ledger.ledger import Reservations
 from ..ledger.queue import Request, ServerQueue, Wait
+from ..ledger.reservations import Reservations
 from .ledger_worker import LedgerWorker
 from .records import Grant, KernelRecord, QuotaUnavailable, full_message, rule_figures
 from .room_watch import RoomWatch
@@ -68,6 +68,8 @@ class Line:
         self.turns = 0  # the line's turns begun (each asks the ledger for every kernel in line, and answers)
         self.turns_done = 0  # the last turn done: what the ledger said in it is in the kernels' records
         self._watch: RoomWatch | None = None  # another server's release, pushed by the broker (room_watch.py)
+        self._watching = False  # the watch is held while the server runs, not only while a kernel waits
+        self.on_change: Callable[[], None] = lambda: None  # told at each change the broker says (a ruling too)
 
     def waiting(self, kernel_id: str) -> Wait | None:
         return self.queue.waits.get(kernel_id)
@@ -110,9 +112,22 @@ class Line:
         )
         if self._serving is None or self._serving.done():
             self._serving = asyncio.ensure_future(self._serve())
+        self._ensure_watch()
+
+    def keep_watching(self) -> None:
+        """Hold the broker's watch for as long as this server runs, not only while a kernel of it waits: a teacher's
+        ruling on a kernel of this server reaches it at once (``on_change``), not at its next reconcile."""
+        self._watching = True
+        self._ensure_watch()
+
+    def _ensure_watch(self) -> None:
         if self._watch is None:
             client = self.ledger.twin()
-            self._watch = None if client is None else RoomWatch(client, self.room_freed, self.log)
+            self._watch = None if client is None else RoomWatch(client, self._changed, self.log)
+
+    def _changed(self) -> None:
+        self.room_freed()
+        self.on_change()
 
     def leave(self, kernel_id: str, why: str) -> None:
         """Take a kernel out of line without granting it (it no longer asks, or asks for something else)."""
@@ -153,7 +168,7 @@ class Line:
             poll = PUSHED_POLL_S if self._watch is not None and self._watch.live else QUEUE_POLL_S
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._room.wait(), poll)
-        if self._watch is not None:  # nobody of this server waits: no watch held at the broker
+        if self._watch is not None and not self._watching:  # nobody of this server waits: no watch held
             self._watch.stop()
             self._watch = None
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, TypeVar
 from ..broker.groups import BrokerGroups
 from ..broker.protocol import is_tcp
 from ..config.settings import GpuShareApp
+from ..core.addresses import BrokerAt
 from ..core.history import HistoryRules
 from ..core.policy import CardView, ParkRules, Policy, PolicyError, Size, format_mib
 from ..host.cgroups import KernelCgroups
@@ -28,7 +29,8 @@ from ..host.checkpoint import checkpointer_for
 from ..host.gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
 from ..host.gpu.simulated import SimulatedBackend
 from ..host.reports import remove_reports, report_dir
-from ..ledger.ledger import Lease, LedgerError, ProcessRef, Request, Reservations, Waiting
+from ..ledger.ledger import Lease, LedgerError, ProcessRef, Request, Waiting
+from ..ledger.reservations import Reservations
 from . import admission
 from .holding import Holding
 from .learning import Learning
@@ -57,8 +59,7 @@ class QuotaManager:
         backend: GpuBackend,
         ledger_path: str,
         log: logging.Logger | None = None,
-        broker_socket: str | None = None,
-        broker_ca_file: str = "",
+        broker: BrokerAt | None = None,
         history: HistoryRules | None = None,
         cards: list[Card] | None = None,
         unwatched_s: float = 0.0,
@@ -66,8 +67,7 @@ class QuotaManager:
         parking: ParkRules | None = None,
         services: Services | None = None,
     ):
-        """``broker_socket``: reserve through the host's broker (broker.py) instead of the ledger file;
-        ``broker_ca_file``: the CA of its TLS certificate ('tls://' sockets); ``history``: quotas learned from
+        """``broker``: reserve through the host's broker (broker/) instead of the ledger file; ``history``: quotas learned from
         earlier runs (history.py); ``cards``: the backend's, when the caller has just listed them; ``unwatched_s``: a
         kernel in line with no client connected for this long leaves it (0: never; see ``watchers``); ``cgroups``: the
         kernels' cgroups (cgroups.py; None: none, kernels are tracked by their process tree); ``parking``: the rules for
@@ -96,7 +96,7 @@ class QuotaManager:
             cgroups or KernelCgroups(enabled=False), backend, self.cards, self.blocking, self.event,
             self.services.watchdog,
         )  # fmt: skip
-        self.ledger = LedgerWorker(ledger_path, broker_socket, broker_ca_file, self.log, self._reclaimed)
+        self.ledger = LedgerWorker(ledger_path, broker, self.log, self._reclaimed)
         self.line = Line(self, self.ledger, self.services.starts, unwatched_s, self.log)
         self.learning = Learning(
             history or HistoryRules(), policy, self.ledger, self.user, self.blocking, self.log, self.event
@@ -104,6 +104,7 @@ class QuotaManager:
         self.parking = Parking(self, checkpointer_for(backend), parking or ParkRules(), self.blocking)
         self.quotas = QuotaChanges(self)
         self.teacher = Teacher(self)
+        self.line.on_change = self.teacher.soon  # a ruling reaches this server as the broker says it
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Blocking work that is not the ledger's (kernels' reports, their cgroups), off the IOLoop (on it once
@@ -516,8 +517,8 @@ def kernel_cgroups(settings: GpuShareApp) -> KernelCgroups:
     as root, which a kernel of root's could leave anyway); else, where the host's broker (on its Unix socket) makes
     them for its servers, the broker's (broker/groups.py); else its own, or none."""
     own = KernelCgroups(enabled=settings.kernel_cgroups == "auto")
-    broker = settings.broker_socket
-    if settings.kernel_cgroups != "auto" or not broker or is_tcp(broker) or os.geteuid() == 0:
+    broker = settings.broker()
+    if settings.kernel_cgroups != "auto" or broker is None or is_tcp(broker.socket) or os.geteuid() == 0:
         return own
     if own.level.tracking == "cgroup" and not own.level.escapable:
         return own
@@ -540,8 +541,7 @@ def build_manager(
         backend,
         settings.ledger_path,
         log=log,
-        broker_socket=settings.broker_socket or None,
-        broker_ca_file=settings.broker_ca_file,
+        broker=settings.broker(),
         history=settings.build_history(),
         cards=cards,
         unwatched_s=settings.queue_unwatched_timeout,

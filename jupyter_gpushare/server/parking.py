@@ -34,7 +34,7 @@ from typing import Any
 
 from ..core.policy import ParkRules, PolicyError, Size, format_mib
 from ..host.checkpoint import Checkpointer, CheckpointError
-from ..ledger.ledger import Lease, Request
+from ..ledger.ledger import Lease, LedgerError, Request
 from .records import Grant, KernelRecord, Parked, QuotaUnavailable
 
 LOCK_TIMEOUT_S = 10.0  # a running GPU call that does not end within this is not parked
@@ -45,6 +45,7 @@ AT_ONCE = 8  # parks under way at one time (each moves its state to host memory;
 TRIMMED_READ_S = 3.0  # after a kernel gave its caches back, how long to wait for a reading that shows it
 FREED_READ_S = 1.0  # how long to wait for each reading asked for after a park
 STARTING_S = 30.0  # a kernel is not idle while Jupyter says it is starting, for at most this long
+OVER_BUDGET_S = 30.0  # a kernel whose state did not fit the host's parking budget is not tried again for this long
 
 
 def holding(processes: Sequence[Any]) -> list[int]:
@@ -78,6 +79,7 @@ class Parking:
         self._wake: asyncio.TimerHandle | None = None  # the reading asked for then (``_read_at``)
         self._standing: dict[str, int] = {}  # kernels being asked to stand by now: the reservation each gives back
         self._kept: dict[str, int | None] = {}  # kernels that would not stand by: the process that said so
+        self._over_budget: dict[str, float] = {}  # (monotonic) kernels the host's parking budget refused: until when
 
     # -- what is parked ------------------------------------------------------------------------------
 
@@ -155,7 +157,7 @@ class Parking:
             self._soonest = min(self._soonest, wait)
             return
         used = usage.used_mib or 0
-        if self.rules.host_budget_mib is not None and self.parked_mib() + used > self.rules.host_budget_mib:
+        if self._over_budget.get(kid, -math.inf) > time.monotonic():  # (the ledger judges the budget: park())
             return
         pids = holding(usage.processes)
         self._candidates.append((idle_for, rec, pids, used, usage.pid))
@@ -304,11 +306,19 @@ class Parking:
         trimmed = await self.kernels.services.starts.trim(kid) if pids else None
         if trimmed:  # its frameworks gave their caches back: move only what is in use
             pids, used_mib = await self._in_use(kid, time.time(), pids, used_mib)
+        budget = self.rules.host_budget_mib
+        try:  # the host's one budget, in the ledger (the broker's, where there is one), before any state moves
+            await self.kernels.ledger.run(self.kernels.ledger.must, lambda ledger: ledger.park(kid, used_mib, budget))
+        except (PolicyError, LedgerError) as e:
+            self._over_budget[kid] = time.monotonic() + OVER_BUDGET_S
+            self.kernels.log.info("jupyter-gpushare: kernel %s is not parked: %s", kid, e)
+            return False
         try:
             steps = await self._blocking(self.checkpointer.park, pids, LOCK_TIMEOUT_S) if pids else {}
             await self._freed(kid, pids)
         except CheckpointError as e:
             self._failed[kid] = pid
+            self._unpark(kid)
             self.kernels.event("park-failed", kid, f"It could not be parked, and runs on: {e}", reason=str(e))
             return False
         seconds = round(time.monotonic() - t0, 2)
@@ -318,6 +328,7 @@ class Parking:
         except Exception as e:  # noqa: BLE001 (a full disk, the broker down: not parked, and said)
             await self._blocking(self.checkpointer.resume, pids) if pids else None
             self._failed[kid] = pid
+            self._unpark(kid)
             self.kernels.event("park-failed", kid, f"It could not be parked, and runs on: {e}", reason=str(e))
             return False
         rec.parked = Parked(lease.card_uuid, lease.card_index, tuple(pids), used_mib, lease.quota_mib,
@@ -404,12 +415,14 @@ class Parking:
         except CheckpointError as e:
             self.kernels.event("resume-failed", kid, f"Its GPU state could not be brought back: {e}", reason=str(e))
             rec.parked = None
+            self._unpark(kid)
             self.kernels.end_kernel(kid)
             return
         seconds = round(time.monotonic() - t0 - waited, 2)
         self.seconds["resume"] = [*self.seconds["resume"][-49:], seconds]
         self.given_back_mib_s += parked.reserved_mib * (time.time() - parked.since)
         rec.parked = None
+        self._unpark(kid)
         self.touch(kid)  # its cell runs next: its idle clock starts again
         self.kernels.settle(rec, Grant("gpu", lease=lease, card=self.kernels.card(lease.card_uuid)))
         await self.kernels.attach(kid, rec.pid)
@@ -424,9 +437,15 @@ class Parking:
         if rec is not None and rec.parked is not None:
             self.given_back_mib_s += rec.parked.reserved_mib * (time.time() - rec.parked.since)
             rec.parked = None
+            self._unpark(kernel_id)
+        self._over_budget.pop(kernel_id, None)
         self._failed.pop(kernel_id, None)
         self._kept.pop(kernel_id, None)
         self._touched.pop(kernel_id, None)
+
+    def _unpark(self, kernel_id: str) -> None:
+        """Its parked state no longer takes host memory (back on the card, or gone): the host's budget is told."""
+        self.kernels.ledger.later(f"unpark({kernel_id})", lambda ledger: ledger.unpark(kernel_id))
 
     def _start(self, kernel_id: str, move: Awaitable[None]) -> asyncio.Future:
         task = asyncio.ensure_future(move)

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.policy import PolicyError, Size, format_mib, parse_size
-from ..ledger.ledger import Lease, LedgerError, Reservations
+from ..ledger.ledger import Lease, LedgerError
+from ..ledger.reservations import Reservations
 from .records import KernelRecord
 
 

@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 from ..host.reports import read_reports, report_dir
 from ..ledger.file import LedgerError
-from ..ledger.ledger import Lease, Reservations, Waiter
+from ..ledger.ledger import Lease, Waiter
+from ..ledger.reservations import Reservations
 from ..ledger.view import host_view
 from .records import Change
 from .sampler import UsageSnapshot
@@ -87,8 +88,8 @@ def reservations(
     kernels (``records``, as KernelRecord.to_dict() took them) with their frameworks, the host's line, the ledger
     and the enforcement level."""
     ledger = {
-        "path": None if manager.ledger.broker_socket else manager.ledger.path,
-        "broker": manager.ledger.broker_socket,
+        "path": None if manager.ledger.broker else manager.ledger.path,
+        "broker": manager.ledger.broker.socket if manager.ledger.broker else None,
         "error": manager.ledger.error,
         "replaced": manager.ledger.replaced,
     }

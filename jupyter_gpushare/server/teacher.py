@@ -15,6 +15,7 @@ It does not judge who may act (the ledger's caller does: the broker its admins, 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
@@ -38,6 +39,7 @@ class Teacher:
     def __init__(self, kernels: Any) -> None:
         """``kernels``: the registry (QuotaManager): its ledger, records, line, parking and events."""
         self.kernels = kernels
+        self._taking: asyncio.Future | None = None
 
     async def act(self, kernel_id: str, action: str, why: str) -> Notice:
         """Act on a kernel of the host as this server's user. NotAdmin unless the ledger says the user is one of
@@ -58,6 +60,17 @@ class Teacher:
         if kernel_id in self.kernels.records:
             await self.take()
         return notice
+
+    def soon(self) -> None:
+        """Take the notices now, on the IOLoop (the broker said a change that may be a ruling): once at a time."""
+        if self._taking is None or self._taking.done():
+            self._taking = asyncio.ensure_future(self._take_logged())
+
+    async def _take_logged(self) -> None:
+        try:
+            await self.take()
+        except Exception as e:  # noqa: BLE001 (the broker down: the next reconcile takes them)
+            self.kernels.log.debug("jupyter-gpushare: taking the notices failed: %s", e)
 
     async def take(self) -> None:
         """Carry out the notices for this server's kernels (module docstring)."""

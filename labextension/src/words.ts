@@ -135,6 +135,9 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'event.refused-level-below-required': __(
       'Not started: this host holds kernels at enforcement level {level}, and the admin requires {required}.'
     ),
+    'event.refused-taken-out': __(
+      'No GPU: {by} took it out of the line[: {why}]. It may join again in {wait_s}.'
+    ),
     'event.refused-user-max-total': __(
       'Not started: your kernels hold {held_mib} of your {limit_mib}; it asks for {quota_mib}.'
     ),
@@ -255,6 +258,12 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     ),
     'policy.join-busy': __(
       'The kernel is busy: join again once its cell has finished.'
+    ),
+    'policy.taken-out': __(
+      '{by} took this kernel out of the GPU line[: {why}]. It may join the line again in {wait_s}; until then its cells run without a GPU. Ask {by} if it needs the GPU sooner.'
+    ),
+    'policy.park-budget': __(
+      'Its {parked_mib} of GPU state does not fit the host memory kept for parked kernels: {held_mib} of {budget_mib} is taken. It is not parked.'
     ),
     'limits.use': __('You hold {held}.'),
     'limits.total': __('{quota_mib} of {max_total_mib}'),

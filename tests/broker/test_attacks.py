@@ -189,10 +189,14 @@ while True:
 
 
 @needs_root
-def test_a_socket_another_user_serves_is_not_taken_for_the_broker(tmp_path):
-    """An admin's mistake: the broker's socket named in a directory anyone may write, the broker not running.
-    Another student listens there; the server sends nothing to it and says why (it used to hand her its leases,
-    waiters and peaks, and take her quotas)."""
+@pytest.mark.parametrize("where", ["sticky", "her own"])
+def test_a_socket_another_user_serves_is_not_taken_for_the_broker(tmp_path, where):
+    """Another student listens where a server looks for the broker: in a directory anyone may write (an admin's
+    mistake, the broker not running), or in a 0755 directory of her own (the socket a server of another student was
+    pointed at, or that she talked him into). The server sends nothing to it and says why: a peer is believed by its
+    credentials (root, the server's own user, GpuShareApp.broker_users), never by the directory it sits in. Before,
+    the second passed as 'the owner of a directory only it may write', and the server handed her its leases,
+    waiters and peaks, and took her quotas (GPUSHARE_QUOTA_MIB=999999 in his kernel)."""
     import os
     import tempfile
     from pathlib import Path
@@ -204,7 +208,9 @@ def test_a_socket_another_user_serves_is_not_taken_for_the_broker(tmp_path):
 
     mallory = ensure_user(BOB)
     shared = Path(tempfile.mkdtemp(prefix="gpushare-shared-", dir="/tmp"))
-    os.chmod(shared, 0o1777)
+    os.chmod(shared, 0o1777 if where == "sticky" else 0o755)
+    if where == "her own":
+        os.chown(shared, mallory.pw_uid, mallory.pw_gid)
     socket_path, said = shared / "broker.sock", shared / "said"
     home = shared / "home"
     home.mkdir()
@@ -219,9 +225,14 @@ def test_a_socket_another_user_serves_is_not_taken_for_the_broker(tmp_path):
                 BrokerLedger(str(socket_path)).view()
             time.sleep(0.5)
             assert not said.exists() or said.read_text() == "0"  # it received nothing
+            # the admin's word makes a dedicated broker user believed, and no one else
+            answered = BrokerLedger(str(socket_path), broker_uids=frozenset({mallory.pw_uid}), timeout=5.0)
+            assert answered.view() == {"GPUSHARE_QUOTA_MIB": "999999"}  # (the control: this check can pass her)
+            wait_until(lambda: said.exists() and said.read_text() != "0", what="the request to reach the named user")
         finally:
             fake.kill()
             fake.wait()
+            shutil.rmtree(shared, ignore_errors=True)
 
 
 # A kernel's code tries to leave its cgroup the ways a delegated subtree allowed (issue 33, #4): a sub-group of

@@ -587,7 +587,8 @@ def test_a_broker_that_cannot_see_other_users_processes_says_why(tmp_path):
             (base / sub).mkdir(mode=0o755)
             os.chown(base / sub, user.pw_uid, user.pw_gid)
         as_user = f"setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups"
-        hide = f'mount -t proc -o hidepid=2 proc /proc && exec {as_user} "$@"'
+        # (HOME: its own, not root's: jupyter_core's first-run migration would read root's ~/.ipython)
+        hide = f'mount -t proc -o hidepid=2 proc /proc && exec {as_user} env HOME={base} "$@"'
         prefix = ("unshare", "--mount", "--fork", "sh", "-c", hide, "-")
         broker = Broker(base, prefix=prefix).start()
         # Leases of processes /proc hides (this one, root's) are not taken for gone; a gone one is.
@@ -600,7 +601,7 @@ def test_a_broker_that_cannot_see_other_users_processes_says_why(tmp_path):
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         try:
-            client = BrokerLedger(broker.socket)
+            client = BrokerLedger(broker.socket, broker_uids=frozenset({user.pw_uid}))  # (GpuShareApp.broker_users)
             with pytest.raises(LedgerError) as refused:
                 client.hello()
             client.close()

@@ -198,7 +198,7 @@ def test_what_notebooks_taught_survives_a_ledger_removed_under_the_server(tmp_pa
 
 
 def test_runs_are_pruned_by_age_and_bounded(tmp_path, monkeypatch):
-    import jupyter_gpushare.ledger.ledger as ledger_mod
+    import jupyter_gpushare.ledger.rows as rows_mod
 
     ledger = Ledger(tmp_path / "l.sqlite")
     for i in range(RUNS_KEPT + 3):
@@ -212,7 +212,7 @@ def test_runs_are_pruned_by_age_and_bounded(tmp_path, monkeypatch):
     _reserve(ledger, "new", "ann")
     ledger.record_peak("new", NB, Run(800), RULES)
     assert ledger._file._db.execute(count).fetchone()[0] == 1  # and forgotten at the next record
-    monkeypatch.setattr(ledger_mod, "ROWS_PER_USER", 3)
+    monkeypatch.setattr(rows_mod, "ROWS_PER_USER", 3)
     for i in range(5):
         ledger.record_peak("new", f"nb{i}.ipynb", Run(800), RULES)  # the same process: one row, renamed
         _reserve(ledger, f"m{i}", "mallory")
