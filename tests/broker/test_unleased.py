@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -56,7 +57,9 @@ def students():
 
 def _broker(tmp_path, action: str, grace: float = 30.0, limits: dict | None = None):
     broker = broker_in_process(tmp_path)
-    broker.unleased = UnleasedPolicy(action, grace, [], logging.getLogger("test"), broker._adopt, clock=Clock())
+    broker.unleased = UnleasedPolicy(
+        action, grace, [], logging.getLogger("test"), broker._adopt, clock=Clock(), barred=broker._barred
+    )
     if limits is not None:
         broker.rules = LimitRules.parse(limits, {}, {})
     return broker
@@ -217,3 +220,137 @@ def test_lease_gives_it_a_lease_from_its_users_limits_or_ends_it(tmp_path, stude
 def test_an_unknown_policy_is_refused(tmp_path):
     with pytest.raises(ValueError, match="unleased_action 'ignore': one of notify, stop, lease"):
         UnleasedPolicy("ignore", 30, [], logging.getLogger("test"), lambda u: None)
+
+
+# -- Hardening, round four (issue 44): the broker's names and rulings are its own ------------------------------------
+
+
+def _key(pid: int) -> str:
+    return f"process-{pid}-{int(psutil.Process(pid).create_time() * 100)}"
+
+
+def test_a_lease_named_like_her_process_shields_nothing(tmp_path, students, caplog):
+    """The attack: her kernel reserves 256 MiB under the name the broker gives an adopted process (computed from
+    /proc), then that process takes 8 GiB while others hold 6 GiB of reservations on the 10 GiB card. The broker
+    refuses the name; and a lease of that name that a client made (an older broker let her) covers nothing of the
+    process: it is judged as a thief and ended at the first reading. Before, adoption returned her 256 MiB lease,
+    marked the process 'leased', and nothing judged it (13 GiB of others' reservations taken, alive after 40 s)."""
+    from jupyter_gpushare.broker.protocol import BrokerRefused
+    from jupyter_gpushare.core.policy import Size
+    from jupyter_gpushare.ledger.ledger import Request
+
+    (users, homes), broker = students, _broker(tmp_path, "lease")
+    alice = users[ALICE]
+    thief = _terminal_python(alice, homes[ALICE])
+    her = Caller(ALICE, alice.pw_uid, process=ProcessRef.me())
+    bob = Caller(BOB, users[BOB].pw_uid, process=ProcessRef.me())
+    try:
+        assert "lease" in broker.handle(bob, "reserve", {"kernel_id": "bob-1", "mib": 6144 - 512})
+        with pytest.raises(BrokerRefused, match="'process-' are the broker's names for processes it gave a lease to"):
+            broker.handle(her, "reserve", {"kernel_id": _key(thief.pid), "mib": 256})
+        # what an older broker let her make: a client's lease under that name, owned by her "server" (this process)
+        led = broker._ledger
+        led.owner = ProcessRef.me()
+        led.reserve(Request(_key(thief.pid), Size(mib=256), ALICE), broker.policy, broker.cards, False)
+        broker.backend.fake.add_process(thief.pid, 8192)
+        with caplog.at_level(logging.WARNING):
+            found = _sweep(broker)
+        assert found[thief.pid]["status"] == "judged" and found[thief.pid]["stolen_mib"] > 0, found
+        assert thief.wait(5) == -signal.SIGKILL
+        assert f"process {thief.pid} of {ALICE}" in caplog.text and "that kernels have reserved" in caplog.text
+    finally:
+        if thief.poll() is None:
+            thief.kill()
+
+
+def test_adoption_never_overbooks_and_a_shortfall_falls_on_the_newest(tmp_path, students, caplog):
+    """Bob's 3.9 GiB terminal job runs without a lease (his limits leave it none) beside 4 GiB of reservations on
+    the 10 GiB card; Alice then starts two 1 GiB jobs. Adoption counts what processes without a lease really use:
+    her first job is adopted, the second would overbook the card and is not; the card's shortfall falls on the
+    process that arrived last (her second job), never on Bob, who was there first and fitted. Before, both of hers
+    were adopted (reservations alone left room) and the shortfall was laid on the largest process without a lease:
+    Bob's job was ended 0.1 s later as a thief, and the log blamed him."""
+    (users, homes), broker = students, _broker(tmp_path, "lease", limits={"max_kernel": "3GiB"})
+    alice, bob = users[ALICE], users[BOB]
+    fake = broker.backend.fake
+    bystander = _terminal_python(bob, homes[BOB])
+    first, second = _terminal_python(alice, homes[ALICE]), _terminal_python(alice, homes[ALICE])
+    staff = Caller("staff", 0, process=ProcessRef.me())
+    try:
+        for kid in ("k-staff-1", "k-staff-2"):  # 4 GiB of reservations, within the 3 GiB a kernel here may have
+            assert "lease" in broker.handle(staff, "reserve", {"kernel_id": kid, "mib": 2048 - 512})
+        fake.add_process(bystander.pid, 3994)
+        assert _sweep(broker)[bystander.pid]["status"] == "judged"  # no lease fits his limits: judged, with grace
+        fake.add_process(first.pid, 1024)
+        assert _sweep(broker)[first.pid]["status"] == "leased"
+        fake.add_process(second.pid, 1024)
+        with caplog.at_level(logging.WARNING):
+            found = _sweep(broker)
+        assert found[second.pid]["status"] == "judged" and found[second.pid]["stolen_mib"] > 0, found
+        assert found[bystander.pid]["stolen_mib"] == 0, found
+        assert second.wait(5) == -signal.SIGKILL
+        assert running(bystander.pid) and running(first.pid)
+        ended = [r.getMessage() for r in caplog.records if ": ended, " in r.getMessage()]
+        assert len(ended) == 1 and f"process {second.pid} of {ALICE}" in ended[0], ended  # the admin's log: hers
+        reserved = sum(x.reserved_mib for x in broker._ledger.leases())
+        assert reserved + 3994 <= 10240  # the reservations and what the card really holds never pass it
+    finally:
+        for p in (bystander, first, second):
+            if p.poll() is None:
+                p.kill()
+
+
+def test_below_the_required_level_a_process_is_stopped_not_adopted(tmp_path, students):
+    """With GpuShareApp.required_enforcement = 'cgroup', a terminal process outside every kernel's cgroup cannot be
+    held at that level: it is stopped at its first reading (not adopted at 'watchdog'), and the admin's view says
+    why. Before, it was adopted at level 'watchdog' in 0.8 s."""
+    import dataclasses
+
+    (users, homes), broker = students, _broker(tmp_path, "lease")
+    broker.policy = dataclasses.replace(broker.policy, required_level="cgroup")
+    terminal = _terminal_python(users[BOB], homes[BOB])
+    try:
+        broker.backend.fake.add_process(terminal.pid, 1000)
+        found = _sweep(broker)
+        assert found[terminal.pid]["status"] == "stopped", found
+        assert "'watchdog' enforcement level" in found[terminal.pid]["why"]
+        assert "requires 'cgroup'" in found[terminal.pid]["why"]
+        assert terminal.wait(5) == -signal.SIGKILL
+        assert not [x for x in broker._ledger.leases() if x.adopted]
+        admin = Caller("root", 0, admin=True, process=ProcessRef.me())
+        (said,) = [u for u in broker.handle(admin, "view", {})["unleased"] if u["pid"] == terminal.pid]
+        assert said["status"] == "stopped" and "required_enforcement" in said["why"]
+    finally:
+        if terminal.poll() is None:
+            terminal.kill()
+
+
+def test_a_teachers_release_of_an_adopted_lease_stops_the_process(tmp_path, students, monkeypatch, caplog):
+    """A terminal process that was given a lease is released by a teacher: after the same deadline a kernel's
+    server gets, the broker releases the lease and stops the process (it may not be adopted again); the outcome is
+    in the admin's view and the log. Before, the release was "ok" and never happened (no server takes a notice for
+    a terminal process)."""
+    from jupyter_gpushare.ledger import notices
+
+    monkeypatch.setattr(notices, "RELEASE_WITHIN_S", 0.5)
+    (users, homes), broker = students, _broker(tmp_path, "lease")
+    script = _terminal_python(users[BOB], homes[BOB])
+    admin = Caller("root", 0, admin=True, process=ProcessRef.me())
+    try:
+        broker.backend.fake.add_process(script.pid, 1000)
+        assert _sweep(broker)[script.pid]["status"] == "leased"
+        said = broker.handle(admin, "act", {"kernel_id": _key(script.pid), "action": "release", "why": "exam"})
+        assert said["deadline"] is not None and said["outcome"] == ""
+        assert running(script.pid)  # the deadline first
+        time.sleep(0.6)
+        with caplog.at_level(logging.WARNING):
+            found = _sweep(broker)
+        assert found[script.pid]["status"] == "stopped" and "released its kernel's GPU reservation" in found[script.pid]["why"]
+        assert script.wait(5) == -signal.SIGKILL
+        assert not [x for x in broker._ledger.leases() if x.adopted]
+        (ruling,) = broker.handle(admin, "view", {})["rulings"]
+        assert (ruling["action"], ruling["outcome"], ruling["user"]) == ("release", "released at the deadline", BOB)
+        assert f"process {script.pid} of {BOB}" in caplog.text and "its server did not give it back" in caplog.text
+    finally:
+        if script.poll() is None:
+            script.kill()
