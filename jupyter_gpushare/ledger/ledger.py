@@ -300,6 +300,8 @@ class Ledger:
 
     def park(self, kernel_id: str, mib: int, budget_mib: int | None) -> None:
         with self._tx() as db:
+            sessions = {r[0] for r in db.execute("SELECT id FROM sessions")}
+            parked.reap(db, lambda owner: self._alive(owner, sessions))  # (a server that is gone holds none)
             parked.admit(db, kernel_id, mib, budget_mib, self.owner, time.time())
 
     def unpark(self, kernel_id: str) -> None:

@@ -179,7 +179,7 @@ def take(
             stale.append(row["rowid"])
             continue
         found.append(row)
-    db.executemany("UPDATE notices SET taken=? WHERE rowid=?", [(now, r["rowid"]) for r in found + stale])
+    db.executemany("UPDATE notices SET taken=? WHERE rowid=?", [(now, r["rowid"]) for r in found] + [(now, r) for r in stale])
     return [dataclasses.replace(_notice(tuple(r)[1:11]), taken=now) for r in found]
 
 

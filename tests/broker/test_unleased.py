@@ -345,7 +345,10 @@ def test_a_teachers_release_of_an_adopted_lease_stops_the_process(tmp_path, stud
         time.sleep(0.6)
         with caplog.at_level(logging.WARNING):
             found = _sweep(broker)
-        assert found[script.pid]["status"] == "stopped" and "released its kernel's GPU reservation" in found[script.pid]["why"]
+        assert (
+            found[script.pid]["status"] == "stopped"
+            and "released its kernel's GPU reservation" in found[script.pid]["why"]
+        )
         assert script.wait(5) == -signal.SIGKILL
         assert not [x for x in broker._ledger.leases() if x.adopted]
         (ruling,) = broker.handle(admin, "view", {})["rulings"]

@@ -1,0 +1,305 @@
+"""A teacher's rulings are the broker's, not the student's to rename, ignore or undo (issue 44), and what the broker
+made survives its restart: a real root broker, Jupyter servers run as real Unix users, their kernels, and clients
+of the broker's socket run as the students themselves.
+
+The card is the broker's simulated 10 GiB one; each kernel reserves 2 GiB + 512 MiB of context, so four fit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+
+import pytest
+from multiuser import ALICE, BOB, SIMULATED, needs_root, run_as, running_host
+from servers import wait_until
+
+from jupyter_gpushare.broker import BrokerLedger
+from jupyter_gpushare.host.cgroups import KernelCgroups
+from jupyter_gpushare.ledger import notices
+
+pytestmark = needs_root
+
+# A client of the broker's socket that ignores every notice: it asks for its kernel's place (or lease) twice a
+# second, as a server's line does, and writes each answer as a line of JSON.
+IGNORES_NOTICES = """
+import json, socket, sys, time
+path, kernel_id, wait, out = sys.argv[1], sys.argv[2], sys.argv[3] == "wait", sys.argv[4]
+s = socket.socket(socket.AF_UNIX)
+s.connect(path)
+replies = s.makefile("rb")
+while True:
+    s.sendall(json.dumps({"op": "reserve", "args": {"kernel_id": kernel_id, "mib": 2048, "wait": wait}}).encode() + b"\\n")
+    with open(out, "a") as f:
+        f.write(replies.readline().decode())
+    time.sleep(0.5)
+"""
+
+
+@pytest.fixture(scope="module")
+def host():
+    gpu = {**SIMULATED, "on_full": "queue", "queue_timeout": "600"}
+    with running_host("gpushare-rulings-", staff=False, gpu=gpu, limits={}) as got:
+        yield got
+
+
+@pytest.fixture
+def full_card(host):
+    """Bob's four kernels fill the card; all gone afterwards."""
+    broker, servers = host
+    bob = servers[BOB]
+    kernels = [bob.start_kernel() for _ in range(4)]
+    wait_until(lambda: all(bob.kernel(k)["state"] == "running" for k in kernels), timeout=120, what="bob's kernels")
+    yield kernels
+    for server in servers.values():
+        for session in server.call("GET", "api/sessions"):
+            server.call("DELETE", f"api/sessions/{session['id']}")
+        for k in server.call("GET", "api/kernels"):
+            server.call("DELETE", f"api/kernels/{k['id']}")
+
+
+def _open(server, name: str) -> str:
+    """A notebook's kernel, with its session (a kernel in line that no session or client wants steps out of it)."""
+    body = {"path": f"{name}.ipynb", "type": "notebook", "name": name, "kernel": {"name": "python3"}}
+    return server.call("POST", "api/sessions", body)["kernel"]["id"]
+
+
+def _teacher(broker) -> BrokerLedger:
+    return BrokerLedger(broker.socket)  # root: an admin of the broker
+
+
+def _answers(path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except OSError:
+        return []
+
+
+def _hostile(host, tmp_path, kernel_id: str, wait: bool) -> tuple[subprocess.Popen, object]:
+    broker, servers = host
+    alice = servers[ALICE]
+    out = alice.home / f"{kernel_id}.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", IGNORES_NOTICES, broker.socket, kernel_id, "wait" if wait else "now", str(out)],
+        **run_as(alice.user, alice.home),
+    )
+    wait_until(lambda: _answers(out), what="the hostile client's first answer")
+    return proc, out
+
+
+def test_a_take_out_ends_the_wait_at_the_broker_and_no_client_undoes_it(host, full_card, tmp_path):
+    """The teacher takes two of Alice's kernels out of the line: one of her real server, one of a client that
+    ignores notices. Both leave the line at once, at the broker. The client's next asks are refused with the
+    teacher's words (code taken-out) for the stated time, and her server's *Join again* says the same. Before, the
+    broker only left a notice: a client that ignored it kept its place (and was granted when room came), and *Join
+    again* put the kernel back at #1 in 0.0 s."""
+    broker, servers = host
+    alice = servers[ALICE]
+    teacher = _teacher(broker)
+    kid = _open(alice, "takeout")
+    wait_until(lambda: alice.kernel(kid)["state"] == "queued", what="alice's kernel in line")
+    hostile, out = _hostile(host, tmp_path, "hostile-wait", wait=True)
+    try:
+        assert "waiting" in _answers(out)[-1]["result"]
+        for k in (kid, "hostile-wait"):
+            said = teacher.act(k, "remove", "root", "the lab is closed")
+            assert said.outcome == "done" and said.user == ALICE
+        assert {w.kernel_id for w in teacher.waiters()}.isdisjoint({kid, "hostile-wait"})  # at once, at the broker
+        # her server heard it as the broker said it (its watch), not at its next reconcile
+        wait_until(lambda: alice.kernel(kid)["state"] == "cpu", timeout=10, what="alice's wait to end")
+        assert "the lab is closed" in alice.kernel(kid)["reason"]
+        with pytest.raises(urllib.error.HTTPError) as e:
+            alice.call("POST", f"api/gpushare/kernels/{kid}/join")
+        message = json.loads(e.value.read())["message"]
+        assert "root took this kernel out of the GPU line: the lab is closed" in message, message
+        assert "may join the line again in 10 min" in message
+        # the client that ignores notices is refused at each ask, and never back in line
+        seen = len(_answers(out))
+        wait_until(lambda: len(_answers(out)) >= seen + 3, what="three more asks")
+        refused = _answers(out)[seen:]
+        assert all(a.get("code") == "taken-out" for a in refused), refused
+        assert refused[-1]["params"]["why"] == "the lab is closed" and refused[-1]["params"]["by"] == "root"
+        assert "hostile-wait" not in {w.kernel_id for w in teacher.waiters()}
+        # the admin sees each ruling and its outcome
+        rulings = {r["kernel_id"]: r for r in broker.admin_view()["rulings"]}
+        assert rulings[kid]["outcome"] == "done" and rulings[kid]["action"] == "remove"
+    finally:
+        hostile.kill()
+        hostile.wait()
+        teacher.close()
+
+
+def test_a_release_is_the_brokers_when_the_server_ignores_it_or_is_stopped(host, full_card, tmp_path):
+    """Three of the kernels holding the card are released by the teacher. Bob's own server carries its release out
+    within seconds (its kernel parked). Alice's server is stopped (SIGSTOP), and a client of hers ignores notices:
+    at the deadline (notices.RELEASE_WITHIN_S) the broker releases both leases itself, and the admin's view says how
+    each ended. Before, the lease stayed for as long as the student liked (30 s and more)."""
+    broker, servers = host
+    alice, bob = servers[ALICE], servers[BOB]
+    teacher = _teacher(broker)
+    bobs = full_card
+    bob.call("DELETE", f"api/kernels/{bobs[0]}")  # room for alice's kernel
+    bob.call("DELETE", f"api/kernels/{bobs[1]}")  # and for the client's
+    kid = alice.start_kernel()
+    wait_until(lambda: alice.kernel(kid)["state"] == "running", what="alice's kernel")
+    hostile, out = _hostile(host, tmp_path, "hostile-lease", wait=False)
+    os.kill(alice.proc.pid, signal.SIGSTOP)
+    try:
+        assert "lease" in _answers(out)[-1]["result"]
+        t0 = time.monotonic()
+        for k in (bobs[2], kid, "hostile-lease"):
+            said = teacher.act(k, "release", "root", "exam starts")
+            assert said.deadline is not None and said.outcome == ""
+        wait_until(
+            lambda: bob.kernel(bobs[2])["state"] == "parked", timeout=notices.RELEASE_WITHIN_S, what="bob's park"
+        )
+
+        def outcomes() -> dict:
+            return {r["kernel_id"]: r["outcome"] for r in broker.admin_view()["rulings"] if r["action"] == "release"}
+
+        assert outcomes()[bobs[2]] == notices.BY_SERVER
+        assert time.monotonic() - t0 < notices.RELEASE_WITHIN_S  # his server did it before the deadline
+        wait_until(
+            lambda: outcomes()[kid] == outcomes()["hostile-lease"] == notices.BY_BROKER,
+            timeout=notices.RELEASE_WITHIN_S + 10,
+            what="the broker to release both at the deadline",
+        )
+        assert time.monotonic() - t0 >= notices.RELEASE_WITHIN_S - 0.5
+        held = {k["kernel_id"] for k in broker.admin_view()["kernels"]}
+        assert kid not in held and bobs[2] not in held
+        log = broker.output()
+        assert f"{ALICE}'s kernel {kid}: released at the deadline of root's release (exam starts)" in log
+    finally:
+        os.kill(alice.proc.pid, signal.SIGCONT)
+        hostile.kill()
+        hostile.wait()
+        teacher.close()
+    # awake again, her server takes the notice and tells her (it was written for that server, and no one else)
+    wait_until(
+        lambda: any(e["kind"] == "teacher-release" for e in alice.call("GET", "api/gpushare/events")["events"]),
+        timeout=30,
+        what="alice's server to say the release",
+    )
+
+
+def test_a_kernel_waiting_across_a_broker_restart_gets_its_card(host, full_card):
+    """The broker restarts while Alice's kernel waits in a cgroup the broker made; then room comes. The restarted
+    broker finds its groups on the cgroup tree and opens the card to hers. Before, it kept them in memory only: the
+    granted kernel got "could not be given its GPU after its wait" (2 of 2 runs) and read running with a lease it
+    could not use."""
+    broker, servers = host
+    alice, bob = servers[ALICE], servers[BOB]
+    kid = _open(alice, "restart")
+    wait_until(lambda: alice.kernel(kid)["state"] == "queued", what="alice's kernel in line")
+    held = alice.kernel(kid)["held"]
+    if held["tracking"] != "cgroup":
+        pytest.skip(f"the broker makes no kernel cgroups here: {held}")
+
+    def in_its_group() -> bool:  # (the kernel process runs, in the group the broker made: not still starting)
+        return any(kid in open(f"/proc/{p.pid}/cgroup").read() for p in alice.kernel_processes())
+
+    wait_until(in_its_group, what="alice's kernel in its cgroup")
+    broker.stop()
+    broker.start()
+    bob.call("DELETE", f"api/kernels/{full_card[0]}")
+    wait_until(lambda: alice.kernel(kid)["state"] == "running", timeout=60, what="alice's kernel granted")
+    time.sleep(1)
+    assert "could not be given its GPU after its wait" not in alice.output()
+    assert "has no reservation or no cgroup of the broker's" not in alice.output()
+
+
+def test_groups_left_by_a_killed_server_are_removed(host):
+    """Alice's server is killed (SIGKILL), and its kernel with it: the broker removes the kernel's empty cgroup at
+    its next sweep. Before, empty groups stayed behind for good."""
+    broker, servers = host
+    alice = servers[ALICE]
+    kid = alice.start_kernel()
+    wait_until(lambda: alice.kernel(kid)["state"] == "running", what="alice's kernel")
+    if alice.kernel(kid)["held"]["tracking"] != "cgroup":
+        pytest.skip("the broker makes no kernel cgroups here")
+    bases = KernelCgroups().bases  # the broker's groups are under its own cgroup: the same as this test's here
+    dirs = [os.path.join(base, kid) for base in bases if os.path.isdir(os.path.join(base, kid))]
+    assert dirs, bases
+    (kernel,) = alice.kernel_processes()
+    alice.proc.kill()
+    alice.proc.wait()
+    kernel.kill()
+    try:
+        wait_until(lambda: not any(os.path.isdir(d) for d in dirs), timeout=30, what="the empty groups to go")
+    finally:
+        alice.start().wait_ready()
+
+
+def test_a_notice_reaches_only_the_kernel_it_was_written_for(inproc):
+    """A teacher's note to Alice's kernel ("see me after class"), which she shut down before her server took it; Bob
+    then reserves the same kernel id. He gets nothing: the note was bound to her server and her lease, and the
+    ruling's outcome says the kernel went. Before, Bob took Alice's note."""
+    broker, who = inproc
+    assert "lease" in broker.handle(who["alice"], "reserve", {"kernel_id": "k1", "mib": 2048})
+    broker.handle(who["admin"], "act", {"kernel_id": "k1", "action": "release", "why": "see me after class"})
+    broker.handle(who["alice"], "release", {"kernel_id": "k1"})
+    assert "lease" in broker.handle(who["bob"], "reserve", {"kernel_id": "k1", "mib": 2048})
+    assert broker.handle(who["bob"], "take_notices", {"kernel_ids": ["k1"]}) == []
+    (ruling,) = broker.handle(who["admin"], "view", {})["rulings"]
+    assert ruling["outcome"] == notices.BY_SERVER and ruling["user"] == "alice"
+    # dropped with the kernel it was written for: the id now names another lease
+    assert broker.handle(who["alice"], "take_notices", {"kernel_ids": ["k1"]}) == []
+
+
+def test_one_budget_for_parked_state_on_the_whole_host(inproc):
+    """Each server used to allow park_host_budget for its own parked kernels, so three servers could park 150% of the
+    host's memory. With a broker, every park is admitted against the broker's one budget, whatever a server's own
+    setting says; a park that does not fit is refused with the figures, and one that ends gives its room back."""
+    from jupyter_gpushare.core.policy import PolicyError
+
+    broker, who = inproc
+    broker.park_budget_mib = 4096
+    for caller, kid in (("alice", "a1"), ("bob", "b1")):
+        assert "lease" in broker.handle(who[caller], "reserve", {"kernel_id": kid, "mib": 2048})
+    broker.handle(who["alice"], "park", {"kernel_id": "a1", "mib": 3000})
+    with pytest.raises(PolicyError) as refused:
+        broker.handle(who["bob"], "park", {"kernel_id": "b1", "mib": 2000})
+    assert refused.value.code == "park-budget" and refused.value.params == {
+        "parked_mib": 2000, "held_mib": 3000, "budget_mib": 4096,
+    }  # fmt: skip
+    with pytest.raises(Exception, match="another user's"):
+        broker.handle(who["bob"], "unpark", {"kernel_id": "a1"})  # not his to give back
+    broker.handle(who["alice"], "unpark", {"kernel_id": "a1"})
+    broker.handle(who["bob"], "park", {"kernel_id": "b1", "mib": 2000})
+    assert broker._ledger.parked()["b1"][2] == 2000
+
+
+def test_the_parking_budget_of_one_users_servers_is_shared_through_their_ledger_file(tmp_path):
+    """Without a broker, the servers of one user share their ledger file: its lock admits every park against one
+    budget, so two servers do not each park the budget."""
+    from jupyter_gpushare.core.policy import PolicyError
+    from jupyter_gpushare.ledger.ledger import Ledger
+
+    path = tmp_path / "ledger.sqlite"
+    script = textwrap.dedent(
+        f"""
+        from jupyter_gpushare.ledger.ledger import Ledger
+        from jupyter_gpushare.core.policy import PolicyError
+        try:
+            Ledger({str(path)!r}).park("k2", 3000, 4096)
+            print("parked")
+        except PolicyError as e:
+            print(e.code)
+        """
+    )
+    first = Ledger(path)
+    first.park("k1", 3000, 4096)
+    other = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert other.stdout.strip() == "park-budget", other.stderr
+    first.unpark("k1")
+    other = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert other.stdout.strip() == "parked", other.stderr
+    first.park("k1", 3000, 4096)  # the other server is gone, and its parked state with it
+    with pytest.raises(PolicyError):
+        first.park("k3", 2000, 4096)
+    first.close()
