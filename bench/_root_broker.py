@@ -51,9 +51,12 @@ def as_user(name: str) -> None:
 
 
 @contextmanager
-def root_broker(script: str, users: tuple[str, ...], settings: str) -> Iterator[RootBroker]:
+def root_broker(
+    script: str, users: tuple[str, ...], settings: str, source: str | None = None
+) -> Iterator[RootBroker]:
     """A broker on a simulated card (``settings``: config lines, c.GpuShareApp.* and c.GpuShareBroker.*), the Unix
-    ``users`` made for it; ``script`` names the benchmark in the refusal when this is not root."""
+    ``users`` made for it; ``script`` names the benchmark in the refusal when this is not root. ``source``: the
+    broker runs that source tree's jupyter_gpushare (a checkout of the code before), not this one's."""
     if os.geteuid() != 0 or not shutil.which("useradd"):
         sys.exit(f"{script} needs root and useradd (Unix users of its own, a root broker).")
     base = Path(tempfile.mkdtemp(prefix="gpushare-bench-"))
@@ -73,6 +76,7 @@ def root_broker(script: str, users: tuple[str, ...], settings: str) -> Iterator[
         process = subprocess.Popen(
             [sys.executable, "-m", "jupyter_gpushare.cli.main", "broker", f"--config={base / 'config.py'}"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **({"PYTHONPATH": source} if source else {})},
         )  # fmt: skip
         for _ in range(200):
             if os.path.exists(broker.socket):

@@ -16,6 +16,11 @@ Needs root (useradd; the broker runs as root).
 
     python bench/bench_broker_flood.py [--cycles 400] [--flooders 4] [--seconds 20]
                                        [--json bench/results/broker-flood-<machine>-<date>.json]
+
+With ``--before <source tree>`` (a checkout of the code before a change: ``git worktree add /tmp/before <commit>``),
+the victim alone and under the flood of connections are measured for the broker of that tree and of this one,
+alternated over ``--rounds`` rounds in one run, and printed side by side with the ratio this / before: the honest
+path's cost of a change.
 """
 
 from __future__ import annotations
@@ -188,6 +193,8 @@ def main() -> None:
         "--broker-nice", type=int, default=-10, help="GpuShareBroker.nice (default -10, the broker's own; 0: none)"
     )
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--before", help="a source tree of the code before: compare its broker with this one's")
+    ap.add_argument("--rounds", type=int, default=2, help="with --before: rounds of before, then this (default 2)")
     args = ap.parse_args()
     settings = f"""
         c.GpuShareApp.gpu_backend = "simulated"
@@ -196,6 +203,8 @@ def main() -> None:
         c.GpuShareApp.context_reserve = "512MiB"
         c.GpuShareBroker.nice = {args.broker_nice}
         """
+    if args.before:
+        return before_after(args, settings)
     with root_broker("bench_broker_flood", (VICTIM, FLOODER), settings) as broker:
         sock = broker.socket
         quiet = phase(sock, args.cycles, 0, args.seconds)
@@ -232,6 +241,33 @@ def main() -> None:
         "broker_nice": args.broker_nice, "flooders": args.flooders, "quiet": quiet, "flood": flood, "log_growth_bytes": log_growth, "p99_ratio": f["p99"] / q["p99"],
         "large_requests": large, "large_p99_ratio": g["p99"] / q["p99"],
         "view_flood": views, "view_p99_ratio": v["p99"] / q["p99"],
+    }  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def before_after(args: argparse.Namespace, settings: str) -> None:
+    """The victim's reserve alone and under the flood, for the broker of ``args.before`` and of this tree, alternated
+    over ``args.rounds`` rounds; each side's worst round is the one compared."""
+    got: dict[str, list[dict]] = {"before": [], "this": []}
+    for _ in range(args.rounds):
+        for label, source in (("before", args.before), ("this", None)):
+            with root_broker("bench_broker_flood", (VICTIM, FLOODER), settings, source=source) as broker:
+                quiet = phase(broker.socket, args.cycles, 0, args.seconds)
+                flood = phase(broker.socket, args.cycles, args.flooders, args.seconds)
+            got[label].append({"alone": quiet["reserve_ms"], "flood": flood["reserve_ms"]})
+            print(f"{label:<7} alone p99 {quiet['reserve_ms']['p99']:.2f} ms, under flood p99 "
+                  f"{flood['reserve_ms']['p99']:.2f} ms", flush=True)  # fmt: skip
+    print(f"{'victim reserve (worst round)':<30}{'before':>10}{'this':>10}{'this/before':>13}")
+    worst = {}
+    for where in ("alone", "flood"):
+        for key in ("p50", "p99"):
+            b, t = (max(r[where][key] for r in got[side]) for side in ("before", "this"))
+            worst[f"{where}_{key}"] = {"before": b, "this": t, "ratio": t / b}
+            print(f"{where + ' ' + key + ' (ms)':<30}{b:>10.2f}{t:>10.2f}{t / b:>13.2f}")
+    result = {
+        "machine": platform.node(), "cpus": os.cpu_count(), "date": datetime.now(timezone.utc).isoformat(),
+        "before": args.before, "rounds": got, "worst": worst, "flooders": args.flooders, "cycles": args.cycles,
     }  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -160,11 +160,17 @@ def format_status(view: dict[str, Any]) -> str:
             "GPU PROCESSES WITHOUT A RESERVATION (new kernels count their memory as taken; the broker's policy)",
         ]
         if view["unleased"]:
-            doing = {"leased": "given a lease", "judged": "ended after the grace", "listed": "listed"}
+            doing = {
+                "leased": "given a lease",
+                "judged": "ended after the grace",
+                "listed": "listed",
+                "stopped": "ended",
+            }
             out.append(
                 _table(
                     [(f"GPU {p['card_index']}", p["pid"], p["user"], mib(p["used_mib"]), mib(p["stolen_mib"]),
-                      doing.get(p["status"], p["status"]), p["kernel_id"] or "", p["command"]) for p in view["unleased"]],
+                      doing.get(p["status"], p["status"]) + (f": {p['why']}" if p.get("why") else ""),
+                      p["kernel_id"] or "", p["command"]) for p in view["unleased"]],
                     ("CARD", "PID", "USER", "IN USE", "OF RESERVED", "POLICY", "JUPYTER KERNEL", "COMMAND"),
                 )
             )  # fmt: skip
@@ -205,4 +211,16 @@ def format_status(view: dict[str, Any]) -> str:
         )  # fmt: skip
     else:
         out.append("(empty)")
+    if view.get("rulings") is not None:  # an admin's: the teachers' rulings, and what became of each
+        out += ["", "RULINGS (the last day's)"]
+        clock = lambda t: "-" if t is None else time.strftime("%H:%M:%S", time.localtime(t))  # noqa: E731
+        out.append(
+            _table(
+                [(clock(r["at"]), r["by"], r["action"], r["user"], r["kernel_id"], r["why"], clock(r["deadline"]),
+                  r["outcome"] or "pending", clock(r["done"])) for r in view["rulings"]],
+                ("AT", "BY", "ACTION", "USER", "KERNEL ID", "WHY", "DEADLINE", "OUTCOME", "DONE"),
+            )
+            if view["rulings"]
+            else "(none)"
+        )  # fmt: skip
     return "\n".join(out)

@@ -20,6 +20,7 @@ from multiuser import ALICE, BOB, SIMULATED, needs_root, run_as, running_host
 from servers import wait_until
 
 from jupyter_gpushare.broker import BrokerLedger
+from jupyter_gpushare.cli.status import format_status
 from jupyter_gpushare.host.cgroups import KernelCgroups
 from jupyter_gpushare.ledger import notices
 
@@ -174,6 +175,8 @@ def test_a_release_is_the_brokers_when_the_server_ignores_it_or_is_stopped(host,
         assert kid not in held and bobs[2] not in held
         log = broker.output()
         assert f"{ALICE}'s kernel {kid}: released at the deadline of root's release (exam starts)" in log
+        status = format_status({"source": "broker", **broker.admin_view()})  # `jupyter gpushare status`, as root
+        assert "RULINGS" in status and "released at the deadline" in status and "released by its server" in status
     finally:
         os.kill(alice.proc.pid, signal.SIGCONT)
         hostile.kill()
