@@ -22,14 +22,16 @@ from ..host.gpu import DeviceSample
 from ..ledger.attribution import LeaseUse, lease_use
 from ..ledger.leases import ADOPTED_ID_PREFIX
 from ..ledger.ledger import Lease, ProcessRef
-from .identity import Caller, user_and_groups
+from .identity import Caller, uid_of, user_and_groups
 from .ops import Operations
 from .unleased import Unleased, adopted_size, find_unleased
 
 
 class Judging(Operations):
     _ruled: dict[str, str]  # processes of kernels whose lease a ruling released: (their key) -> why
-    _unleased_mib: dict[str, int]  # (this reading's) per card, what processes without a lease use
+    _released: dict[str, str]  # (this reading's) kernels a teacher released in the last day -> by whom
+    _released_processes: dict[int, tuple[float, str]]  # (this reading's) the processes they named: (start, by)
+    _outside_mib: dict[str, int]  # (this reading's) per card, what processes without a lease use
 
     def watch_once(self, samples: Sequence[DeviceSample]) -> None:
         """One reading judged: the teacher's releases past their deadline, every lease's over-use, then every
@@ -42,11 +44,10 @@ class Judging(Operations):
         if self._release_overdue(use):
             leases = self._ledger.leases()
             use = lease_use(samples, leases) or use
+        self._released, self._released_processes = self._ledger.ruled_away()
         self.watchdog.sweep(samples, leases, use)
-        self._unleased_mib = {}
-        for _pid, card, mib in use.unleased:
-            self._unleased_mib[card] = self._unleased_mib.get(card, 0) + mib
-        self.unleased.sweep(find_unleased(samples, leases, use, self.unleased.arrived, time.monotonic()))
+        self._outside_mib = dict(use.outside)
+        self.unleased.sweep(find_unleased(samples, leases, use, self.unleased.grew, time.monotonic()))
 
     def _release_overdue(self, use: LeaseUse) -> bool:
         """A teacher's release whose kernel's server did not give the lease back by its deadline is carried out
@@ -75,10 +76,19 @@ class Judging(Operations):
         return bool(overdue)
 
     def _barred(self, u: Unleased) -> str | None:
-        """Why a process may hold no lease at all (unleased.py stops it at once), or None."""
+        """Why a process may hold no lease at all (unleased.py stops it at once), or None: it is of a kernel a
+        teacher released (by its cgroup, its connection file or its own adopted name), whoever gave the lease back
+        and however (its server early, a detach, the broker at the deadline); or it cannot be held at the admin's
+        required level. A kernel that got a reservation again has its processes covered by it: they are not here."""
         ruled = self._ruled.get(u.key)
         if ruled is not None:
             return ruled
+        start, by = self._released_processes.get(u.pid, (0.0, None))
+        by = by if ProcessRef(u.pid, u.start).same(ProcessRef(u.pid, start)) else None
+        for kernel_id in (u.key, kernel_of(u.pid), u.kernel_id):
+            by = by or self._released.get(kernel_id or "")
+        if by is not None:
+            return f"{by} released its kernel's GPU reservation: it may hold no GPU memory without one"
         required = self.policy.required_level
         level = self._level_of(u.pid, kernel_of(u.pid) or u.key)
         if below(level, required):
@@ -98,12 +108,12 @@ class Judging(Operations):
         user, groups = user_and_groups(u.uid)
         limits = self.limits_for(Caller(user, u.uid, groups))
         process = ProcessRef(u.pid, u.start)
-        others = max(0, self._unleased_mib.get(u.card, 0) - u.used_mib)
+        others = max(0, self._outside_mib.get(u.card, 0) - u.used_mib)
         lease = self._ledger.adopt(
             u.key, user, card, adopted_size(u.used_mib), process, self.policy, limits, others_mib=others
         )
         if lease is not None:  # (its use now counts as a lease's, for the next adoption of this reading)
-            self._unleased_mib[u.card] = max(0, self._unleased_mib.get(u.card, 0) - u.used_mib)
+            self._outside_mib[u.card] = max(0, self._outside_mib.get(u.card, 0) - u.used_mib)
         return lease
 
     def _groups_found(self) -> None:
@@ -114,10 +124,14 @@ class Judging(Operations):
         if self._groups_offered() is None:
             return
         for kernel_id, uid in self.groups.found().items():
+            if uid is None and not self._end_empty_group(kernel_id):  # empty, its kernel restarting: its lease's
+                holder = self._ledger.get(kernel_id)
+                user = (
+                    holder.user if holder else next(w.user for w in self._ledger.waiters() if w.kernel_id == kernel_id)
+                )
+                uid = uid_of(user)
             if uid is not None:
                 self._group_users[kernel_id] = uid
-            else:
-                self._end_empty_group(kernel_id)
 
     def _end_empty_group(self, kernel_id: str) -> bool:
         """Remove a kernel's group that holds no process, unless its kernel still holds a lease or waits (a

@@ -180,7 +180,8 @@ class Operations:
         lease = self._ledger.get(args.kernel_id)
         waiter = next((w for w in self._ledger.waiters() if w.kernel_id == args.kernel_id), None)
         holder = lease.user if lease is not None else waiter.user if waiter is not None else None
-        if holder is not None and holder != caller.user:
+        made_for = self._group_users.get(args.kernel_id)
+        if (holder is not None and holder != caller.user) or (made_for is not None and made_for != caller.uid):
             raise BrokerRefused(f"Kernel {args.kernel_id} is not yours: only its own user's kernel enters its cgroup.")
         inside = kernel_of(caller.process.pid)
         if inside is not None and inside != args.kernel_id:  # (a kernel's process moving itself to another group)
@@ -233,8 +234,11 @@ class Operations:
         ledger = self._ledger
         assert ledger is not None
         taken = ledger.get(args.kernel_id)
-        if (taken is not None and taken.user != caller.user) or any(
-            w.kernel_id == args.kernel_id and w.user != caller.user for w in ledger.waiters()
+        parked = ledger.parked().get(args.kernel_id)
+        if (
+            (taken is not None and taken.user != caller.user)
+            or any(w.kernel_id == args.kernel_id and w.user != caller.user for w in ledger.waiters())
+            or (parked is not None and parked[0] != caller.user)
         ):
             raise BrokerRefused(f"Kernel id {args.kernel_id} is in use by another user's kernel; use a new id.")
         cards = self.cards
@@ -327,6 +331,10 @@ class Operations:
             return None
         if caller.session is not None:
             return None  # a server in a container: its pids mean nothing here; its session keeps the lease
+        if lease.adopted:  # (its owner is the process it was made for, which could point it at another)
+            raise BrokerRefused(
+                f"{args.kernel_id} is the broker's lease of one process; no other process may be attached to it."
+            )
         ref = None
         if args.pid is not None:
             try:

@@ -288,7 +288,9 @@ class GpuShareBroker(Judging, Connections, JupyterApp):
         self.park_budget_mib = shared.build_park().host_budget_mib  # one budget for the whole host
         self.taken_out_s = shared.taken_out_for
         self._ruled: dict[str, str] = {}  # processes of kernels whose lease a ruling released: (key) -> why
-        self._unleased_mib: dict[str, int] = {}  # (this reading's) per card, what processes without a lease use
+        self._released: dict[str, str] = {}  # (this reading's) kernels a teacher released in the last day -> by
+        self._released_processes: dict[int, tuple[float, str]] = {}  # (this reading's) the processes they named
+        self._outside_mib: dict[str, int] = {}  # (this reading's) per card, what processes without a lease use
         self.backend = open_backend(shared.gpu_backend, shared.simulated_cards)
         self.cards: list[Card] = self.backend.cards()
         shared.check(self.policy, [CardView(c.uuid, c.index, c.total_mib) for c in self.cards])

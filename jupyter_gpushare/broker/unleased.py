@@ -43,6 +43,7 @@ from ..ledger.ledger import Lease
 
 ACTIONS = ("notify", "stop", "lease")
 ADOPT_MARGIN = 1.1  # a lease given to a process is its use now and a tenth more, in whole 256 MiB
+GREW_MIB = 64  # a process whose use rose by more than this since the last reading grew (the newest to blame)
 _CONNECTION_FILE = re.compile(r"kernel-([0-9A-Za-z._-]{1,100})\.json$")
 
 
@@ -87,12 +88,18 @@ def _identify(pid: int) -> tuple[float, int | None, str | None, str | None, str 
 
 
 def find_unleased(
-    samples: Sequence[DeviceSample], leases: Sequence[Lease], use: LeaseUse, arrived: dict[str, float], now: float
+    samples: Sequence[DeviceSample],
+    leases: Sequence[Lease],
+    use: LeaseUse,
+    grew: dict[str, tuple[float, int]],
+    now: float,
 ) -> list[Unleased]:
     """The processes of this reading that use a card without a lease (but those in containers), each with what it
-    takes of what leases have reserved: the card's shortfall, laid on the processes that arrived last first (the
-    one whose arrival made it), never on a bystander that was there before. ``arrived``: when each process (its
-    key) was first seen on a card, kept by the caller across readings; updated here, and pruned to this reading's."""
+    takes of what leases have reserved: the card's shortfall, less what leases use past their own reservations
+    (the watchdog's to judge), laid on the processes that grew last first (the one whose allocation made it), never
+    on a bystander that was there before and has not grown since. ``grew``: when each process (its key) last grew
+    by more than GREW_MIB, and what it used then, kept by the caller across readings; updated here, and pruned to
+    this reading's."""
     rooms = card_rooms(samples, leases, use)
     index = {s.card.uuid: s.card.index for s in samples}
     found = []
@@ -100,12 +107,19 @@ def find_unleased(
         who = _identify(pid)
         if who is not None:
             found.append(Unleased(pid, who[0], card, index.get(card, -1), mib, *who[1:]))
-    seen = {u.key: arrived.get(u.key, now) for u in found}
-    arrived.clear()
-    arrived.update(seen)
+    seen = {}
+    for u in found:
+        at, before = grew.get(u.key, (now, -GREW_MIB - 1))
+        seen[u.key] = (now, u.used_mib) if u.used_mib > before + GREW_MIB else (at, u.used_mib)
+    grew.clear()
+    grew.update(seen)
     short = {uuid: room.stolen("", 1 << 40) for uuid, room in rooms.items()}  # every lease counts as another's
+    for lease in leases:  # a lease over its own reservation made that part of the shortfall: not on the others
+        over = use.kernels.get(lease.kernel_id, {}).get(lease.card_uuid, 0) - lease.reserved_mib
+        if over > 0 and lease.card_uuid in short:
+            short[lease.card_uuid] = max(0, short[lease.card_uuid] - over)
     out = []
-    for u in sorted(found, key=lambda u: (-seen[u.key], -u.used_mib)):
+    for u in sorted(found, key=lambda u: (-seen[u.key][0], -u.used_mib)):
         stolen = min(u.used_mib, short.get(u.card, 0))
         short[u.card] = short.get(u.card, 0) - stolen
         out.append(dataclasses.replace(u, stolen_mib=stolen))
@@ -135,7 +149,7 @@ class UnleasedPolicy:
         self._adopt, self._kill, self._barred = adopt, kill, barred
         self.judge = OverUseJudge("notify" if action == "notify" else "restart", grace_s)
         self.current: list[dict] = []
-        self.arrived: dict[str, float] = {}  # when each process was first seen using a card (find_unleased)
+        self.grew: dict[str, tuple[float, int]] = {}  # when each process last grew on its card (find_unleased)
         self._said: set[str] = set()
         self._refused: set[str] = set()
 

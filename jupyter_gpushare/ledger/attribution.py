@@ -45,8 +45,9 @@ def unreserved_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> 
 class LeaseUse:
     """One reading split by lease: ``kernels`` kernel id -> card uuid -> MiB its processes use, ``processes``
     kernel id -> (pid, card uuid, MiB) of each of them, ``outside`` card uuid -> MiB of processes that hold no
-    lease, and ``unleased`` those processes (pid, card uuid, MiB), but those in containers and those that only
-    draw (graphics)."""
+    lease, and ``unleased`` those processes (pid, card uuid, MiB), but those in containers. A process with a
+    graphics context is one of them: a Vulkan or EGL allocation is memory like any (an admin's compositor is
+    exempted by its user, unleased_exempt_users)."""
 
     kernels: dict[str, dict[str, int]]
     processes: dict[str, list[tuple[int, str, int]]]
@@ -86,8 +87,7 @@ def lease_use(samples: Sequence[DeviceSample], leases: Sequence[Lease]) -> Lease
                 in_containers += p.used_mib or 0
             else:
                 outside += p.used_mib or 0
-                if p.kind != "graphics":  # a desktop's compositor holds memory too: counted, never judged
-                    use.unleased.append((p.pid, sample.card.uuid, p.used_mib or 0))
+                use.unleased.append((p.pid, sample.card.uuid, p.used_mib or 0))  # a graphics context's too
         use.outside[sample.card.uuid] = outside + max(0, in_containers - by_session.get(sample.card.uuid, 0))
     return use
 

@@ -45,6 +45,8 @@ NOTICE_COLUMNS_ADDED = (  # the notices' columns after the first (notices.py); a
     ("taken", "REAL"),
     ("done", "REAL"),
     ("outcome", "TEXT NOT NULL DEFAULT ''"),
+    ("kernel_pid", "INTEGER"),
+    ("kernel_start", "REAL"),
 )
 _FILES = ("", "-wal", "-shm")  # the database and SQLite's WAL files next to it
 

@@ -276,6 +276,12 @@ class Ledger:
         with self._tx() as db:
             return notices.take(db, kernel_ids, self.owner, time.time(), user)
 
+    def ruled_away(self) -> tuple[dict[str, str], dict[int, tuple[float, str]]]:
+        """The kernels a teacher released in the last day and the kernel processes they named, each with who did
+        (notices.ruled_away): what may hold no GPU memory without a reservation."""
+        with self._file.read() as db:
+            return notices.ruled_away(db, time.time())
+
     def rulings(self) -> list[Notice]:
         """The last rulings of the host's admins, with their outcomes, newest first (the admin's view)."""
         with self._file.read() as db:
@@ -346,6 +352,9 @@ class Ledger:
     def attach(self, kernel_id: str, kernel: ProcessRef | None) -> None:
         """Record the kernel process that uses a lease (again after each restart)."""
         with self._tx() as db:
+            row = db.execute("SELECT * FROM leases WHERE kernel_id=?", (kernel_id,)).fetchone()
+            if row is not None:  # (a release ruled on it is about the process it named until now too)
+                notices.kernel_seen(db, row)
             db.execute(
                 "UPDATE leases SET kernel_pid=?, kernel_start=? WHERE kernel_id=?",
                 (kernel.pid if kernel else None, kernel.start if kernel else None, kernel_id),
@@ -404,7 +413,7 @@ class Ledger:
             end_waits(db, "kernel_id=?", (kernel_id,), time.time())
             record_holds(db, [lease_of(row)] if row else [], time.time())
             if row:
-                notices.released(db, kernel_id, time.time(), by_server=True)
+                notices.released(db, row, time.time(), by_server=True)
         self._known.pop(kernel_id, None)
         return lease_of(row) if row else None
 
@@ -415,13 +424,13 @@ class Ledger:
                 "SELECT * FROM leases WHERE owner_pid=? AND owner_start=? AND owner_session IS ?",
                 owner_columns(self.owner),
             ).fetchall()
-            gone = [lease_of(r) for r in rows if r["kernel_id"] not in keep]
-            db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in gone])
-            for lease in gone:
-                notices.released(db, lease.kernel_id, time.time(), by_server=False)
-        for lease in gone:
-            self._known.pop(lease.kernel_id, None)
-        return gone
+            gone = [r for r in rows if r["kernel_id"] not in keep]
+            db.executemany("DELETE FROM leases WHERE kernel_id=?", [(r["kernel_id"],) for r in gone])
+            for row in gone:
+                notices.released(db, row, time.time(), by_server=False)
+        for row in gone:
+            self._known.pop(row["kernel_id"], None)
+        return [lease_of(r) for r in gone]
 
     def record_peak(self, kernel_id: str, path: str, run: Run, rules: HistoryRules) -> bool:
         """Remember a run's figures (one row per kernel process: a second call for the same process replaces it),
@@ -507,18 +516,19 @@ class Ledger:
         db.execute("UPDATE waiters SET heartbeat=? WHERE heartbeat > ?", (tick, tick + LEGACY_S))
         db.execute("DELETE FROM sessions WHERE expires < ?", (tick,))
         sessions = {r[0] for r in db.execute("SELECT id FROM sessions")}
+        rows = db.execute("SELECT * FROM leases").fetchall()
         dead = [
-            lease
-            for lease in self._seen(db.execute("SELECT * FROM leases").fetchall())
+            (lease, row)
+            for lease, row in zip(self._seen(rows), rows)
             if not self._alive(lease.owner, sessions)
             and (lease.kernel is None or not self._alive(lease.kernel, sessions))
         ]
-        db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease in dead])
-        for lease in dead:
+        db.executemany("DELETE FROM leases WHERE kernel_id=?", [(lease.kernel_id,) for lease, _ in dead])
+        for lease, row in dead:
             self._known.pop(lease.kernel_id, None)
-            notices.released(db, lease.kernel_id, now, by_server=False)
+            notices.released(db, row, now, by_server=False)
         parked.reap(db, lambda owner: self._alive(owner, sessions))
         for row in db.execute("SELECT * FROM waiters").fetchall():
             if tick - row["heartbeat"] > WAITER_STALE_S or not self._alive(owner_of(row), sessions):
                 end_waits(db, "ticket=?", (row["ticket"],), now)
-        return dead
+        return [lease for lease, _ in dead]

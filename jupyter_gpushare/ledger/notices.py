@@ -138,11 +138,12 @@ def act(
         done, outcome = now, DONE
     else:
         deadline = now + RELEASE_WITHIN_S
+    kernel = (row["kernel_pid"], row["kernel_start"]) if action == "release" else (None, None)
     db.execute(
         "INSERT INTO notices (kernel_id, action, by, why, at, user, owner_pid, owner_start, owner_session, bound,"
-        " deadline, done, outcome) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        " deadline, done, outcome, kernel_pid, kernel_start) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (kernel_id, action, by, why, now, row["user"], *owner_columns(owner_of(row)), row["created"], deadline, done,
-         outcome),
+         outcome, *kernel),
     )  # fmt: skip
     return Notice(kernel_id, action, by, why, now, row["user"], deadline, None, done, outcome)
 
@@ -179,17 +180,46 @@ def take(
             stale.append(row["rowid"])
             continue
         found.append(row)
-    db.executemany("UPDATE notices SET taken=? WHERE rowid=?", [(now, r["rowid"]) for r in found] + [(now, r) for r in stale])
+    db.executemany(
+        "UPDATE notices SET taken=? WHERE rowid=?", [(now, r["rowid"]) for r in found] + [(now, r) for r in stale]
+    )
     return [dataclasses.replace(_notice(tuple(r)[1:11]), taken=now) for r in found]
 
 
-def released(db: sqlite3.Connection, kernel_id: str, now: float, by_server: bool) -> None:
-    """The kernel's lease is given back (``by_server``: by the server that holds it, else it ended): a release
-    ruled on it is done."""
+def released(db: sqlite3.Connection, lease: sqlite3.Row, now: float, by_server: bool) -> None:
+    """The kernel's lease (its row) is given back (``by_server``: by the server that holds it, else it ended): a
+    release ruled on it is done, and the kernel process it last named is the one the ruling was about."""
+    kernel_seen(db, lease)
     db.execute(
         "UPDATE notices SET done=?, outcome=? WHERE kernel_id=? AND action='release' AND outcome=''",
-        (now, BY_SERVER if by_server else GONE, kernel_id),
+        (now, BY_SERVER if by_server else GONE, lease["kernel_id"]),
     )
+
+
+def kernel_seen(db: sqlite3.Connection, lease: sqlite3.Row) -> None:
+    """A release ruled on this lease, still to be done, is about the kernel process the lease names now (it is
+    about to name another, or none): that process may hold no GPU memory without a lease afterwards."""
+    if lease["kernel_pid"] is not None:
+        db.execute(
+            "UPDATE notices SET kernel_pid=?, kernel_start=? WHERE kernel_id=? AND action='release' AND outcome=''",
+            (lease["kernel_pid"], lease["kernel_start"], lease["kernel_id"]),
+        )
+
+
+def ruled_away(db: sqlite3.Connection, now: float) -> tuple[dict[str, str], dict[int, tuple[float, str]]]:
+    """What a teacher released in the last day, and who: the kernel ids, and the kernel processes they named (pid ->
+    start time, who)."""
+    kernels: dict[str, str] = {}
+    processes: dict[int, tuple[float, str]] = {}
+    rows = db.execute(
+        "SELECT kernel_id, by, kernel_pid, kernel_start FROM notices WHERE action='release' AND at >= ?",
+        (now - NOTICES_KEPT_S,),
+    )
+    for kernel_id, by, pid, start in rows:
+        kernels[kernel_id] = by
+        if pid is not None:
+            processes[pid] = (start, by)
+    return kernels, processes
 
 
 def overdue(db: sqlite3.Connection, now: float) -> list[tuple[Notice, sqlite3.Row]]:
@@ -205,6 +235,7 @@ def overdue(db: sqlite3.Connection, now: float) -> list[tuple[Notice, sqlite3.Ro
         if lease is None or (row["bound"] is not None and lease["created"] != row["bound"]):
             db.execute("UPDATE notices SET done=?, outcome=? WHERE rowid=?", (now, GONE, row["rowid"]))
             continue
+        kernel_seen(db, lease)
         db.execute("DELETE FROM leases WHERE kernel_id=?", (row["kernel_id"],))
         db.execute("UPDATE notices SET done=?, outcome=? WHERE rowid=?", (now, BY_BROKER, row["rowid"]))
         out.append((dataclasses.replace(_notice(tuple(row)[1:11]), done=now, outcome=BY_BROKER), lease))

@@ -19,8 +19,12 @@ from .rows import owner_columns, owner_of
 
 def admit(db: sqlite3.Connection, kernel_id: str, mib: int, budget_mib: int | None, owner: Owner, now: float) -> None:
     """Count ``mib`` for the kernel's parked state, within ``budget_mib`` for the host (None: no bound); PolicyError
-    ``park-budget`` with the figures when it does not fit."""
-    db.execute("DELETE FROM parked WHERE kernel_id=?", (kernel_id,))
+    ``park-budget`` with the figures when it does not fit. A row of another server for that kernel id stays as it
+    is (PolicyError): a kernel id another user reserved after a park names no state of hers."""
+    row = db.execute("SELECT * FROM parked WHERE kernel_id=?", (kernel_id,)).fetchone()
+    if row is not None and owner_of(row) != owner:
+        raise PolicyError(f"Kernel {kernel_id}'s GPU state was parked by another server; it is not parked again here.")
+    drop(db, kernel_id)
     if budget_mib is not None:
         held = db.execute("SELECT coalesce(sum(mib), 0) FROM parked").fetchone()[0]
         if held + mib > budget_mib:

@@ -238,6 +238,73 @@ def test_groups_left_by_a_killed_server_are_removed(host):
         alice.start().wait_ready()
 
 
+# Alice's "server" reserves a kernel and its stand-in enters the kernel's group; the kernel then restarts: its
+# process is gone and the server ends the group keeping it (empty) for the next one.
+ENTER_THEN_RESTART = """
+import json, os, socket, sys, time
+path, kid = sys.argv[1], sys.argv[2]
+def call(op, **args):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+        s.sendall(json.dumps({"op": op, "args": args}).encode() + b"\\n")
+        return json.loads(s.makefile("rb").readline())
+server = socket.socket(socket.AF_UNIX)
+server.connect(path)
+replies = server.makefile("rb")
+def as_server(op, **args):
+    server.sendall(json.dumps({"op": op, "args": args}).encode() + b"\\n")
+    return json.loads(replies.readline())
+assert as_server("reserve", kernel_id=kid, mib=2048)["ok"]
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.write(w, json.dumps(call("enter_group", kernel_id=kid)).encode())
+    time.sleep(60)
+    os._exit(0)
+entered = json.loads(os.read(r, 65536))
+os.kill(child, 9)
+os.waitpid(child, 0)
+ended = as_server("end_group", kernel_id=kid, keep=True)
+print(json.dumps({"entered": entered, "ended": ended}), flush=True)
+time.sleep(30)
+"""
+
+ENTER = """
+import json, socket, sys
+with socket.socket(socket.AF_UNIX) as s:
+    s.connect(sys.argv[1])
+    s.sendall(json.dumps({"op": "enter_group", "args": {"kernel_id": sys.argv[2]}}).encode() + b"\\n")
+    print(json.dumps(json.loads(s.makefile("rb").readline())))
+"""
+
+
+def test_a_kernels_empty_group_is_not_another_users_to_enter(host):
+    """Between a kernel's two processes (a restart) its group is empty. Another student, who read the kernel's id in
+    /proc, may not enter it: the group is its kernel's user's from its making, whatever it holds. Before, she could,
+    and her process then counted as the other student's kernel (found by an independent red team)."""
+    broker, servers = host
+    alice, bob = servers[ALICE], servers[BOB]
+    kid = "rt-empty-group-1"
+    restarting = subprocess.Popen(
+        [sys.executable, "-c", ENTER_THEN_RESTART, broker.socket, kid], stdout=subprocess.PIPE, text=True,
+        **run_as(alice.user, alice.home),
+    )  # fmt: skip
+    try:
+        said = json.loads(restarting.stdout.readline())
+        if not said["entered"]["ok"]:
+            pytest.skip(f"the broker makes no kernel cgroups here: {said['entered']}")
+        assert said["ended"]["ok"], said
+        out = subprocess.run(
+            [sys.executable, "-c", ENTER, broker.socket, kid], capture_output=True, text=True, timeout=60,
+            **run_as(bob.user, bob.home),
+        )  # fmt: skip
+        got = json.loads(out.stdout)
+        assert not got["ok"] and "is not yours" in got["message"], got
+    finally:
+        restarting.kill()
+        restarting.wait()
+
+
 def test_a_notice_reaches_only_the_kernel_it_was_written_for(inproc):
     """A teacher's note to Alice's kernel ("see me after class"), which she shut down before her server took it; Bob
     then reserves the same kernel id. He gets nothing: the note was bound to her server and her lease, and the
@@ -275,6 +342,13 @@ def test_one_budget_for_parked_state_on_the_whole_host(inproc):
     broker.handle(who["alice"], "unpark", {"kernel_id": "a1"})
     broker.handle(who["bob"], "park", {"kernel_id": "b1", "mib": 2000})
     assert broker._ledger.parked()["b1"][2] == 2000
+    # a parked kernel's lease goes to the line: its id, readable in /proc by anyone, is still hers. Another user can
+    # neither reserve it nor park "it" for 0 MiB to wipe her row from the budget (found by an independent red team)
+    broker.handle(who["alice"], "park", {"kernel_id": "a1", "mib": 2000})
+    broker.handle(who["alice"], "release", {"kernel_id": "a1"})
+    with pytest.raises(Exception, match="in use by another user's kernel"):
+        broker.handle(who["bob"], "reserve", {"kernel_id": "a1", "mib": 2048})
+    assert broker._ledger.parked()["a1"][2] == 2000
 
 
 def test_the_parking_budget_of_one_users_servers_is_shared_through_their_ledger_file(tmp_path):

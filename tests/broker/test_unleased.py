@@ -185,6 +185,8 @@ def test_stop_ends_it_after_the_grace_or_at_once_when_it_takes_reserved_memory(t
 
 
 def test_lease_gives_it_a_lease_from_its_users_limits_or_ends_it(tmp_path, students):
+    from jupyter_gpushare.broker.protocol import BrokerRefused
+
     (users, homes), broker = students, _broker(tmp_path, "lease", limits={"max_total": "4GiB"})
     bob = users[BOB]
     fake, clock = broker.backend.fake, broker.unleased.clock
@@ -196,6 +198,10 @@ def test_lease_gives_it_a_lease_from_its_users_limits_or_ends_it(tmp_path, stude
         assert found[script.pid]["status"] == "leased"
         (lease,) = [x for x in broker._ledger.leases() if x.kernel is not None and x.kernel.pid == script.pid]
         assert (lease.user, lease.adopted, lease.reserved_mib) == (BOB, True, 1280)
+        # the process owns its adopted lease, and may not point it at another process of its user's
+        itself = Caller(BOB, bob.pw_uid, process=ProcessRef.of(script.pid))
+        with pytest.raises(BrokerRefused, match="the broker's lease of one process"):
+            broker.handle(itself, "attach", {"kernel_id": lease.kernel_id, "pid": big.pid})
         assert not _sweep(broker).get(script.pid)  # a lease's process now: judged as a kernel
         # bob's limit is 4 GiB in all: a second script of 3.5 GiB gets no lease, and is ended after the grace
         fake.add_process(big.pid, 3500)
@@ -261,6 +267,25 @@ def test_a_lease_named_like_her_process_shields_nothing(tmp_path, students, capl
     finally:
         if thief.poll() is None:
             thief.kill()
+
+
+def test_a_graphics_context_is_counted_and_judged_like_any_memory(tmp_path, students):
+    """The driver lists a process with a graphics context (Vulkan, EGL) apart from compute ones. Its memory is
+    memory: counted when adopting, and judged like any process without a lease (only unleased_exempt_users, root's
+    compositor by default, are listed only). Before, such processes were left out of both (an independent red
+    team's 9 GiB "graphics" process stayed alive and unlisted beside 4.7 GiB of reservations on a 10 GiB card)."""
+    (users, homes), broker = students, _broker(tmp_path, "lease")
+    drawer = _terminal_python(users[ALICE], homes[ALICE])
+    staff = Caller("staff", 0, process=ProcessRef.me())
+    try:
+        assert "lease" in broker.handle(staff, "reserve", {"kernel_id": "k-staff", "mib": 4096 - 512})
+        broker.backend.fake.add_process(drawer.pid, 9000, kind="graphics")
+        found = _sweep(broker)
+        assert found[drawer.pid]["status"] == "judged" and found[drawer.pid]["stolen_mib"] > 0, found
+        assert drawer.wait(5) == -signal.SIGKILL
+    finally:
+        if drawer.poll() is None:
+            drawer.kill()
 
 
 def test_adoption_never_overbooks_and_a_shortfall_falls_on_the_newest(tmp_path, students, caplog):
@@ -357,3 +382,62 @@ def test_a_teachers_release_of_an_adopted_lease_stops_the_process(tmp_path, stud
     finally:
         if script.poll() is None:
             script.kill()
+
+
+@pytest.mark.parametrize("dodge", ["its server releases", "its server detaches"])
+def test_a_teachers_release_leaves_nothing_adoptable_however_the_lease_goes(tmp_path, students, dodge):
+    """A teacher releases Alice's kernel; before the deadline her server gives the lease back itself (or detaches
+    the kernel process from it) instead of parking or restarting the kernel, which keeps its 2,000 MiB. That process
+    is of a kernel a teacher released: it is not adopted but stopped at the next reading. Before, it was adopted at
+    once, and when the teacher released that lease too, the process (its owner) released it itself and was adopted
+    again (found by an independent red team)."""
+    (users, homes), broker = students, _broker(tmp_path, "lease")
+    alice = users[ALICE]
+    kernel = _terminal_python(alice, homes[ALICE])
+    server = Caller(ALICE, alice.pw_uid, process=ProcessRef.me())
+    admin = Caller("root", 0, admin=True, process=ProcessRef.me())
+    try:
+        assert "lease" in broker.handle(server, "reserve", {"kernel_id": "k1", "mib": 2048})
+        broker.handle(server, "attach", {"kernel_id": "k1", "pid": kernel.pid})
+        broker.backend.fake.add_process(kernel.pid, 2000)
+        assert not _sweep(broker)  # its lease's: nothing without one
+        broker.handle(admin, "act", {"kernel_id": "k1", "action": "release", "why": "exam"})
+        if dodge == "its server releases":
+            broker.handle(server, "release", {"kernel_id": "k1"})
+        else:
+            broker.handle(server, "attach", {"kernel_id": "k1", "pid": None})
+        found = _sweep(broker)
+        assert found[kernel.pid]["status"] == "stopped", found
+        assert "root released its kernel's GPU reservation" in found[kernel.pid]["why"]
+        assert kernel.wait(5) == -signal.SIGKILL
+        assert not [x for x in broker._ledger.leases() if x.adopted]
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
+
+
+def test_a_shortfall_falls_on_the_process_that_grew_not_on_an_earlier_bystander(tmp_path, students):
+    """The attacker's process arrives first with 100 MiB; a bystander arrives later with 3.9 GiB and fits; then the
+    attacker grows to 3 GiB and the card is short of what leases reserved. The shortfall falls on the process that
+    grew last (the attacker's), not on the bystander. Before, blame followed who was seen first: the bystander was
+    ended at once as a thief and the attacker kept the memory (found by an independent red team)."""
+    (users, homes), broker = students, _broker(tmp_path, "stop")
+    fake = broker.backend.fake
+    attacker, bystander = _terminal_python(users[ALICE], homes[ALICE]), _terminal_python(users[BOB], homes[BOB])
+    staff = Caller("staff", 0, process=ProcessRef.me())
+    try:
+        assert "lease" in broker.handle(staff, "reserve", {"kernel_id": "k-staff", "mib": 4096 - 512})
+        fake.add_process(attacker.pid, 100)
+        _sweep(broker)
+        fake.add_process(bystander.pid, 3900)
+        assert _sweep(broker)[bystander.pid]["stolen_mib"] == 0
+        fake.remove_process(attacker.pid)
+        fake.add_process(attacker.pid, 3000)
+        found = _sweep(broker)
+        assert found[attacker.pid]["stolen_mib"] > 0 and found[bystander.pid]["stolen_mib"] == 0, found
+        assert attacker.wait(5) == -signal.SIGKILL
+        assert running(bystander.pid)
+    finally:
+        for p in (attacker, bystander):
+            if p.poll() is None:
+                p.kill()
