@@ -43,6 +43,7 @@ from .rows import (
     adopt_row,
     ahead_of,
     end_waits,
+    enter_leases,
     exact_quota,
     held_by,
     lease_of,
@@ -125,18 +126,7 @@ class Ledger:
 
     def _enter_known(self, db: sqlite3.Connection) -> int:
         """Enter the leases this process knew into a re-created file (inside its first transaction)."""
-        for lease in self._known.values():
-            kernel = lease.kernel
-            db.execute(
-                "INSERT OR IGNORE INTO leases (kernel_id, card_uuid, card_index, quota_mib, reserve_mib, user, "
-                "kernel_name, owner_pid, owner_start, owner_session, kernel_pid, kernel_start, created) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    lease.kernel_id, lease.card_uuid, lease.card_index, lease.quota_mib, lease.reserve_mib, lease.user,
-                    lease.kernel_name, *owner_columns(lease.owner), kernel.pid if kernel else None,
-                    kernel.start if kernel else None, lease.created,
-                ),
-            )  # fmt: skip
+        enter_leases(db, self._known.values())
         return len(self._known)
 
     # -- queries ---------------------------------------------------------------------------
@@ -290,16 +280,11 @@ class Ledger:
     def overdue_releases(self) -> list[tuple[Notice, Lease]]:
         """Releases a teacher ruled whose deadline passed with the lease still held: released now, here (the
         broker's part of a ruling, notices.py), each with the lease it was."""
-        now = time.time()
-        with self._file.read() as db:
-            soonest = notices.pending_deadline(db)
-        if soonest is None or soonest > now:
-            return []
+        with self._file.read() as db:  # (asked at every reading of the broker's: a write only when one is due)
+            if not notices.due(db, time.time()):
+                return []
         with self._tx() as db:
-            out = [(n, lease_of(row)) for n, row in notices.overdue(db, now)]
-            record_holds(db, [lease for _, lease in out], now)
-            for n, _ in out:
-                parked.drop(db, n.kernel_id)
+            out = notices.overdue(db, time.time())
         for _, lease in out:
             self._known.pop(lease.kernel_id, None)
         return out

@@ -30,7 +30,10 @@ from dataclasses import dataclass
 
 from ..core.policy import PolicyError
 from ..host.procs import Owner
-from .rows import end_waits, owner_columns, owner_of
+from . import parked
+from .estimate import record_holds
+from .leases import Lease
+from .rows import end_waits, lease_of, owner_columns, owner_of
 
 ACTIONS = ("front", "remove", "release")
 WHY_MAX = 200  # characters of a teacher's reason
@@ -222,10 +225,10 @@ def ruled_away(db: sqlite3.Connection, now: float) -> tuple[dict[str, str], dict
     return kernels, processes
 
 
-def overdue(db: sqlite3.Connection, now: float) -> list[tuple[Notice, sqlite3.Row]]:
-    """Releases past their deadline whose lease is still held, each with the lease's row: the leases are removed
-    here and each ruling is marked done by the ledger's owner, which then deals with what the kernels' processes
-    still hold (the broker: broker/unleased.py)."""
+def overdue(db: sqlite3.Connection, now: float) -> list[tuple[Notice, Lease]]:
+    """Releases past their deadline whose lease is still held, each with its lease: the leases are removed here
+    (their holds recorded, estimate.py) and each ruling is marked done by the ledger's owner, which then deals with
+    what the kernels' processes still hold (the broker: broker/unleased.py)."""
     rows = db.execute(
         f"SELECT rowid, {_COLUMNS}, bound FROM notices WHERE action='release' AND outcome='' AND deadline <= ?", (now,)
     ).fetchall()
@@ -237,14 +240,17 @@ def overdue(db: sqlite3.Connection, now: float) -> list[tuple[Notice, sqlite3.Ro
             continue
         kernel_seen(db, lease)
         db.execute("DELETE FROM leases WHERE kernel_id=?", (row["kernel_id"],))
+        parked.drop(db, row["kernel_id"])
         db.execute("UPDATE notices SET done=?, outcome=? WHERE rowid=?", (now, BY_BROKER, row["rowid"]))
-        out.append((dataclasses.replace(_notice(tuple(row)[1:11]), done=now, outcome=BY_BROKER), lease))
+        out.append((dataclasses.replace(_notice(tuple(row)[1:11]), done=now, outcome=BY_BROKER), lease_of(lease)))
+    record_holds(db, [lease for _, lease in out], now)
     return out
 
 
-def pending_deadline(db: sqlite3.Connection) -> float | None:
-    """The soonest deadline of a release not yet done, or None."""
-    return db.execute("SELECT min(deadline) FROM notices WHERE action='release' AND outcome=''").fetchone()[0]
+def due(db: sqlite3.Connection, now: float) -> bool:
+    """Whether a release not yet done is past its deadline."""
+    soonest = db.execute("SELECT min(deadline) FROM notices WHERE action='release' AND outcome=''").fetchone()[0]
+    return soonest is not None and soonest <= now
 
 
 def recent(db: sqlite3.Connection, now: float) -> list[Notice]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ..core.history import MAX_ROWS, ROWS_PER_USER, RUNS_KEPT, HistoryRules, Run, notebooks
 from ..core.policy import CardView, Policy, PolicyError, Size, UserLimits, parse_size
@@ -85,6 +85,19 @@ def held_by(
 def reserved_by_card(db: sqlite3.Connection) -> dict[str, int]:
     rows = db.execute("SELECT card_uuid, SUM(quota_mib + reserve_mib) FROM leases GROUP BY card_uuid")
     return {uuid: int(total) for uuid, total in rows}
+
+
+def enter_leases(db: sqlite3.Connection, leases: Iterable[Lease]) -> None:
+    """Enter leases as they are, each that the file does not have already (a re-created file: Ledger._enter_known)."""
+    for lease in leases:
+        kernel = lease.kernel
+        db.execute(
+            "INSERT OR IGNORE INTO leases (kernel_id, card_uuid, card_index, quota_mib, reserve_mib, user, kernel_name,"
+            " owner_pid, owner_start, owner_session, kernel_pid, kernel_start, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (lease.kernel_id, lease.card_uuid, lease.card_index, lease.quota_mib, lease.reserve_mib, lease.user,
+             lease.kernel_name, *owner_columns(lease.owner), kernel.pid if kernel else None,
+             kernel.start if kernel else None, lease.created),
+        )  # fmt: skip
 
 
 def adopt_row(

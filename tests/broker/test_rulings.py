@@ -226,9 +226,11 @@ def test_groups_left_by_a_killed_server_are_removed(host):
     if alice.kernel(kid)["held"]["tracking"] != "cgroup":
         pytest.skip("the broker makes no kernel cgroups here")
     bases = KernelCgroups().bases  # the broker's groups are under its own cgroup: the same as this test's here
-    dirs = [os.path.join(base, kid) for base in bases if os.path.isdir(os.path.join(base, kid))]
-    assert dirs, bases
-    (kernel,) = alice.kernel_processes()
+    # (its state reads running from its grant on; its process enters the group as it starts)
+    dirs = wait_until(
+        lambda: [os.path.join(b, kid) for b in bases if os.path.isdir(os.path.join(b, kid))], what="its groups"
+    )
+    (kernel,) = wait_until(alice.kernel_processes, what="its process")
     alice.proc.kill()
     alice.proc.wait()
     kernel.kill()
