@@ -51,9 +51,7 @@ def as_user(name: str) -> None:
 
 
 @contextmanager
-def root_broker(
-    script: str, users: tuple[str, ...], settings: str, source: str | None = None
-) -> Iterator[RootBroker]:
+def root_broker(script: str, users: tuple[str, ...], settings: str, source: str | None = None) -> Iterator[RootBroker]:
     """A broker on a simulated card (``settings``: config lines, c.GpuShareApp.* and c.GpuShareBroker.*), the Unix
     ``users`` made for it; ``script`` names the benchmark in the refusal when this is not root. ``source``: the
     broker runs that source tree's jupyter_gpushare (a checkout of the code before), not this one's."""
