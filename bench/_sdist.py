@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import site
 import subprocess
 import sys
+import sysconfig
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +27,24 @@ def prepare(package: str, version: str, deps: Sequence[str], workdir: Path) -> t
     venv = workdir / "venv"
     python = venv / "bin" / "python"
     if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+        see_this_environment(python)
         subprocess.run([str(python), *pip[1:], "install", *deps], check=True, timeout=600)
     return python, src
+
+
+def see_this_environment(python: Path) -> None:
+    """Make the virtualenv of ``python`` see this interpreter's packages, behind its own: whatever this one is (the
+    system's, a virtualenv's, a conda environment's). ``venv --system-site-packages`` would not do: made from inside
+    a virtualenv it sees the base interpreter's packages, not the virtualenv's (the README's test command then ran
+    these suites without jupyter_client). A .pth file in the new environment adds this one's site directories the
+    way site.py adds its own (their .pth files, an editable install's among them, are read)."""
+    own = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.strip()  # fmt: skip
+    dirs = dict.fromkeys([*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        dirs[site.getusersitepackages()] = None
+    lines = [f"import site; site.addsitedir({d!r})" for d in dirs if os.path.isdir(d)]
+    (Path(own) / "zz_this_environment.pth").write_text("\n".join(lines) + "\n")

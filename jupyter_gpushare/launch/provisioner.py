@@ -38,6 +38,7 @@ from ..config.sources import load_config
 from ..core.addresses import PROVISIONER_NAME
 from ..core.policy import PolicyError, Size, format_mib, parse_size
 from ..host.reports import report_dir
+from ..server.life import move
 from ..server.manager import QuotaManager, build_manager, process_manager, use_in_process
 from ..server.records import Grant, QuotaUnavailable
 from ..server.services import ProgramStarts, Services
@@ -369,7 +370,7 @@ class GpuShareProvisioner(LocalProvisioner):
             self._grant = await self._admit(manager, language, requested)
         except QuotaUnavailable as e:
             rec = manager.record(self.kernel_id, self._kernel_name, language)
-            rec.state, rec.reason, rec.wait_ended = "cpu", str(e), "cancelled"
+            move(rec, "cpu", reason=str(e), wait_ended="cancelled")
             self._grant = Grant("cpu", reason=str(e))
             self._admitting = None
             await self._hand_over_grant(held)

@@ -25,17 +25,15 @@ every server of the host, so every server and the broker order the line the same
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..core.policy import CardView, Policy, PolicyError, Size
 
 if TYPE_CHECKING:
-    from .leases import Waiting
+    pass
 
 
 @dataclass(frozen=True)
@@ -137,97 +135,3 @@ class Request:
     quota: Size
     user: str = ""
     kernel_name: str = ""
-
-
-ENDINGS = ("cancelled", "timeout", "unwatched", "closing")  # why a wait ends without a grant (Wait.ending)
-
-
-@dataclass
-class Wait:
-    """One of this server's kernels in line: since when (monotonic), until when, and how it ends. ``deadline`` is
-    the line's one deadline for it, the ledger's (``Waiting.gives_up_at``), on this server's monotonic clock."""
-
-    request: Request
-    since: float
-    result: asyncio.Future  # the Grant, or the QuotaUnavailable that ends the wait
-    deadline: float = math.inf
-    unwatched_since: float | None = None  # no client connected since then
-    ending: str | None = None  # one of ENDINGS, once decided
-    why: str = ""  # for 'cancelled': what stopped it
-    last: Waiting | None = None  # the ledger's last answer
-    unwanted_since: float | None = None  # no notebook and no client wants it since then (QuotaManager.may_grant)
-    stepped_out: bool = False  # its place in the host's line was given up while nothing wanted it
-    ledger_down: bool = False  # the ledger (its broker, its disk) could not be asked at the last turn
-
-    @property
-    def kernel_id(self) -> str:
-        return self.request.kernel_id
-
-
-class ServerQueue:
-    """The kernels of this server that wait in the host's line, and when each stops waiting.
-
-    The ledger decides who is granted (``choose_card``); this decides, at each tick, which waits to ask it about
-    and which end now: cancelled (its owner stopped it, or it was shut down), past its deadline (the ledger's), unwatched (no
-    client connected for ``unwatched_s``), or the server is closing. ``clock`` is monotonic: a change of the wall
-    clock neither ends nor prolongs a wait.
-    """
-
-    def __init__(self, unwatched_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
-        self.unwatched_s = unwatched_s
-        self.clock = clock
-        self.waits: dict[str, Wait] = {}
-        self.closing = False
-
-    def join(self, request: Request) -> Wait:
-        """Put a kernel in line, or keep its place: the same kernel asking for the same quota again (a restart
-        while it waits, a reload) is the same wait."""
-        old = self.waits.get(request.kernel_id)
-        if old is not None and old.request == request and old.ending is None:
-            return old
-        if old is not None:
-            self.end(old.kernel_id, "cancelled", "it asked for another quota")
-        now = self.clock()
-        wait = Wait(request, now, asyncio.get_running_loop().create_future())
-        self.waits[request.kernel_id] = wait
-        return wait
-
-    def answered(self, wait: Wait, got: Waiting) -> None:
-        """The ledger's answer for a kernel in line: its place, and its deadline. The host's line keeps one
-        deadline a waiter (its joining plus the ledger's policy's queue_timeout; none where there is no limit),
-        read here and never computed again."""
-        wait.last = got
-        wait.deadline = math.inf if got.gives_up_at is None else self.clock() + (got.gives_up_at - time.time())
-
-    def end(self, kernel_id: str, ending: str, why: str = "") -> Wait | None:
-        """Mark a wait as ending (the next ``due`` reports it); None if the kernel is not in line."""
-        wait = self.waits.get(kernel_id)
-        if wait is not None and wait.ending is None:
-            wait.ending, wait.why = ending, why
-        return wait
-
-    def leave(self, kernel_id: str) -> Wait | None:
-        """Take a kernel out of line (granted, or its ending handled)."""
-        return self.waits.pop(kernel_id, None)
-
-    def due(self, watchers: Callable[[str], int | None] = lambda kernel_id: None) -> tuple[list[Wait], list[Wait]]:
-        """(waits to ask the ledger about now, waits that end now). ``watchers(kernel_id)``: how many clients are
-        connected to the kernel, None where that does not apply (a kernel started by nbclient is its client)."""
-        now = self.clock()
-        ask: list[Wait] = []
-        ending: list[Wait] = []
-        for wait in list(self.waits.values()):
-            if wait.ending is None and self.closing:
-                wait.ending = "closing"
-            elif wait.ending is None and now >= wait.deadline:
-                wait.ending = "timeout"
-            elif wait.ending is None and self.unwatched_s:
-                count = watchers(wait.kernel_id)
-                if count is None or count > 0:
-                    wait.unwatched_since = None
-                elif wait.unwatched_since is None:
-                    wait.unwatched_since = now
-                elif now - wait.unwatched_since >= self.unwatched_s:
-                    wait.ending = "unwatched"
-            (ask if wait.ending is None else ending).append(wait)
-        return ask, ending

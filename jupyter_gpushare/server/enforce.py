@@ -26,16 +26,18 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 from ..core.overuse import CardRoom, Excess, OverUseJudge, Verdict, card_room, over_use
 from ..core.policy import EnforcePolicy, format_mib
+from .life import Judged as Judgment
 from .records import ChangeKind
 from .sampler import KernelUsage, UsageSnapshot
 from .snapshot import ServerSnapshot
 
-Judged = dict[str, tuple[Any, KernelUsage, dict[str, int]]]  # kernel id -> (record, usage, card uuid -> MiB)
-Judgment = Literal["near_quota", "over_quota", "idle"]  # (the API's Kernel.state, where the policies judge it)
+Judged = dict[
+    str, tuple[Any, KernelUsage, dict[str, int]]
+]  # (Judgment: the API's Kernel.state the policies give, life.JUDGED) kernel id -> (record, usage, card uuid -> MiB)
 ACTIVE_WINDOW_S = 5.0  # a process's last SM sample is believed if this recent; else the reading's time (never sooner)
 
 

@@ -35,6 +35,7 @@ from . import admission
 from .holding import Holding
 from .learning import Learning
 from .ledger_worker import LedgerWorker
+from .life import move
 from .line import Line
 from .parking import AT_ONCE, Parking
 from .quota_change import QuotaChanges
@@ -217,7 +218,7 @@ class QuotaManager:
         rec = self.record(kernel_id, kernel_name, language)
         ask = admission.StartRequest(
             kernel_name, language, requested, rec.pending_quota,
-            restarting=rec.state not in ("starting", "queued"),  # a new record starts so; a restart's ran before
+            restarting=rec.restarting or rec.state not in ("starting", "queued"),  # (a new record starts so)
         )  # fmt: skip
         rec.pending_quota = None  # applied now, as it is
         cards = self._cards_now()
@@ -244,7 +245,7 @@ class QuotaManager:
             return Grant("queued") if hold else await self.line.granted(kernel_id)  # still in line: keep its place
         if first_use and hold and self.policy.on_full == "queue":
             self.line.leave(kernel_id, "it asks at its first GPU use")
-            rec.state, rec.position = "standby", None
+            move(rec, "standby", position=None, restarting=False)
             return Grant("standby")
         got: Lease | Waiting | LedgerError | PolicyError
         try:
@@ -311,8 +312,10 @@ class QuotaManager:
         English ``message``)."""
         rec = self.records.get(kernel_id) if keep else self.forget(kernel_id)
         if rec is not None and keep:
-            rec.state, rec.lease, rec.card, rec.position = "failed", None, None, None
-            rec.reason = f"The kernel could not start again: {message} Shut it down, or start it with another quota."
+            move(
+                rec, "failed", lease=None, card=None, position=None, restarting=False,
+                reason=f"The kernel could not start again: {message} Shut it down, or start it with another quota.",
+            )  # fmt: skip
         if code is not None:
             figures["code"] = code
         self.event(kind, kernel_id, message, path=rec.path if rec else None, **figures)
@@ -337,9 +340,11 @@ class QuotaManager:
         """The kernel's start is decided: it runs with its grant. ``why`` a kernel starts without a GPU (the code of
         its 'no-gpu' event, with ``figures``): no-gpu-none (this server has none), no-gpu-ledger (no reservation
         can be made now), no-gpu-full (the cards are full and the policy starts it without)."""
-        rec.state = "running" if grant.mode == "gpu" else grant.mode
-        rec.lease, rec.card, rec.reason, rec.position = grant.lease, grant.card, grant.reason, None
-        rec.wait_ended = why if grant.mode == "cpu" and why in WAIT_ENDED else None
+        move(
+            rec, "running" if grant.mode == "gpu" else grant.mode, lease=grant.lease, card=grant.card,
+            reason=grant.reason, position=None, restarting=False,
+            wait_ended=why if grant.mode == "cpu" and why in WAIT_ENDED else None,
+        )  # fmt: skip
         if grant.mode == "gpu" and grant.lease:
             self.event(
                 "reserved",
@@ -382,8 +387,8 @@ class QuotaManager:
         self.parking.forget(kernel_id)
         await self.remember_peak(kernel_id)
         rec = self.forget(kernel_id) if forget else self.records.get(kernel_id)
-        if rec is not None and not forget:
-            rec.lease = None
+        if rec is not None and not forget:  # a restart: its next start is decided as the kernel starts again
+            move(rec, "starting", lease=None, card=None, position=None, restarting=True)
         try:
             lease = await self.ledger.on(lambda ledger: ledger.release(kernel_id))
         except LedgerError as e:  # a full disk: the kernel goes all the same; reconcile gives its room back later

@@ -35,6 +35,7 @@ from typing import Any
 from ..core.policy import ParkRules, PolicyError, Size, format_mib
 from ..host.checkpoint import Checkpointer, CheckpointError
 from ..ledger.ledger import Lease, LedgerError, Request
+from .life import move
 from .records import Grant, KernelRecord, Parked, QuotaUnavailable
 
 LOCK_TIMEOUT_S = 10.0  # a running GPU call that does not end within this is not parked
@@ -265,7 +266,7 @@ class Parking:
         if rec is None or rec.lease is None:
             return
         lease = rec.lease
-        rec.lease, rec.state, rec.card, rec.position = None, "standby", None, None
+        move(rec, "standby", lease=None, card=None, position=None)
         try:  # (it stands by whatever fails here: its environment has no GPU now)
             await self.kernels.holding.close_cards(kernel_id)
         except OSError as e:  # its group is gone meanwhile; or the host's: what it takes is outside use, acted on
@@ -331,9 +332,9 @@ class Parking:
             self._unpark(kid)
             self.kernels.event("park-failed", kid, f"It could not be parked, and runs on: {e}", reason=str(e))
             return False
-        rec.parked = Parked(lease.card_uuid, lease.card_index, tuple(pids), used_mib, lease.quota_mib,
-                            lease.reserved_mib, time.time(), seconds)  # fmt: skip
-        rec.lease, rec.state, rec.card = None, "parked", card
+        parked = Parked(lease.card_uuid, lease.card_index, tuple(pids), used_mib, lease.quota_mib,
+                        lease.reserved_mib, time.time(), seconds)  # fmt: skip
+        move(rec, "parked", lease=None, card=card, parked=parked)
         self._room_freed(lease.reserved_mib)
         self.kernels.event(
             "parked", kid,
@@ -406,7 +407,7 @@ class Parking:
                     raise QuotaUnavailable(grant.reason or "no reservation")
                 lease = grant.lease
         except (QuotaUnavailable, PolicyError, Exception) as e:  # noqa: BLE001 (it stays parked, and says why)
-            rec.state, rec.position = "parked", None
+            move(rec, "parked", position=None)
             self.kernels.event("resume-waited-out", kid, f"Still parked: {e}. Its next cell asks again.")
             return
         waited = round(time.monotonic() - t0, 2)

@@ -56,8 +56,6 @@ def full_message(quota: Size, got: Waiting, reserve_mib: int, waited: float | No
     return f"{text} {WHAT_TO_DO}"
 
 
-# (the API's Kernel.state) 'parked': its GPU state is in host memory and its reservation went to the line
-KernelState = Literal["starting", "standby", "queued", "running", "cpu", "none", "failed", "parked"]
 GrantMode = Literal["gpu", "cpu", "none", "queued", "standby"]
 
 
@@ -153,7 +151,7 @@ class KernelRecord:
     kernel_name: str
     language: str
     user: str
-    state: KernelState = "starting"  # 'failed': a restart was refused
+    state: str = "starting"  # one of life.STATES, changed only by life.move
     quota: Size | None = None  # requested (or default) quota
     pending_quota: Size | None = None  # applied at the next restart
     lease: Lease | None = None
@@ -181,6 +179,7 @@ class KernelRecord:
     on_change: Callable[[str, ChangeKind], None] | None = field(default=None, repr=False, compare=False)
     version: Version | None = field(default=None, repr=False, compare=False)  # its registry's
     largest_mib: int = 0  # the largest card's memory: a share's size before the kernel has a card
+    restarting: bool = False  # it restarts: its new start, if refused, leaves it listed as 'failed' (life.py)
 
     def mib_of(self, size: Size | None) -> int | None:
         """A size in MiB on the kernel's card (a share before it has a card: on the largest card)."""

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..core.words import SEVERITY, render
 from ..ledger.view import card_segments
+from .life import JUDGED, STATES
 
 STATE_SCHEMA = "https://jupyter-gpushare.org/events/state-changed/v1"
 SCHEMA_FILE = Path(__file__).parent / "events" / "state-changed.yaml"
@@ -46,9 +47,7 @@ def event_view(event: Mapping[str, Any]) -> dict[str, Any]:
     return {**event, "code": code, "params": params, "severity": SEVERITY.get(kind)}
 
 
-STATE_SEVERITY = {"queued": "warn", "over_quota": "error", "near_quota": "warn", "idle": "warn", "running": "ok",
-                  "starting": "info", "cpu": "error", "none": "muted", "failed": "error", "parked": "info",
-                  "standby": "muted"}  # fmt: skip
+STATE_SEVERITY = {**STATES, **JUDGED}  # (life.py: every state, written once)
 STATUS_PARAMS = ("position", "need_mib", "free_mib", "wait_left_s", "gives_up_at", "likely_at", "used_mib",
                  "reserved_mib", "quota_mib", "requested_quota_mib", "reserve_mib", "reason")  # fmt: skip
 
@@ -58,7 +57,9 @@ def kernel_status(k: Mapping[str, Any]) -> dict[str, Any]:
     figures, a severity (ok, info, warn, error, muted), and in English a short label and a sentence. The same
     words for the panel, the banner, the status bar and the toolbar."""
     state, used, limit = k.get("state"), k.get("used_mib"), k.get("reserved_mib")
-    code = str(state) if state in STATE_SEVERITY else "failed"
+    if state not in STATE_SEVERITY:  # (a bug of ours: life.STATES lists every state a record may have)
+        raise ValueError(f"{state!r} is not a kernel state; life.STATES lists them")
+    code = str(state)
     severity = STATE_SEVERITY[code]
     if code == "cpu" and k.get("wait_ended"):
         code = "wait_ended"  # it ran while it waited; its wait ended without a GPU (the notebook's banner says so)

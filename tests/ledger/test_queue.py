@@ -14,7 +14,8 @@ import pytest
 from jupyter_gpushare.core.policy import CardView, Policy, PolicyError, Size
 from jupyter_gpushare.core.words import render
 from jupyter_gpushare.ledger.leases import Waiting
-from jupyter_gpushare.ledger.queue import Entry, Request, ServerQueue, check_waiting, choose_card
+from jupyter_gpushare.ledger.queue import Entry, Request, check_waiting, choose_card
+from jupyter_gpushare.server.line import ServerQueue
 
 GIB = 1024
 POLICY = Policy(context_reserve_mib=512, overtake_limit_s=300.0, max_waiting=3)

@@ -257,13 +257,25 @@ def test_every_event_code_the_server_gives_has_words():
     assert sorted(k for k in SEVERITY if f"event.{k}" not in CATALOGUE and k not in always_coded) == []
 
 
-def test_the_kernel_states_the_server_keeps_are_the_apis():
-    """A kernel's state is a record's (records.KernelState) or, while it runs, the policies' judgment of it
-    (enforce.Judgment): together they are the API's enum, no more and no less."""
+def test_the_kernel_states_are_written_once_and_every_place_follows():
+    """life.STATES (a record's states) and life.JUDGED (the policies' judgment of a running kernel) are the one list:
+    the API's enum, the catalogue's status words (and so words.ts's), the sidebar's KernelState union and the type
+    checker's Literals follow it, no more and no less; a state that is not in it is refused, never shown as
+    'failed'."""
     from typing import get_args
 
     from jupyter_gpushare.server.enforce import Judgment
-    from jupyter_gpushare.server.records import KernelState
+    from jupyter_gpushare.server.life import JUDGED, MOVES, STATES, KernelState
+    from jupyter_gpushare.server.state import kernel_status
 
+    every = set(STATES) | set(JUDGED)
     props, _ = schema_fields(SPEC["components"]["schemas"]["Kernel"])
-    assert set(get_args(KernelState)) | set(get_args(Judgment)) == set(_resolve(props["state"])["enum"])
+    assert set(_resolve(props["state"])["enum"]) == every
+    assert set(get_args(KernelState)) == set(STATES) and set(get_args(Judgment)) == set(JUDGED)
+    assert set(MOVES) == set(STATES) and all(set(to) <= set(STATES) for to in MOVES.values())
+    _, aliases = ts_declarations()
+    assert set(re.findall(r"'(\w+)'", aliases["KernelState"])) == every
+    for state in every:
+        assert f"status.{state}.label" in CATALOGUE and f"status.{state}.detail" in CATALOGUE, state
+    with pytest.raises(ValueError, match="'sleeping' is not a kernel state"):
+        kernel_status({"state": "sleeping"})

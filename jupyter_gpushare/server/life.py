@@ -1,0 +1,87 @@
+"""A kernel's life in this server: its states, written once, and the moves between them.
+
+``STATES`` is the one list of what a kernel's record may be, with how each is shown (its severity); ``JUDGED`` the
+states the over-quota and idle policies give a running kernel. Everything else is checked against them
+(tests/server/test_contract.py): the API's enum (openapi.yaml), the catalogue's ``status.<state>`` words (words.py and
+the sidebar's words.ts), and the sidebar's TypeScript union (types.ts). A state that is not here fails there, and
+``state.kernel_status`` refuses it, instead of showing it as 'failed'.
+
+``move`` is the one way a record changes state: it checks the move against ``MOVES`` and what each state carries
+(a running kernel holds a lease, a parked one its parked state, a queued one no lease), applies the record's other
+fields first and its state last, so no one reads "running" before its lease is there. A move the table does not
+know is a bug: it raises under tests (``GPUSHARE_STRICT_LIFE=1``), and in a server it is logged and made, so that a
+student's kernel goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Literal
+
+from .records import KernelRecord
+
+log = logging.getLogger("jupyter_gpushare")
+
+KernelState = Literal["starting", "standby", "queued", "running", "cpu", "none", "failed", "parked"]
+Judged = Literal["near_quota", "over_quota", "idle"]
+
+# Each state, and how every view shows it (ok, info, warn, error, muted).
+STATES: dict[str, str] = {
+    "starting": "info",  # its start is being decided
+    "standby": "muted",  # it runs and holds no GPU: its first GPU use asks (line_place 'first-use', or it stood by)
+    "queued": "warn",  # it runs and waits in line for its GPU
+    "running": "ok",  # it holds its GPU reservation
+    "cpu": "error",  # it runs without a GPU (its wait ended, or none could be reserved), and says why
+    "none": "muted",  # it asks for no GPU at all (a quota of 0)
+    "failed": "error",  # a restart was refused: the kernel is down
+    "parked": "info",  # its GPU state is in host memory and its reservation went to the line
+}
+JUDGED: dict[str, str] = {"near_quota": "warn", "over_quota": "error", "idle": "warn"}
+
+# Where a kernel may go from each state. A state's move to itself is a change of its figures (a place, a quota).
+MOVES: dict[str, frozenset[str]] = {
+    "starting": frozenset({"starting", "standby", "queued", "running", "cpu", "none", "failed"}),
+    "standby": frozenset({"standby", "starting", "queued", "running", "cpu", "none", "failed"}),
+    "queued": frozenset({"queued", "starting", "standby", "running", "cpu", "none", "failed"}),
+    "running": frozenset({"running", "starting", "standby", "queued", "cpu", "none", "failed", "parked"}),
+    "cpu": frozenset({"cpu", "starting", "standby", "queued", "running", "none", "failed"}),
+    "none": frozenset({"none", "starting", "standby", "queued", "running", "cpu", "failed"}),
+    "failed": frozenset({"failed", "starting", "standby", "queued", "running", "cpu", "none"}),
+    "parked": frozenset({"parked", "queued", "running", "starting", "failed"}),
+}
+
+
+class IllegalMove(RuntimeError):
+    """A move the table does not allow, or a state without what it carries (a bug of ours)."""
+
+
+def strict() -> bool:
+    return os.environ.get("GPUSHARE_STRICT_LIFE") == "1"
+
+
+def move(rec: KernelRecord, to: KernelState, **fields: Any) -> None:
+    """Move ``rec`` to ``to``, with ``fields`` (its lease, card, place, reason...) set first."""
+    before = rec.state
+    for name, value in fields.items():
+        setattr(rec, name, value)
+    problem = _problem(rec, before, to)
+    if problem:
+        if strict():
+            raise IllegalMove(f"kernel {rec.kernel_id}: {problem}")
+        log.error("jupyter-gpushare: kernel %s: %s (made all the same)", rec.kernel_id, problem)
+    rec.state = to
+
+
+def _problem(rec: KernelRecord, before: str, to: str) -> str | None:
+    if to not in STATES:
+        return f"{to!r} is not a kernel state"
+    if to not in MOVES.get(before, frozenset()):
+        return f"no move from {before!r} to {to!r}"
+    if to == "running" and rec.lease is None:
+        return "running without a lease"
+    if to in ("queued", "parked", "standby", "failed", "none") and rec.lease is not None:
+        return f"{to} with a lease"
+    if to == "parked" and rec.parked is None:
+        return "parked without its parked state"
+    return None
