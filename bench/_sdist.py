@@ -33,6 +33,12 @@ def prepare(package: str, version: str, deps: Sequence[str], workdir: Path) -> t
     return python, src
 
 
+def suite_env(**changes: str) -> dict[str, str]:
+    """This process's environment for a package's own suite, less what a pytest running this one set in it (an
+    xdist worker's PYTEST_XDIST_* would make the suite's own pytest think it is one), with ``changes``."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}, **changes}
+
+
 def see_this_environment(python: Path) -> None:
     """Make the virtualenv of ``python`` see this interpreter's packages, behind its own: whatever this one is (the
     system's, a virtualenv's, a conda environment's). ``venv --system-site-packages`` would not do: made from inside

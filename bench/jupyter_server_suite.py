@@ -47,7 +47,7 @@ def run(python: Path, src: Path, workdir: Path, gpushare: bool, timeout: float =
     config.mkdir(parents=True, exist_ok=True)
     ledger = run_dir / "ledger.sqlite"
     ledger.unlink(missing_ok=True)
-    env = {**os.environ, "JUPYTER_DEFAULT_PROVISIONER_NAME": "local-provisioner"}  # (else the .pth makes it ours)
+    env = _sdist.suite_env(JUPYTER_DEFAULT_PROVISIONER_NAME="local-provisioner")  # (else the .pth makes it ours)
     env.update(
         # (the suite's fixtures point JUPYTER_CONFIG_DIR at a directory of their own; the config path is kept)
         JUPYTER_CONFIG_PATH=str(config),

@@ -50,7 +50,7 @@ def run(python: Path, src: Path, workdir: Path, gpushare: bool, timeout: float =
     ledger = run_dir / "ledger.sqlite"
     ledger.unlink(missing_ok=True)
     # Without: jupyter_client's own default, named (the wheel's .pth would otherwise make ours the default).
-    env = {**os.environ, "JUPYTER_DEFAULT_PROVISIONER_NAME": "local-provisioner"}
+    env = _sdist.suite_env(JUPYTER_DEFAULT_PROVISIONER_NAME="local-provisioner")
     env.update(
         JUPYTER_CONFIG_DIR=str(config),
         JUPYTER_DATA_DIR=str(run_dir / "data"),

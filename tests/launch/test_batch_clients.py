@@ -221,30 +221,40 @@ def test_jupyter_console_gives_its_kernels_reservation_back_as_it_exits(user):
 @needs_root
 def test_a_terminal_job_finds_the_hosts_broker_at_its_default_socket(user):
     """On a JupyterHub the broker's socket is on the servers' command line (Spawner.args), which a student's
-    terminal job does not see: it finds the broker at its default socket all the same, with nothing set."""
+    terminal job does not see: it finds the broker at its default socket all the same, with nothing set.
+
+    The broker and the job run in a mount namespace of their own, where a directory of this test's is bound over the
+    default socket's: the host's real one is never touched, and tests run beside this one (pytest-xdist) never find
+    this broker."""
     tmp_path, env, ledger = user
-    if os.path.exists(DEFAULT_SOCKET):
-        pytest.skip(f"a broker already listens at {DEFAULT_SOCKET} on this host")
-    made_dir = not os.path.isdir(os.path.dirname(DEFAULT_SOCKET))
+    home = os.path.dirname(DEFAULT_SOCKET)
+    made_dir = not os.path.isdir(home)
+    os.makedirs(home, exist_ok=True)
     (tmp_path / "broker").mkdir()
-    broker = Broker(tmp_path / "broker", extra=f"c.GpuShareBroker.socket_path = {DEFAULT_SOCKET!r}\n")
-    broker.socket = DEFAULT_SOCKET
+    (tmp_path / "run").mkdir(mode=0o755)
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "600"])
+    namespace = ("nsenter", "-t", str(holder.pid), "-m")
+    broker = Broker(tmp_path / "broker", extra=f"c.GpuShareBroker.socket_path = {DEFAULT_SOCKET!r}\n", prefix=namespace)
+    broker.socket = str(tmp_path / "run" / os.path.basename(DEFAULT_SOCKET))  # (the same socket, seen from here)
     nb = nbformat.v4.new_notebook()
     nb.cells.append(nbformat.v4.new_code_cell(f"{SHOW}; from jupyter_gpushare.ledger.ledger import Ledger; "
                                               f"print(len(Ledger({broker.ledger!r}).leases()))"))  # fmt: skip
     nbformat.write(nb, tmp_path / "nb.ipynb")
     try:
+        wait_until(lambda: subprocess.run([*namespace, "true"]).returncode == 0, what="the mount namespace")
+        subprocess.run([*namespace, "mount", "--bind", str(tmp_path / "run"), home], check=True)
         broker.start()
         # The broker's card is simulated: the job is given the same simulated card (a server would be too).
-        out = run(env, "jupyter", "execute", *CARD[:1], "--GpuShareApp.simulated_cards=10GiB",
+        out = run(env, *namespace, f"--wd={tmp_path}", "jupyter", "execute", *CARD[:1], "--GpuShareApp.simulated_cards=10GiB",
                   "--GpuShareApp.default_quota=2GiB", f"--GpuShareApp.ledger_path={ledger}", "--output", "out",
                   "nb.ipynb", cwd=tmp_path)  # fmt: skip
         assert out.returncode == 0, out.stderr
         assert shown(tmp_path / "out.ipynb").split() == ["gpu", "2048", "1"]  # its lease is in the broker's ledger
         assert not ledger.exists()  # and none in a ledger of its own
+        assert not os.path.exists(DEFAULT_SOCKET)  # (the host's own default socket was never made)
     finally:
         broker.stop()
-        if os.path.exists(DEFAULT_SOCKET):
-            os.unlink(DEFAULT_SOCKET)
+        holder.kill()
+        holder.wait()
         if made_dir:
-            os.rmdir(os.path.dirname(DEFAULT_SOCKET))
+            os.rmdir(home)

@@ -273,6 +273,8 @@ def test_the_kernel_states_are_written_once_and_every_place_follows():
     assert set(_resolve(props["state"])["enum"]) == every
     assert set(get_args(KernelState)) == set(STATES) and set(get_args(Judgment)) == set(JUDGED)
     assert set(MOVES) == set(STATES) and all(set(to) <= set(STATES) for to in MOVES.values())
+    life = (ROOT / "docs" / "architecture.md").read_text().split("## A kernel's life", 1)[1].split("\n## ", 1)[0]
+    assert all(f"`{state}`" in life for state in STATES)  # the drawing names every state
     _, aliases = ts_declarations()
     assert set(re.findall(r"'(\w+)'", aliases["KernelState"])) == every
     for state in every:
