@@ -61,7 +61,9 @@ def run(python: Path, src: Path, workdir: Path, gpushare: bool, timeout: float =
         settings = {**GPUSHARE, "ledger_path": str(ledger)}
         (config / "jupyter_server_config.json").write_text(json.dumps({"GpuShareApp": settings}))
         env["JUPYTER_DEFAULT_PROVISIONER_NAME"] = "gpushare-provisioner"
-    cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "tests"]
+    # (nbclient's own config turns warnings into errors; pytest-asyncio 1.x warns at start where the loop scope is unset)
+    cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+           "-o", "asyncio_default_fixture_loop_scope=function", "tests"]  # fmt: skip
     t0 = time.monotonic()
     try:
         out = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True, timeout=timeout)
