@@ -17,6 +17,14 @@ as a kernel that asks at its first GPU use does. It answers on its ask pipe (``s
 ``kept:<why>``), where it also asks again at its next GPU use. Its first GPU framework import says ``using`` there
 first (the server then never asks: the answer would be no, and a kernel loading a framework can be slow to give it).
 
+A kernel that is parked (the server moved its GPU state to host memory: parking.py) hears ``{"parked": {...}}``
+(with its place in line once it waits to come back) and then ``{"back": {}}``. Meanwhile anything that wants the
+kernel brings it back, whichever client sent it: a cell (IPython's ``pre_run_cell``: a notebook's, a console's, an
+IDE's on the kernel's own ZMQ shell) and a comm message (a widget's) each write ``resume`` on the ask pipe. A cell
+runs at once; it says in one line, on its stdout, that the GPU comes back and where it stands, and only a GPU call in
+it waits, inside the driver, until the state is back. Whether the kernel can be parked at all is its ``parkable``:
+not while a thread its notebook started runs (a demo served from a thread makes GPU calls no cell asks for).
+
 Standard library only; the kernel process alone reads the pipe (its children do not inherit it).
 """
 
@@ -49,7 +57,8 @@ ASK_ANSWER_S = 2.0  # how long a first GPU use waits for the server's first answ
 KEPT = (env.ROOT_PID, env.GRANT_FD, env.ASK_FD, env.KERNEL_ID, env.REPORT_DIR)
 
 _cond = threading.Condition()
-_state: dict = {"place": None, "granted": False, "reading": False, "ask_fd": None, "using": False}
+_state: dict = {"place": None, "granted": False, "reading": False, "ask_fd": None, "using": False, "parked": None}
+_hooked: set[str] = set()  # what ``_hear_demands`` has hooked in this process (IPython's cells, comm messages)
 
 
 def start() -> bool:
@@ -107,7 +116,13 @@ def _take(message: dict) -> None:
     come): a wait that ended without a GPU may join the line again (``can_rejoin``), and a kernel granted its GPU in
     line may be asked to stand by."""
     place, grant, standby = message.get("wait"), message.get("grant"), message.get("standby")
+    parked, back = message.get("parked"), message.get("back")
     with _cond:
+        if isinstance(parked, dict):
+            _state["parked"] = parked
+            _hear_demands()
+        if isinstance(back, dict):
+            _state["parked"] = None
         if message.get("rejoin") is True:
             _rejoined()
         if isinstance(place, dict):
@@ -166,6 +181,87 @@ def _children() -> list[int]:
         if len(fields) > 1 and fields[1] == str(me).encode() and fields[0] != b"Z":
             found.append(int(pid))
     return found
+
+
+def _hear_demands() -> None:
+    """From the first park on, every cell and every comm message of this kernel asks to bring it back while it is
+    parked (``_demand``): hooked once, into IPython's events and the kernel's shell handlers, as they are now."""
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)() if ipython else None
+    if shell is None:
+        return
+    if "cells" not in _hooked:
+        try:
+            shell.events.register("pre_run_cell", _cell_demand)
+            _hooked.add("cells")
+        except Exception as e:  # (an IPython without events)
+            rep.warn(f"a cell cannot bring this parked kernel back: {e}")
+    kernel = getattr(shell, "kernel", None)
+    handlers = getattr(kernel, "shell_handlers", None)
+    comm = handlers.get("comm_msg") if isinstance(handlers, dict) else None
+    if "comms" not in _hooked and isinstance(handlers, dict) and comm is not None:
+
+        def comm_msg(*args, **kwargs):
+            _demand()
+            return comm(*args, **kwargs)
+
+        handlers["comm_msg"] = comm_msg
+        _hooked.add("comms")
+
+
+def _demand() -> bool:
+    """Ask the server to bring this parked kernel back (once a park: it is on its way until it says ``back``);
+    whether it is parked."""
+    with _cond:
+        parked: dict | None = _state["parked"]
+        if parked is None:
+            return False
+        if not parked.get("asked"):
+            parked["asked"] = _tell("resume")
+        return True
+
+
+def _cell_demand(*_args) -> None:
+    """A cell begins (any client's): a parked kernel comes back, and the cell says so in one line."""
+    if not _demand():
+        return
+    place = (_state["parked"] or {}).get("position")
+    where = f" (#{place} in line)" if isinstance(place, int) else ""
+    sys.stdout.write(
+        f"jupyter-gpushare: this kernel was parked; its GPU state comes back now{where}. CPU work runs at once; a "
+        "GPU call in this cell waits until it is back.\n"
+    )
+    sys.stdout.flush()
+
+
+def parkable() -> str:
+    """The server asks before a park (read only): "ok", or why not: while a thread that the notebook started runs,
+    or a child process (a model served from a thread, a demo's web server, a program started with ``!``: their GPU
+    calls come from no cell, so nothing would bring the kernel back for them). A port the kernel listens on is not
+    asked about: something of the kernel answers it, a thread or a process; and a kernel's own ports vary (ipykernel
+    7 listens on six)."""
+    import threading
+
+    children = _children()
+    if children:
+        return f"child processes run ({', '.join(map(str, children[:5]))})"
+    mine = []
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or not thread.is_alive():
+            continue
+        target = getattr(thread, "_target", None) or getattr(type(thread), "run", None)
+        module = getattr(target, "__module__", None) or type(thread).__module__ or ""
+        if not module.startswith(_INFRASTRUCTURE):
+            mine.append(thread.name)
+    return f"threads its notebook started run ({', '.join(sorted(mine))[:200]})" if mine else "ok"
+
+
+# The threads of a kernel that are Jupyter's, Python's and ours, by the module of their code: any other is one the
+# notebook started.
+_INFRASTRUCTURE = (
+    "ipykernel", "IPython", "jupyter_client", "zmq", "tornado", "asyncio", "concurrent.futures", "threading",
+    "queue", "_gpushare", "debugpy", "traitlets", "comm",
+)  # fmt: skip
 
 
 def _tell(answer: str) -> bool:

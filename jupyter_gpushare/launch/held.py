@@ -22,6 +22,10 @@ answers ``standby`` (it holds no GPU now, and asks again at its next GPU use) or
 framework import says ``using`` (as an ``ask`` does): it is not asked from then on. Any other line is the kernel's
 own business and is dropped, and past ASK_LIMIT bytes of them the pipe is closed.
 
+A parked kernel (parking.py) hears ``{"parked": {...}}`` (its place in line once it waits to come back) and then
+``{"back": {}}`` on the grant pipe, and says ``resume`` on its ask pipe at its next cell or comm message, whichever
+client sent it (``on_resume``).
+
 A wait that ended without a GPU keeps the pipe open: the kernel may join the line again in place (``rejoin``;
 the kernel agrees first, ``_gpushare_wait.can_rejoin``), and its next wait and grant come through the same pipe.
 
@@ -46,6 +50,7 @@ STANDIN = str(Path(__file__).with_name("standin.py"))
 ASK = b"ask"  # the kernel asks for its GPU (its ask pipe)
 STANDBY, KEPT = b"standby", b"kept:"  # its answers when asked to stand by
 USING = b"using"  # its first GPU framework import began: it will not stand by (its own word: only it loses by it)
+RESUME = b"resume"  # parked, it is wanted: a cell or a comm message of any client (its own word: it asks for itself)
 ASK_LIMIT = 4096  # bytes read from a kernel's ask pipe before it is closed (a kernel that writes anything else)
 
 
@@ -69,6 +74,7 @@ class HeldStart:
         self._ask_seen = b""  # a line the kernel has not ended yet
         self._ask_junk = 0  # bytes of lines that were neither an ask nor an answer
         self._on_ask: Callable[[], None] | None = None
+        self._on_resume: Callable[[], None] | None = None
         self._on_stood_by: Callable[[], Awaitable[None]] | None = None
         self._standby: tuple[asyncio.Future[str], dict[str, str]] | None = None  # asked to stand by: answer, env
         self._standing = False  # it agreed, and the server is not done with it yet (an ask waits till then)
@@ -106,10 +112,16 @@ class HeldStart:
         if not self.started.done():
             self.started.set_result(True)
 
-    def listen(self, on_ask: Callable[[], None], on_stood_by: Callable[[], Awaitable[None]] | None = None) -> None:
+    def listen(
+        self,
+        on_ask: Callable[[], None],
+        on_stood_by: Callable[[], Awaitable[None]] | None = None,
+        on_resume: Callable[[], None] | None = None,
+    ) -> None:
         """Call ``on_ask`` (on the event loop) each time the kernel asks for its GPU, and await ``on_stood_by`` once
-        it agreed to stand by (``stand_by``); an ask meanwhile waits until that is done."""
-        self._on_ask, self._on_stood_by = on_ask, on_stood_by
+        it agreed to stand by (``stand_by``); an ask meanwhile waits until that is done. ``on_resume``: the kernel,
+        parked, is wanted."""
+        self._on_ask, self._on_stood_by, self._on_resume = on_ask, on_stood_by, on_resume
         if self._ask_read is not None and self._ask_loop is None:
             self._ask_loop = asyncio.get_running_loop()
             self._ask_loop.add_reader(self._ask_read, self._read_ask)
@@ -128,6 +140,9 @@ class HeldStart:
             self.using = self.using or line in (USING, ASK)
             if line == ASK or line == STANDBY or line.startswith(KEPT):
                 said.append(line)
+            elif line == RESUME:
+                if self._on_resume is not None:
+                    self._on_resume()
             elif line != USING:
                 self._ask_junk += len(line) + 1
         if not data or self._ask_junk + len(self._ask_seen) >= ASK_LIMIT:  # closed (the kernel is gone); or junk
@@ -175,6 +190,16 @@ class HeldStart:
     def answers(self) -> bool:
         """Whether the kernel can still say something (its ask pipe is open and listened to)."""
         return self._ask_read is not None and self._ask_loop is not None
+
+    def say(self, message: dict[str, Any]) -> None:
+        """Tell the kernel one thing (``{"parked": ...}``, ``{"back": {}}``) on its grant pipe; nothing when the pipe
+        is gone or full (a kernel that does not read it loses only its own news)."""
+        if self._write_fd is None:
+            return
+        try:
+            os.write(self._write_fd, (json.dumps(message, sort_keys=True) + "\n").encode())
+        except (BlockingIOError, BrokenPipeError):
+            pass
 
     def progress(self, place: dict[str, Any]) -> None:
         """Tell the kernel where it stands in line: only what changed, and nothing while the pipe is full (a line

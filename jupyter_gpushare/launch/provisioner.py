@@ -263,7 +263,7 @@ class GpuShareProvisioner(LocalProvisioner):
             raise
         if held is not None:
             held.launched()
-            held.listen(lambda: self._asked(held), lambda: self._stood_by(held))
+            held.listen(lambda: self._asked(held), lambda: self._stood_by(held), lambda: self._wanted(held))
             if self._grant.mode == "queued":
                 self._admitting = asyncio.ensure_future(self._admit_held(held))
         return info
@@ -274,6 +274,11 @@ class GpuShareProvisioner(LocalProvisioner):
         rec = self._manager().records.get(self.kernel_id)
         if held is self._held and rec is not None and rec.state == "standby" and self._admitting is None:
             self._admitting = asyncio.ensure_future(self._in_line(held))
+
+    def _wanted(self, held: HeldStart) -> None:
+        """The kernel says it is wanted (a cell or a comm message of any client): parked, it comes back."""
+        if held is self._held:
+            self._manager().parking.resume(self.kernel_id)
 
     async def stand_by(self) -> str:
         """Give back the GPU this kernel holds and has not used, while others wait (parking.py decides when): the

@@ -51,6 +51,7 @@ from .rows import (
     notebooks_in,
     owner_columns,
     owner_of,
+    place_after,
     read_ledger,
     read_notebooks,
     record_run,
@@ -200,23 +201,25 @@ class Ledger:
                 biggest = max((c.total_mib for c in cards if policy.card_allowed(c.uuid, c.index)), default=0)
                 limits.check(req.user, req.quota.resolve(biggest), biggest, held)
             entry = mine or Entry(0, req.kernel_id, req.quota, req.user, now, frozenset(uuids))
-            card = choose_card(entry, ahead_of(line, mine), views, policy, now) if settling <= 0 else None
+            since = parked.since(db, req.kernel_id, self.owner) if mine is None else None  # a resume: parked.py
+            card = choose_card(entry, ahead_of(line, mine, since), views, policy, now) if settling <= 0 else None
             if card is None and not reaped and settling <= 0:  # room held by kernels that are gone is room
                 self._reap(db, now)
                 line = line_of(db)
                 mine = next((e for e in line if e.kernel_id == req.kernel_id), None)
                 views = self._views(db, cards, outside)
-                card = choose_card(entry, ahead_of(line, mine), views, policy, now)
+                card = choose_card(entry, ahead_of(line, mine, since), views, policy, now)
             if card is None:
                 if wait and mine is None:
                     check_waiting(req.user, sum(e.user == req.user for e in line), policy)
                     db.execute("DELETE FROM unserved WHERE ended < ?", (now - policy.queue_timeout_s,))
                     unserved = db.execute("SELECT ended FROM unserved WHERE user=?", (req.user,)).fetchone()
                     db.execute(
-                        "INSERT INTO waiters (kernel_id, quota, user, kernel_name, owner_pid, owner_start, owner_session,"
-                        " created, heartbeat, cards, ages_from) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                        (req.kernel_id, exact_quota(req.quota), req.user, req.kernel_name, *owner_columns(self.owner), now,
-                         host_clock(), ",".join(uuids), ages_from(now, unserved[0] if unserved else None, policy)),
+                        "INSERT INTO waiters (ticket, kernel_id, quota, user, kernel_name, owner_pid, owner_start,"
+                        " owner_session, created, heartbeat, cards, ages_from) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                        (place_after(db, since), req.kernel_id, exact_quota(req.quota), req.user, req.kernel_name,
+                         *owner_columns(self.owner), now, host_clock(), ",".join(uuids),
+                         ages_from(now, unserved[0] if unserved else None, policy)),
                     )  # fmt: skip
                 elif wait:
                     db.execute("UPDATE waiters SET heartbeat=? WHERE kernel_id=?", (host_clock(), req.kernel_id))
@@ -227,7 +230,7 @@ class Ledger:
                     if settling > 0
                     else ""
                 )
-                ahead, leases = ahead_of(line, mine), self._seen(db.execute("SELECT * FROM leases").fetchall())
+                ahead, leases = ahead_of(line, mine, since), self._seen(db.execute("SELECT * FROM leases").fetchall())
                 likely = likely_at(db, self._past, leases, entry, ahead, views, policy, now) if wait else None
                 return waiting_answer(req, policy, views, len(ahead), reason, gives_up_at=gives_up, likely_at=likely)
             quota_mib = req.quota.resolve(card.total_mib)

@@ -41,6 +41,12 @@ def admit(db: sqlite3.Connection, kernel_id: str, mib: int, budget_mib: int | No
     )
 
 
+def since(db: sqlite3.Connection, kernel_id: str, owner: Owner) -> float | None:
+    """When ``owner`` parked the kernel, or None (it is not its parked kernel): a resume's place in line."""
+    row = db.execute("SELECT * FROM parked WHERE kernel_id=?", (kernel_id,)).fetchone()
+    return row["since"] if row is not None and owner_of(row) == owner else None
+
+
 def drop(db: sqlite3.Connection, kernel_id: str) -> None:
     db.execute("DELETE FROM parked WHERE kernel_id=?", (kernel_id,))
 

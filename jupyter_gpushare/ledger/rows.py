@@ -204,9 +204,23 @@ def end_waits(db: sqlite3.Connection, where: str, args: tuple, now: float) -> No
     )
 
 
-def ahead_of(line: Sequence[Entry], mine: Entry | None) -> list[Entry]:
-    """The kernels ahead of ``mine`` in line (all of them for a request not in line)."""
+def ahead_of(line: Sequence[Entry], mine: Entry | None, since: float | None = None) -> list[Entry]:
+    """The kernels ahead of ``mine`` in line (for a request not in line: all of them, or, a parked kernel's resume,
+    those that joined before it gave its place up at ``since``)."""
+    if mine is None and since is not None:
+        return [e for e in line if e.created <= since]
     return [e for e in line if mine is None or e.ticket < mine.ticket]
+
+
+def place_after(db: sqlite3.Connection, since: float | None) -> int | None:
+    """The ticket of a parked kernel's resume joining the line: after the kernels that joined before its park
+    (``since``), before every later one, whose tickets move up one; None (the next ticket) for any other request."""
+    if since is None:
+        return None
+    later = [r[0] for r in db.execute("SELECT ticket FROM waiters WHERE created > ? ORDER BY ticket DESC", (since,))]
+    for ticket in later:  # (highest first: the key stays unique)
+        db.execute("UPDATE waiters SET ticket=? WHERE ticket=?", (ticket + 1, ticket))
+    return later[-1] if later else None
 
 
 def waiting_answer(

@@ -124,7 +124,20 @@ class ServerStarts:
             self.log.exception("jupyter-gpushare: kernel %s, whose wait ended, could not be shut down", kernel_id)
 
     def on_wait(self, rec: KernelRecord, got: Waiting) -> None:
-        """Nothing: the server's kernel model and the sidebar say where a kernel stands."""
+        """The server's kernel model and the sidebar say where a kernel stands; a parked kernel on its way back
+        hears its place too (its cells say it)."""
+        if rec.parked is not None:
+            self.tell(rec.kernel_id, {"parked": {"position": got.position}})
+
+    def tell(self, kernel_id: str, message: dict[str, Any]) -> bool:
+        if not self.hears(kernel_id):
+            return False
+        self._provisioner(kernel_id).held.say(message)
+        return True
+
+    def hears(self, kernel_id: str) -> bool:
+        held = getattr(self._provisioner(kernel_id), "held", None)
+        return held is not None and held.open and held.answers
 
     async def restart(self, kernel_id: str) -> bool:
         try:

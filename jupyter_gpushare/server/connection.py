@@ -10,8 +10,10 @@ and once the kernel runs the connection is made as jupyter_server makes it (kern
 makes sure the kernel's output reaches this client) and the kept messages are sent on. If the kernel will never
 run (its wait ended), the websocket is closed. A kernel that does not wait is connected as usual.
 
-A parked kernel (parking.py) is brought back by the next cell its client runs: that message and the ones after it
-are held until the kernel is back on its GPU, then sent on in order.
+A parked kernel (parking.py) is brought back by the next cell its client runs, and the cell goes to the kernel at
+once: its CPU work runs meanwhile, and only a GPU call in it waits, inside the driver, until the kernel's state is
+back (the cell says so in one line: _gpushare_wait). Any client's cell brings it back the same way, through the
+kernel's own word; this one is only the quickest.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
     _handed = False  # connected to the kernel as jupyter_server connects
     _closed = False
     _joining: asyncio.Future | None = None
-    _resuming: list | None = None  # the client's messages while its parked kernel comes back
     _holds = (0, 0)  # what this connection counts in _held_for: messages, bytes
 
     async def prepare(self) -> None:
@@ -84,18 +85,11 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
             super().handle_incoming_message(message)
 
     def handle_incoming_message(self, incoming_msg: Any) -> None:
-        if self._resuming is not None:  # a parked kernel on its way back: after it, in order
-            if self._hold(incoming_msg):
-                self._resuming.append(incoming_msg)
-            return None
         if self._kept is None:
             parking = getattr(getattr(self.kernel_manager, "provisioner", None), "parking", None)
             if parking is not None and _runs_code(incoming_msg):
                 if parking.away(self.kernel_id):
-                    if self._hold(incoming_msg):
-                        self._resuming = [incoming_msg]  # the kernel is parked: its cell brings it back (parking.py)
-                        asyncio.ensure_future(self._send_after(parking.resume(self.kernel_id)))
-                    return None
+                    parking.resume(self.kernel_id)  # the kernel is parked: its cell brings it back (parking.py)
                 parking.touch(self.kernel_id)  # a cell on its way: not idle, whatever the last reading said
             return super().handle_incoming_message(incoming_msg)
         if self._hold(incoming_msg):
@@ -122,21 +116,10 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
                 del _held_for[self.kernel_id]
         self._holds = (0, 0)
 
-    async def _send_after(self, resumed: asyncio.Future) -> None:
-        try:
-            await asyncio.shield(resumed)
-        except Exception:  # noqa: BLE001 (the move said what went wrong, in an event)
-            pass
-        held, self._resuming = self._resuming or [], None
-        self._let_go()
-        if not self._closed:
-            for message in held:
-                super().handle_incoming_message(message)
-
     def disconnect(self) -> None:  # type: ignore[override]  # (synchronous in ZMQChannelsWebsocketConnection)
         kept, self._kept = self._kept, None
         if kept is not None:
-            self._let_go()  # (held for a resume, they are still sent on: _send_after)
+            self._let_go()
         if kept is None or self._handed:
             if not self._closed:
                 super().disconnect()

@@ -92,6 +92,8 @@ class Enforcer:
         parking = self.manager.parking
         for kid, rec in list(self.manager.records.items()):
             usage = snap.kernels.get(kid)
+            if rec.parked is not None and getattr(self._kernel(kid), "execution_state", None) == "busy":
+                parking.resume(kid)  # a parked kernel busy with anything (whichever client sent it) is wanted
             if rec.state != "running" or rec.lease is None or usage is None:
                 continue
             w = self._watch.get(kid)

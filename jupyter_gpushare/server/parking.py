@@ -46,7 +46,8 @@ AT_ONCE = 8  # parks under way at one time (each moves its state to host memory;
 TRIMMED_READ_S = 3.0  # after a kernel gave its caches back, how long to wait for a reading that shows it
 FREED_READ_S = 1.0  # how long to wait for each reading asked for after a park
 STARTING_S = 30.0  # a kernel is not idle while Jupyter says it is starting, for at most this long
-OVER_BUDGET_S = 30.0  # a kernel whose state did not fit the host's parking budget is not tried again for this long
+NOT_NOW_S = 30.0  # a kernel that may not be parked now (the budget, a thread, a port) is not tried again for this long
+PARKABLE_ASK_S = 3.0  # how long a kernel has to say whether it may be parked
 
 
 def holding(processes: Sequence[Any]) -> list[int]:
@@ -80,7 +81,7 @@ class Parking:
         self._wake: asyncio.TimerHandle | None = None  # the reading asked for then (``_read_at``)
         self._standing: dict[str, int] = {}  # kernels being asked to stand by now: the reservation each gives back
         self._kept: dict[str, int | None] = {}  # kernels that would not stand by: the process that said so
-        self._over_budget: dict[str, float] = {}  # (monotonic) kernels the host's parking budget refused: until when
+        self._not_until: dict[str, float] = {}  # (monotonic) kernels that may not be parked now: until when
 
     # -- what is parked ------------------------------------------------------------------------------
 
@@ -158,7 +159,7 @@ class Parking:
             self._soonest = min(self._soonest, wait)
             return
         used = usage.used_mib or 0
-        if self._over_budget.get(kid, -math.inf) > time.monotonic():  # (the ledger judges the budget: park())
+        if self._not_until.get(kid, -math.inf) > time.monotonic():  # (the budget, a thread, a port: _may_park)
             return
         pids = holding(usage.processes)
         self._candidates.append((idle_for, rec, pids, used, usage.pid))
@@ -241,11 +242,14 @@ class Parking:
         reason = self.checkpointer.unavailable()
         if reason:
             raise PolicyError(f"Kernels cannot be parked on this host: {reason}.")
+        why_not = await self._why_not(kernel_id)
+        if why_not is not None:
+            raise PolicyError(f"Kernel {kernel_id} is not parked: {why_not}.")
         usage = self.kernels.kernel_usage(kernel_id)
         processes = usage.processes if usage is not None else ()
         pids = holding(processes)
         used = (usage.used_mib or 0) if usage is not None else 0
-        await self._start(kernel_id, self._park(rec, pids, used, usage.pid if usage else None))
+        await self._start(kernel_id, self._park(rec, pids, used, usage.pid if usage else None, asked=True))
 
     async def _stand_by(self, rec: KernelRecord, pid: int | None) -> None:
         """Ask a kernel to stand by (``decide``); its reservation counts as room coming meanwhile."""
@@ -293,17 +297,25 @@ class Parking:
         self.kernels.line.room_freed()
         self._settling.append((time.monotonic() + SETTLE_S, mib, self.kernels.line.turns))
 
-    async def _park(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None) -> None:
+    async def _park(
+        self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None, asked: bool = False
+    ) -> None:
+        """``asked``: the kernel said already that it may be parked (``park``)."""
         self._parking[rec.kernel_id] = rec.lease.reserved_mib if rec.lease is not None else 0
         try:
-            await self._park_now(rec, pids, used_mib, pid)
+            await self._park_now(rec, pids, used_mib, pid, asked)
         finally:
             del self._parking[rec.kernel_id]
 
-    async def _park_now(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None) -> bool:
+    async def _park_now(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None, asked: bool) -> bool:
         kid, lease, card = rec.kernel_id, rec.lease, rec.card
         assert lease is not None
         t0 = time.monotonic()
+        why_not = None if asked else await self._why_not(kid)
+        if why_not is not None:
+            self._not_until[kid] = time.monotonic() + NOT_NOW_S
+            self.kernels.log.info("jupyter-gpushare: kernel %s is not parked: %s", kid, why_not)
+            return False
         trimmed = await self.kernels.services.starts.trim(kid) if pids else None
         if trimmed:  # its frameworks gave their caches back: move only what is in use
             pids, used_mib = await self._in_use(kid, time.time(), pids, used_mib)
@@ -311,7 +323,7 @@ class Parking:
         try:  # the host's one budget, in the ledger (the broker's, where there is one), before any state moves
             await self.kernels.ledger.run(self.kernels.ledger.must, lambda ledger: ledger.park(kid, used_mib, budget))
         except (PolicyError, LedgerError) as e:
-            self._over_budget[kid] = time.monotonic() + OVER_BUDGET_S
+            self._not_until[kid] = time.monotonic() + NOT_NOW_S
             self.kernels.log.info("jupyter-gpushare: kernel %s is not parked: %s", kid, e)
             return False
         try:
@@ -336,6 +348,7 @@ class Parking:
                         lease.reserved_mib, time.time(), seconds)  # fmt: skip
         move(rec, "parked", lease=None, card=card, parked=parked)
         self._room_freed(lease.reserved_mib)
+        self.kernels.services.starts.tell(kid, {"parked": {"parked_mib": used_mib}})  # its next demand brings it back
         self.kernels.event(
             "parked", kid,
             f"Parked after {format_mib(used_mib)} of GPU state moved to host memory in {seconds} s; its "
@@ -343,6 +356,21 @@ class Parking:
             parked_mib=used_mib, reserved_mib=lease.reserved_mib, park_s=seconds, trimmed=trimmed or [], **steps,
         )  # fmt: skip
         return True
+
+    async def _why_not(self, kernel_id: str) -> str | None:
+        """Why a kernel may not be parked now, or None: a parked kernel must be able to hear that it is, and every
+        demand on it must be one it can say (a cell, a comm message). So not a kernel without its pipe to the server,
+        nor one that runs a thread its notebook started or a child process (a demo's web server, a served model: their
+        GPU calls come from no cell), nor one that does not answer the question (``_gpushare_wait.parkable``)."""
+        starts = self.kernels.services.starts
+        if not starts.hears(kernel_id):
+            return "it has no pipe to the server, so it could not say that it is wanted"
+        said = await starts.ask(kernel_id, "__import__('_gpushare_wait').parkable()", PARKABLE_ASK_S)
+        if said is None:
+            return "it did not say whether it may be parked (a cell runs, or it does not answer)"
+        if "'ok'" not in said:  # (its own word: a kernel that lies keeps only itself from parking, or hangs itself)
+            return f"{said.strip(chr(39) + chr(34))[:200]}: their GPU calls would come from no cell"
+        return None
 
     async def _in_use(self, kernel_id: str, since: float, pids: list[int], used_mib: int) -> tuple[list[int], int]:
         """The kernel's processes on the card and what they use, from a reading taken after ``since`` (its caches
@@ -408,6 +436,7 @@ class Parking:
                 lease = grant.lease
         except (QuotaUnavailable, PolicyError, Exception) as e:  # noqa: BLE001 (it stays parked, and says why)
             move(rec, "parked", position=None)
+            self.kernels.services.starts.tell(kid, {"parked": {"parked_mib": parked.parked_mib}})  # (asks again)
             self.kernels.event("resume-waited-out", kid, f"Still parked: {e}. Its next cell asks again.")
             return
         waited = round(time.monotonic() - t0, 2)
@@ -424,6 +453,7 @@ class Parking:
         self.given_back_mib_s += parked.reserved_mib * (time.time() - parked.since)
         rec.parked = None
         self._unpark(kid)
+        self.kernels.services.starts.tell(kid, {"back": {}})
         self.touch(kid)  # its cell runs next: its idle clock starts again
         self.kernels.settle(rec, Grant("gpu", lease=lease, card=self.kernels.card(lease.card_uuid)))
         await self.kernels.attach(kid, rec.pid)
@@ -439,7 +469,7 @@ class Parking:
             self.given_back_mib_s += rec.parked.reserved_mib * (time.time() - rec.parked.since)
             rec.parked = None
             self._unpark(kernel_id)
-        self._over_budget.pop(kernel_id, None)
+        self._not_until.pop(kernel_id, None)
         self._failed.pop(kernel_id, None)
         self._kept.pop(kernel_id, None)
         self._touched.pop(kernel_id, None)

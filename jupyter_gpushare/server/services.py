@@ -15,7 +15,7 @@ filled in order, never patched in afterwards.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from ..ledger.leases import Waiting
 from .records import Changes, KernelRecord
@@ -70,6 +70,15 @@ class KernelStarts(Protocol):
         """The text of ``expression``'s value in the kernel (untrusted), "" when it raised; None without an answer."""
         ...
 
+    def tell(self, kernel_id: str, message: dict[str, Any]) -> bool:
+        """Tell a kernel one thing on its pipe (held.py); False when it has none."""
+        ...
+
+    def hears(self, kernel_id: str) -> bool:
+        """Whether the kernel has its pipes to the server: to hear that it is parked, and to say that it is wanted (a
+        kernel that could not say so is never parked)."""
+        ...
+
 
 @dataclass(frozen=True)
 class ProgramStarts:
@@ -110,6 +119,13 @@ class ProgramStarts:
     async def ask(self, kernel_id: str, expression: str, timeout: float) -> str | None:
         """A program's kernels are its own to ask."""
         return None
+
+    def tell(self, kernel_id: str, message: dict[str, Any]) -> bool:
+        """A program's kernels are never parked."""
+        return False
+
+    def hears(self, kernel_id: str) -> bool:
+        return False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,164 @@
+"""Any demand brings a parked kernel back (server/parking.py, bootstrap/_gpushare_wait.py), through a real
+jupyter-server on a simulated 10 GiB card, with real kernels: a cell sent straight to the kernel's own ZMQ shell (as
+`jupyter console --existing`, an IDE or a script does, never passing the server's websocket), and a comm message. A
+kernel whose GPU calls could come from no cell (a thread its notebook started, a child process) is not parked, and a
+kernel that does not answer, or answers nonsense, is refused with why; nothing else is affected."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import uuid
+
+import psutil
+import pytest
+from jupyter_client import AsyncKernelClient
+from kernels import run_in_kernel
+from tornado.httpclient import HTTPClientError
+
+
+@pytest.fixture
+def gpushare_config(gpushare_config):
+    return {**gpushare_config, "default_quota": "4GiB", "queue_timeout": 120, "park_after": 3600}
+
+
+async def _state(gpushare, kernel_id: str, *states: str) -> bool:
+    return await gpushare.state_of(kernel_id) in states
+
+
+async def _park(jp_fetch, kernel_id: str) -> None:
+    await jp_fetch("api", "gpushare", "kernels", kernel_id, "park", method="POST", body="")
+
+
+async def _refused(jp_fetch, kernel_id: str) -> str:
+    with pytest.raises(HTTPClientError) as e:
+        await _park(jp_fetch, kernel_id)
+    assert e.value.code == 409, e.value
+    return json.loads(e.value.response.body)["message"]
+
+
+def _own_client(jp_serverapp, kernel_id: str) -> AsyncKernelClient:
+    """A client of the kernel's own ZMQ channels, by its connection file: the server sees none of what it sends."""
+    client = AsyncKernelClient(connection_file=jp_serverapp.kernel_manager.get_kernel(kernel_id).connection_file)
+    client.load_connection_file()
+    client.start_channels()
+    return client
+
+
+async def _stdout_of(client: AsyncKernelClient, msg_id: str) -> str:
+    out = ""
+    while True:
+        msg = await client.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out += msg["content"]["text"]
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return out
+
+
+async def test_a_cell_sent_to_the_kernels_own_shell_brings_it_back_and_runs_at_once(gpushare, jp_serverapp, jp_fetch):
+    """`jupyter console --existing` (or an IDE) sends a cell to a parked kernel's ZMQ shell: the cell runs at once and
+    says in one line that the GPU comes back, and the kernel asks for its GPU itself. It used to hang: the server never
+    saw the cell, and the kernel stayed parked (5 of 24 students' second jobs, in each of two runs)."""
+    _, kid = await gpushare.open_notebook("console.ipynb")
+    await run_in_kernel(jp_serverapp, kid, "kept = 41")
+    await _park(jp_fetch, kid)
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "parked"), what="the kernel to be parked")
+    client = _own_client(jp_serverapp, kid)
+    try:
+        msg_id = client.execute("kept + 1")
+        reply = await client.get_shell_msg(timeout=30)
+        assert reply["content"]["status"] == "ok"
+        said = await _stdout_of(client, msg_id)
+        assert "this kernel was parked; its GPU state comes back now" in said, said
+        await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the kernel back on its GPU")
+        assert (await gpushare.kernel(kid))["parked"] is None
+    finally:
+        client.stop_channels()
+
+
+async def test_a_comm_message_brings_it_back(gpushare, jp_serverapp, jp_fetch):
+    """A widget's comm message (here, on the kernel's own shell) is a demand as a cell is."""
+    _, kid = await gpushare.open_notebook("widget.ipynb")
+    await _park(jp_fetch, kid)
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "parked"), what="the kernel to be parked")
+    client = _own_client(jp_serverapp, kid)
+    try:
+        message = client.session.msg("comm_msg", {"comm_id": uuid.uuid4().hex, "data": {"method": "update"}})
+        client.shell_channel.send(message)
+        await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the kernel back on its GPU")
+    finally:
+        client.stop_channels()
+
+
+async def test_a_kernel_whose_gpu_calls_could_come_from_no_cell_is_not_parked(gpushare, jp_serverapp, jp_fetch):
+    """A notebook serving a model from a thread (a Gradio or Flask demo) or running a program in a child process: a
+    park would stall their GPU calls with nothing to bring the kernel back (a demo's thread stalled 39 s). Such a
+    kernel is not parked, and asked to be, it is refused with why; once the thread is done, it may be."""
+    _, kid = await gpushare.open_notebook("demo.ipynb")
+    await run_in_kernel(jp_serverapp, kid, (
+        "import threading, subprocess, sys, time\n"
+        "stop = threading.Event()\n"
+        "def serve(): stop.wait(120)\n"
+        "threading.Thread(target=serve, name='demo-server', daemon=True).start()"
+    ))  # fmt: skip
+    said = await _refused(jp_fetch, kid)
+    assert "threads its notebook started run (demo-server)" in said and "come from no cell" in said, said
+    await run_in_kernel(jp_serverapp, kid, "stop.set(); time.sleep(0.2); child = subprocess.Popen(['sleep', '120'])")
+    assert "child processes run" in await _refused(jp_fetch, kid)
+    await run_in_kernel(jp_serverapp, kid, "child.kill(); child.wait()")
+    await _park(jp_fetch, kid)
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "parked"), what="the kernel parked once they are done")
+
+
+@pytest.mark.parametrize("answer", ["nonsense", "silence"])
+async def test_a_kernel_that_answers_nonsense_or_nothing_is_refused_and_nothing_else_moves(
+    gpushare, jp_serverapp, jp_fetch, answer
+):
+    """The kernel's word is read only for "ok": a kernel that says anything else (64 KiB of it) is refused with what
+    it said, cut short; one that does not answer in time (its bootstrap's answer replaced by a sleep) is refused for
+    that. Neither is parked, and another kernel of the server parks as before."""
+    _, kid = await gpushare.open_notebook("liar.ipynb")
+    _, other = await gpushare.open_notebook("other.ipynb")
+    fake = "lambda: 'x' * 65536" if answer == "nonsense" else "lambda: __import__('time').sleep(8)"
+    await run_in_kernel(jp_serverapp, kid, f"import _gpushare_wait; _gpushare_wait.parkable = {fake}")
+    said = await _refused(jp_fetch, kid)
+    if answer == "nonsense":
+        assert "xxxx" in said and len(said) < 600, len(said)
+    else:
+        assert "it did not say whether it may be parked" in said, said
+    assert await gpushare.state_of(kid) == "running"
+    await _park(jp_fetch, other)
+    await gpushare.wait_for(lambda: _state(gpushare, other, "parked"), what="the other kernel parked")
+
+
+async def test_a_parked_kernel_that_is_stopped_or_killed_takes_nothing_with_it(gpushare, jp_serverapp, jp_fetch):
+    """A parked kernel's process is stopped (SIGSTOP): its next demand cannot come from it, but its websocket's cell
+    (or the server's resume) still brings it back on its card, and it runs its cells once it is let go. A parked
+    kernel that is killed is restarted by Jupyter as after any crash: its parked state is gone, and the host memory
+    it held for the parked state is given back (the host's one budget, in the ledger)."""
+    manager = jp_serverapp.web_app.settings["gpushare_manager"]
+    _, kid = await gpushare.open_notebook("stopped.ipynb")
+    await _park(jp_fetch, kid)
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "parked"), what="the kernel parked")
+    pid = (await gpushare.kernel(kid))["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await jp_fetch("api", "gpushare", "kernels", kid, "resume", method="POST", body="")
+        await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="a stopped kernel back on its card")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert await run_in_kernel(jp_serverapp, kid, "print(6 * 7)") == "42\n"
+    await _park(jp_fetch, kid)
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "parked"), what="the kernel parked again")
+    assert kid in await manager.ledger.on(lambda ledger: ledger.parked())
+    psutil.Process(pid).kill()
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "running", "starting"), what="the kernel restarted")
+    for _ in range(50):
+        if kid not in await manager.ledger.on(lambda ledger: ledger.parked()):
+            break
+        await asyncio.sleep(0.1)
+    assert kid not in await manager.ledger.on(lambda ledger: ledger.parked())
