@@ -190,6 +190,10 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     import tempfile
 
+    import pynvml
+
+    pynvml.nvmlInit()
+
     for n in range(1, args.runs + 1):
         with tempfile.TemporaryDirectory() as tmp:
             result = one_run(Path(tmp))
