@@ -117,7 +117,10 @@ def scenario(server: Server, work: Path, how: str) -> dict:
             status, said = run(kc, (THREAD if how == "thread" else CHILD).format(log=str(log), script=str(script)))
             out["background_started"] = status
         kb = server.client(b)
-        kb.execute("import time; time.sleep(3600)")  # B is busy: A is the one a park would take
+        # B holds GPU memory and is busy: A is the one a park takes (a kernel that never used its GPU stands by)
+        kb.execute(
+            "import torch, time; b = torch.ones(2**28, device='cuda'); torch.cuda.synchronize(); time.sleep(3600)"
+        )
         t0 = time.time()
         sc, c = session(server, f"c-{how}.ipynb")
         if how in ("thread", "child"):  # never parked: its background calls go on while C waits
@@ -128,7 +131,7 @@ def scenario(server: Server, work: Path, how: str) -> dict:
             out["served"] = out["a_state"] == "running" and out["longest_gap_s"] <= WAIT_S
             out["why_not_parked"] = [e.get("message") for e in server.events(a) if e.get("kind") == "park-failed"]
             return out
-        out["a_parked_after_s"] = wait_state(server, a, "parked")
+        out["a_parked_after_s"] = wait_state(server, a, "parked", timeout=40)
         wait_state(server, c, "running")
         time.sleep(3)
         out["a_used_parked_mib"] = nvml_use().get(int(pid))
