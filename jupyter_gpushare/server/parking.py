@@ -47,7 +47,7 @@ TRIMMED_READ_S = 3.0  # after a kernel gave its caches back, how long to wait fo
 FREED_READ_S = 1.0  # how long to wait for each reading asked for after a park
 STARTING_S = 30.0  # a kernel is not idle while Jupyter says it is starting, for at most this long
 NOT_NOW_S = 30.0  # a kernel that may not be parked now (the budget, a thread, a port) is not tried again for this long
-PARKABLE_ASK_S = 3.0  # how long a kernel has to say whether it may be parked
+PARKABLE_ASK_S = 10.0  # how long a kernel has to say whether it may be parked (an idle one: milliseconds)
 
 
 def holding(processes: Sequence[Any]) -> list[int]:

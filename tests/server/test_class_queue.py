@@ -37,6 +37,7 @@ def gpushare_config(gpushare_config):
     }
 
 
+@pytest.mark.alone
 async def test_sixty_notebooks_for_ten_places_through_six_connections(
     gpushare, jp_serverapp, jp_http_port, jp_base_url, jp_auth_header, kernel_ws
 ):

@@ -26,6 +26,7 @@ def gpushare_config(gpushare_config):
     return {**gpushare_config, "simulated_cards": "40GiB", "default_quota": "256MiB"}
 
 
+@pytest.mark.alone
 async def test_forty_notebooks_opened_at_once_all_start_and_run_a_cell(gpushare, jp_fetch, kernel_ws):
     async def student(i: int) -> tuple[str, str]:
         session_id, kernel_id = await open_notebook(jp_fetch, f"class/student-{i}.ipynb")
