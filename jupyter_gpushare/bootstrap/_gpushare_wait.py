@@ -335,6 +335,11 @@ class GpuWaitEnded(RuntimeError):
 
     stops_import = True  # the import fails with it (_gpushare_boot lets it through), and the next one runs
 
+    def _render_traceback_(self):
+        """What IPython shows in the cell instead of a traceback through the import machinery and this module (47-55
+        lines): the reason is all there is to read."""
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
+
 
 def wait_for_gpu(module):
     """A framework's pre-import hook: return once the kernel holds its grant. An interrupt raises KeyboardInterrupt

@@ -10,6 +10,8 @@ give back what it forgets, so the provisioner does that inside the program (prov
   least every PROGRESS_EVERY_S, so that a batch job's log shows it is waiting, not hung;
 - ``until_ctrl_c``: Ctrl-C while it waits ends the wait; the provisioner gives the place up and says so in one
   line, and the program ends as on any Ctrl-C, without a traceback (``said``);
+- ``not_started``: a kernel the rules refuse, or whose wait ends without a GPU, ends the program the same way:
+  one line on stderr, no traceback, and an exit status of its own (``EXIT_CODES``, docs/admin-guide.md);
 - ``end_at_exit``: what the program still holds as it exits is given back then (``jupyter console`` asks its
   kernel to shut down and exits, without the provisioner's cleanup).
 """
@@ -117,6 +119,24 @@ async def until_ctrl_c(waiting: Awaitable[T]) -> T:
     if task.done() and not task.cancelled():
         task.exception()  # (retrieved: it ended as it was stopped, and is not logged as never retrieved)
     raise StoppedWaiting()
+
+
+# A program whose kernel was not started ends with one of these (Ctrl-C: 130, as on any Ctrl-C).
+EXIT_CODES = {
+    "settings": 2,  # the settings are wrong (the line names the setting): the admin's, or the program's options
+    "refused": 3,  # a rule refused it: a quota past a limit, a per-user limit, no room where the admin says reject
+    "timeout": 4,  # it waited in line as long as kernels may wait here (queue_timeout)
+    "taken-out": 5,  # an admin took it out of the line
+}
+
+
+def not_started(line: str, code: str | None) -> SystemExit:
+    """Say ``line`` on stderr and return the SystemExit to raise: the program ends with ``EXIT_CODES``' status for
+    the refusal's ``code`` (an event's ``refused-timeout``, ``refused-taken-out``, any other rule's), without a
+    traceback; nothing runs at its exit but the give-back of what it holds."""
+    _say(line)
+    kind = (code or "").removeprefix("refused-")
+    return SystemExit(EXIT_CODES.get(kind, EXIT_CODES["refused"]))
 
 
 def said(line: str) -> KeyboardInterrupt:

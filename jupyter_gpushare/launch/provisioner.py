@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import re
 import shutil
@@ -32,6 +33,7 @@ from typing import Any
 from jupyter_client.connect import LocalPortCache, port_names
 from jupyter_client.provisioning import KernelProvisionerFactory, LocalProvisioner
 from traitlets import Bool, Unicode
+from traitlets.config import Config
 
 from ..config.settings import settings_from
 from ..config.sources import load_config
@@ -47,6 +49,7 @@ from .batch import (
     StoppedWaiting,
     WaitProgress,
     end_at_exit,
+    not_started,
     program_config,
     said,
     until_ctrl_c,
@@ -57,6 +60,22 @@ from .kernel_env import PEAK_BEFORE, kernel_env
 WAITING = "Waiting for a GPU"  # how the server's kernel model's reason begins while a kernel is in line
 JOIN_ASK_S = 3.0  # how long a kernel has to agree to join the line again in place (a cell that runs delays it)
 STAND_BY_ASK_S = 3.0  # how long a kernel has to answer when asked to stand by (its pipe's thread answers)
+
+
+def _program_manager(traits: Config, log: logging.Logger, who: str) -> QuotaManager:
+    """The manager of a program's kernels: the server's settings files, then the program's own config and command
+    line (batch.program_config). Its kernels wait for their grant in their start, and say where they stand on
+    stderr. Bad settings end the program with one line that names the setting (batch.not_started)."""
+    program, name = program_config(traits)
+    config, sources = load_config(over=program)
+    if name:
+        sources.append(f"the options of {name}")
+    try:
+        manager = build_manager(settings_from(config), log, Services(starts=ProgramStarts(WaitProgress())))
+    except PolicyError as e:
+        raise not_started(f"{who} was not started: {e}", "settings") from None
+    log.info("jupyter-gpushare: settings from %s", ", ".join(sources) or "no config file (the defaults)")
+    return manager
 
 
 class GpuShareProvisioner(LocalProvisioner):
@@ -88,21 +107,18 @@ class GpuShareProvisioner(LocalProvisioner):
 
     def _manager(self) -> QuotaManager:
         manager = process_manager()
-        if manager is None:  # outside a Jupyter server (nbclient, papermill, `jupyter execute`): the same settings
-            # The server's files, then this program's own config and command line (batch.program_config).
-            program, name = program_config(self.config)
-            config, sources = load_config(over=program)
-            if name:
-                sources.append(f"the options of {name}")
-            # A program's kernels wait for their grant in their start, and say where they stand on stderr.
-            manager = build_manager(settings_from(config), self.log, Services(starts=ProgramStarts(WaitProgress())))
-            self.log.info("jupyter-gpushare: settings from %s", ", ".join(sources) or "no config file (the defaults)")
+        if manager is None:  # outside a Jupyter server (nbclient, papermill, `jupyter execute`)
+            manager = _program_manager(self.config, self.log, self._who)
             use_in_process(manager)
         return manager
 
     @property
     def _kernel_name(self) -> str:
         return getattr(self.parent, "kernel_name", "") or self.kernel_spec.display_name
+
+    @property
+    def _who(self) -> str:
+        return f"kernel {self.kernel_id[:8]} ({self._kernel_name})"
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         chosen = chosen_default(self.kernel_spec, self.config)
@@ -179,11 +195,13 @@ class GpuShareProvisioner(LocalProvisioner):
             return await admitting
         try:
             return await until_ctrl_c(admitting)
+        except (QuotaUnavailable, PolicyError) as e:  # one line, and an exit status of its own (batch.not_started)
+            code = e.code if isinstance(e, QuotaUnavailable) else f"refused-{e.code}"
+            raise not_started(f"{self._who} was not started: {e}", code) from None
         except StoppedWaiting:
             await manager.release(self.kernel_id, "Ctrl-C", said=True)
             raise said(
-                f"kernel {self.kernel_id[:8]} ({self._kernel_name}) stopped waiting for a GPU (Ctrl-C): "
-                "it left the line and was not started.",
+                f"{self._who} stopped waiting for a GPU (Ctrl-C): it left the line and was not started."
             ) from None
 
     def _kernel_env(self, base: dict[str, str]) -> dict[str, str]:
@@ -482,7 +500,9 @@ class GpuShareProvisioner(LocalProvisioner):
     async def cleanup(self, restart: bool = False) -> None:
         self._stop_holding()
         await super().cleanup(restart=restart)
-        manager = self._manager()
+        manager = process_manager()
+        if manager is None:
+            return  # a program whose settings were refused (``_manager``): nothing was reserved
         async with manager.cleaning():
             await manager.holding.end(self.kernel_id, restart)
             if restart:  # the process that ran is gone: its peak is history (a shutdown records it in release)

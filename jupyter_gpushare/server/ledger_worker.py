@@ -113,8 +113,13 @@ class LedgerWorker:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     async def on(self, call: Callable[[Reservations], T]) -> T | None:
-        """``call`` from the IOLoop."""
-        return await self.run(self.call, call)
+        """``call`` from the IOLoop; as the program exits (an atexit clean-up, as nbclient's, once the interpreter
+        has stopped the executors' threads), on a connection of its own, in this thread (``at_exit``)."""
+        try:
+            running = asyncio.get_running_loop().run_in_executor(self._thread, self.call, call)
+        except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown"
+            return self.at_exit(call)
+        return await running
 
     async def available(self) -> bool:
         """Whether the ledger can be used now (opening it again if its back-off has passed)."""

@@ -109,10 +109,14 @@ class QuotaManager:
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Blocking work that is not the ledger's (kernels' reports, their cgroups), off the IOLoop (on it once
-        closed: the server is gone but for the last clean-up)."""
+        closed, or once the interpreter exits: an atexit clean-up, as nbclient's, where no thread starts)."""
         if self._closed:
             return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(self._work, fn, *args)
+        try:
+            running = asyncio.get_running_loop().run_in_executor(self._work, fn, *args)
+        except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+            return fn(*args)
+        return await running
 
     @contextlib.asynccontextmanager
     async def cleaning(self) -> AsyncIterator[None]:
@@ -165,7 +169,8 @@ class QuotaManager:
             {"time": time.time(), "kind": kind, "kernel_id": kernel_id, "path": path, "message": message, **figures}
         )
         self._on_change(kernel_id, "event")
-        if logged:
+        said_by_program = not self.holds_starts and kind in ("queued", "refused", "cancelled")  # (batch.py's lines)
+        if logged and not said_by_program:
             self.log.info("gpushare %s %s: %s", kind, kernel_id or "", message)
 
     def usage_targets(self) -> list[tuple[str, int | None, str | None]]:
@@ -319,7 +324,7 @@ class QuotaManager:
         if code is not None:
             figures["code"] = code
         self.event(kind, kernel_id, message, path=rec.path if rec else None, **figures)
-        return QuotaUnavailable(message, status=status)
+        return QuotaUnavailable(message, status=status, code=code)
 
     async def stop_admitting(self) -> None:
         """The server is shutting down: refuse new starts and end every wait in line (their kernels are shut down

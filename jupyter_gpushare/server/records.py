@@ -25,9 +25,10 @@ WHAT_TO_DO = (
 class QuotaUnavailable(web.HTTPError):
     """A kernel start refused for want of GPU room. The message reaches the HTTP client as is."""
 
-    def __init__(self, message: str, status: int = 503):
+    def __init__(self, message: str, status: int = 503, code: str | None = None):
+        """``code``: the event's (``refused-timeout``, ``refused-<rule>``...), where one says which refusal."""
         super().__init__(status, message, reason="GPU quota unavailable")
-        self.message = message
+        self.message, self.code = message, code
 
     def __str__(self) -> str:
         return self.message

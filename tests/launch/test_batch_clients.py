@@ -6,12 +6,14 @@ What must hold: once the package is installed, these programs' kernels hold a re
 (no environment variable, no kernelspec edited), and `jupyter execute`'s and nbconvert's own --GpuShareApp
 options apply; a default provisioner chosen in the environment is kept; a kernel of another language reserves
 nothing, and a kernel on a host without a GPU starts without one and says so. A kernel in line says where it
-stands every PROGRESS_EVERY_S; Ctrl-C there gives its place up in one line of output; `jupyter console` gives its
+stands every PROGRESS_EVERY_S; Ctrl-C there gives its place up in one line of output, and a wait that ends
+without a GPU says why in one line and an exit status of its own; `jupyter console` gives its
 kernel's reservation back as it exits. A terminal job finds the host's broker at its default socket.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -28,7 +31,7 @@ from servers import wait_until
 
 from jupyter_gpushare.broker import DEFAULT_SOCKET
 from jupyter_gpushare.core.addresses import PROVISIONER_NAME
-from jupyter_gpushare.launch.batch import DEFAULT_ENV, PROGRESS_EVERY_S
+from jupyter_gpushare.launch.batch import DEFAULT_ENV, EXIT_CODES, PROGRESS_EVERY_S
 from jupyter_gpushare.ledger.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -144,9 +147,9 @@ def test_on_a_host_without_a_gpu_the_kernel_starts_without_one_and_says_why(user
     assert "No GPU" in out.stderr
 
 
-@pytest.mark.timeout(300)
-def test_a_waiting_client_says_where_it_stands_and_ctrl_c_leaves_the_line_in_one_line(user):
-    tmp_path, env, ledger = user
+@contextlib.contextmanager
+def a_full_card(tmp_path: Path, env: dict, ledger: Path) -> Iterator[None]:
+    """A 4 GiB card of which another `jupyter execute`'s kernel holds 3 GiB (+ its context) while this runs."""
     write_config(tmp_path, gpu_backend="simulated", simulated_cards="4GiB", default_quota="3GiB", card_headroom="0MiB",
                  ledger_path=str(ledger))  # fmt: skip
     holder_nb = nbformat.v4.new_notebook()
@@ -154,39 +157,76 @@ def test_a_waiting_client_says_where_it_stands_and_ctrl_c_leaves_the_line_in_one
     nbformat.write(holder_nb, tmp_path / "holder.ipynb")
     holder = subprocess.Popen(["jupyter", "execute", "holder.ipynb"], env=env, cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    waiter = None
     try:
         wait_until(
             lambda: ledger.exists() and len(Ledger(ledger).leases()) == 1, timeout=120, what="the holder's lease"
         )
-        err = tmp_path / "waiter.err"
-        with open(err, "w") as f:
-            waiter = subprocess.Popen(["jupyter", "execute", "nb.ipynb"], env=env, cwd=tmp_path,
-                                      stdout=subprocess.DEVNULL, stderr=f)  # fmt: skip
-
-        def places() -> list[str]:
-            return [line for line in err.read_text().splitlines() if "waits for a GPU: #1 in line" in line]
-
-        # Its place does not change (the holder holds on): it is said again all the same, every PROGRESS_EVERY_S.
-        wait_until(lambda: len(places()) >= 2, timeout=60 + 2 * PROGRESS_EVERY_S, what="the place said twice")
-        assert [w.kernel_id[:8] for w in Ledger(ledger).waiters()] == [places()[0].split()[2]]
-        before = err.read_text().splitlines()
-        waiter.send_signal(signal.SIGINT)
-        assert waiter.wait(30) == -signal.SIGINT  # it ends as on any Ctrl-C: by SIGINT (130 in a shell)
-        after = err.read_text().splitlines()[len(before) :]
-        assert len(after) == 1, after
-        assert "stopped waiting for a GPU (Ctrl-C): it left the line and was not started." in after[0]
-        assert Ledger(ledger).waiters() == []  # its place was given up, not left to go stale
-        assert len(Ledger(ledger).leases()) == 1  # and the holder's reservation is untouched
+        yield
     finally:
-        if waiter is not None and waiter.poll() is None:
-            waiter.kill()
         os.killpg(holder.pid, signal.SIGTERM)
         try:
             holder.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(holder.pid, signal.SIGKILL)
             holder.wait(30)
+
+
+@pytest.mark.timeout(300)
+def test_a_waiting_client_says_where_it_stands_and_ctrl_c_leaves_the_line_in_one_line(user):
+    tmp_path, env, ledger = user
+    waiter = None
+    with a_full_card(tmp_path, env, ledger):
+        try:
+            err = tmp_path / "waiter.err"
+            with open(err, "w") as f:
+                waiter = subprocess.Popen(["jupyter", "execute", "nb.ipynb"], env=env, cwd=tmp_path,
+                                          stdout=subprocess.DEVNULL, stderr=f)  # fmt: skip
+
+            def places() -> list[str]:
+                return [line for line in err.read_text().splitlines() if "waits for a GPU: #1 in line" in line]
+
+            # Its place does not change (the holder holds on): it is said again all the same, every PROGRESS_EVERY_S.
+            wait_until(lambda: len(places()) >= 2, timeout=60 + 2 * PROGRESS_EVERY_S, what="the place said twice")
+            assert [w.kernel_id[:8] for w in Ledger(ledger).waiters()] == [places()[0].split()[2]]
+            before = err.read_text().splitlines()
+            waiter.send_signal(signal.SIGINT)
+            assert waiter.wait(30) == -signal.SIGINT  # it ends as on any Ctrl-C: by SIGINT (130 in a shell)
+            after = err.read_text().splitlines()[len(before) :]
+            assert len(after) == 1, after
+            assert "stopped waiting for a GPU (Ctrl-C): it left the line and was not started." in after[0]
+            assert Ledger(ledger).waiters() == []  # its place was given up, not left to go stale
+            assert len(Ledger(ledger).leases()) == 1  # and the holder's reservation is untouched
+        finally:
+            if waiter is not None and waiter.poll() is None:
+                waiter.kill()
+
+
+def _one_line(out: subprocess.CompletedProcess, code: str, says: str) -> None:
+    """The program ended with EXIT_CODES[code] and said why in one line of ours: no traceback, no second telling,
+    nothing from an exit hook."""
+    ours = [line for line in out.stderr.splitlines() if "was not started" in line]
+    assert out.returncode == EXIT_CODES[code], out.stderr
+    assert len(ours) == 1 and says in ours[0], out.stderr
+    assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_wait_that_ends_without_a_gpu_says_why_in_one_line_and_an_exit_status(user):
+    """A terminal job whose wait ends (queue_timeout), that a rule refuses (on_full='reject'), or whose settings are
+    wrong: one line that says why, and an exit status a shell script can test (batch.EXIT_CODES). It was about 150
+    lines: the reason twice, two tracebacks and an exit hook's RuntimeError."""
+    tmp_path, env, ledger = user
+    with a_full_card(tmp_path, env, ledger):
+        _one_line(run(env, "jupyter", "execute", "--GpuShareApp.queue_timeout=3", "nb.ipynb", cwd=tmp_path),
+                  "timeout", "as long as kernels may wait here")  # fmt: skip
+        _one_line(run(env, "jupyter", "nbconvert", "--to", "notebook", "--execute", "--GpuShareApp.on_full=reject",
+                      "--output", "out", "nb.ipynb", cwd=tmp_path), "refused", "No GPU has room")  # fmt: skip
+        if shutil.which("papermill"):
+            write_config(tmp_path, gpu_backend="simulated", simulated_cards="4GiB", default_quota="lots",
+                         ledger_path=str(ledger))  # fmt: skip
+            _one_line(run(env, "papermill", "-k", "python3", "nb.ipynb", "out.ipynb", cwd=tmp_path),
+                      "settings", "GpuShareApp.default_quota: 'lots' is not a size")  # fmt: skip
+        assert Ledger(ledger).waiters() == [] and len(Ledger(ledger).leases()) == 1  # nothing left behind
 
 
 def test_jupyter_console_gives_its_kernels_reservation_back_as_it_exits(user):

@@ -18,6 +18,8 @@ from jupyter_client import AsyncKernelClient
 from kernels import run_in_kernel
 from tornado.httpclient import HTTPClientError
 
+from jupyter_gpushare.server import parking
+
 
 @pytest.fixture
 def gpushare_config(gpushare_config):
@@ -116,11 +118,12 @@ async def test_a_kernel_whose_gpu_calls_could_come_from_no_cell_is_not_parked(gp
 
 @pytest.mark.parametrize("answer", ["nonsense", "silence"])
 async def test_a_kernel_that_answers_nonsense_or_nothing_is_refused_and_nothing_else_moves(
-    gpushare, jp_serverapp, jp_fetch, answer
+    gpushare, jp_serverapp, jp_fetch, answer, monkeypatch
 ):
     """The kernel's word is read only for "ok": a kernel that says anything else (64 KiB of it) is refused with what
     it said, cut short; one that does not answer in time (its bootstrap's answer replaced by a sleep) is refused for
     that. Neither is parked, and another kernel of the server parks as before."""
+    monkeypatch.setattr(parking, "PARKABLE_ASK_S", 2.0)
     _, kid = await gpushare.open_notebook("liar.ipynb")
     _, other = await gpushare.open_notebook("other.ipynb")
     fake = "lambda: 'x' * 65536" if answer == "nonsense" else "lambda: __import__('time').sleep(8)"

@@ -264,6 +264,7 @@ async def test_a_kernel_whose_wait_is_stopped_runs_on_without_a_gpu_and_says_why
     await jp_fetch("api", "gpushare", "kernels", kid, method="DELETE")  # stop waiting
     error = await _error_of(ws, gpu)  # the cell that waited says that it did not run, and why
     assert error["ename"] == "GpuWaitEnded" and "this cell did not run: Stopped waiting for a GPU" in error["evalue"]
+    assert len(error["traceback"]) == 1 and error["evalue"] in error["traceback"][0]  # the reason, not 50 lines
     again = send_cell(ws, session, "import torch, os; kept, os.environ['GPUSHARE_MODE'], os.getpid()")
     assert await cell_result(ws, kid, again) == f"('mine', 'cpu', {pid})"  # run again: on the CPU, state kept
     rec = await gpushare.kernel(kid)
