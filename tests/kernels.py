@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import time
+import weakref
 
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
@@ -56,6 +57,11 @@ async def cell_result(ws: WebSocketClientConnection, kernel_id: str, msg_id: str
     return replies["execute_result"]["data"]["text/plain"]
 
 
+# Messages read from a websocket while looking for others (``stream_until``): a cell's result may come before its
+# printed text is flushed (a loaded machine), and is then read from here by ``cell_result``.
+_read_ahead: weakref.WeakKeyDictionary[WebSocketClientConnection, list[dict]] = weakref.WeakKeyDictionary()
+
+
 async def stream_until(ws: WebSocketClientConnection, msg_id: str, text: str, timeout: float = 60) -> str:
     """What the cell ``msg_id`` printed, once it printed ``text``."""
     got = ""
@@ -66,6 +72,8 @@ async def stream_until(ws: WebSocketClientConnection, msg_id: str, text: str, ti
         msg = json.loads(raw)
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
             got += msg["content"]["text"]
+        else:
+            _read_ahead.setdefault(ws, []).append(msg)
     return got
 
 
@@ -82,11 +90,15 @@ async def run_cell(kernel_ws, kernel_id: str, code: str) -> str:
 async def _replies(ws: WebSocketClientConnection, kernel_id: str, msg_id: str) -> dict[str, dict]:
     """The content of the execute_result and execute_reply to ``msg_id``."""
     replies: dict[str, dict] = {}
+    ahead = _read_ahead.get(ws, [])
     while len(replies) < 2:
-        raw = await ws.read_message()
-        if raw is None:
-            raise AssertionError(f"the server closed kernel {kernel_id}'s websocket")
-        msg = json.loads(raw)
+        if ahead:
+            msg = ahead.pop(0)
+        else:
+            raw = await ws.read_message()
+            if raw is None:
+                raise AssertionError(f"the server closed kernel {kernel_id}'s websocket")
+            msg = json.loads(raw)
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] in ("execute_result", "execute_reply"):
             replies[msg["msg_type"]] = msg["content"]
     return replies

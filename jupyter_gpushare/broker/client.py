@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -145,16 +146,16 @@ class BrokerLedger:
             raise
 
     def _drop(self) -> None:
-        if self._sock is not None:
-            try:
-                self._file.close()
-                self._sock.close()
-            except OSError:
-                pass
+        sock, file = self._sock, self._file  # (``close`` from another thread may drop it too)
         self._sock = self._file = None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                file.close()
+                sock.close()
 
     def _exchange(self, op: str, args: dict) -> dict:
-        assert self._sock is not None
+        if self._sock is None:  # closed from another thread meanwhile (``close``)
+            raise ConnectionResetError("the connection was closed")
         self._sock.sendall(json.dumps({"op": op, "args": args}).encode() + b"\n")
         line = self._file.readline(MAX_REPLY)  # (the broker's answers may be long; requests are capped on its side)
         if not line:
@@ -224,6 +225,11 @@ class BrokerLedger:
             return empty
 
     def close(self) -> None:
+        """Close the connection; a call that holds it in another thread (a ``watch``) ends at once. Closing alone
+        would wait for that thread's read to return (a program after a wait idled until its watch's end, 25 s)."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
         self._drop()
 
     # -- the Ledger interface -----------------------------------------------------------------------------

@@ -159,7 +159,7 @@ class GpuShareProvisioner(LocalProvisioner):
             # which it may be asked to stand by later
             if self._grant.mode in ("queued", "standby") or (self._grant.mode == "gpu" and self._may_stand_by):
                 self._held = HeldStart()
-            kwargs["env"].update(self._kernel_env(kwargs["env"]))
+            kwargs["env"].update(await self._kernel_env(kwargs["env"]))
         except BaseException:
             await self._release("failed to start")
             raise
@@ -204,13 +204,13 @@ class GpuShareProvisioner(LocalProvisioner):
                 f"{self._who} stopped waiting for a GPU (Ctrl-C): it left the line and was not started."
             ) from None
 
-    def _kernel_env(self, base: dict[str, str]) -> dict[str, str]:
+    async def _kernel_env(self, base: dict[str, str]) -> dict[str, str]:
         """What the grant adds to the kernel's environment ``base``: its card, quota and framework caps."""
         manager, grant = self._manager(), self._grant
         assert grant is not None
         rec = manager.records.get(self.kernel_id)
         peak = rec.learned_peak_mib if rec else None
-        most, learns = manager.max_quota_mib(grant), manager.learning.rules.enabled
+        most, learns = await manager.max_quota_mib(grant), manager.learning.rules.enabled
         return kernel_env(grant, self.kernel_id, self._python, base, report_dir(), most, peak, learns)
 
     @property
@@ -346,7 +346,7 @@ class GpuShareProvisioner(LocalProvisioner):
         assert self._grant is not None
         try:
             await manager.holding.open_cards(self.kernel_id, self._grant)
-            await held.release(self._kernel_env(held.env), keep=self._may_stand_by)
+            await held.release(await self._kernel_env(held.env), keep=self._may_stand_by)
         except Exception:
             self.log.exception("jupyter-gpushare: kernel %s could not be given its GPU after its wait", self.kernel_id)
             held.end()

@@ -177,6 +177,7 @@ class ServerStarts:
         # shared the kernel manager's would take the replies meant for its other clients (seen: a cell's reply lost).
         own = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)
         client = kernel.client(session=own)
+        heard = getattr(kernel, "last_activity", None)
         try:
             client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
             msg_id = client.execute("", silent=True, store_history=False, user_expressions={"said": expression})
@@ -185,12 +186,24 @@ class ServerStarts:
                 reply = await client.get_shell_msg(timeout=left)
                 if reply.get("parent_header", {}).get("msg_id") == msg_id:
                     got = reply["content"].get("user_expressions", {}).get("said", {})
+                    await _idle_again(kernel, heard)
                     return str(got.get("data", {}).get("text/plain", "")) if got.get("status") == "ok" else ""
         except Exception as e:  # noqa: BLE001 (no answer in time, a kernel gone)
             self.log.info("jupyter-gpushare: kernel %s did not answer %s: %r", kernel_id, expression, e)
         finally:
             client.stop_channels()
         return None
+
+
+async def _idle_again(kernel: Any, heard: Any, within_s: float = 2.0) -> None:
+    """Until the server has heard the kernel go busy and idle again for a request of ours: its status comes on
+    iopub, which may trail the shell's reply, and a busy heard after a park would read as a demand (enforce.py
+    resumes a parked kernel seen busy). At most ``within_s``: a cell that starts meanwhile keeps it busy."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while asyncio.get_running_loop().time() < deadline:
+        if getattr(kernel, "execution_state", None) != "busy" and getattr(kernel, "last_activity", None) != heard:
+            return
+        await asyncio.sleep(0.05)
 
 
 class GpuShareExtension(ExtensionApp):

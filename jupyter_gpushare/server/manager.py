@@ -362,9 +362,20 @@ class QuotaManager:
             self.event("no-gpu", rec.kernel_id, grant.reason or "", code=why, **figures)
         return grant
 
-    def max_quota_mib(self, grant: Grant) -> int | None:
-        """The largest quota this kernel could be given on its card (for the in-kernel OOM note)."""
-        return None if grant.card is None else self.policy.largest_quota_mib(grant.card.total_mib)
+    async def max_quota_mib(self, grant: Grant) -> int | None:
+        """The largest quota this kernel could be given on its card (the in-kernel OOM note's "ask for up to"):
+        what the card and ``max_quota`` allow, and at most the user's own limits where the broker sets them (a
+        student limited to 4 GiB was told 22,912 MiB)."""
+        if grant.card is None:
+            return None
+        total = grant.card.total_mib
+        most = self.policy.largest_quota_mib(total)
+        try:
+            limits = await self.ledger.on(lambda ledger: ledger.caller()[2])
+        except LedgerError:
+            limits = None
+        bounds = (limits.max_kernel, limits.max_total) if limits is not None else ()
+        return min([most, *(bound.resolve(total) for bound in bounds if bound is not None)])
 
     def card(self, uuid: str) -> Card | None:
         return next((c for c in self.cards if c.uuid == uuid), None)

@@ -105,21 +105,44 @@ export function limitsUse(view: IHostView): ILimitsUse | null {
   return { text: say('limits.use', { held }), full: use.full };
 }
 
-/** One line of the host queue. Another user's entry says only that it is one. */
-export function queueEntryText(entry: IHostQueueEntry): string {
+/** The notebook of a kernel this server runs (null: another server's). */
+export type PathOf = (kernelId: string) => string | null;
+
+/**
+ * One line of the host queue. Another user's entry says only that it is one;
+ * `pathOf` names this server's notebooks.
+ */
+export function queueEntryText(
+  entry: IHostQueueEntry,
+  pathOf: PathOf = () => null
+): string {
   return say('ui.queue.entry', {
     position: entry.position,
-    who: queueWho(entry),
+    who: queueWho(entry, pathOf),
     waited_s: entry.waited_s
   });
 }
 
-/** Whose kernel a place in line is, as far as this view may say: "your python3 kernel", "bob’s …", "another". */
-export function queueWho(entry: IHostQueueEntry): string {
+/**
+ * Whose kernel a place in line is, as far as this view may say, told apart
+ * from the user's other kernels: "your demo.ipynb", "bob’s python3 kernel
+ * 1a2b3c4d" (an admin's view: the notebook where this server runs it, else the
+ * kernel's id), "another user’s kernel".
+ */
+export function queueWho(
+  entry: IHostQueueEntry,
+  pathOf: PathOf = () => null
+): string {
+  const notebook = entry.kernel_id ? basename(pathOf(entry.kernel_id)) : '';
+  const kind = entry.kernel_name
+    ? say('ui.queue.kind', { kernel: entry.kernel_name })
+    : say('ui.queue.kernel');
   const figures = {
-    kind: entry.kernel_name
-      ? say('ui.queue.kind', { kernel: entry.kernel_name })
-      : say('ui.queue.kernel'),
+    kind: notebook
+      ? notebook
+      : entry.kernel_id
+        ? say('ui.queue.kind_id', { kind, id: entry.kernel_id.slice(0, 8) })
+        : kind,
     quota_mib: entry.need_mib, // what it needs, quota + CUDA context: the banner's figure
     user: entry.user
   };
@@ -128,6 +151,13 @@ export function queueWho(entry: IHostQueueEntry): string {
     : entry.user
       ? say('ui.queue.user', figures) // an admin's view
       : say('ui.queue.another');
+}
+
+/** Whose a kernel of the admin's table is: "your train.ipynb", "bob’s demo.ipynb". */
+export function kernelWho(row: IHostKernelRow): string {
+  return row.mine
+    ? say('ui.queue.yours', { kind: row.name })
+    : say('ui.queue.user', { kind: row.name, user: row.user });
 }
 
 export interface IHostKernelRow {
@@ -150,7 +180,7 @@ export interface IHostKernelRow {
  */
 export function hostKernelRows(
   view: IHostView,
-  pathOf: (kernelId: string) => string | null = () => null
+  pathOf: PathOf = () => null
 ): IHostKernelRow[] {
   const pid = (p: number | null | undefined) =>
     isMeasured(p) ? String(p) : say('ui.host.pid_hidden');

@@ -10,11 +10,13 @@ import { bar, C, cardHead, notice } from './dom';
 import { formatMiB } from './format';
 import {
   hostKernelRows,
+  kernelWho,
   limitsText,
   limitsUse,
   queueEntryText,
   queueWho,
-  usersTotal
+  usersTotal,
+  type PathOf
 } from './host';
 import type { IModelError, ISnapshot } from './model';
 import type {
@@ -155,18 +157,23 @@ function usersTable(host: IHostView): VirtualElement {
   );
 }
 
+/** The notebook of a kernel this server runs, by its id (others: null). */
+function pathOf(props: IHostSectionProps): PathOf {
+  const known = new Map(
+    (props.snapshot.state?.kernels ?? []).map(k => [k.kernel_id, k])
+  );
+  return id => {
+    const k = known.get(id);
+    return k ? props.nameOf(k) : null;
+  };
+}
+
 /** Every kernel, grouped by user (a group row each): kernel, card, quota, age. */
 function kernelsTable(
   host: IHostView,
   props: IHostSectionProps
 ): VirtualElement {
-  const known = new Map(
-    (props.snapshot.state?.kernels ?? []).map(k => [k.kernel_id, k])
-  );
-  const rows = hostKernelRows(host, id => {
-    const k = known.get(id);
-    return k ? props.nameOf(k) : null;
-  });
+  const rows = hostKernelRows(host, pathOf(props));
   const out: VirtualElement[] = [];
   rows.forEach((r, i) => {
     if (i === 0 || rows[i - 1].user !== r.user) {
@@ -201,7 +208,7 @@ function kernelsTable(
           { colspan: '4' },
           actButton(
             props,
-            { kernelId: r.kernelId, name: r.name, user: r.user },
+            { kernelId: r.kernelId, name: kernelWho(r), user: r.user },
             'release'
           )
         )
@@ -259,6 +266,7 @@ function body(host: IHostView, props: IHostSectionProps): VirtualElement[] {
     )
   );
   if (host.queue.length) {
+    const notebooks = pathOf(props);
     out.push(
       h.ol(
         { className: `${C}-host-queue` },
@@ -267,7 +275,7 @@ function body(host: IHostView, props: IHostSectionProps): VirtualElement[] {
             host.admin && q.kernel_id
               ? {
                   kernelId: q.kernel_id,
-                  name: queueWho(q),
+                  name: queueWho(q, notebooks),
                   user: q.user ?? host.user
                 }
               : null;
@@ -276,7 +284,7 @@ function body(host: IHostView, props: IHostSectionProps): VirtualElement[] {
               className: q.mine ? `${C}-host-me` : '',
               dataset: { position: String(q.position) }
             },
-            queueEntryText(q),
+            queueEntryText(q, notebooks),
             ...(target
               ? [
                   h.span(

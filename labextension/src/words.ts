@@ -488,6 +488,7 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     'ui.limits.up_to': __('up to {parts}'),
     'ui.queue.kind': __('{kernel} kernel'),
     'ui.queue.kernel': __('kernel'),
+    'ui.queue.kind_id': __('{kind} {id}'),
     'ui.queue.yours': __('your {kind}[, {quota_mib}]'),
     'ui.queue.user': __('{user}’s {kind}[, {quota_mib}]'),
     'ui.queue.another': __('another user’s kernel'),

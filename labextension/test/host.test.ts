@@ -7,6 +7,8 @@ import {
   limitsText,
   limitsUse,
   queueEntryText,
+  queueWho,
+  kernelWho,
   usersTotal
 } from '../src/host';
 import type {
@@ -133,7 +135,7 @@ test('queue lines: mine in detail, another user’s entry says only that it is o
       need_mib: 2560,
       waited_s: 75
     }),
-    '#2 your python3 kernel, 2.5 GiB · waiting 1 min' // what it needs, as the banner says it
+    '#2 your python3 kernel k2, 2.5 GiB · waiting 1 min' // what it needs, as the banner says it
   );
   const hidden = queueEntryText({
     position: 1,
@@ -159,7 +161,50 @@ test('queue lines: mine in detail, another user’s entry says only that it is o
       need_mib: 1536,
       waited_s: 3
     }),
-    '#3 alice’s ir kernel, 1.5 GiB · waiting 3 s'
+    '#3 alice’s ir kernel k9, 1.5 GiB · waiting 3 s'
+  );
+});
+
+test('a teacher tells every place in line apart: the notebook where this server runs it, else the kernel', () => {
+  const entry = (kernel_id: string, user: string, mine: boolean) => ({
+    position: 2,
+    mine,
+    kernel_id,
+    kernel_name: 'python3',
+    user,
+    quota_mib: 7168,
+    need_mib: 7680,
+    waited_s: 30
+  });
+  const paths: Record<string, string> = { 'aaaa1111-x': 'week3/lab.ipynb' };
+  const pathOf = (id: string) => paths[id] ?? null;
+  const said = [
+    entry('aaaa1111-x', 'me', true),
+    entry('bbbb2222-x', 'me', true),
+    entry('cccc3333-x', 'bob', false),
+    entry('dddd4444-x', 'bob', false)
+  ].map(e => queueWho(e, pathOf));
+  assert.deepEqual(said, [
+    'your lab.ipynb, 7.5 GiB',
+    'your python3 kernel bbbb2222, 7.5 GiB',
+    'bob’s python3 kernel cccc3333, 7.5 GiB',
+    'bob’s python3 kernel dddd4444, 7.5 GiB'
+  ]);
+  assert.equal(new Set(said).size, said.length); // no two buttons with the same name
+  const row = {
+    kernelId: 'k',
+    user: 'bob',
+    name: 'demo.ipynb',
+    card: '0',
+    quota: '',
+    age: '',
+    title: '',
+    mine: false
+  };
+  assert.equal(kernelWho(row), 'bob’s demo.ipynb');
+  assert.equal(
+    kernelWho({ ...row, user: 'me', mine: true }),
+    'your demo.ipynb'
   );
 });
 

@@ -1,10 +1,12 @@
 """Another server's release reaches this server's line at once, pushed by the broker (broker/room.py,
 server/room_watch.py), not found at a poll: a real broker process, a real jupyter-server and kernels on a simulated
-10 GiB card. The other server is a broker client of its own holding the card, as a second server would."""
+10 GiB card. The other server is a broker client of its own holding the card, as a second server would. A watch held
+at the broker ends at once when its server (or a terminal job) closes: the program does not idle until it ends."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -56,3 +58,28 @@ async def _live(watch) -> bool:
 
 async def _running(gpushare, kernel_id: str) -> bool:
     return await gpushare.state_of(kernel_id) == "running"
+
+
+def test_closing_a_client_ends_the_watch_it_holds_at_once(broker):
+    """A terminal job that waited holds a watch (up to room_watch.WATCH_S, 25 s); as it exits, its manager closes
+    the client from another thread. Closing a socket whose file another thread reads waits for that read: the job
+    idled about 25 s after its work (2 of 2 runs). The close must end the held watch now."""
+    client = BrokerLedger(broker.socket)
+    seen = client.watch(0, 0.001)
+    ended: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            client.watch(seen, 25.0)
+        except BaseException as e:  # (the closed connection's LedgerError)
+            ended.append(e)
+
+    watching = threading.Thread(target=hold, daemon=True)
+    watching.start()
+    time.sleep(0.5)  # the watch is held at the broker now
+    closing = time.monotonic()
+    client.close()
+    took = time.monotonic() - closing
+    watching.join(10)
+    assert not watching.is_alive() and ended, "the watch was still held after its client closed"
+    assert took < 10.0, f"close() waited {took:.1f} s for the watch's read (it is held for 25 s)"
