@@ -8,7 +8,6 @@
  * user's kernel", and their reservations are one total per card.
  */
 import {
-  basename,
   cardLabel,
   formatDuration,
   formatMiB,
@@ -105,20 +104,23 @@ export function limitsUse(view: IHostView): ILimitsUse | null {
   return { text: say('limits.use', { held }), full: use.full };
 }
 
-/** The notebook of a kernel this server runs (null: another server's). */
-export type PathOf = (kernelId: string) => string | null;
+/**
+ * The name this page gives a kernel this server runs: its notebook's, with
+ * its folder where two share a name (null: another server's kernel).
+ */
+export type NameOf = (kernelId: string) => string | null;
 
 /**
  * One line of the host queue. Another user's entry says only that it is one;
- * `pathOf` names this server's notebooks.
+ * `nameOf` names this server's notebooks.
  */
 export function queueEntryText(
   entry: IHostQueueEntry,
-  pathOf: PathOf = () => null
+  nameOf: NameOf = () => null
 ): string {
   return say('ui.queue.entry', {
     position: entry.position,
-    who: queueWho(entry, pathOf),
+    who: queueWho(entry, nameOf),
     waited_s: entry.waited_s
   });
 }
@@ -131,9 +133,9 @@ export function queueEntryText(
  */
 export function queueWho(
   entry: IHostQueueEntry,
-  pathOf: PathOf = () => null
+  nameOf: NameOf = () => null
 ): string {
-  const notebook = entry.kernel_id ? basename(pathOf(entry.kernel_id)) : '';
+  const notebook = entry.kernel_id ? nameOf(entry.kernel_id) : null;
   const kind = entry.kernel_name
     ? say('ui.queue.kind', { kernel: entry.kernel_name })
     : say('ui.queue.kernel');
@@ -175,12 +177,12 @@ export interface IHostKernelRow {
 }
 
 /**
- * Rows of the admin's kernel table, by user then oldest first. `pathOf`
- * gives a notebook path for kernels this server runs (others: null).
+ * Rows of the admin's kernel table, by user then oldest first. `nameOf`
+ * names the kernels this server runs (others: null).
  */
 export function hostKernelRows(
   view: IHostView,
-  pathOf: PathOf = () => null
+  nameOf: NameOf = () => null
 ): IHostKernelRow[] {
   const pid = (p: number | null | undefined) =>
     isMeasured(p) ? String(p) : say('ui.host.pid_hidden');
@@ -197,7 +199,7 @@ export function hostKernelRows(
         kernelId: k.kernel_id,
         user: k.user,
         name:
-          basename(pathOf(k.kernel_id)) ||
+          nameOf(k.kernel_id) ||
           `${k.kernel_name} · ${k.kernel_id.slice(0, 8)}`,
         card: label.replace(/^GPU /, ''), // the column is headed "GPU"
         quota: formatMiB(k.quota_mib),

@@ -16,7 +16,7 @@ import {
   queueEntryText,
   queueWho,
   usersTotal,
-  type PathOf
+  type NameOf
 } from './host';
 import type { IModelError, ISnapshot } from './model';
 import type {
@@ -157,8 +157,8 @@ function usersTable(host: IHostView): VirtualElement {
   );
 }
 
-/** The notebook of a kernel this server runs, by its id (others: null). */
-function pathOf(props: IHostSectionProps): PathOf {
+/** The name of a kernel this server runs, by its id (others: null). */
+function namesOf(props: IHostSectionProps): NameOf {
   const known = new Map(
     (props.snapshot.state?.kernels ?? []).map(k => [k.kernel_id, k])
   );
@@ -173,7 +173,7 @@ function kernelsTable(
   host: IHostView,
   props: IHostSectionProps
 ): VirtualElement {
-  const rows = hostKernelRows(host, pathOf(props));
+  const rows = hostKernelRows(host, namesOf(props));
   const out: VirtualElement[] = [];
   rows.forEach((r, i) => {
     if (i === 0 || rows[i - 1].user !== r.user) {
@@ -266,7 +266,7 @@ function body(host: IHostView, props: IHostSectionProps): VirtualElement[] {
     )
   );
   if (host.queue.length) {
-    const notebooks = pathOf(props);
+    const notebooks = namesOf(props);
     out.push(
       h.ol(
         { className: `${C}-host-queue` },
@@ -275,7 +275,7 @@ function body(host: IHostView, props: IHostSectionProps): VirtualElement[] {
             host.admin && q.kernel_id
               ? {
                   kernelId: q.kernel_id,
-                  name: queueWho(q, notebooks),
+                  name: queueWho({ ...q, need_mib: null }, notebooks), // (its size is said beside it)
                   user: q.user ?? host.user
                 }
               : null;

@@ -176,16 +176,17 @@ test('a teacher tells every place in line apart: the notebook where this server 
     need_mib: 7680,
     waited_s: 30
   });
-  const paths: Record<string, string> = { 'aaaa1111-x': 'week3/lab.ipynb' };
-  const pathOf = (id: string) => paths[id] ?? null;
+  // (the page's name for it: its folder too, as another notebook of the page has its name)
+  const names: Record<string, string> = { 'aaaa1111-x': 'week3/lab.ipynb' };
+  const nameOf = (id: string) => names[id] ?? null;
   const said = [
     entry('aaaa1111-x', 'me', true),
     entry('bbbb2222-x', 'me', true),
     entry('cccc3333-x', 'bob', false),
     entry('dddd4444-x', 'bob', false)
-  ].map(e => queueWho(e, pathOf));
+  ].map(e => queueWho(e, nameOf));
   assert.deepEqual(said, [
-    'your lab.ipynb, 7.5 GiB',
+    'your week3/lab.ipynb, 7.5 GiB',
     'your python3 kernel bbbb2222, 7.5 GiB',
     'bob’s python3 kernel cccc3333, 7.5 GiB',
     'bob’s python3 kernel dddd4444, 7.5 GiB'
@@ -226,7 +227,7 @@ test('kernel table rows: by user, oldest first; notebook names for this server�
     ]
   });
   const rows = hostKernelRows(v, id =>
-    id === 'me-000000001' ? 'course/week1/lab.ipynb' : null
+    id === 'me-000000001' ? 'lab.ipynb' : null
   );
   assert.deepEqual(
     rows.map(r => [r.user, r.kernelId]),

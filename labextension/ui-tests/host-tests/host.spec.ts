@@ -169,7 +169,8 @@ test('an admin sees every user and kernel, and whose queued kernel waits', async
     'other users 5 GiB'
   );
   await expect(h.locator('.jp-gpushare-host-queue li')).toHaveText([
-    new RegExp(`^#1 ${other}’s python3 kernel, 2.5 GiB · waiting`) // its need: quota + context reserve
+    // its need: quota + context reserve; another server's kernel, told apart by its id
+    new RegExp(`^#1 ${other}’s python3 kernel [0-9a-f]{8}, 2.5 GiB · waiting`)
   ]);
   await screenshot(page, 'panel-host-admin.png');
 });
@@ -184,9 +185,16 @@ test('an admin takes a waiting kernel out of the line, through the broker', asyn
   }
   await expect(h).toHaveAttribute('data-view', 'admin');
   const entry = h.locator('.jp-gpushare-host-queue li').first();
-  await entry.getByRole('button', { name: /^Take out: / }).click();
+  const whose = new RegExp(
+    `^Take out: ${env('GPUSHARE_HOST_OTHER')}’s python3 kernel [0-9a-f]{8}$`
+  );
+  await entry.getByRole('button', { name: whose }).click();
   const dialog = page.locator('.jp-Dialog');
-  await expect(dialog).toContainText('out of the line?');
+  await expect(dialog).toContainText(
+    new RegExp(
+      `Take ${env('GPUSHARE_HOST_OTHER')}’s python3 kernel [0-9a-f]{8} out of the line\\?`
+    )
+  );
   // Enter is safe: the focus is on Cancel, not on the action
   expect(await page.evaluate(() => document.activeElement?.textContent)).toBe(
     'Cancel'

@@ -224,7 +224,7 @@ test('names, toasts and dialogs a student can read and trust', async ({
     .toBe(true);
   await toggle.click();
   await expect(panel(page).locator('.jp-gpushare-host-queue')).toContainText(
-    '#1 your python3 kernel, 3.5 GiB'
+    '#1 your r3/a.ipynb, 3.5 GiB' // the page's name for it: another a.ipynb runs
   );
   await expect(
     panel(page).getByRole('button', {
@@ -330,20 +330,28 @@ test('a teacher takes a kernel out of line from the host view; its student reads
   await expect(host).toHaveAttribute('data-view', 'admin');
   const state = await (await page.request.get('/api/gpushare/state')).json();
   const waiting = state.kernels.find((k: any) => k.state === 'queued');
-  const entry = host.locator('.jp-gpushare-host-queue li').first();
-  await entry.getByRole('button', { name: /^Take out: / }).click();
-  await expect(dialog(page)).toContainText('out of the line?');
+  const name = waiting.path; // (the page's name for it: another a.ipynb runs, so its folder too)
+  // Every place in line is told apart: each button names the notebook (this server's kernels) or the kernel
+  const labels = await host
+    .locator('.jp-gpushare-host-queue li button')
+    .evaluateAll(buttons => buttons.map(b => b.getAttribute('aria-label')));
+  expect(labels.length).toBeGreaterThan(0);
+  expect(new Set(labels).size).toBe(labels.length);
+  const entry = host.locator('.jp-gpushare-host-queue li', { hasText: name });
+  await entry.getByRole('button', { name: `Take out: your ${name}` }).click();
+  await expect(dialog(page)).toContainText(
+    `Take your ${name} out of the line?`
+  );
   // Enter is safe: the focus is on Cancel, not on the action
   expect(await page.evaluate(() => document.activeElement?.textContent)).toBe(
     'Cancel'
   );
   await dialog(page).locator('input').fill('the lab is over for today');
   await dialog(page).locator('button', { hasText: 'Take out' }).click();
-  const name = waiting.path.split('/').pop();
   await expect(
     toasts(page).filter({
       hasText: new RegExp(
-        `${name}: .+ took it out of the line: the lab is over for today\\.`
+        `${name.split('/').pop()}: .+ took it out of the line: the lab is over for today\\.`
       )
     })
   ).toHaveCount(1, { timeout: 15000 });
