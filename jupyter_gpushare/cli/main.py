@@ -1,9 +1,10 @@
-"""`jupyter gpushare <command>`: status, doctor, broker, k8s-profiles.
+"""`jupyter gpushare <command>`: status, doctor, options, broker, k8s-profiles.
 
 A JupyterApp with subcommands. ``status`` and ``doctor`` read the settings a Jupyter server of this user
 reads, the same files the same way (``sources.load_config``), then the settings this user's running server
 uses (its command line included), then ``--config FILE`` and their own command line (``--GpuShareApp.x=y``),
-and say where each came from. Imports stay light so that ``status`` answers fast.
+and say where each came from; ``options`` lists every setting with its value here and its default. Imports stay
+light so that ``status`` answers fast.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import json
 import logging
 import os
 import sys
+from typing import Any
 
 from jupyter_core.application import JupyterApp
-from traitlets import Bool, Enum, Int, List, Unicode, default
+from traitlets import Bool, Enum, Int, List, TraitError, Unicode, default
 
 from ..core.policy import PolicyError
 
-__all__ = ["DoctorCommand", "GpuShareCommand", "K8sProfilesCommand", "StatusCommand", "main"]
+__all__ = ["DoctorCommand", "GpuShareCommand", "K8sProfilesCommand", "OptionsCommand", "StatusCommand", "main"]
 
 
 def _print(text: str) -> None:
@@ -99,6 +101,50 @@ class DoctorCommand(_ReadsSettings):
         self.exit(1 if any(f.status == "error" for f in findings) else 0)
 
 
+class OptionsCommand(_ReadsSettings):
+    name = "jupyter-gpushare-options"
+    description = (
+        "Every GpuShareApp option (and the broker's, with --broker): its value here, its default, what it does."
+    )
+
+    broker = Bool(False, config=True, help="Also list the broker's own options (GpuShareBroker).")
+    flags = {"broker": ({"OptionsCommand": {"broker": True}}, "Also list the broker's own options (GpuShareBroker).")}
+    aliases = {"config": "JupyterApp.config_file"}
+
+    def start(self) -> None:
+        from ..config.settings import GpuShareApp
+
+        classes: list[type] = [GpuShareApp]
+        if self.broker:
+            from ..broker.server import GpuShareBroker
+
+            classes.append(GpuShareBroker)
+        lines = [f"Settings read from: {', '.join(self.sources) or 'no config file (the defaults)'}", ""]
+        try:
+            for cls in classes:
+                lines += _options(cls(config=self.config), self.config.get(cls.__name__, {}))
+        except TraitError as e:  # a value its option refuses: said as `status` and `doctor` say it
+            print(f"jupyter gpushare options: {e}", file=sys.stderr)
+            self.exit(2)
+        _print("\n".join(lines).rstrip("\n"))
+
+
+def _options(configured: Any, set_here: Any) -> list[str]:
+    """The configurable options of ``configured`` (an object made with the settings read here), each with its value
+    where one is set (the files, a running server, the command line), its default and its help, wrapped to 100
+    columns."""
+    import textwrap
+
+    lines = []
+    for name, trait in sorted(configured.traits(config=True).items()):
+        default = trait.default_value_repr()
+        value = f"{getattr(configured, name)!r} (set; default {default})" if name in set_here else default
+        lines.append(f"{type(configured).__name__}.{name} = {value}")
+        lines += textwrap.wrap(trait.help or "", 100, initial_indent="    ", subsequent_indent="    ")
+        lines.append("")
+    return lines
+
+
 class K8sProfilesCommand(JupyterApp):
     name = "jupyter-gpushare-k8s-profiles"
     description = "Zero-to-JupyterHub singleuser values: one profile per GPU kind (docs/kubernetes.md)."
@@ -146,6 +192,7 @@ class GpuShareCommand(JupyterApp):
     subcommands = {
         "status": ("jupyter_gpushare.cli.main.StatusCommand", StatusCommand.description),
         "doctor": ("jupyter_gpushare.cli.main.DoctorCommand", DoctorCommand.description),
+        "options": ("jupyter_gpushare.cli.main.OptionsCommand", OptionsCommand.description),
         "broker": ("jupyter_gpushare.broker.server.GpuShareBroker", "Run the host-wide broker (docs/multi-user.md)."),
         "k8s-profiles": ("jupyter_gpushare.cli.main.K8sProfilesCommand", K8sProfilesCommand.description),
     }

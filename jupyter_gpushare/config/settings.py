@@ -123,9 +123,10 @@ class GpuShareApp(BrokerPlace):
     queue_timeout = Float(
         600.0,
         config=True,
-        help="Seconds a queued kernel waits for room before it leaves the line and is shut down, with an event "
-        "that says why (on_full='queue'). The broker applies its own to every user's kernels. Default: 600. "
-        "0 = wait without limit.",
+        help="Seconds a queued kernel waits for room (on_full='queue'). Then a notebook's kernel leaves the line "
+        "and runs on without a GPU, its variables kept (its notebook offers Join again), with an event that says "
+        "why; a program's kernel (jupyter execute, nbconvert, papermill) is not started, and the program ends with "
+        "exit status 4. The broker applies its own to every user's kernels. Default: 600. 0 = wait without limit.",
     )
     queue_overtake_limit = Float(
         300.0,

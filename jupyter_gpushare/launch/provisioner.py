@@ -63,11 +63,13 @@ STAND_BY_ASK_S = 3.0  # how long a kernel has to answer when asked to stand by (
 
 
 def _program_manager(traits: Config, log: logging.Logger, who: str) -> QuotaManager:
-    """The manager of a program's kernels: the server's settings files, then the program's own config and command
-    line (batch.program_config). Its kernels wait for their grant in their start, and say where they stand on
-    stderr. Bad settings end the program with one line that names the setting (batch.not_started)."""
+    """The manager of a program's kernels: the server's settings files, then what this user's running Jupyter
+    server runs with (its command line too: a simulated card set once on `jupyter lab`'s is every program's), then
+    the program's own config and command line (batch.program_config). Its kernels wait for their grant in their
+    start, and say where they stand on stderr. Bad settings end the program with one line that names the setting
+    (batch.not_started)."""
     program, name = program_config(traits)
-    config, sources = load_config(over=program)
+    config, sources = load_config(over=program, running=True)
     if name:
         sources.append(f"the options of {name}")
     try:

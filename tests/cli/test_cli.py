@@ -197,3 +197,20 @@ def test_status_and_doctor_list_what_each_notebook_taught(env):
     assert "NOTEBOOKS WITH RECORDED RUNS" in table and "week2/big.ipynb" in table and "4.5 GiB" in table
     doctor = gpushare(env, "doctor").stdout
     assert "2 notebook(s) have recorded runs" in doctor and "1 ran out of memory on a run" in doctor
+
+
+def test_options_lists_every_setting_with_its_value_here_and_its_default(env):
+    """`jupyter lab --help-all` shows no GpuShareApp option: `jupyter gpushare options` lists them all, each with
+    the value the config files (and the command line) give it here, its default and its help."""
+    from jupyter_gpushare.broker.server import GpuShareBroker
+    from jupyter_gpushare.config.settings import GpuShareApp
+
+    out = gpushare(env, "options", "--GpuShareApp.queue_timeout=90", "--broker")
+    assert out.returncode == 0, out.stderr
+    listed = {line.split(" = ")[0] for line in out.stdout.splitlines() if line.startswith("GpuShare")}
+    assert listed == {f"GpuShareApp.{n}" for n in GpuShareApp.class_traits(config=True)} | {
+        f"GpuShareBroker.{n}" for n in GpuShareBroker.class_traits(config=True)
+    }
+    assert "GpuShareApp.queue_timeout = 90.0 (set; default 600.0)" in out.stdout
+    assert "GpuShareApp.park_after = 600.0\n" in out.stdout  # not set here: its default alone
+    assert env["CONFIG"] in out.stdout.splitlines()[0]  # where the settings came from

@@ -107,6 +107,35 @@ def test_papermill_reserves_with_the_servers_settings(user):
     assert Ledger(ledger).leases() == []
 
 
+def test_a_simulated_card_set_once_on_the_servers_command_line_is_every_programs(user):
+    """The README's quick start: `jupyter lab --GpuShareApp.simulated_cards=24GiB` on a machine without a GPU. A
+    `jupyter execute` in a terminal beside it, with nothing set, reserves on that simulated card: it reads what
+    this user's running server runs with (after the config files, before its own options). Without a server it
+    has no GPU here."""
+    tmp_path, env, ledger = user
+    alone = run(env, "jupyter", "execute", f"--GpuShareApp.ledger_path={ledger}", "--output", "out", "nb.ipynb",
+                cwd=tmp_path)  # fmt: skip
+    if shown(tmp_path / "out.ipynb").startswith("gpu"):
+        pytest.skip("this host has a GPU")
+    assert alone.returncode == 0 and shown(tmp_path / "out.ipynb") == "cpu None", alone.stderr
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_server", "--allow-root", "--no-browser", "--port=0",
+         "--GpuShareApp.simulated_cards=24GiB", "--GpuShareApp.default_quota=3GiB",
+         f"--GpuShareApp.ledger_path={ledger}"],
+        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        published = tmp_path / "runtime" / "gpushare"
+        wait_until(lambda: any(published.glob("settings-*.json")), timeout=120, what="the server's settings")
+        out = run(env, "jupyter", "execute", "--output", "out", "nb.ipynb", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert shown(tmp_path / "out.ipynb") == "gpu 3072"
+        assert f"the running Jupyter server (pid {server.pid})" in out.stderr
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 def test_a_default_chosen_in_the_environment_is_kept(user):
     tmp_path, env, ledger = user
     env = {**env, DEFAULT_ENV: "local-provisioner"}
