@@ -52,6 +52,9 @@ WAITS = ("torch", "tensorflow", "jax", "cupy", "numba.cuda", "pycuda")
 # most half the host's CPUs import at once so, beside the kernels that compute: 24 imports at once slowed the first
 # wave of a class by 7.3 s on the H100 host, bench/README.md).
 IMPORTS_FIRST = {"torch": (2, 11), "tensorflow": (2, 21)}
+# The names the sidebar and the docs use (words.ts says "PyTorch", not "torch").
+NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow", "jax": "JAX", "cupy": "CuPy", "numba.cuda": "Numba",
+         "pycuda": "PyCUDA"}  # fmt: skip
 ASK_ANSWER_S = 2.0  # how long a first GPU use waits for the server's first answer before saying it waits
 # Never changed by a grant: this process's own.
 KEPT = (env.ROOT_PID, env.GRANT_FD, env.ASK_FD, env.KERNEL_ID, env.REPORT_DIR)
@@ -310,7 +313,8 @@ def _ask() -> bool:
     return True
 
 
-def _said(name: str, place: dict | None) -> str:
+def _said(module: str, place: dict | None) -> str:
+    name = NAMES.get(module, module)
     if not place:
         return f"jupyter-gpushare: {name} waits for this kernel's GPU (in line)."
     figures = []
@@ -319,7 +323,7 @@ def _said(name: str, place: dict | None) -> str:
     if isinstance(place.get("need_mib"), int):
         figures.append(f"needs {_size(place['need_mib'])}")
     if isinstance(place.get("free_mib"), int):
-        figures.append(f"{_size(place['free_mib'])} free")
+        figures.append(f"{_size(place['free_mib'])} unreserved")
     for key, words in (("likely_at", "likely granted by"), ("gives_up_at", "gives up at")):
         if isinstance(place.get(key), int):
             figures.append(f"{words} {time.strftime('%H:%M', time.localtime(place[key]))}")
@@ -423,8 +427,8 @@ def _wait(name: str, until=None, said: str | None = None) -> str | None:
         now = _said(name, _state["place"])
         if now != said:  # (the first time with how to stop; again only when the place changes)
             first = " CPU cells ran meanwhile; interrupt the kernel to stop waiting (it keeps its place)."
-            sys.stderr.write(now + (first if said is None else "") + "\n")
-            sys.stderr.flush()
+            sys.stdout.write(now + (first if said is None else "") + "\n")  # (not red in the cell: no error)
+            sys.stdout.flush()
             said = now
         if until is not None and until():
             break
@@ -432,9 +436,10 @@ def _wait(name: str, until=None, said: str | None = None) -> str | None:
     return said
 
 
-def _say_after(name: str, said: str | None) -> None:
+def _say_after(module: str, said: str | None) -> None:
     """What the cell hears when its wait is over: that the GPU is its kernel's now (if it waited), or why it runs
     without one."""
+    name = NAMES.get(module, module)
     if os.environ.get(env.MODE) != "gpu":
         reason = os.environ.get(env.REASON) or "the wait for a GPU ended"
         if said is not None:  # this cell waited: it says that it did not run, and why (the next one runs on the CPU)
@@ -443,6 +448,7 @@ def _say_after(name: str, said: str | None) -> None:
                 "Join again above the notebook to wait for a GPU, with this kernel's variables."
             )
         sys.stderr.write(f"jupyter-gpushare: {name} runs without a GPU: {reason}\n")
+        sys.stderr.flush()
     elif said is not None:
-        sys.stderr.write(f"jupyter-gpushare: the GPU is this kernel's now; {name} goes on.\n")
-    sys.stderr.flush()  # before the cell's next output: PyTorch's import now returns at once after it
+        sys.stdout.write(f"jupyter-gpushare: the GPU is this kernel's now; {name} goes on.\n")
+        sys.stdout.flush()  # before the cell's next output: PyTorch's import now returns at once after it

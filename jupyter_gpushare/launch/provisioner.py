@@ -429,6 +429,8 @@ class GpuShareProvisioner(LocalProvisioner):
         manager = self._manager()
         if self._attach_at_launch:  # (a kernel in line is attached at its grant)
             await manager.attach(self.kernel_id, self.pid)
+        elif (rec := manager.records.get(self.kernel_id)) is not None:
+            rec.pid = self.pid  # its process runs while it waits: the API says which
         if not manager.holds_starts:  # a program, not a server: what it does not clean up is given back at its exit
             end_at_exit(self)
         if self._ports_renewed:

@@ -7,12 +7,7 @@
  * functions never add a name either: another user's queue entry is "another
  * user's kernel", and their reservations are one total per card.
  */
-import {
-  cardLabel,
-  formatDuration,
-  formatMiB,
-  isMeasured
-} from './format';
+import { cardLabel, formatDuration, formatMiB, isMeasured } from './format';
 import type {
   IHostKernel,
   IHostQueueEntry,

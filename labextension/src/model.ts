@@ -86,6 +86,7 @@ export class GpuShareModel {
       name: 'jupyter-gpushare:state',
       standby: 'when-hidden'
     });
+    this._pushed = !!events;
     events?.stream.connect((_, event) => {
       if (event?.schema_id === STATE_SCHEMA) {
         this.announcements++;
@@ -230,12 +231,19 @@ export class GpuShareModel {
     Signal.clearData(this);
   }
 
-  /** Fast while the panel is shown, something watches, or a kernel of this user waits or starts. */
+  /**
+   * Fast while the panel is shown or something watches (live figures). A kernel of this user that waits or
+   * starts needs no poll where the server announces its changes on the event bus (its place, its grant): the
+   * page then costs what JupyterLab costs; without the bus it is polled fast.
+   */
   private _pace(): void {
     const waiting = this.kernels.some(
       k => k.state === 'queued' || k.state === 'starting'
     );
-    const fast = this._panelVisible || this._watchers.size > 0 || waiting;
+    const fast =
+      this._panelVisible ||
+      this._watchers.size > 0 ||
+      (waiting && !this._pushed);
     const interval = fast ? this._settings.refreshInterval : SLOW_INTERVAL_MS;
     if (this._poll.frequency.interval !== interval) {
       this._poll.frequency = { ...this._poll.frequency, interval };
@@ -312,6 +320,8 @@ export class GpuShareModel {
   }
 
   private _poll: Poll;
+  /** The server's changes reach this page on the event bus. */
+  private _pushed = false;
   private _settings: ISettings = { ...DEFAULT_SETTINGS };
   private _snapshot: ISnapshot = {
     state: null,

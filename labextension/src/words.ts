@@ -658,10 +658,11 @@ function figure(name: string, value: unknown): string {
     return formatDuration(value);
   }
   if (typeof value === 'number' && name.endsWith('_at')) {
-    // a time of day, on this browser's clock
+    // a time of day, on this browser's clock, as the kernel says it in the cell ("gives up at 23:23")
     return new Date(value * 1000).toLocaleTimeString([], {
       hour: '2-digit',
-      minute: '2-digit'
+      minute: '2-digit',
+      hourCycle: 'h23'
     });
   }
   return String(value);

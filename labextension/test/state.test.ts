@@ -61,10 +61,11 @@ test('quotaMiB: the framework cap, else the reservation less the context reserve
 
 // the line's timeout, said as a time of day on this browser's clock (not as "about N min", which read as an estimate)
 const GIVES_UP = 1795700000;
-const clock = new Date(GIVES_UP * 1000).toLocaleTimeString([], {
-  hour: '2-digit',
-  minute: '2-digit'
-});
+// 24-hour HH:MM, as the kernel says it in the cell, whatever the browser's locale
+const at = new Date(GIVES_UP * 1000);
+const clock = [at.getHours(), at.getMinutes()]
+  .map(n => String(n).padStart(2, '0'))
+  .join(':');
 
 test('status bar: use against the reservation, the judgment the server made', () => {
   assert.equal(statusText(kernel()), 'GPU 1.4 / 1.5 GiB'); // not "/ 1.0 GiB": one definition

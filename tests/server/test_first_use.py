@@ -64,7 +64,7 @@ async def test_a_kernel_asks_at_its_first_gpu_import_and_the_first_to_ask_is_ser
     # The first notebook opened asks last: it waits, in its cell, as #1.
     gpu = send_cell(first, session, "import torch; kept + 1, os.environ['GPUSHARE_QUOTA_MIB'], os.getpid()")
     said = await stream_until(first, gpu, "waits for this kernel's GPU")
-    assert "torch waits for this kernel's GPU: #1 in line, needs 4.5 GiB" in said
+    assert "PyTorch waits for this kernel's GPU: #1 in line, needs 4.5 GiB" in said
     assert await gpushare.state_of(kids[0]) == "queued"
     await gpushare.close_notebook(opened[2][0])
     assert await cell_result(first, kids[0], gpu) == f"(42, '4096', {pid})"  # same process, its variable kept

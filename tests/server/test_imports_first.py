@@ -17,6 +17,8 @@ from jupyter_client.session import Session
 from kernels import cell_result, send_cell, stream_until
 from test_waiting import _state, _true, full_card, standin_pid
 
+NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow"}  # as the sidebar says them (_gpushare_wait.NAMES)
+
 pytest.importorskip("torch")
 
 
@@ -51,7 +53,7 @@ async def first_in_line(gpushare, jp_serverapp, kernel_ws, framework: str, code:
     session = Session()
     ws = await kernel_ws(kid, session.session)
     cell = send_cell(ws, session, code or f"import {framework}")
-    await stream_until(ws, cell, f"{framework} waits for this kernel's GPU: #1 in line")
+    await stream_until(ws, cell, f"{NAMES[framework]} waits for this kernel's GPU: #1 in line")
     return sessions, kid, session, ws, standin_pid(jp_serverapp, kid), cell
 
 
@@ -71,14 +73,16 @@ async def test_torch_imports_while_its_kernel_waits_and_an_interrupted_wait_keep
     assert await cell_result(ws, kid, check) == "(False, True)"  # the import failed; PyTorch's code had run
 
     again = send_cell(ws, session, "import torch; ran = float(torch.ones(3).sum()); print('ran')")
-    await stream_until(ws, again, "torch waits for this kernel's GPU")  # waits again, its code not run again
+    await stream_until(ws, again, "PyTorch waits for this kernel's GPU")  # waits again, its code not run again
     await gpushare.close_notebook(sessions[0])
     await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the grant")
     streams: list = []
     assert (await reply_of(ws, again, streams))["status"] == "ok"
-    # the import returns at once after its wait: the wait's last word comes before the cell's own output
-    assert [name for name, _ in streams] == ["stderr", "stdout"], streams
-    assert "the GPU is this kernel's now; torch goes on." in streams[0][1]
+    # the import returns at once after its wait: the wait's last word comes before the cell's own output, and
+    # none of it is an error's red (stdout)
+    printed = "".join(text for _, text in streams)
+    assert {name for name, _ in streams} == {"stdout"}, streams
+    assert printed.index("the GPU is this kernel's now; PyTorch goes on.") < printed.index("ran"), printed
     done = send_cell(ws, session, "import os; ran, os.environ['GPUSHARE_MODE'], os.getpid()")
     assert await cell_result(ws, kid, done) == f"(3.0, 'gpu', {pid})"
     ws.close()
@@ -96,7 +100,7 @@ async def test_only_kernels_near_the_front_of_the_line_import_while_they_wait(gp
         ws = await kernel_ws(kid, session.session)
         waiting.append((kid, ws, send_cell(ws, session, "import torch"), standin_pid(jp_serverapp, kid)))
     for _, ws, cell, _ in waiting:
-        await stream_until(ws, cell, "torch waits for this kernel's GPU")
+        await stream_until(ws, cell, "PyTorch waits for this kernel's GPU")
     for *_, pid in waiting[:near]:
         await gpushare.wait_for(lambda pid=pid: _true(mapped(pid, "libtorch_cpu")), what="its import while it waits")
     last_kid, *_, last_pid = waiting[-1]
@@ -122,7 +126,7 @@ async def test_tensorflow_imports_while_its_kernel_waits_and_is_set_up_for_the_g
     await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the grant")
     streams: list = []
     assert (await reply_of(ws, cell, streams))["status"] == "ok"
-    assert "the GPU is this kernel's now; tensorflow goes on." in "".join(text for _, text in streams)
+    assert "the GPU is this kernel's now; TensorFlow goes on." in "".join(text for _, text in streams)
     # set up for the grant: the simulated card's word, not a waiting kernel's "no GPU quota" (the hooks' order
     # is test_bootstrap's: the caps' hooks run after the wait)
     report = "import _gpushare_report as r; r.STATE['frameworks'].get('tensorflow', {}).get('detail')"

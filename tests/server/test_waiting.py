@@ -78,10 +78,11 @@ async def test_a_kernel_in_line_runs_cpu_cells_at_once_and_its_gpu_import_waits_
     pid = standin_pid(jp_serverapp, kid)
     assert await cell_result(ws, kid, cpu, timeout=15) == f"({pid}, '')"  # ran while waiting, no GPU visible
     assert await gpushare.state_of(kid) == "queued"
+    assert (await gpushare.kernel(kid))["pid"] == pid  # the API names the process that runs (it said null)
 
     gpu = send_cell(ws, session, "import torch; kept + 1, int(os.environ['GPUSHARE_QUOTA_MIB']), os.getpid()")
     said = await stream_until(ws, gpu, "waits for this kernel's GPU")
-    assert "torch waits for this kernel's GPU: #1 in line, needs 4.5 GiB" in said
+    assert "PyTorch waits for this kernel's GPU: #1 in line, needs 4.5 GiB" in said
     assert re.search(r"gives up at \d\d:\d\d\.", said)  # the line's timeout, said as such
     assert "waits for this kernel's GPU" not in await _stream_for(ws, gpu, 2.0)  # said once while its place stays
     assert await gpushare.state_of(kid) == "queued"

@@ -99,7 +99,7 @@ test('a notebook asks for its GPU at its first GPU import', async ({
   ); // (its promise waits for the cell: not awaited)
   const second = nb.locator('.jp-Cell').nth(1);
   await expect(second.locator('.jp-OutputArea-output')).toContainText(
-    "torch waits for this kernel's GPU: #1 in line, needs 4.5 GiB",
+    "PyTorch waits for this kernel's GPU: #1 in line, needs 4.5 GiB",
     { timeout: 60000 }
   );
   await expect(nb.locator('.jp-gpushare-banner')).toContainText('#1 in line');
