@@ -232,9 +232,10 @@ export class GpuShareModel {
   }
 
   /**
-   * Fast while the panel is shown or something watches (live figures). A kernel of this user that waits or
-   * starts needs no poll where the server announces its changes on the event bus (its place, its grant): the
-   * page then costs what JupyterLab costs; without the bus it is polled fast.
+   * Fast while the panel is shown (live figures of use, which no event announces). A kernel of this user that
+   * waits or starts, and a waiting notebook's banner, need no poll where the server announces its changes on
+   * the event bus (a place, a grant, a wait's end): the page then costs what JupyterLab costs (a read every
+   * 30 s, for the estimates); without the bus they are polled fast.
    */
   private _pace(): void {
     const waiting = this.kernels.some(
@@ -242,8 +243,7 @@ export class GpuShareModel {
     );
     const fast =
       this._panelVisible ||
-      this._watchers.size > 0 ||
-      (waiting && !this._pushed);
+      ((this._watchers.size > 0 || waiting) && !this._pushed);
     const interval = fast ? this._settings.refreshInterval : SLOW_INTERVAL_MS;
     if (this._poll.frequency.interval !== interval) {
       this._poll.frequency = { ...this._poll.frequency, interval };
