@@ -25,6 +25,7 @@ from ..core.policy import (
     DEFAULT_MIN_QUOTA_MIB,
     FRAMEWORKS,
     IDLE_ACTIONS,
+    LINE_CPU,
     LINE_PLACES,
     ON_FULL_CHOICES,
     OVER_QUOTA_ACTIONS,
@@ -119,6 +120,16 @@ class GpuShareApp(BrokerPlace):
         "cell for the grant: a notebook that has not used the GPU yet, or never does, holds no reservation and no "
         "place. Python kernels of a server only (other kernels, and nbclient or papermill, ask at the start). "
         "Default: 'start'. docs/architecture.md compares the two.",
+    )
+    line_cpu = Enum(
+        list(LINE_CPU),
+        default_value="idle",
+        config=True,
+        help="A kernel in line's CPU priority until its grant: 'idle' = its start, its framework's import and its "
+        "CPU cells run under SCHED_IDLE, so they cost the kernels that hold a GPU nothing (a class's first wave ran "
+        "7-10 s slower beside 22-66 kernels starting in line), and it runs at normal priority from its grant or the "
+        "end of its wait on; where the server could not give the priority back (no CAP_SYS_NICE and RLIMIT_NICE "
+        "below 20), kernels run at normal priority all along. 'normal' = no change. Default: 'idle'.",
     )
     queue_timeout = Float(
         600.0,
@@ -446,6 +457,7 @@ class GpuShareApp(BrokerPlace):
             headroom=sizes["card_headroom"],
             on_full=self.on_full,
             line_place=self.line_place,
+            line_cpu=self.line_cpu,
             required_level=self.required_enforcement,
             queue_timeout_s=self.queue_timeout or float("inf"),
             overtake_limit_s=self.queue_overtake_limit,

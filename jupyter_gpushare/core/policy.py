@@ -156,6 +156,7 @@ def format_mib(mib: float) -> str:
 
 ON_FULL_CHOICES = ("queue", "cpu", "reject")
 LINE_PLACES = ("start", "first-use")  # when a kernel asks for its reservation (GpuShareApp.line_place)
+LINE_CPU = ("idle", "normal")  # a kernel in line's CPU priority (GpuShareApp.line_cpu)
 OVER_QUOTA_ACTIONS = ("protect", "notify", "interrupt", "restart", "shutdown")
 IDLE_ACTIONS = ("warn", "shutdown")
 DEFAULT_MIN_QUOTA_MIB = 256
@@ -204,6 +205,7 @@ class Policy:
     headroom: Size = Size(mib=0)
     on_full: str = "queue"
     line_place: str = "start"  # "first-use": a server's Python kernel asks at its first GPU framework import
+    line_cpu: str = "idle"  # "normal": a kernel in line competes for the CPU with the kernels that hold a GPU
     queue_timeout_s: float = 600.0
     overtake_limit_s: float = 300.0  # a kernel in line is passed by later ones that fit for at most this long
     max_waiting: int = 10  # kernels one user may have in line; 0 = no cap

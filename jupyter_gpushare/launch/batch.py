@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
+import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -32,9 +35,13 @@ from typing import Any, Protocol, TypeVar
 from jupyter_client.provisioning import KernelProvisionerFactory
 from traitlets.config import Application, Config
 
-from ..core.policy import format_mib
+from ..config.settings import settings_from
+from ..config.sources import load_config
+from ..core.policy import PolicyError, format_mib
 from ..ledger.ledger import Waiting
+from ..server.manager import QuotaManager, build_manager
 from ..server.records import KernelRecord
+from ..server.services import ProgramStarts, Services
 
 T = TypeVar("T")
 # Our entry point's name (pyproject.toml): every program's default provisioner, through this variable, which the
@@ -195,3 +202,37 @@ def _end_all() -> None:
     deadline = time.monotonic() + EXIT_GRACE_S
     for provisioner in list(_ending):
         provisioner.end_at_exit(deadline)
+
+
+def program_manager(traits: Config, log: logging.Logger, who: str) -> QuotaManager:
+    """The manager of a program's kernels: the server's settings files, then what this user's running Jupyter
+    server runs with (its command line too: a simulated card set once on `jupyter lab`'s is every program's), then
+    the program's own config and command line (batch.program_config). Its kernels wait for their grant in their
+    start, and say where they stand on stderr. Bad settings end the program with one line that names the setting
+    (batch.not_started)."""
+    program, name = program_config(traits)
+    config, sources = load_config(over=program, running=True)
+    if name:
+        sources.append(f"the options of {name}")
+    try:
+        manager = build_manager(settings_from(config), log, Services(starts=ProgramStarts(WaitProgress())))
+    except PolicyError as e:
+        raise not_started(f"{who} was not started: {e}", "settings") from None
+    log.info("jupyter-gpushare: settings from %s", ", ".join(sources) or "no config file (the defaults)")
+    return manager
+
+
+def end_by(process: Any, pgid: int | None, deadline: float) -> None:
+    """Wait until ``deadline`` for a kernel's ``process`` to end (it was asked to, or ipykernel sees its parent
+    gone), then end it: its process group where it has its own session (the kernel and its children)."""
+    if process is None or process.poll() is not None:
+        return
+    try:
+        process.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):  # (it ended meanwhile)
+            if pgid and pgid != os.getpgrp():
+                os.killpg(pgid, signal.SIGKILL)
+            else:
+                process.kill()
+        process.wait(5)

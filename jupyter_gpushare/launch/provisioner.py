@@ -16,41 +16,34 @@ reservation (docs/jupyter-client-port-reuse.md).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
-import logging
 import os
 import re
 import shutil
-import signal
 import socket
-import subprocess
 import sys
-import time
 from importlib.metadata import entry_points
 from typing import Any
 
 from jupyter_client.connect import LocalPortCache, port_names
 from jupyter_client.provisioning import KernelProvisionerFactory, LocalProvisioner
 from traitlets import Bool, Unicode
-from traitlets.config import Config
 
-from ..config.settings import settings_from
-from ..config.sources import load_config
 from ..core.addresses import PROVISIONER_NAME
 from ..core.policy import PolicyError, Size, format_mib, parse_size
+from ..host import priority
 from ..host.reports import report_dir
 from ..server.life import move
-from ..server.manager import QuotaManager, build_manager, process_manager, use_in_process
+from ..server.manager import QuotaManager, process_manager, use_in_process
 from ..server.records import Grant, QuotaUnavailable
-from ..server.services import ProgramStarts, Services
 from .batch import (
     DEFAULT_ENV,
     StoppedWaiting,
-    WaitProgress,
     end_at_exit,
+    end_by,
     not_started,
     program_config,
+    program_manager,
     said,
     until_ctrl_c,
 )
@@ -60,24 +53,6 @@ from .kernel_env import PEAK_BEFORE, kernel_env
 WAITING = "Waiting for a GPU"  # how the server's kernel model's reason begins while a kernel is in line
 JOIN_ASK_S = 3.0  # how long a kernel has to agree to join the line again in place (a cell that runs delays it)
 STAND_BY_ASK_S = 3.0  # how long a kernel has to answer when asked to stand by (its pipe's thread answers)
-
-
-def _program_manager(traits: Config, log: logging.Logger, who: str) -> QuotaManager:
-    """The manager of a program's kernels: the server's settings files, then what this user's running Jupyter
-    server runs with (its command line too: a simulated card set once on `jupyter lab`'s is every program's), then
-    the program's own config and command line (batch.program_config). Its kernels wait for their grant in their
-    start, and say where they stand on stderr. Bad settings end the program with one line that names the setting
-    (batch.not_started)."""
-    program, name = program_config(traits)
-    config, sources = load_config(over=program, running=True)
-    if name:
-        sources.append(f"the options of {name}")
-    try:
-        manager = build_manager(settings_from(config), log, Services(starts=ProgramStarts(WaitProgress())))
-    except PolicyError as e:
-        raise not_started(f"{who} was not started: {e}", "settings") from None
-    log.info("jupyter-gpushare: settings from %s", ", ".join(sources) or "no config file (the defaults)")
-    return manager
 
 
 class GpuShareProvisioner(LocalProvisioner):
@@ -110,7 +85,7 @@ class GpuShareProvisioner(LocalProvisioner):
     def _manager(self) -> QuotaManager:
         manager = process_manager()
         if manager is None:  # outside a Jupyter server (nbclient, papermill, `jupyter execute`)
-            manager = _program_manager(self.config, self.log, self._who)
+            manager = program_manager(self.config, self.log, self._who)
             use_in_process(manager)
         return manager
 
@@ -285,6 +260,8 @@ class GpuShareProvisioner(LocalProvisioner):
             held.launched()
             held.listen(lambda: self._asked(held), lambda: self._stood_by(held), lambda: self._wanted(held))
             if self._grant.mode == "queued":
+                if self._manager().policy.line_cpu == "idle" and self.pid:  # it yields the CPU until its grant
+                    priority.yield_cpu(self.pid)
                 self._admitting = asyncio.ensure_future(self._admit_held(held))
         return info
 
@@ -355,6 +332,8 @@ class GpuShareProvisioner(LocalProvisioner):
             return
         finally:
             self._describe_wait(done=True)
+            if self.pid:  # granted, or runs on without a GPU: at normal priority again (host/priority.py)
+                await manager.blocking(priority.restore, self.pid)
         if held is self._held and not held.open:
             self._held = None
         await manager.attach(self.kernel_id, self.pid)
@@ -522,17 +501,7 @@ class GpuShareProvisioner(LocalProvisioner):
         rec = manager.records.get(self.kernel_id) if manager is not None else None
         if manager is None or rec is None or rec.lease is None:
             return  # cleaned up already, or nothing reserved
-        process = self.process
-        if process is not None and process.poll() is None:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):  # (it ended meanwhile)
-                    if self.pgid and self.pgid != os.getpgrp():  # its own session: the kernel and its children
-                        os.killpg(self.pgid, signal.SIGKILL)
-                    else:
-                        process.kill()
-                process.wait(5)
+        end_by(self.process, self.pgid, deadline)
         _close(self._ports)
         self._ports = ()
         manager.end_at_exit(self.kernel_id)
