@@ -13,12 +13,13 @@ CPU).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+
+from _report import report
 
 JOB = "n = 0\nfor i in range(60_000_000): n += i * i % 7\n"  # about 3-5 s of one core
 IMPORT = "import torch"
@@ -82,10 +83,7 @@ def main() -> None:
         "imports_done_meanwhile": imports,
         "ratio_to_alone": {case: round(statistics.median(runs[case]) / alone, 2) for case in ("normal", "idle")},
     }
-    print(json.dumps(figures, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1)
+    report(figures, args.json)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,14 @@ busiest call), their medians and p99, and the ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import tempfile
 import time
 from datetime import datetime, timezone
+
+from _report import report
 
 from jupyter_gpushare.core.policy import Policy, Size
 from jupyter_gpushare.host.gpu import Card
@@ -69,10 +70,7 @@ def main() -> None:
         "reserve_ms": {"median": round(statistics.median(reserves), 3), "p99": round(percentile(reserves, 0.99), 3)},
     }
     result["read_over_reserve"] = round(result["read_ms"]["median"] / result["reserve_ms"]["median"], 2)
-    print(json.dumps(result, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,7 @@ const run = (page, command, args = {}) =>
     ([c, a]) => window.jupyterapp.commands.execute(c, a),
     [command, args]
   );
-const api = (page, p, init) =>
-  page.evaluate(
-    async ([p, init]) => {
-      const r = await fetch(p, init);
-      return r.status === 204 ? null : r.json();
-    },
-    [p, init]
-  );
+const { api } = require('./page-api');
 const T0 = Date.now();
 const step = what =>
   console.error(`${((Date.now() - T0) / 1000).toFixed(1)} s: ${what}`);

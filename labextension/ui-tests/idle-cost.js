@@ -11,14 +11,7 @@ const N = 9;
 const WINDOW_S = Number(process.env.WINDOW_S || 60);
 const TICK = 100; // clock ticks a second (Linux's USER_HZ)
 
-const api = (page, p, init) =>
-  page.evaluate(
-    async ([p, init]) => {
-      const r = await fetch(p, init);
-      return r.status === 204 ? null : r.json();
-    },
-    [p, init]
-  );
+const { api } = require('./page-api');
 
 /** CPU seconds (user + system) of a process and all its descendants (``below``: without the process's own). */
 function cpuSeconds(root, below = false) {
