@@ -126,10 +126,11 @@ class Judging(Operations):
         for kernel_id, uid in self.groups.found().items():
             if uid is None and not self._end_empty_group(kernel_id):  # empty, its kernel restarting: its lease's
                 holder = self._ledger.get(kernel_id)
-                user = (
-                    holder.user if holder else next(w.user for w in self._ledger.waiters() if w.kernel_id == kernel_id)
+                users = (
+                    [holder.user] if holder else [w.user for w in self._ledger.waiters() if w.kernel_id == kernel_id]
                 )
-                uid = uid_of(user)
+                # (neither: a process entered it since it was found empty; whose it is is not guessed here)
+                uid = uid_of(users[0]) if users else None
             if uid is not None:
                 self._group_users[kernel_id] = uid
 
