@@ -323,6 +323,8 @@ class GpuShareProvisioner(LocalProvisioner):
         ``held``): the kernel may join the line again in place (``join_again``)."""
         manager = self._manager()
         assert self._grant is not None
+        if self.pid:  # granted, or runs on without a GPU: at normal priority again, before it hears (host/priority.py)
+            await manager.blocking(priority.restore, self.pid)
         try:
             await manager.holding.open_cards(self.kernel_id, self._grant)
             await held.release(await self._kernel_env(held.env), keep=self._may_stand_by)
@@ -332,8 +334,6 @@ class GpuShareProvisioner(LocalProvisioner):
             return
         finally:
             self._describe_wait(done=True)
-            if self.pid:  # granted, or runs on without a GPU: at normal priority again (host/priority.py)
-                await manager.blocking(priority.restore, self.pid)
         if held is self._held and not held.open:
             self._held = None
         await manager.attach(self.kernel_id, self.pid)

@@ -30,6 +30,10 @@ def policies(pid: int, tid: int, child: int) -> tuple[str, str, str]:
     return priority.policy_of(pid), priority.policy_of(tid), priority.policy_of(child)
 
 
+async def _normal(pid: int, tid: int, child: int) -> bool:
+    return policies(pid, tid, child) == ("normal", "normal", "normal")
+
+
 @pytest.fixture
 def gpushare_config(gpushare_config, request):
     return {**gpushare_config, "default_quota": "4GiB", "queue_timeout": 120, **getattr(request, "param", {})}
@@ -46,7 +50,8 @@ async def test_a_kernel_in_line_yields_the_cpu_until_its_grant(gpushare, jp_serv
     assert policies(pid, tid, child) == ("idle", "idle", "idle")  # its cells, threads and programs yield
     await gpushare.close_notebook(sessions[0])
     await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the grant")
-    assert policies(pid, tid, child) == ("normal", "normal", "normal")  # all of it, from the grant on
+    # all of it, from the grant's hand-over on (the server reads running a moment before the provisioner hands over)
+    await gpushare.wait_for(lambda: _normal(pid, tid, child), timeout=10, what="normal priority after the grant")
     await cell_result(ws, kid, send_cell(ws, session, "stop.set(); child.kill(); child.wait(); 0"))
     ws.close()
 
