@@ -241,8 +241,12 @@ export class GpuShareModel {
     const waiting = this.kernels.some(
       k => k.state === 'queued' || k.state === 'starting'
     );
+    // (a kernel starting: fast for its few seconds, as a change made before the page's event socket connected
+    // would otherwise wait for the next slow read)
+    const starting = this.kernels.some(k => k.state === 'starting');
     const fast =
       this._panelVisible ||
+      starting ||
       ((this._watchers.size > 0 || waiting) && !this._pushed);
     const interval = fast ? this._settings.refreshInterval : SLOW_INTERVAL_MS;
     if (this._poll.frequency.interval !== interval) {

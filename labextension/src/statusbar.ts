@@ -1,3 +1,4 @@
+import type { ISessionContext } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import { GpuShareModel } from './model';
@@ -46,6 +47,7 @@ export class GpuStatusItem extends Widget {
   }
 
   update(): void {
+    this._follow(this.tracker.widget?.sessionContext ?? null);
     const k = this.tracker.currentKernel;
     const text = statusText(k, {
       backend: this.model.snapshot.state?.backend,
@@ -67,6 +69,25 @@ export class GpuStatusItem extends Widget {
     }
     setKernelNote(document.body, note);
   }
+
+  /**
+   * JupyterLab renders its own kernel status again when the kernel's status changes (it may not be there yet when
+   * ours changes): mark it then too, not only at our next change (which the event bus may not bring for a while).
+   */
+  private _follow(context: ISessionContext | null): void {
+    if (context === this._followed) {
+      return;
+    }
+    this._followed?.statusChanged.disconnect(this._soon, this);
+    this._followed = context;
+    context?.statusChanged.connect(this._soon, this);
+  }
+
+  private _soon(): void {
+    requestAnimationFrame(() => this.update()); // after React has rendered the new status
+  }
+
+  private _followed: ISessionContext | null = null;
 
   /**
    * Find JupyterLab's own kernel status in the status bar ("Python 3 (ipykernel) | Idle": it has no id or class of
