@@ -102,3 +102,16 @@ async def _replies(ws: WebSocketClientConnection, kernel_id: str, msg_id: str) -
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] in ("execute_result", "execute_reply"):
             replies[msg["msg_type"]] = msg["content"]
     return replies
+
+
+async def stdout_of(client, msg_id: str) -> str:
+    """What the request ``msg_id`` printed, read on ``client``'s iopub channel until the kernel is idle again."""
+    out = ""
+    while True:
+        msg = await client.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out += msg["content"]["text"]
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return out

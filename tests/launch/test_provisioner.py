@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kernels import stdout_of
+
 
 async def test_kernel_start_reserves_on_a_card(gpushare):
     kid = await gpushare.start_kernel()
@@ -27,15 +29,7 @@ async def test_kernel_env_carries_the_quota(gpushare, jp_serverapp):
     msg_id = client.execute(
         "import os; print(os.environ['GPUSHARE_QUOTA_MIB'], os.environ['GPUSHARE_CARD_UUID'], repr(os.environ['CUDA_VISIBLE_DEVICES']))"
     )
-    out = ""
-    while True:
-        msg = await client.get_iopub_msg(timeout=30)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "stream":
-            out += msg["content"]["text"]
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
+    out = await stdout_of(client, msg_id)
     client.stop_channels()
     assert out.split() == ["2048", "GPU-simulated-0", "''"]
     await gpushare.stop_kernel(kid)

@@ -15,7 +15,7 @@ import uuid
 import psutil
 import pytest
 from jupyter_client import AsyncKernelClient
-from kernels import run_in_kernel
+from kernels import run_in_kernel, stdout_of
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpushare.server import parking
@@ -49,18 +49,6 @@ def _own_client(jp_serverapp, kernel_id: str) -> AsyncKernelClient:
     return client
 
 
-async def _stdout_of(client: AsyncKernelClient, msg_id: str) -> str:
-    out = ""
-    while True:
-        msg = await client.get_iopub_msg(timeout=30)
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "stream":
-            out += msg["content"]["text"]
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return out
-
-
 async def test_a_cell_sent_to_the_kernels_own_shell_brings_it_back_and_runs_at_once(gpushare, jp_serverapp, jp_fetch):
     """`jupyter console --existing` (or an IDE) sends a cell to a parked kernel's ZMQ shell: the cell runs at once and
     says in one line that the GPU comes back, and the kernel asks for its GPU itself. It used to hang: the server never
@@ -74,7 +62,7 @@ async def test_a_cell_sent_to_the_kernels_own_shell_brings_it_back_and_runs_at_o
         msg_id = client.execute("kept + 1")
         reply = await client.get_shell_msg(timeout=30)
         assert reply["content"]["status"] == "ok"
-        said = await _stdout_of(client, msg_id)
+        said = await stdout_of(client, msg_id)
         assert "this kernel was parked; its GPU state comes back now" in said, said
         await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the kernel back on its GPU")
         assert (await gpushare.kernel(kid))["parked"] is None
