@@ -214,3 +214,9 @@ def test_options_lists_every_setting_with_its_value_here_and_its_default(env):
     assert "GpuShareApp.queue_timeout = 90.0 (set; default 600.0)" in out.stdout
     assert "GpuShareApp.park_after = 600.0\n" in out.stdout  # not set here: its default alone
     assert env["CONFIG"] in out.stdout.splitlines()[0]  # where the settings came from
+
+
+def test_options_says_which_value_an_option_refuses(env):
+    out = gpushare(env, "options", "--GpuShareApp.queue_timeout=abc")
+    assert out.returncode == 2 and out.stdout == ""
+    assert "jupyter gpushare options: The 'queue_timeout' trait" in out.stderr and "'abc'" in out.stderr
