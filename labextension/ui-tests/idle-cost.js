@@ -21,7 +21,10 @@ function cpuSeconds(root, below = false) {
     try {
       const stat = fs.readFileSync(`/proc/${name}/stat`, 'utf8');
       const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-      (children[fields[1]] ||= []).push({ pid: name, ticks: +fields[11] + +fields[12] });
+      (children[fields[1]] ||= []).push({
+        pid: name,
+        ticks: +fields[11] + +fields[12]
+      });
     } catch (e) {
       // gone meanwhile
     }
@@ -42,16 +45,43 @@ function cpuSeconds(root, below = false) {
 
 async function main() {
   const [url, executablePath, serverPid] = process.argv.slice(2);
-  const browser = await chromium.launch({ executablePath, args: ['--no-sandbox', '--disable-gpu'] });
-  const page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
+  const browser = await chromium.launch({
+    executablePath,
+    args: ['--no-sandbox', '--disable-gpu']
+  });
+  const page = await browser.newPage({
+    viewport: { width: 1280, height: 860 }
+  });
   await page.goto(`${url}/lab?reset`);
-  await page.waitForFunction(() => window.jupyterapp?.started !== undefined, null, { timeout: 120000 });
+  await page.waitForFunction(
+    () => window.jupyterapp?.started !== undefined,
+    null,
+    { timeout: 120000 }
+  );
   await page.waitForSelector('.jp-LauncherCard', { timeout: 120000 });
-  await api(page, '/api/contents/idle', { method: 'PUT', body: JSON.stringify({ type: 'directory' }) });
+  await api(page, '/api/contents/idle', {
+    method: 'PUT',
+    body: JSON.stringify({ type: 'directory' })
+  });
   for (let i = 1; i <= N; i++) {
     const nb = {
-      cells: [{ cell_type: 'code', id: 'c1', metadata: {}, outputs: [], execution_count: null, source: ['1 + 1'] }],
-      metadata: { kernelspec: { name: 'python3', display_name: 'Python 3 (ipykernel)', language: 'python' } },
+      cells: [
+        {
+          cell_type: 'code',
+          id: 'c1',
+          metadata: {},
+          outputs: [],
+          execution_count: null,
+          source: ['1 + 1']
+        }
+      ],
+      metadata: {
+        kernelspec: {
+          name: 'python3',
+          display_name: 'Python 3 (ipykernel)',
+          language: 'python'
+        }
+      },
       nbformat: 4,
       nbformat_minor: 5
     };
@@ -62,7 +92,11 @@ async function main() {
   }
   for (let i = 1; i <= N; i++) {
     await page.evaluate(
-      p => window.jupyterapp.commands.execute('docmanager:open', { path: p, factory: 'Notebook' }),
+      p =>
+        window.jupyterapp.commands.execute('docmanager:open', {
+          path: p,
+          factory: 'Notebook'
+        }),
       `idle/nb${i}.ipynb`
     );
   }
@@ -76,15 +110,23 @@ async function main() {
     return r.ok ? (await r.json()).kernels.map(k => k.state) : null;
   });
   if (await page.locator('#jp-gpushare').isVisible()) {
-    await page.evaluate(() => window.jupyterapp.commands.execute('application:toggle-right-area'));
+    await page.evaluate(() =>
+      window.jupyterapp.commands.execute('application:toggle-right-area')
+    );
   }
   await page.waitForTimeout(15000); // settled: the kernels started, the page's first reads done
   const requests = [];
   page.on('request', r => requests.push(new URL(r.url()).pathname));
   // the browser: every process this one started (Chromium and its renderers), not this script's own
-  const before = { browser: cpuSeconds(process.pid, true), server: cpuSeconds(serverPid) };
+  const before = {
+    browser: cpuSeconds(process.pid, true),
+    server: cpuSeconds(serverPid)
+  };
   await page.waitForTimeout(WINDOW_S * 1000);
-  const after = { browser: cpuSeconds(process.pid, true), server: cpuSeconds(serverPid) };
+  const after = {
+    browser: cpuSeconds(process.pid, true),
+    server: cpuSeconds(serverPid)
+  };
   const per = {};
   for (const p of requests) {
     const key = p.replace(/[0-9a-f-]{36}/g, '{id}');
