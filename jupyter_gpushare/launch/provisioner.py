@@ -250,7 +250,9 @@ class GpuShareProvisioner(LocalProvisioner):
             if groups or broker:
                 cmd = standin_command(groups, cmd, broker)
             info = await super().launch_kernel(cmd, **kwargs)
-        except BaseException:
+        except BaseException as e:
+            # jupyter_server answers a failed restart with a bare 500 and logs no cause: the log says it here
+            self.log.warning("gpushare: kernel %s could not be launched: %r", self.kernel_id, e)
             if held is not None:
                 held.end()
             await self._release("failed to launch")  # a failed Popen never reaches cleanup()
