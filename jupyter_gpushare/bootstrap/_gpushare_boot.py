@@ -336,7 +336,7 @@ def install() -> bool:
     import _gpushare_views
 
     mode = os.environ.get(env.MODE)
-    if mode in ("queued", "standby") or (mode == "gpu" and os.environ.get(env.GRANT_FD)):
+    if mode in ("queued", "standby", "warm") or (mode == "gpu" and os.environ.get(env.GRANT_FD)):
         # Its GPU waits, or is not asked for yet: a framework waits for the grant first (and, standby, asks for it);
         # or it is granted, and may be asked to stand by later (then its next framework import waits again)
         import _gpushare_wait
@@ -351,4 +351,19 @@ def install() -> bool:
     register("keras", post=_keras_post)
     if os.environ.get(env.ROOT_PID) == str(os.getpid()):
         rep.write_report()  # the kernel process says at once that its bootstrap runs
+        if mode == "warm":
+            _warm_imports()
     return True
+
+
+def _warm_imports() -> None:
+    """A warm kernel imports what the admin listed (GpuShareApp.warm_imports) before its notebook opens; a module
+    that fails is said on stderr (the server's log) and left out. A GPU framework is refused (_gpushare_wait)."""
+    import importlib
+
+    for name in filter(None, os.environ.pop(env.WARM_IMPORTS, "").split(",")):
+        try:
+            importlib.import_module(name)
+        except BaseException as e:  # (a module's own SystemExit too: the kernel starts without it)
+            sys.stderr.write(f"jupyter-gpushare: a warm kernel could not import {name!r} (GpuShareApp.warm_imports): "
+                             f"{type(e).__name__}: {e}\n")  # fmt: skip

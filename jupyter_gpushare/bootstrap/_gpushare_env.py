@@ -6,7 +6,8 @@ A value is text; sizes are whole MiB.
 
 KERNEL_ID = "GPUSHARE_KERNEL_ID"
 MODE = "GPUSHARE_MODE"  # gpu (a reservation), cpu (without a GPU: REASON says why), none (no quota), queued (in line),
-# standby (nothing asked yet: its first GPU use asks, line_place = 'first-use')
+# standby (nothing asked yet: its first GPU use asks, line_place = 'first-use'), warm (started ahead of time: no
+# notebook's yet, its GPU hidden; a hand-over through its grant pipe makes it one, in one of the other modes)
 REASON = "GPUSHARE_REASON"
 GRANT_FD = "GPUSHARE_GRANT_FD"  # queued: the pipe its place in line and then its grant come through (held.py)
 ASK_FD = "GPUSHARE_ASK_FD"  # standby: the pipe its first GPU use asks through, once (held.py)
@@ -24,3 +25,4 @@ CARD_NAME = "GPUSHARE_CARD_NAME"
 CARD_TOTAL_MIB = "GPUSHARE_CARD_TOTAL_MIB"
 SIMULATED = "GPUSHARE_SIMULATED"  # "1": a simulated card, no real GPU memory
 TORCH_FRACTION = "GPUSHARE_TORCH_FRACTION"  # the quota as a fraction of the card (PyTorch's cap)
+WARM_IMPORTS = "GPUSHARE_WARM_IMPORTS"  # warm: the modules it imports before its hand-over, comma-separated

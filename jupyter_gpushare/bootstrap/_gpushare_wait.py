@@ -119,8 +119,10 @@ def _take(message: dict) -> None:
     come): a wait that ended without a GPU may join the line again (``can_rejoin``), and a kernel granted its GPU in
     line may be asked to stand by."""
     place, grant, standby = message.get("wait"), message.get("grant"), message.get("standby")
-    parked, back = message.get("parked"), message.get("back")
+    parked, back, handover = message.get("parked"), message.get("back"), message.get("handover")
     with _cond:
+        if isinstance(handover, dict) and os.environ.get(env.MODE) == "warm":
+            _hand_over(handover)
         if isinstance(parked, dict):
             _state["parked"] = parked
             _hear_demands()
@@ -147,6 +149,50 @@ def _apply(changes: dict) -> None:
             os.environ.pop(name, None)
         elif isinstance(value, str):
             os.environ[name] = value
+
+
+def _hand_over(given: dict) -> None:
+    """This warm kernel becomes a notebook's: its environment (``env``, all of it, and what the kernel set itself since
+    its launch with ``launched``), working directory (``cwd``) and
+    connection file are set exactly as its own start would have set them, and it says ``ready``; the server lets no
+    client reach it before. ``pipe`` false: nothing more comes through the pipe (a kernel granted for good, or without
+    a GPU). (Called with ``_cond`` held.)"""
+    new, launched = given.get("env"), given.get("launched")
+    cwd, connection = given.get("cwd"), given.get("connection_file")
+    old_report = os.path.join(os.environ.get(env.REPORT_DIR, ""), f"{os.environ.get(env.KERNEL_ID)}.{os.getpid()}.json")
+    if isinstance(new, dict) and isinstance(launched, dict):
+        # what the kernel set itself since its launch (``launched``: site's .pth files, ipykernel's TERM, CLICOLOR,
+        # PAGER, MPLBACKEND ...), as a fresh kernel of the notebook would set it again
+        own = {k: v for k, v in os.environ.items() if launched.get(k) != v or k == env.ROOT_PID}
+        os.environ.clear()
+        os.environ.update({k: v for k, v in new.items() if isinstance(k, str) and isinstance(v, str)})
+        for name in (env.GRANT_FD, env.ASK_FD):
+            os.environ.pop(name, None)
+        os.environ.update(own)
+    if isinstance(cwd, str) and cwd:
+        old = os.getcwd()
+        try:
+            os.chdir(cwd)
+        except OSError as e:
+            sys.stderr.write(f"jupyter-gpushare: the kernel could not change to its notebook's directory {cwd}: {e}\n")
+        else:
+            sys.path[:] = [cwd if p == old else p for p in sys.path]
+            shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+            dirs = shell.user_ns.get("_dh") if shell is not None else None
+            if isinstance(dirs, list):  # %cd's history (IPython's own list, of paths) starts where the kernel starts
+                dirs[:] = [type(dirs[0])(cwd) if dirs else cwd]
+    app = getattr(sys.modules.get("ipykernel.kernelapp"), "IPKernelApp", None)
+    if isinstance(connection, str) and app is not None and app.initialized():
+        app.instance().connection_file = connection
+    _state["granted"] = os.environ.get(env.MODE) == "gpu"
+    if given.get("pipe") is False:
+        _state["reading"] = False
+    try:
+        os.unlink(old_report)
+    except OSError:
+        pass
+    rep.write_report()
+    _tell("ready")
 
 
 def _stand_by(changes: dict) -> str:
@@ -345,6 +391,12 @@ class GpuWaitEnded(RuntimeError):
         return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
 
 
+class WarmImport(ImportError):
+    """A GPU framework imported in a warm kernel, before a notebook's hand-over (GpuShareApp.warm_imports)."""
+
+    stops_import = True
+
+
 def wait_for_gpu(module):
     """A framework's pre-import hook: return once the kernel holds its grant. An interrupt raises KeyboardInterrupt
     here: the import fails, the kernel stays in line, and the next import waits again. A wait that ends without a
@@ -353,6 +405,11 @@ def wait_for_gpu(module):
     then returns what to call once its code ran (``_gpushare_boot`` does): the rest of the wait, before the import
     returns."""
     name = module.__name__
+    if os.environ.get(env.MODE) == "warm":
+        raise WarmImport(
+            f"jupyter-gpushare: a warm kernel imports no GPU framework ({name}) before a notebook opens it: its "
+            "import waits for the notebook's GPU and caps."
+        )
     with _cond:
         if not _must_wait(name):
             return None

@@ -13,6 +13,7 @@ it is not an application (the server extension is ``app.GpuShareExtension``).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,9 +25,11 @@ from ..core.levels import REQUIRED_CHOICES
 from ..core.policy import (
     DEFAULT_MIN_QUOTA_MIB,
     FRAMEWORKS,
+    GPU_IMPORTS,
     IDLE_ACTIONS,
     LINE_CPU,
     LINE_PLACES,
+    MAX_WARM_KERNELS,
     ON_FULL_CHOICES,
     OVER_QUOTA_ACTIONS,
     CardView,
@@ -305,6 +308,26 @@ class GpuShareApp(BrokerPlace):
         "memory ('50%'). A kernel whose state does not fit is not parked. Default: '50%'.",
     )
 
+    warm_kernels = Int(
+        0,
+        config=True,
+        help="Kernels each server keeps started ahead of time per kernelspec of warm_kernelspecs: a notebook that opens "
+        "is handed one at once, set exactly as a fresh kernel (working directory, environment), and then asks for its "
+        "GPU. A warm kernel holds no reservation and no card, runs at idle CPU priority, and is replaced by a fresh "
+        "start once its kernelspec or the environment changed. Each costs a kernel's memory (about 100 MiB, more with "
+        "warm_imports). 0 to 32. Default: 0 (2 suits a class).",
+    )
+    warm_kernelspecs = List(
+        Unicode(), [], config=True, help="Kernelspecs kept warm. Default: [] = the server's default."
+    )
+    warm_imports = List(
+        Unicode(),
+        default_value=[],
+        config=True,
+        help="Modules a warm kernel imports ahead of time, e.g. ['numpy', 'pandas']; not a GPU framework (its import "
+        "waits for the kernel's GPU). One that fails is named in the server's log and left out. Default: [].",
+    )
+
     quota_from_history = Bool(
         False,
         config=True,
@@ -419,6 +442,27 @@ class GpuShareApp(BrokerPlace):
                 "e.g. 10, or 0 for no cap."
             )
         return proposal["value"]
+
+    @validate("warm_kernels")
+    def _valid_warm_kernels(self, proposal: Any) -> int:
+        if not 0 <= proposal["value"] <= MAX_WARM_KERNELS:
+            raise TraitError(
+                f"GpuShareApp.warm_kernels: {proposal['value']!r} is not a number of warm kernels; use 0 to "
+                f"{MAX_WARM_KERNELS}, e.g. 2 (each is a running kernel's memory), or 0 for none."
+            )
+        return proposal["value"]
+
+    @validate("warm_imports")
+    def _valid_warm_imports(self, proposal: Any) -> list[str]:
+        for name in proposal["value"]:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", name):
+                raise TraitError(f"GpuShareApp.warm_imports: {name!r} is not a module's name; use e.g. 'numpy'.")
+            if name.partition(".")[0] in GPU_IMPORTS or name in GPU_IMPORTS:
+                raise TraitError(
+                    f"GpuShareApp.warm_imports: {name!r} is a GPU framework: its import waits for the kernel's GPU, "
+                    "which a warm kernel has not got. Remove it (a kernel imports it while it waits in line)."
+                )
+        return list(proposal["value"])
 
     @validate("near_quota_threshold")
     def _valid_fraction(self, proposal: Any) -> float:

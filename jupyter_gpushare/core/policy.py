@@ -437,6 +437,10 @@ class LimitRules:
 
 
 FRAMEWORKS = ("cupy", "jax", "tensorflow", "torch")  # what the bootstrap caps and a kernel reports (reports.py)
+# What a warm kernel may not import before its hand-over (GpuShareApp.warm_imports): the bootstrap's WAITS (their import
+# waits for the kernel's GPU and caps) and Keras, which imports one of them.
+GPU_IMPORTS = ("torch", "tensorflow", "jax", "cupy", "numba.cuda", "pycuda", "keras")
+MAX_WARM_KERNELS = 32  # GpuShareApp.warm_kernels, per kernelspec
 
 
 @dataclass(frozen=True)

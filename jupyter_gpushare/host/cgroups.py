@@ -275,6 +275,19 @@ class KernelCgroups:
         self.allow(kernel_id, minors)
         return [os.path.join(d, "cgroup.procs") for d in dirs]
 
+    def move(self, old_id: str, kernel_id: str, minors: list[int] | None) -> None:
+        """What runs in ``old_id``'s groups (a warm kernel's) goes into ``kernel_id``'s, made and restricted to the
+        cards of ``minors`` as ``create`` makes them; ``old_id``'s groups go (the unified hierarchy renames none)."""
+        procs = self.create(kernel_id, minors)
+        for pid in sorted(self.pids(old_id)):
+            for path in procs:
+                try:
+                    with open(path, "w") as f:
+                        f.write(str(pid))
+                except ProcessLookupError:
+                    break  # (it ended meanwhile)
+        self.remove(old_id)
+
     def allow(self, kernel_id: str, minors: list[int] | None) -> None:
         """Which NVIDIA cards the kernel's group may open: those of ``minors`` and the control devices, or (None)
         none of the NVIDIA devices. Devices already open stay open: this is set before the kernel runs."""

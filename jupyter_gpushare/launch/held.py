@@ -51,6 +51,7 @@ ASK = b"ask"  # the kernel asks for its GPU (its ask pipe)
 STANDBY, KEPT = b"standby", b"kept:"  # its answers when asked to stand by
 USING = b"using"  # its first GPU framework import began: it will not stand by (its own word: only it loses by it)
 RESUME = b"resume"  # parked, it is wanted: a cell or a comm message of any client (its own word: it asks for itself)
+READY = b"ready"  # a warm kernel took its hand-over (``hand_over``)
 ASK_LIMIT = 4096  # bytes read from a kernel's ask pipe before it is closed (a kernel that writes anything else)
 
 
@@ -87,6 +88,7 @@ class HeldStart:
         self.env: dict[str, str] = {}  # the kernel's environment as launched
         self.launched_at: float | None = None  # (monotonic) when the kernel was launched
         self.started: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._ready: asyncio.Future[bool] | None = None  # a warm kernel's answer to its hand-over
 
     def command(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The kernel's launch arguments (jupyter_client's launch_kernel) with the pipe's read end passed to it and
@@ -143,6 +145,9 @@ class HeldStart:
             elif line == RESUME:
                 if self._on_resume is not None:
                     self._on_resume()
+            elif line == READY:
+                if self._ready is not None and not self._ready.done():
+                    self._ready.set_result(True)
             elif line != USING:
                 self._ask_junk += len(line) + 1
         if not data or self._ask_junk + len(self._ask_seen) >= ASK_LIMIT:  # closed (the kernel is gone); or junk
@@ -244,6 +249,34 @@ class HeldStart:
         self.env = {k: v for k, v in {**self.env, **changes}.items() if v is not None}  # what the kernel has now
         if final:
             self.end()
+
+    async def hand_over(self, env: dict[str, str], cwd: str, connection_file: str, pipe: bool, timeout: float) -> bool:
+        """Make this warm kernel a notebook's: its whole environment ``env`` (a fresh start's, pipes aside), working
+        directory and connection file, set inside it before it answers ``ready``. ``pipe`` false: the pipe is closed
+        after (nothing more will come through it). False when it did not answer within ``timeout`` (it is then of no
+        use: the caller ends it)."""
+        if self._write_fd is None:
+            return False
+        if self._ask_loop is None:
+            self.listen(lambda: None)
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        given = {"env": env, "launched": self.env, "cwd": cwd, "connection_file": connection_file, "pipe": pipe}
+        data = (json.dumps({"handover": given}) + "\n").encode()
+        fd = self._write_fd
+        try:
+            os.set_blocking(fd, True)
+            await asyncio.wait_for(loop.run_in_executor(None, _write_all, fd, data), timeout)
+            await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            if self._write_fd is not None:
+                os.set_blocking(fd, False)
+        self.env = {k: v for k, v in env.items() if k not in (names.GRANT_FD, names.ASK_FD)}
+        if not pipe:
+            self.end()
+        return True
 
     async def stand_by(self, standby: dict[str, str], timeout: float) -> str:
         """Ask the kernel to give its GPU back and stand by (``standby``: kernel_env.py's variables of a kernel that

@@ -5,12 +5,23 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from jupyter_client.provisioning import KernelProvisionerFactory
+
 from ..bootstrap import _gpushare_env as names  # the names the bootstrap reads, from the one place
+from ..core.addresses import PROVISIONER_NAME
 from ..core.history import retry_quota_mib
 from ..server.records import Grant
 
 BOOTSTRAP_DIR = Path(__file__).parent.parent / "bootstrap"
 PEAK_BEFORE = names.PEAK_BEFORE_MIB  # what earlier runs of the kernel's notebook peaked at (history.py)
+# What a grant sets beside the GPUSHARE_* variables: each kernel's own (a warm kernel's hand-over sets them anew)
+GRANT_VARIABLES = (
+    "CUDA_VISIBLE_DEVICES",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "CUPY_GPU_MEMORY_LIMIT",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
+)
 
 
 def kernel_env(
@@ -82,3 +93,13 @@ def kernel_env(
         TF_FORCE_GPU_ALLOW_GROWTH="true",
     )
     return env
+
+
+def drop_inherited(env: dict[str, str]) -> None:
+    """What a kernel's environment must not inherit from the server's: the server's own notebook history, and our
+    provisioner as jupyter_client's default (a kernel of another Python environment, without this package, would find
+    no kernelspec at all: jupyter_client hides them all when the default provisioner is missing; a kernel of this
+    environment sets it again itself, jupyter_gpushare_provisioner.pth)."""
+    env.pop(PEAK_BEFORE, None)
+    if env.get(KernelProvisionerFactory.default_provisioner_name_env) == PROVISIONER_NAME:
+        del env[KernelProvisionerFactory.default_provisioner_name_env]

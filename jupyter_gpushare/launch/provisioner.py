@@ -20,12 +20,9 @@ import errno
 import os
 import re
 import shutil
-import socket
-import sys
 from importlib.metadata import entry_points
 from typing import Any
 
-from jupyter_client.connect import LocalPortCache, port_names
 from jupyter_client.provisioning import KernelProvisionerFactory, LocalProvisioner
 from traitlets import Bool, Unicode
 
@@ -37,7 +34,6 @@ from ..server.life import move
 from ..server.manager import QuotaManager, process_manager, use_in_process
 from ..server.records import Grant, QuotaUnavailable
 from .batch import (
-    DEFAULT_ENV,
     StoppedWaiting,
     end_at_exit,
     end_by,
@@ -48,14 +44,16 @@ from .batch import (
     until_ctrl_c,
 )
 from .held import HeldStart, standin_command
-from .kernel_env import PEAK_BEFORE, kernel_env
+from .kernel_env import drop_inherited, kernel_env
+from .ports import HeldPorts, close
+from .warm_start import WarmStarts
 
 WAITING = "Waiting for a GPU"  # how the server's kernel model's reason begins while a kernel is in line
 JOIN_ASK_S = 3.0  # how long a kernel has to agree to join the line again in place (a cell that runs delays it)
 STAND_BY_ASK_S = 3.0  # how long a kernel has to answer when asked to stand by (its pipe's thread answers)
 
 
-class GpuShareProvisioner(LocalProvisioner):
+class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
     """A LocalProvisioner that holds a GPU reservation for its kernel."""
 
     quota = Unicode(
@@ -76,11 +74,10 @@ class GpuShareProvisioner(LocalProvisioner):
 
     _grant: Grant | None = None
     _watching_death = False
-    _ports_renewed = False
-    _ports: tuple[socket.socket, ...] = ()  # the kernel's ports, held bound from their pick to its shutdown
     _held: HeldStart | None = None
     _attach_at_launch = True  # False for a kernel in line: attached at its grant
     _admitting: asyncio.Future | None = None
+    _launched: tuple[list[str], dict[str, str]] = ([], {})  # the command and environment it was launched with
 
     def _manager(self) -> QuotaManager:
         manager = process_manager()
@@ -89,18 +86,12 @@ class GpuShareProvisioner(LocalProvisioner):
             use_in_process(manager)
         return manager
 
-    @property
-    def _kernel_name(self) -> str:
-        return getattr(self.parent, "kernel_name", "") or self.kernel_spec.display_name
-
-    @property
-    def _who(self) -> str:
-        return f"kernel {self.kernel_id[:8]} ({self._kernel_name})"
-
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         chosen = chosen_default(self.kernel_spec, self.config)
         if chosen is not None:
             return await self._hand_over(chosen, **kwargs)
+        if self._warm:
+            return await self.warm_pre_launch(kwargs)
         manager = self._manager()
         language = (self.kernel_spec.language or "").lower()
         rec = manager.record(self.kernel_id, self._kernel_name, language)
@@ -125,12 +116,7 @@ class GpuShareProvisioner(LocalProvisioner):
             # Ports are picked only now, once admitted or in line (a kernel in line holds them: its clients may
             # connect to them at once, and it binds them once granted).
             kwargs = await self._pick_ports(**kwargs)  # after this, kwargs["env"] always exists
-            kwargs["env"].pop(PEAK_BEFORE, None)  # only this notebook's own history, never the server's
-            if kwargs["env"].get(DEFAULT_ENV) == PROVISIONER_NAME:
-                # Not inherited: a kernel of another Python environment, without this package, would find no
-                # kernelspec at all (jupyter_client hides them all when the default provisioner is missing). A
-                # kernel of this environment sets it again itself (jupyter_gpushare_provisioner.pth).
-                del kwargs["env"][DEFAULT_ENV]
+            drop_inherited(kwargs["env"])
             assert self._grant is not None  # (admitted above, or kept from before the restart)
             # It runs at once, its GPU hidden until the grant (held.py); or, granted now, it keeps a pipe through
             # which it may be asked to stand by later
@@ -191,55 +177,23 @@ class GpuShareProvisioner(LocalProvisioner):
         return kernel_env(grant, self.kernel_id, self._python, base, report_dir(), most, peak, learns)
 
     @property
-    def _python(self) -> bool:
-        """A Python kernel: it runs the bootstrap (the GPU waits, the stand-by)."""
-        return (self.kernel_spec.language or "").lower() == "python"
-
-    @property
     def _may_stand_by(self) -> bool:
         """A granted kernel keeps a pipe to the server, which may ask it to stand by (parking.py): a Python kernel of
         a server under line_place = 'start'."""
         manager = self._manager()
         return self._python and manager.holds_starts and manager.policy.line_place == "start"
 
-    async def _pick_ports(self, **kwargs: Any) -> dict[str, Any]:
-        """LocalProvisioner's pre_launch, with ports held (``hold_ports``) and renewed when asked.
-
-        LocalProvisioner picks and caches the ports before the KernelManager records which of its
-        ports are random, so ``cleanup_random_ports()`` finds none and every restart reuses the
-        first ports, even the restarter's "new random ports" for a kernel that died before it was
-        stable: one whose port another socket took dies on it again, up to the restart limit.
-        Recording them first lets ``restart_kernel(newports=True)`` zero them; fresh ones are then
-        picked here while the old ones are still held or marked used, so none comes back.
-        """
-        km = self.parent
-        stale_ports: list[int] = []
-        stale_held: tuple[socket.socket, ...] = ()
-        try:
-            if km is not None and km.cache_ports and self.ports_cached and not all(km.ports):
-                info: dict[str, Any] = dict(self.connection_info)
-                stale_ports = [info[name] for name in port_names]
-                stale_held, self.ports_cached = self._ports, False
-            if km is not None and km.cache_ports and not self.ports_cached:
-                km._record_random_port_names()  # a no-op after the first start
-                if self.hold_ports and km.transport == "tcp" and sys.platform.startswith("linux"):
-                    self._ports = _hold_ports(km.ip)
-                    for name, sock in zip(port_names, self._ports):
-                        setattr(km, name, sock.getsockname()[1])
-                    self.ports_cached = True  # LocalProvisioner then writes km's ports as they are
-            kwargs = await super().pre_launch(**kwargs)
-            self._ports_renewed = bool(stale_ports)
-            return kwargs
-        finally:
-            _close(stale_held)
-            for port in stale_ports:
-                LocalPortCache.instance().return_port(port)
-
     async def launch_kernel(self, cmd: list[str], **kwargs: Any):
         held = self._held
         assert self._grant is not None  # (pre_launch)
-        waits = self._grant.mode in ("queued", "standby")
+        waits = self._grant.mode in ("queued", "standby", "warm")
         self._attach_at_launch = not waits
+        self._launched = (cmd, dict(kwargs.get("env") or {}))
+        warm = self.warm_kernel()
+        if warm is not None:
+            info = await self.take_warm(warm, kwargs)
+            if info is not None:
+                return info
         try:
             _check_command(cmd, kwargs.get("env"))  # a kernelspec that cannot start is an error now, as Jupyter says
             # Its cgroups (cgroups.py), entered before it runs: none of its card while it waits (and none without
@@ -260,12 +214,18 @@ class GpuShareProvisioner(LocalProvisioner):
             raise
         if held is not None:
             held.launched()
-            held.listen(lambda: self._asked(held), lambda: self._stood_by(held), lambda: self._wanted(held))
-            if self._grant.mode == "queued":
-                if self._manager().policy.line_cpu == "idle" and self.pid:  # it yields the CPU until its grant
-                    priority.yield_cpu(self.pid)
-                self._admitting = asyncio.ensure_future(self._admit_held(held))
+            if self._grant.mode in ("queued", "warm") and self._manager().policy.line_cpu == "idle" and self.pid:
+                priority.yield_cpu(self.pid)  # it yields the CPU until its grant (or hand-over)
+            if self._grant.mode != "warm":
+                self.listen(held)
         return info
+
+    def listen(self, held: HeldStart) -> None:
+        """Hear what the kernel says on its pipe (held.py): its asks, its stand-by, its demands; in line, await its
+        grant."""
+        held.listen(lambda: self._asked(held), lambda: self._stood_by(held), lambda: self._wanted(held))
+        if self._grant is not None and self._grant.mode == "queued":
+            self._admitting = asyncio.ensure_future(self._admit_held(held))
 
     def _asked(self, held: HeldStart) -> None:
         """The kernel's first GPU use asks for its GPU (line_place = 'first-use', or since it stood by): it joins the
@@ -448,20 +408,6 @@ class GpuShareProvisioner(LocalProvisioner):
             self._admitting.cancel()
             self._admitting = None
 
-    def _watch_activity_on_new_ports(self) -> None:
-        """Point jupyter_server's activity watch (execution state, culling) at the kernel's new iopub port.
-
-        jupyter_server reconnects it after its own restart_kernel only. Left on the old port, the
-        state stays 'starting', and every new websocket's nudge waits for it until
-        kernel_info_timeout, then closes.
-        """
-        multi = getattr(self.parent, "parent", None)
-        stream = getattr(self.parent, "_activity_stream", None)
-        if stream is None or multi is None or not hasattr(multi, "start_watching_activity"):
-            return  # not a jupyter_server kernel, or not watched yet
-        stream.close()
-        multi.start_watching_activity(self.kernel_id)
-
     def _notebook_path(self, session_name: str | None) -> str | None:
         """The session's notebook, relative to the server's root (as JupyterLab opens it)."""
         root = getattr(getattr(self.parent, "parent", None), "root_dir", None)
@@ -490,7 +436,10 @@ class GpuShareProvisioner(LocalProvisioner):
             return  # a program whose settings were refused (``_manager``): nothing was reserved
         async with manager.cleaning():
             await manager.holding.end(self.kernel_id, restart)
-            if restart:  # the process that ran is gone: its peak is history (a shutdown records it in release)
+            if self._warm:  # (nothing reserved)
+                close(self._ports)
+                self._ports = ()
+            elif restart:  # the process that ran is gone: its peak is history (a shutdown records it in release)
                 await manager.remember_peak(self.kernel_id)
             else:
                 await self._release("shut down")
@@ -504,14 +453,14 @@ class GpuShareProvisioner(LocalProvisioner):
         if manager is None or rec is None or rec.lease is None:
             return  # cleaned up already, or nothing reserved
         end_by(self.process, self.pgid, deadline)
-        _close(self._ports)
+        close(self._ports)
         self._ports = ()
         manager.end_at_exit(self.kernel_id)
 
     async def _release(self, why: str) -> None:
         self._grant = None
         self._stop_holding()
-        _close(self._ports)
+        close(self._ports)
         self._ports = ()
         await self._manager().release(self.kernel_id, why)
 
@@ -530,31 +479,6 @@ def chosen_default(kernel_spec: Any, config: Any) -> str | None:
     section = found["KernelProvisionerFactory"] if "KernelProvisionerFactory" in found else {}
     name = section.get("default_provisioner_name")
     return name if isinstance(name, str) and name and name != PROVISIONER_NAME else None
-
-
-def _hold_ports(ip: str) -> tuple[socket.socket, ...]:
-    """Five ports the OS picks free, each kept bound (not listening) by a socket of ours.
-
-    Linux gives a port with a bound socket to no bind(0) or connect() (ipykernel binds one with
-    bind(0) for its IOPub pipe: in a start storm, that is what took another kernel's port), yet
-    lets a listener bind it when both sockets set SO_REUSEADDR and ours never listens.
-    """
-    held: list[socket.socket] = []
-    try:
-        for _ in port_names:
-            sock = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
-            held.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((ip, 0))
-    except BaseException:
-        _close(held)
-        raise
-    return tuple(held)
-
-
-def _close(socks: tuple[socket.socket, ...] | list[socket.socket]) -> None:
-    for sock in socks:
-        sock.close()
 
 
 def _check_command(cmd: list[str], env: dict[str, str] | None) -> None:

@@ -12,6 +12,7 @@ from jupyter_client.session import Session
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import TraitError
 
+from ..broker.groups import BrokerGroups
 from ..config.settings import GpuShareApp
 from ..config.sources import publish
 from ..core.addresses import PROVISIONER_NAME
@@ -23,6 +24,7 @@ from .refusals import quiet_refusals
 from .sampler import Readings
 from .services import Services
 from .state import SCHEMA_FILE, STATE_SCHEMA
+from .warm import WarmPool
 
 if TYPE_CHECKING:
     from jupyter_server.serverapp import ServerApp
@@ -264,6 +266,7 @@ class GpuShareExtension(ExtensionApp):
         self._make_sampler(manager, services, enforcing)
         self._wait_websockets()
         self._make_default_provisioner()
+        self._make_warm_pool(manager)
         self._quiet = quiet_refusals(self.server.log)  # a refused start is logged once, by the manager
         self._start_reconciling()
         info = manager.backend.describe()
@@ -344,6 +347,26 @@ class GpuShareExtension(ExtensionApp):
             return
         kpf.default_provisioner_name = PROVISIONER_NAME
 
+    def _make_warm_pool(self, manager: QuotaManager) -> None:
+        """The server's warm kernels (warm.py), filled once the server's loop runs."""
+        settings = self.gpushare
+        if not settings.warm_kernels:
+            return
+        if isinstance(manager.holding.cgroups, BrokerGroups):
+            self.log.warning(
+                "jupyter-gpushare: GpuShareApp.warm_kernels is ignored: the host's broker makes the kernels' cgroups, "
+                "and a warm kernel's group cannot become a notebook's there (not built). Kernels start fresh."
+            )
+            return
+        manager.warm = WarmPool(
+            self.server.kernel_manager,
+            settings.warm_kernels,
+            settings.warm_kernelspecs,
+            settings.warm_imports,
+            self.server.root_dir,
+            self.log,
+        )
+
     def initialize_handlers(self) -> None:
         from .handlers import handlers
 
@@ -361,6 +384,9 @@ class GpuShareExtension(ExtensionApp):
         loop = self._server_loop()
         if getattr(self, "_reconcile_task", None) is None and loop is not None:
             self._reconcile_task = loop.create_task(self._reconcile_forever())
+            warm = self.settings["gpushare_manager"].warm
+            if warm is not None:
+                loop.call_soon(warm.start)
 
     async def _start_jupyter_server_extension(self, serverapp) -> None:
         self._start_reconciling()
@@ -390,6 +416,8 @@ class GpuShareExtension(ExtensionApp):
         manager = self.settings.get("gpushare_manager")
         if manager is not None:
             await manager.stop_admitting()
+            if manager.warm is not None:
+                await manager.warm.stop()
         task = getattr(self, "_reconcile_task", None)
         if task:
             task.cancel()

@@ -72,6 +72,17 @@ class Holding:
         else:
             self._allocation.pop(kernel_id, None)
 
+    async def adopt(self, warm_id: str, kernel_id: str, grant: Grant) -> None:
+        """A warm kernel (warm.py) is handed over: it moves into the kernel's groups, its card open to it if it is
+        granted now (closed while it waits)."""
+        await self._blocking(self._adopt, warm_id, kernel_id, grant)
+
+    def _adopt(self, warm_id: str, kernel_id: str, grant: Grant) -> None:
+        card = grant.card if grant.mode == "gpu" else None
+        self.cgroups.move(warm_id, kernel_id, card_minors(card))
+        if self.cgroups.bases:
+            self._limit(kernel_id, grant)
+
     async def open_cards(self, kernel_id: str, grant: Grant) -> None:
         """A kernel that waited is granted: its group may now open its card, and the driver limits it."""
         if grant.mode == "gpu" and grant.card is not None:

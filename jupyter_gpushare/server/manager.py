@@ -44,6 +44,7 @@ from .sampler import KernelUsage
 from .services import Services
 from .snapshot import take_snapshot
 from .teacher import Teacher
+from .warm import WarmPool
 
 T = TypeVar("T")
 
@@ -106,6 +107,7 @@ class QuotaManager:
         self.quotas = QuotaChanges(self)
         self.teacher = Teacher(self)
         self.line.on_change = self.teacher.soon  # a ruling reaches this server as the broker says it
+        self.warm: WarmPool | None = None  # the server's warm kernels (warm.py; None: none, or not a server)
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Blocking work that is not the ledger's (kernels' reports, their cgroups), off the IOLoop (on it once
@@ -345,6 +347,7 @@ class QuotaManager:
         """The kernel's start is decided: it runs with its grant. ``why`` a kernel starts without a GPU (the code of
         its 'no-gpu' event, with ``figures``): no-gpu-none (this server has none), no-gpu-ledger (no reservation
         can be made now), no-gpu-full (the cards are full and the policy starts it without)."""
+        assert grant.mode != "warm"  # (a warm kernel has no record)
         move(
             rec, "running" if grant.mode == "gpu" else grant.mode, lease=grant.lease, card=grant.card,
             reason=grant.reason, position=None, restarting=False,

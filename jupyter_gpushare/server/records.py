@@ -57,14 +57,15 @@ def full_message(quota: Size, got: Waiting, reserve_mib: int, waited: float | No
     return f"{text} {WHAT_TO_DO}"
 
 
-GrantMode = Literal["gpu", "cpu", "none", "queued", "standby"]
+GrantMode = Literal["gpu", "cpu", "none", "queued", "standby", "warm"]
 
 
 @dataclass
 class Grant:
     """What a kernel got: a GPU reservation, a start without GPU (``cpu``), no quota at all (``none``), or a place
     in line (``queued``: the reservation comes later, from ``QuotaManager.granted``), or nothing yet
-    (``standby``: line_place = 'first-use'; the kernel asks at its first GPU use)."""
+    (``standby``: line_place = 'first-use'; the kernel asks at its first GPU use), or, for a warm kernel (warm.py),
+    nobody's yet (``warm``)."""
 
     mode: GrantMode
     lease: Lease | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,8 +19,9 @@ import textwrap
 import nbformat
 import pytest
 from servers import SimulatedServer
+from traitlets import TraitError
 
-from jupyter_gpushare.config.settings import settings_from
+from jupyter_gpushare.config.settings import GpuShareApp, settings_from
 from jupyter_gpushare.config.sources import load_config
 from jupyter_gpushare.core.policy import PolicyError
 
@@ -152,3 +154,37 @@ def test_a_bad_value_is_refused_where_it_is_read_with_its_name(tmp_path, monkeyp
     assert sources == [str(tmp_path / "jupyter_server_config.json")]
     with pytest.raises(PolicyError, match=r"GpuShareApp.queue_timeout: -5(\.0)? is not a time"):
         settings_from(config)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "said"),
+    [
+        ("warm_kernels", -1, "GpuShareApp.warm_kernels: -1 is not a number of warm kernels; use 0 to 32"),
+        ("warm_kernels", 10_000, "GpuShareApp.warm_kernels: 10000 is not a number of warm kernels"),
+        ("warm_imports", ["torch"], "GpuShareApp.warm_imports: 'torch' is a GPU framework"),
+        ("warm_imports", ["numba.cuda"], "GpuShareApp.warm_imports: 'numba.cuda' is a GPU framework"),
+        ("warm_imports", ["tensorflow.keras"], "GpuShareApp.warm_imports: 'tensorflow.keras' is a GPU framework"),
+        ("warm_imports", ["numpy; import os"], "GpuShareApp.warm_imports: 'numpy; import os' is not a module's name"),
+    ],
+)
+def test_warm_kernel_settings_refuse_what_cannot_work(setting, value, said):
+    with pytest.raises(TraitError, match=re.escape(said)):
+        GpuShareApp(**{setting: value})
+
+
+def test_warm_imports_take_modules_that_are_not_gpu_frameworks():
+    assert GpuShareApp(warm_imports=["numpy", "numba", "matplotlib.pyplot"]).warm_imports == [
+        "numpy",
+        "numba",
+        "matplotlib.pyplot",
+    ]
+
+
+def test_gpu_imports_are_the_bootstraps_waits_and_keras():
+    from jupyter_gpushare.core.policy import GPU_IMPORTS
+    from jupyter_gpushare.launch.kernel_env import BOOTSTRAP_DIR
+
+    waits = next(
+        line for line in (BOOTSTRAP_DIR / "_gpushare_wait.py").read_text().splitlines() if line.startswith("WAITS")
+    )
+    assert set(GPU_IMPORTS) == {*eval(waits.split("=", 1)[1].split("#")[0]), "keras"}

@@ -28,15 +28,19 @@ def gpushare_config(gpushare_config):
 
 
 async def reply_of(ws, msg_id: str, streams: list | None = None) -> dict:
-    """The cell's execute_reply; what it printed meanwhile, in order, into ``streams``."""
-    while True:
+    """The cell's execute_reply, once the kernel is idle again after it; what it printed meanwhile, in order, into
+    ``streams`` (the reply comes on the shell channel, its output on iopub: only iopub's idle follows all of it)."""
+    reply, idle = None, False
+    while reply is None or not idle:
         msg = json.loads(await asyncio.wait_for(ws.read_message(), 60))
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         if msg["msg_type"] == "stream" and streams is not None:
             streams.append((msg["content"]["name"], msg["content"]["text"]))
         if msg["msg_type"] == "execute_reply":
-            return msg["content"]
+            reply = msg["content"]
+        idle = idle or (msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle")
+    return reply
 
 
 def mapped(pid: int, library: str) -> bool:
