@@ -1,0 +1,111 @@
+"""Open -> a first CPU cell's answer, with warm kernels and without (issue 48, item 2; GpuShareApp.warm_kernels).
+
+Two real `jupyter server` processes with the extension, on a simulated card, run side by side: one keeps WARM warm
+kernels, the other none. Each round opens NOTEBOOKS notebooks at once on each server in turn, as JupyterLab opens one
+(POST /api/sessions, then the kernel's websocket and a cell `1 + 1`), timed from the request to the cell's answer;
+the notebooks are closed, and the next round waits until the warm server's pool is full again (a class's students
+do not all open their notebooks in the same second). Prints each run's seconds, the medians and the ratio, warm over
+cold.
+
+    python bench/bench_warm_start.py [--notebooks 1 4] [--rounds 5] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _report import report
+from jupyter_client.session import Session
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.websocket import websocket_connect
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from servers import TOKEN, SimulatedServer, wait_until  # noqa: E402
+
+HEADERS = {"Authorization": f"token {TOKEN}"}
+
+
+async def open_and_run(port: int, path: str) -> tuple[float, str]:
+    """Seconds from opening ``path`` to its first cell's answer, and its kernel's id."""
+    t0 = time.perf_counter()
+    body = {"path": path, "type": "notebook", "name": path, "kernel": {"name": "python3"}}
+    r = await AsyncHTTPClient().fetch(
+        f"http://127.0.0.1:{port}/api/sessions", method="POST", body=json.dumps(body), headers=HEADERS,
+        request_timeout=120,
+    )  # fmt: skip
+    model = json.loads(r.body)
+    kernel_id, session = model["kernel"]["id"], Session()
+    url = f"ws://127.0.0.1:{port}/api/kernels/{kernel_id}/channels?session_id={session.session}"
+    ws = await websocket_connect(HTTPRequest(url, headers=HEADERS))
+    msg = session.msg("execute_request", {"code": "1 + 1", "silent": False, "store_history": True,
+                                          "user_expressions": {}, "allow_stdin": False})  # fmt: skip
+    ws.write_message(json.dumps({**msg, "channel": "shell"}, default=str))
+    while True:
+        reply = json.loads(await asyncio.wait_for(ws.read_message(), 120))
+        if reply["msg_type"] == "execute_result" and reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+            break
+    seconds = time.perf_counter() - t0
+    ws.close()
+    return seconds, model["id"]
+
+
+async def round_of(server: SimulatedServer, count: int, tag: str) -> list[float]:
+    opened = await asyncio.gather(*(open_and_run(server.port, f"{tag}-{i}.ipynb") for i in range(count)))
+    for _, session_id in opened:
+        server.call("DELETE", f"api/sessions/{session_id}")
+    return [seconds for seconds, _ in opened]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--notebooks", type=int, nargs="+", default=[1, 4], help="notebooks opened at once, per case")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", help="write the figures here too")
+    args = ap.parse_args()
+    most = max(args.notebooks)
+    tmp = Path(tempfile.mkdtemp(prefix="gpushare-warm-bench-"))
+    servers = {}
+    for name, count in (("warm", most), ("cold", 0)):
+        (tmp / name).mkdir()
+        servers[name] = SimulatedServer(
+            tmp / name, "--GpuShareApp.simulated_cards=64GiB", "--GpuShareApp.default_quota=1GiB",
+            f"--GpuShareApp.warm_kernels={count}",
+        ).wait_ready()  # fmt: skip
+    warm = servers["warm"]
+
+    def pool_full() -> bool:  # (the warm server's kernels are its pool's once its notebooks are closed)
+        return len(warm.kernel_processes()) >= most
+
+    figures: dict = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "cpus": os.cpu_count(),
+                     "warm_kernels": most, "rounds": args.rounds, "cases": {}}  # fmt: skip
+    try:
+        for count in args.notebooks:
+            runs: dict[str, list[float]] = {"warm": [], "cold": []}
+            for r in range(args.rounds):
+                for name in ("warm", "cold") if r % 2 == 0 else ("cold", "warm"):
+                    wait_until(pool_full, 180, "the warm pool to fill")
+                    time.sleep(1.0)  # (the closed notebooks' kernels are gone, the refill's imports done)
+                    runs[name] += asyncio.run(round_of(servers[name], count, f"r{r}-{name}"))
+            medians = {name: statistics.median(values) for name, values in runs.items()}
+            figures["cases"][f"{count} at once"] = {
+                "seconds": {name: [round(v, 3) for v in values] for name, values in runs.items()},
+                "median_s": {name: round(v, 3) for name, v in medians.items()},
+                "ratio_warm_over_cold": round(medians["warm"] / medians["cold"], 3),
+            }
+    finally:
+        for server in servers.values():
+            server.stop()
+    report(figures, args.json)
+
+
+if __name__ == "__main__":
+    main()
