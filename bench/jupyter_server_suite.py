@@ -39,10 +39,14 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
     return _sdist.prepare("jupyter_server", jupyter_server.__version__, SUITE_DEPS, workdir)
 
 
-def run(python: Path, src: Path, workdir: Path, gpushare: bool, timeout: float = 900, tests: tuple = SUITES) -> dict:
-    """One run of the suites; with ``gpushare``, our provisioner is every kernel's default. Returns each test's
-    outcome, the counts and the seconds it took."""
-    run_dir = workdir / ("with-gpushare" if gpushare else "without")
+def run(
+    python: Path, src: Path, workdir: Path, gpushare: bool, timeout: float = 900, tests: tuple = SUITES,
+    extra: dict | None = None,
+) -> dict:  # fmt: skip
+    """One run of the suites; with ``gpushare``, our provisioner is every kernel's default, with the GpuShareApp
+    settings ``extra`` beside ours (warm kernels: {"warm_kernels": 1}). Returns each test's outcome, the counts and
+    the seconds it took."""
+    run_dir = workdir / ("without" if not gpushare else "with-gpushare" + "".join(f"-{k}" for k in extra or {}))
     config = run_dir / "config"
     config.mkdir(parents=True, exist_ok=True)
     ledger = run_dir / "ledger.sqlite"
@@ -54,7 +58,7 @@ def run(python: Path, src: Path, workdir: Path, gpushare: bool, timeout: float =
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")])),  # this checkout's code
     )
     if gpushare:  # the extension loaded in every server of the suite, and the provisioner every kernel's default
-        settings = {**GPUSHARE, "ledger_path": str(ledger)}
+        settings = {**GPUSHARE, **(extra or {}), "ledger_path": str(ledger)}
         server = {"jpserver_extensions": {"jupyter_gpushare": True}}
         (config / "jupyter_server_config.json").write_text(json.dumps({"GpuShareApp": settings, "ServerApp": server}))
         env["JUPYTER_DEFAULT_PROVISIONER_NAME"] = "gpushare-provisioner"
@@ -85,7 +89,9 @@ def differences(without: dict, with_ours: dict) -> dict[str, tuple[str | None, s
     return {name: (a.get(name), b.get(name)) for name in sorted(set(a) | set(b)) if a.get(name) != b.get(name)}
 
 
-def confirmed(python: Path, src: Path, workdir: Path, diff: dict, tries: int = 3) -> dict[str, dict[str, int]]:
+def confirmed(
+    python: Path, src: Path, workdir: Path, diff: dict, tries: int = 3, extra: dict | None = None
+) -> dict[str, dict[str, int]]:
     """The differences that hold when each such test is run again on its own, ``tries`` times each way: name ->
     passes each way. Some of jupyter_server's tests are timing-sensitive on a loaded machine (seen:
     test_restart_kernel failing 1 time in 3 without our provisioner too); a difference is one that repeats."""
@@ -93,7 +99,7 @@ def confirmed(python: Path, src: Path, workdir: Path, diff: dict, tries: int = 3
     for name in diff:
         passes = {}
         for ours in (False, True):
-            runs = [run(python, src, workdir, ours, timeout=300, tests=(name,)) for _ in range(tries)]
+            runs = [run(python, src, workdir, ours, timeout=300, tests=(name,), extra=extra) for _ in range(tries)]
             passes["with" if ours else "without"] = sum(r["outcomes"].get(name) in ("PASSED", "SKIPPED") for r in runs)
         if passes["with"] != passes["without"]:
             held[name] = passes

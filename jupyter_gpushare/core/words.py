@@ -114,6 +114,8 @@ CATALOGUE: dict[str, str] = {
     "it with more.",
     "event.quota-requested": "Quota {quota_mib} requested; it applies at the next restart.",
     "event.quota-at-first-use": "Quota {quota_mib} requested; it applies at the first GPU use, without a restart.",
+    "event.quota-applied": "Restarted with its new quota, {quota_mib} ({reserved_mib} reserved).",
+    "event.quota-kept": "Quota {quota_mib} was not applied; it keeps {kept_mib}: {why}",
     "event.over-quota-notify": "Still over its {reserved_mib} reservation after {over_s}: free memory or ask for "
     "a larger quota.",
     "event.over-quota-interrupt": "Interrupted: it used {used_mib}, over its {reserved_mib} reservation[, for "
@@ -208,6 +210,9 @@ SEVERITY: dict[str, str] = {
     "over-quota-stop": "warning",
     "over-quota-shutdown": "warning",
     "idle-shutdown": "warning",
+    "quota-requested": "info",
+    "quota-applied": "success",
+    "quota-kept": "warning",
     "teacher-front": "info",
     "stood-by": "info",
     "teacher-remove": "warning",

@@ -29,7 +29,7 @@ from traitlets import Bool, Unicode
 from ..core.addresses import PROVISIONER_NAME
 from ..core.policy import PolicyError, Size, format_mib, parse_size
 from ..host import priority
-from ..host.reports import report_dir
+from ..host.reports import remove_reports, report_dir
 from ..server.life import move
 from ..server.manager import QuotaManager, process_manager, use_in_process
 from ..server.records import Grant, QuotaUnavailable
@@ -436,9 +436,10 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
             return  # a program whose settings were refused (``_manager``): nothing was reserved
         async with manager.cleaning():
             await manager.holding.end(self.kernel_id, restart)
-            if self._warm:  # (nothing reserved)
+            if self._warm:  # (nothing reserved; what its bootstrap reported goes)
                 close(self._ports)
                 self._ports = ()
+                await manager.blocking(remove_reports, report_dir(), self.kernel_id)
             elif restart:  # the process that ran is gone: its peak is history (a shutdown records it in release)
                 await manager.remember_peak(self.kernel_id)
             else:

@@ -121,11 +121,12 @@ class WarmStarts(HeldPorts):
                              self._who)  # fmt: skip
             pool.discard(warm)
             return None
-        pool.handed(warm)
         self.process, self.pid, self.pgid, self.cwd = theirs.process, theirs.pid, theirs.pgid, cwd
-        theirs.process = None  # (the warm kernel's manager lets it be)
         self.take_ports(theirs)
         self.connection_info = theirs.connection_info
+        # the warm kernel's manager lets go of all of it (its clean-up then closes only its own sockets and file)
+        theirs.process, theirs._held, theirs.ports_cached = None, None, False
+        await pool.handed(warm)
         fresh, self._held = self._held, held if keep else None
         if fresh is not None and not fresh.started.done():
             fresh.started.set_result(True)  # (a websocket that waits on it: the kernel runs)

@@ -76,12 +76,17 @@ class QuotaChanges:
         if quota is None or lease is None or card is None:
             return
         rec.pending_quota = None
+        asked_mib = quota.resolve(card.total_mib)
         try:
-            rec.lease = await self._resize(kernel_id, quota.resolve(card.total_mib)) or lease
+            rec.lease = await self._resize(kernel_id, asked_mib) or lease
         except (PolicyError, LedgerError) as e:
-            k.event("quota-kept", kernel_id, f"Quota {quota} was not applied; it keeps {rec.quota}: {e}")
+            k.event("quota-kept", kernel_id, f"Quota {quota} was not applied; it keeps {rec.quota}: {e}",
+                    quota_mib=asked_mib, kept_mib=lease.quota_mib, why=str(e))  # fmt: skip
             return
         rec.quota, rec.quota_source = quota, "requested"
+        k.event("quota-applied", kernel_id, f"Restarted with its new quota, {format_mib(rec.lease.quota_mib)} "
+                f"({format_mib(rec.lease.reserved_mib)} reserved).", quota_mib=rec.lease.quota_mib,
+                reserved_mib=rec.lease.reserved_mib)  # fmt: skip
         k.line.room_freed()  # a smaller reservation leaves room for the line
 
     async def _resize(self, kernel_id: str, quota_mib: int) -> Lease | None:

@@ -28,6 +28,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_core.utils import ensure_async
+
 WARM_MARK = "gpushare_warm"  # the attribute that marks a kernel manager whose kernel is warm (the provisioner reads it)
 READY_S = 60.0  # how long a warm kernel may take to answer its first kernel_info
 ANSWER_S = 5.0  # how long a warm kernel may take to take its hand-over
@@ -126,13 +128,12 @@ class WarmPool:
             self._fill(kernel_name)
         return found
 
-    def handed(self, warm: WarmKernel) -> None:
-        """``warm`` is a notebook's kernel now: the pool forgets its kernel manager (not its process)."""
+    async def handed(self, warm: WarmKernel) -> None:
+        """``warm`` is a notebook's kernel now: the pool's kernel manager, which let go of its process, pipe and
+        ports, closes what is its own (its control socket, its connection file: the kernel's is the notebook
+        kernel's now)."""
         self.handed_over += 1
-        try:
-            os.unlink(warm.km.connection_file)  # (the kernel's own is the notebook kernel's now)
-        except OSError:
-            pass
+        await self._shut_down(warm.km)
 
     def discard(self, warm: WarmKernel) -> None:
         """End a warm kernel that is not handed over (it died, did not answer, or matched no start)."""
@@ -148,15 +149,16 @@ class WarmPool:
             if km.has_kernel:
                 await km.shutdown_kernel(now=True)
             else:
-                km.cleanup_resources()
+                await ensure_async(km.cleanup_resources())
         except Exception as e:  # noqa: BLE001 (gone already)
             self.log.debug("jupyter-gpushare: a warm kernel's shutdown: %s", e)
 
     async def stop(self) -> None:
         """The server stops: no refill, and every warm kernel ends."""
         self._stopped = True
-        for task in list(self._filling.values()):
-            task.cancel()
+        filling = list(self._filling.values())  # (not cancelled midway: a kernel half started would be left running;
+        if filling:  # each ends the kernel it was starting once it sees the pool stopped)
+            await asyncio.wait(filling, timeout=READY_S)
         warm = [w for pool in self.ready.values() for w in pool]
         for pool in self.ready.values():
             pool.clear()

@@ -181,6 +181,12 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'event.quota-requested': __(
       'Quota {quota_mib} requested; it applies at the next restart.'
     ),
+    'event.quota-applied': __(
+      'Restarted with its new quota, {quota_mib} ({reserved_mib} reserved).'
+    ),
+    'event.quota-kept': __(
+      'Quota {quota_mib} was not applied; it keeps {kept_mib}: {why}'
+    ),
     'event.over-quota-notify': __(
       'Still over its {reserved_mib} reservation after {over_s}: free memory or ask for a larger quota.'
     ),

@@ -1,7 +1,7 @@
 """jupyter_server's own kernel and session tests give the same results with our provisioner as every kernel's
-default as without it, pending kernels on and off (their tests run both). A kernelspec whose process cannot
-start is an error at once, as Jupyter says it (test_kernel_handler_startup_error, test_create_bad,
-test_create_bad_pending, test_cull_dead). The time ratio is a benchmark: bench/jupyter_server_suite.py."""
+default, and a warm kernel kept by each server, as without them, pending kernels on and off (their tests run both).
+A kernelspec whose process cannot start is an error at once, as Jupyter says it (test_kernel_handler_startup_error,
+test_create_bad, test_create_bad_pending, test_cull_dead). The time ratio is a benchmark: bench/jupyter_server_suite.py."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "bench"))
 from jupyter_server_suite import confirmed, differences, prepare, run  # noqa: E402
 
+WARM = {"warm_kernels": 1}
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
@@ -21,13 +23,16 @@ def test_jupyter_servers_kernel_and_session_tests_give_the_same_results_with_our
     python, src = prepare(tmp_path)
     # the two ways at once (each in its own directories, on ports of its own): the suite waits on its kernels and
     # servers more than it computes, and run one after the other it was CI's longest test (466 s on 2 cores)
+    # ours with a warm kernel (server/warm.py): each server's first kernel, and those after a refill, are handed over
     with ThreadPoolExecutor(2) as pool:
-        without, ours = pool.map(lambda gpushare: run(python, src, tmp_path, gpushare=gpushare), (False, True))
+        without, ours = pool.map(
+            lambda on: run(python, src, tmp_path, gpushare=on, extra=WARM if on else None), (False, True)
+        )
     assert without["counts"].get("passed", 0) > 50, without["tail"]
     assert ours["ledger_used"], "the suite's kernels did not go through our provisioner"
     # a difference counts when it repeats: the test run again on its own, twice each way (some of the suite's
     # tests are timing-sensitive on a loaded machine, with or without us)
-    assert confirmed(python, src, tmp_path, differences(without, ours), tries=2) == {}, ours["tail"]
+    assert confirmed(python, src, tmp_path, differences(without, ours), tries=2, extra=WARM) == {}, ours["tail"]
     # the kernelspecs that cannot start ran (in the one-process run some fail with and without us alike: the
     # confirmation above reruns each alone, where they must give what they give without us)
     assert [name for name in ours["outcomes"] if "startup_error" in name or "create_bad" in name]

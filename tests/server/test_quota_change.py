@@ -60,6 +60,14 @@ async def test_a_smaller_quota_keeps_the_card_and_the_lines_order(gpushare, jp_f
     events = (await gpushare.get("events"))["events"]
     assert [e["kind"] for e in events if e["kernel_id"] == k1 and e["kind"] in ("queued", "released")] == []
     assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 3584 + 4608
+    # The student hears of the change twice, as a toast each time (a severity): asked, then applied
+    said = [
+        (e["code"], e["severity"], render(f"event.{e['code']}", e["params"])) for e in events if e["kernel_id"] == k1
+    ]
+    assert said[-2:] == [
+        ("quota-requested", "info", "Quota 3 GiB requested; it applies at the next restart."),
+        ("quota-applied", "success", "Restarted with its new quota, 3 GiB (3.5 GiB reserved)."),
+    ]
 
 
 async def test_a_larger_quota_is_reserved_at_once_or_refused_at_once_with_why(gpushare, jp_fetch, jp_serverapp):
