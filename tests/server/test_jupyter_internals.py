@@ -2,10 +2,10 @@
 offers a public hook for what it does (checked against jupyter_client 8.x, jupyter_server 2.x, jupyter_core 5.x),
 and why. A release without one would break or degrade a feature quietly; this test makes it fail CI loudly.
 
-- ``KernelManager._record_random_port_names`` (provisioner._pick_ports): the provisioner picks and holds a
+- ``KernelManager._record_random_port_names`` (ports.HeldPorts._pick_ports): the provisioner picks and holds a
   kernel's ports itself, so jupyter_client must learn which ports were random before they are set, or
   ``restart_kernel(newports=True)`` renews none of them.
-- ``kernel._activity_stream`` (provisioner._watch_activity_on_new_ports): after an automatic restart onto new
+- ``kernel._activity_stream`` (ports.HeldPorts._watch_activity_on_new_ports): after an automatic restart onto new
   ports, jupyter_server keeps watching the old iopub port; the provisioner closes that stream and starts the
   watch anew (the public ``start_watching_activity``). The public ``stop_watching_activity`` is not used: it
   also ends a server restart's pending kernel_info wait.
@@ -17,6 +17,9 @@ and why. A release without one would break or degrade a feature quietly; this te
   opened at once, before the kernel answers ``kernel_info``; it registers its session and its socket as
   jupyter_server's ``prepare`` and ``connect`` would, and undoes exactly that when it closes before the kernel
   runs (jupyter_server's own ``disconnect`` expects channels that were never opened).
+- ``MappingKernelManager._kernel_start_kwargs`` (warm.WarmPool._start): a warm kernel is started with the start
+  arguments the server's own policy adds to every kernel (its transport encryption), so that its connection is the
+  one a notebook's kernel would have; where it is missing, the pool starts with none added, as older servers do.
 - ``jupyter_core.utils._loop`` (manager._fresh_event_loop): a forked worker's own event loop, where
   jupyter_core keeps the loop its blocking calls run on; without it the child shares its parent's loop's
   self-pipe and can sleep forever.
@@ -44,3 +47,4 @@ def test_the_private_names_we_rely_on_are_still_there():
     assert hasattr(connection._open_sockets, "add") and hasattr(connection._open_sockets, "discard")
     assert "_open_sessions" in inspect.getsource(connection) and "_close_future" in inspect.getsource(connection)
     assert hasattr(utils, "_loop") and hasattr(utils._loop, "set")
+    assert "transport_encryption" in inspect.getsource(AsyncMappingKernelManager._kernel_start_kwargs)
