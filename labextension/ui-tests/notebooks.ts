@@ -35,18 +35,28 @@ export async function waitForLab(page: Page): Promise<void> {
   await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
 }
 
-/** What spills out of the GPU panel: a sideways scroll, or a button's text wider than its button. */
+/**
+ * What spills out of the GPU panel: a sideways scroll, a button's text wider
+ * than its button, or a button cut off at the panel's edge (past its visible
+ * width: its scrollbar aside).
+ */
 export async function panelSpills(page: Page): Promise<string[]> {
   return page.locator('#jp-gpushare').evaluate(root => {
     const out: string[] = [];
     if (root.scrollWidth > root.clientWidth + 1) {
       out.push(`panel ${root.scrollWidth} > ${root.clientWidth}`);
     }
+    const edge =
+      root.getBoundingClientRect().left + root.clientLeft + root.clientWidth;
     root.querySelectorAll('button').forEach(b => {
       if (b.offsetParent && b.scrollWidth > b.clientWidth + 1) {
         out.push(
           `button "${b.textContent}" ${b.scrollWidth} > ${b.clientWidth}`
         );
+      }
+      const right = b.getBoundingClientRect().right;
+      if (b.offsetParent && right > edge + 1) {
+        out.push(`button "${b.textContent}" ends at ${right}, past ${edge}`);
       }
     });
     return out;

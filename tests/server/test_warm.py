@@ -67,6 +67,8 @@ def empty(pool) -> None:
 async def test_a_notebook_gets_a_warm_kernel_set_exactly_as_a_fresh_one(gpushare, jp_serverapp, jp_root_dir, kernel_ws):
     warm = await warm_pids(gpushare, jp_serverapp)
     assert (await gpushare.get("kernels"))["kernels"] == []  # a warm kernel holds no reservation and is nobody's
+    assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 0
+    assert (await gpushare.get("queue"))["queue"] == []
     assert {priority.policy_of(pid) for pid in warm} == {"idle"}
     (jp_root_dir / "course" / "week1").mkdir(parents=True)
     _, kid = await gpushare.open_notebook("course/week1/lab.ipynb")
@@ -150,6 +152,35 @@ async def test_a_warm_kernel_that_died_gives_a_fresh_kernel_and_the_pool_refills
     refilled = await warm_pids(gpushare, jp_serverapp, anew=False)
     assert not refilled & warm
     assert {priority.policy_of(pid) for pid in refilled} == {"idle"}  # the refill yields to the kernels that compute
+
+
+async def test_a_warm_kernel_that_does_not_answer_is_ended_and_the_notebook_starts_fresh(
+    gpushare, jp_serverapp, kernel_ws
+):
+    warm = await warm_pids(gpushare, jp_serverapp)
+    for pid in warm:
+        os.kill(pid, signal.SIGSTOP)  # alive, and deaf to its hand-over
+    _, kid = await gpushare.open_notebook("deaf.ipynb")
+    assert standin_pid(jp_serverapp, kid) not in warm
+    assert await run_cell(kernel_ws, kid, "1 + 1") == "2"
+    assert pool_of(jp_serverapp).discarded >= 1
+    await gpushare.wait_for(
+        lambda: asyncio.sleep(0, any(not os.path.exists(f"/proc/{pid}") for pid in warm)), what="the deaf one's end"
+    )
+    for pid in warm:  # (the other, never asked)
+        if os.path.exists(f"/proc/{pid}"):
+            os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("gpushare_config", [{"line_place": "first-use", "default_quota": "4GiB"}], indirect=True)
+async def test_a_warm_kernel_handed_to_a_notebook_that_asks_at_first_use_asks_then(gpushare, jp_serverapp, kernel_ws):
+    warm = await warm_pids(gpushare, jp_serverapp)
+    _, kid = await gpushare.open_notebook("first-use.ipynb")
+    assert standin_pid(jp_serverapp, kid) in warm
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "standby"), what="standby")
+    assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 0
+    assert await run_cell(kernel_ws, kid, "import os, torch; os.environ['GPUSHARE_QUOTA_MIB']") == "'4096'"
+    assert await gpushare.state_of(kid) == "running"
 
 
 @pytest.mark.parametrize(

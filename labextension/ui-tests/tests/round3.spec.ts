@@ -267,6 +267,15 @@ test('a student reads a place, a bar and one action; details are one click away;
   // Nothing scrolls sideways, and no button's text spills out of it
   const spills = await panelSpills(page);
   expect(spills).toEqual([]);
+  // With JupyterLab's UI font made larger (Settings > Theme), as a student who reads better so may: the header's
+  // refresh button stays in sight
+  for (let i = 0; i < 4; i++) {
+    await run(page, 'apputils:incr-font-size', { key: 'ui-font-size1' });
+  }
+  expect(await panelSpills(page)).toEqual([]);
+  for (let i = 0; i < 4; i++) {
+    await run(page, 'apputils:decr-font-size', { key: 'ui-font-size1' });
+  }
 
   // The waiting notebook's banner in its narrow column: three lines of the sentence and its button inside it,
   // far from filling the notebook; a click shows the whole sentence
