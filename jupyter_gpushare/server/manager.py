@@ -438,8 +438,7 @@ class QuotaManager:
         except (LedgerError, OSError) as e:
             self.log.warning("jupyter-gpushare: kernel %s's reservation was not given back at exit: %s", kernel_id, e)
             return
-        if lease is not None:
-            self.line.room_freed()
+        if lease is not None:  # (nobody of this program waits any more: the line's loop is closed, not told)
             self.event(
                 "released",
                 kernel_id,

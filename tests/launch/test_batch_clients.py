@@ -287,6 +287,34 @@ def test_jupyter_console_gives_its_kernels_reservation_back_as_it_exits(user):
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.timeout(300)
+def test_jupyter_console_whose_kernel_waited_ends_cleanly(user):
+    """A console whose kernel waited in line, then ran: `exit` gives the reservation back and ends with status 0, and
+    nothing more is said (it printed an atexit traceback ending in "Event loop is closed")."""
+    pexpect = pytest.importorskip("pexpect")
+    tmp_path, env, ledger = user
+    if not shutil.which("jupyter-console"):
+        pytest.skip("jupyter-console is not installed (it is in the test extra)")
+    with a_full_card(tmp_path, env, ledger):
+        console = pexpect.spawn("jupyter", ["console", "--simple-prompt"], env=env, cwd=str(tmp_path),
+                                encoding="utf-8", timeout=120)  # fmt: skip
+        console.expect("waits for a GPU: #1 in line")
+    try:
+        console.expect(r"In \[1\]")
+        time.sleep(2)  # (its IOPub subscription: see the test above)
+        console.sendline("40 + 2")
+        console.expect(r"In \[2\]")
+        assert "42" in console.before
+        console.sendline("exit")
+        console.expect(pexpect.EOF)
+        said = console.before
+    finally:
+        console.close(force=True)
+    assert console.exitstatus == 0, said
+    assert "Traceback" not in said and "Exception ignored" not in said and "Event loop is closed" not in said, said
+    assert Ledger(ledger).leases() == []
+
+
 @needs_root
 def test_a_terminal_job_finds_the_hosts_broker_at_its_default_socket(user):
     """On a JupyterHub the broker's socket is on the servers' command line (Spawner.args), which a student's
