@@ -483,6 +483,8 @@ def _wait(name: str, until=None, said: str | None = None) -> str | None:
     while not _state["granted"] and _state["reading"]:
         now = _said(name, _state["place"])
         if now != said:  # (the first time with how to stop; again only when the place changes)
+            if said is None:
+                _tell_cell()
             first = " CPU cells ran meanwhile; interrupt the kernel to stop waiting (it keeps its place)."
             sys.stdout.write(now + (first if said is None else "") + "\n")  # (not red in the cell: no error)
             sys.stdout.flush()
@@ -491,6 +493,32 @@ def _wait(name: str, until=None, said: str | None = None) -> str | None:
             break
         _cond.wait(0.5)  # (a timed wait: the main thread's interrupt is seen at once)
     return said
+
+
+def _tell_cell() -> None:
+    """Say which cell waits (the request's message id, a hash of its code, its number): a page reloaded meanwhile
+    finds it by its code and shows what it prints once it runs (the sidebar's heldcell.ts). Nothing where it is not
+    an IPython kernel's cell."""
+    import json
+
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    kernel = getattr(shell, "kernel", None)
+    try:
+        parent = kernel.get_parent("shell") if kernel is not None else None
+        msg_id, code = parent["header"]["msg_id"], parent["content"]["code"]
+    except Exception:  # (another kernel's layout: the cell is not said)
+        return
+    if isinstance(msg_id, str) and isinstance(code, str) and len(msg_id) <= 100:
+        said = {"msg_id": msg_id, "hash": code_hash(code), "count": getattr(shell, "execution_count", None)}
+        _tell("cell:" + json.dumps(said, separators=(",", ":")))
+
+
+def code_hash(code: str) -> str:
+    """FNV-1a (32 bits) of the code's UTF-8 bytes, in hex: the sidebar computes the same of each cell's source."""
+    h = 0x811C9DC5
+    for byte in code.encode("utf-8"):
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return f"{h:08x}"
 
 
 def _say_after(module: str, said: str | None) -> None:

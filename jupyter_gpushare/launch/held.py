@@ -52,6 +52,7 @@ STANDBY, KEPT = b"standby", b"kept:"  # its answers when asked to stand by
 USING = b"using"  # its first GPU framework import began: it will not stand by (its own word: only it loses by it)
 RESUME = b"resume"  # parked, it is wanted: a cell or a comm message of any client (its own word: it asks for itself)
 READY = b"ready"  # a warm kernel took its hand-over (``hand_over``)
+CELL = b"cell:"  # the cell that waits for the GPU: {"msg_id", "hash" of its code, "count"} (_gpushare_wait._tell_cell)
 ASK_LIMIT = 4096  # bytes read from a kernel's ask pipe before it is closed (a kernel that writes anything else)
 
 
@@ -89,6 +90,8 @@ class HeldStart:
         self.launched_at: float | None = None  # (monotonic) when the kernel was launched
         self.started: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._ready: asyncio.Future[bool] | None = None  # a warm kernel's answer to its hand-over
+        self._on_cell: Callable[[dict[str, Any] | None], None] | None = None
+        self._cell_said = -1.0  # (monotonic) when the kernel last said its waiting cell
 
     def command(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The kernel's launch arguments (jupyter_client's launch_kernel) with the pipe's read end passed to it and
@@ -119,11 +122,13 @@ class HeldStart:
         on_ask: Callable[[], None],
         on_stood_by: Callable[[], Awaitable[None]] | None = None,
         on_resume: Callable[[], None] | None = None,
+        on_cell: Callable[[dict[str, Any] | None], None] | None = None,
     ) -> None:
         """Call ``on_ask`` (on the event loop) each time the kernel asks for its GPU, and await ``on_stood_by`` once
         it agreed to stand by (``stand_by``); an ask meanwhile waits until that is done. ``on_resume``: the kernel,
-        parked, is wanted."""
-        self._on_ask, self._on_stood_by, self._on_resume = on_ask, on_stood_by, on_resume
+        parked, is wanted. ``on_cell``: the cell that waits for the GPU (its message id, its code's hash, its number;
+        None: not a cell the kernel could say)."""
+        self._on_ask, self._on_stood_by, self._on_resume, self._on_cell = on_ask, on_stood_by, on_resume, on_cell
         if self._ask_read is not None and self._ask_loop is None:
             self._ask_loop = asyncio.get_running_loop()
             self._ask_loop.add_reader(self._ask_read, self._read_ask)
@@ -148,6 +153,11 @@ class HeldStart:
             elif line == READY:
                 if self._ready is not None and not self._ready.done():
                     self._ready.set_result(True)
+            elif line.startswith(CELL) and len(line) < 300:
+                now = time.monotonic()  # (one a second at most: a kernel that says more is not heard more often)
+                if self._on_cell is not None and now - self._cell_said >= 1.0:
+                    self._cell_said = now
+                    self._on_cell(_cell(line[len(CELL) :]))
             elif line != USING:
                 self._ask_junk += len(line) + 1
         if not data or self._ask_junk + len(self._ask_seen) >= ASK_LIMIT:  # closed (the kernel is gone); or junk
@@ -326,6 +336,24 @@ class HeldStart:
     @property
     def waiting(self) -> bool:
         return not self.started.done()
+
+
+def _cell(raw: bytes) -> dict[str, Any] | None:
+    """A waiting cell as the kernel said it (``CELL``), checked: its message id, code hash and number, or None."""
+    try:
+        said = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(said, dict):
+        return None
+    msg_id, code, count = said.get("msg_id"), said.get("hash"), said.get("count")
+    if not (isinstance(msg_id, str) and 0 < len(msg_id) <= 100 and msg_id.isprintable()):
+        return None
+    if not (isinstance(code, str) and len(code) == 8 and all(c in "0123456789abcdef" for c in code)):
+        return None
+    if not (count is None or (isinstance(count, int) and not isinstance(count, bool) and 0 <= count < 10**9)):
+        return None
+    return {"msg_id": msg_id, "hash": code, "count": count}
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -223,7 +223,9 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
     def listen(self, held: HeldStart) -> None:
         """Hear what the kernel says on its pipe (held.py): its asks, its stand-by, its demands; in line, await its
         grant."""
-        held.listen(lambda: self._asked(held), lambda: self._stood_by(held), lambda: self._wanted(held))
+        held.listen(
+            lambda: self._asked(held), lambda: self._stood_by(held), lambda: self._wanted(held), self._cell_waits
+        )
         if self._grant is not None and self._grant.mode == "queued":
             self._admitting = asyncio.ensure_future(self._admit_held(held))
 
@@ -233,6 +235,13 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         rec = self._manager().records.get(self.kernel_id)
         if held is self._held and rec is not None and rec.state == "standby" and self._admitting is None:
             self._admitting = asyncio.ensure_future(self._in_line(held))
+
+    def _cell_waits(self, cell: dict[str, Any] | None) -> None:
+        """The kernel says which of its cells waits for the GPU: the API says it while the kernel waits (a page
+        reloaded meanwhile shows that cell's outcome)."""
+        rec = self._manager().records.get(self.kernel_id)
+        if rec is not None and rec.state == "queued":
+            rec.held_cell = cell
 
     def _wanted(self, held: HeldStart) -> None:
         """The kernel says it is wanted (a cell or a comm message of any client): parked, it comes back."""
@@ -285,6 +294,8 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         ``held``): the kernel may join the line again in place (``join_again``)."""
         manager = self._manager()
         assert self._grant is not None
+        if (rec := manager.records.get(self.kernel_id)) is not None:
+            rec.held_cell = None  # (its cell goes on now, or is told why not)
         if self.pid:  # granted, or runs on without a GPU: at normal priority again, before it hears (host/priority.py)
             await manager.blocking(priority.restore, self.pid)
         try:

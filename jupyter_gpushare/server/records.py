@@ -166,6 +166,7 @@ class KernelRecord:
     queued_since: float | None = None
     wait_until: float | None = None  # (time.time) when a queued start gives up; None: it waits without limit
     likely_at: float | None = None  # (time.time) when a queued kernel is likely granted (ledger/estimate.py); None
+    held_cell: dict[str, Any] | None = None  # in line: its cell that waits for the GPU (msg_id, hash, count)
     wait_ended: str | None = None  # its wait for a GPU ended without one (the event's code): it runs on without
     pid: int | None = None
     path: str | None = None  # the notebook, when started through a session
@@ -220,6 +221,7 @@ class KernelRecord:
             "gives_up_at": round(self.wait_until) if self.wait_until and self.queued_since else None,
             "likely_at": round(self.likely_at) if self.likely_at and self.queued_since else None,
             "wait_ended": self.wait_ended,
+            "held_cell": self.held_cell if self.state == "queued" else None,
             "reason": self.reason,
             "parked": self.parked.to_dict() if self.parked else None,
             "pid": self.pid,

@@ -27,6 +27,7 @@ import {
   remembered
 } from './actions';
 import { QueuedBanner, ToolbarIndicator } from './banner';
+import { HeldCellFollower } from './heldcell';
 import { gpuIcon } from './icon';
 import { DEFAULT_SETTINGS, GpuShareModel, ISettings } from './model';
 import { explainInCell } from './explain';
@@ -207,7 +208,7 @@ const statusBar: JupyterFrontEndPlugin<void> = {
 const notebooks: JupyterFrontEndPlugin<void> = {
   id: 'jupyter-gpushare:notebooks',
   description:
-    'In each notebook: a banner while its kernel waits for a GPU; a toolbar indicator without a status bar.',
+    'In each notebook: a banner while its kernel waits for a GPU; a waiting cell followed after a reload; a toolbar indicator without a status bar.',
   autoStart: true,
   requires: [IGpuShare, INotebookTracker],
   optional: [IStatusBar],
@@ -221,6 +222,7 @@ const notebooks: JupyterFrontEndPlugin<void> = {
       nb.contentHeader.addWidget(
         new QueuedBanner(nb, gpu.model, gpu.tracker, gpu.actions)
       );
+      new HeldCellFollower(nb, gpu.model, gpu.tracker); // (disposed with the notebook)
       if (!statusBar) {
         nb.toolbar.insertItem(
           10,

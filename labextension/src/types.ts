@@ -137,6 +137,8 @@ export interface IKernel {
   likely_at?: number | null;
   /** Its wait for a GPU ended without one (the event's code): it runs on without a GPU. */
   wait_ended?: string | null;
+  /** A queued kernel: its cell that waits for the GPU (heldcell.ts). */
+  held_cell?: IHeldCell | null;
   reason?: string | null;
   /** A parked kernel: its GPU state is in host memory, its reservation went to the line. */
   parked?: IParked | null;
@@ -336,4 +338,13 @@ export interface IState {
 export interface IOom {
   framework: 'cupy' | 'jax' | 'tensorflow' | 'torch';
   retry_quota_mib: number | null;
+}
+
+/** A queued kernel's cell that waits for the GPU, as the kernel said it. */
+export interface IHeldCell {
+  /** The execute request's message id: its outputs come with it as their parent. */
+  msg_id: string;
+  /** FNV-1a (32 bits, 8 hex digits) of the cell's code as UTF-8. */
+  hash: string;
+  count: number | null;
 }

@@ -511,3 +511,10 @@ def test_a_packages_version_is_read_from_the_one_distribution_that_ships_it(tmp_
     assert site(("tensorflow-2.21.0", "tensorflow\n"), ("tensorflow_cpu-2.20.0", "tensorflow\n")) is None
     assert site(("keras-3.15.1", "keras\n")) is None  # none ships it
     assert site(("tensorflow-2.21.0", "tensorflow\n"), ("tensorflow_intel-2.21.0", "tensorflow\n")) == "2.21.0"
+
+
+def test_a_waiting_cells_code_hashes_as_the_sidebar_hashes_it():
+    """The sidebar finds a held cell by this hash (labextension/test/heldcell.test.ts has the same three)."""
+    wait = boot_module("_gpushare_wait")
+    cases = {"": "811c9dc5", "import torch": "8c1b558e", 'x = "é→🙂"\nprint(x)': "3b9b98f8"}
+    assert {code: wait.code_hash(code) for code in cases} == cases

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import re
+import sys
 import time
 
 import psutil
@@ -21,6 +22,7 @@ from kernels import cell_result, run_in_kernel, send_cell, stream_until
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpushare.core.words import event_words
+from jupyter_gpushare.launch.kernel_env import BOOTSTRAP_DIR
 from jupyter_gpushare.ledger.ledger import Ledger
 
 # "At once": far below what each bug these tests guard would take (held until a grant that never comes here, or
@@ -429,4 +431,30 @@ async def test_a_cell_waiting_for_the_gpu_survives_three_reloads_and_runs_after_
     last = Session()
     ws = await kernel_ws(kid, last.session)
     assert await cell_result(ws, kid, send_cell(ws, last, "ran")) == "'after the grant'"
+    ws.close()
+
+
+async def _held_cell(gpushare, kernel_id: str):
+    return (await gpushare.kernel(kernel_id))["held_cell"]
+
+
+async def test_the_cell_that_waits_is_said_by_its_message_id_and_its_codes_hash(gpushare, kernel_ws):
+    """What a page reloaded meanwhile needs to find the cell and show its outcome (labextension/src/heldcell.ts): the
+    execute request's message id (its outputs' parent) and the hash of its code; gone once the cell goes on."""
+    sys.path.append(str(BOOTSTRAP_DIR))
+    from _gpushare_wait import code_hash
+
+    sessions = await full_card(gpushare)
+    _, kid = await gpushare.open_notebook("held.ipynb")
+    session = Session()
+    ws = await kernel_ws(kid, session.session)
+    assert await _held_cell(gpushare, kid) is None
+    code = "import torch\n'ran'"
+    msg_id = send_cell(ws, session, code)
+    await stream_until(ws, msg_id, "waits for this kernel's GPU")
+    held = await gpushare.wait_for(lambda: _held_cell(gpushare, kid), what="the waiting cell said")
+    assert (held["msg_id"], held["hash"]) == (msg_id, code_hash(code)) and isinstance(held["count"], int)
+    await gpushare.close_notebook(sessions[0])
+    assert await cell_result(ws, kid, msg_id) == "'ran'"
+    assert await _held_cell(gpushare, kid) is None
     ws.close()

@@ -441,3 +441,76 @@ test('a waiting notebook in two tabs: one kernel in line, one banner and one not
   expect(await kernels()).toBe(2);
   await tabs[1].close();
 });
+
+test("a held cell's outcome reaches the page after a reload", async ({
+  page
+}) => {
+  // A clean slate (no notebook of the tests before open), two notebooks that fill the card, and a third whose GPU
+  // cell waits
+  await page.goto('/lab/workspaces/held-cell'); // (a workspace of its own: none of the earlier tests' tabs)
+  await waitForLab(page);
+  for (const s of await (await page.request.get('/api/sessions')).json()) {
+    await page.request.delete(`/api/sessions/${s.id}`);
+  }
+  for (const k of await (await page.request.get('/api/kernels')).json()) {
+    await page.request.delete(`/api/kernels/${k.id}`);
+  }
+  const cells: Record<string, string> = {
+    'r3/f1.ipynb': 'x = 1',
+    'r3/f2.ipynb': 'x = 2',
+    'r3/held.ipynb': "import torch\nprint('ran after the wait')"
+  };
+  for (const [name, source] of Object.entries(cells)) {
+    await page.request.put(`/api/contents/${name}`, {
+      data: { type: 'notebook', format: 'json', content: notebook(source) }
+    });
+  }
+  const fillers: string[] = [];
+  for (const path of ['r3/f1.ipynb', 'r3/f2.ipynb']) {
+    const r = await page.request.post('/api/sessions', {
+      data: { path, type: 'notebook', name: path, kernel: { name: 'python3' } }
+    });
+    fillers.push((await r.json()).id);
+  }
+  await open(page, 'r3/held.ipynb');
+  await expect
+    .poll(async () => (await stateOf(page, 'r3/held.ipynb'))?.state, {
+      timeout: 60000
+    })
+    .toBe('queued');
+  const cell = page
+    .locator('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell')
+    .first();
+  await cell.click();
+  await page.evaluate(() => {
+    void (window as any).jupyterapp.commands.execute('notebook:run-cell'); // (it ends when the cell does)
+  });
+  await expect
+    .poll(async () => (await stateOf(page, 'r3/held.ipynb'))?.held_cell, {
+      timeout: 60000
+    })
+    .toBeTruthy();
+
+  // The student reloads while it waits; then the card has room
+  await page.reload();
+  await waitForLab(page);
+  await open(page, 'r3/held.ipynb');
+  const again = page
+    .locator('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell')
+    .first();
+  await expect(again.locator('.jp-InputPrompt')).toContainText('[*]', {
+    timeout: 30000
+  });
+  await page.request.delete(`/api/sessions/${fillers[0]}`);
+  // The new page shows what the cell printed once it ran, and its number when it ended
+  await expect(again.locator('.jp-OutputArea')).toContainText(
+    'ran after the wait',
+    { timeout: 60000 }
+  );
+  await expect(again.locator('.jp-OutputArea')).toContainText(
+    "the GPU is this kernel's now"
+  );
+  await expect(again.locator('.jp-InputPrompt')).not.toContainText('*', {
+    timeout: 30000
+  });
+});
