@@ -504,9 +504,9 @@ def _tell_cell() -> None:
     shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
     kernel = getattr(shell, "kernel", None)
     try:
-        parent = kernel.get_parent("shell") if kernel is not None else None
+        parent = kernel.get_parent("shell") if kernel is not None else {}
         msg_id, code = parent["header"]["msg_id"], parent["content"]["code"]
-    except Exception:  # (another kernel's layout: the cell is not said)
+    except Exception:  # (not an ipykernel cell, or another kernel's layout: the cell is not said)
         return
     if isinstance(msg_id, str) and isinstance(code, str) and len(msg_id) <= 100:
         said = {"msg_id": msg_id, "hash": code_hash(code), "count": getattr(shell, "execution_count", None)}

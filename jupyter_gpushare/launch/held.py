@@ -142,24 +142,7 @@ class HeldStart:
         except OSError:
             data = b""
         *lines, self._ask_seen = (self._ask_seen + data).split(b"\n")
-        said: list[bytes] = []
-        for line in lines:
-            self.using = self.using or line in (USING, ASK)
-            if line == ASK or line == STANDBY or line.startswith(KEPT):
-                said.append(line)
-            elif line == RESUME:
-                if self._on_resume is not None:
-                    self._on_resume()
-            elif line == READY:
-                if self._ready is not None and not self._ready.done():
-                    self._ready.set_result(True)
-            elif line.startswith(CELL) and len(line) < 300:
-                now = time.monotonic()  # (one a second at most: a kernel that says more is not heard more often)
-                if self._on_cell is not None and now - self._cell_said >= 1.0:
-                    self._cell_said = now
-                    self._on_cell(_cell(line[len(CELL) :]))
-            elif line != USING:
-                self._ask_junk += len(line) + 1
+        said = [line for line in lines if not self._heard(line)]
         if not data or self._ask_junk + len(self._ask_seen) >= ASK_LIMIT:  # closed (the kernel is gone); or junk
             self._stop_asks()
         for line in said:
@@ -169,6 +152,27 @@ class HeldStart:
                 self._ask_deferred = True
             elif self._on_ask is not None:
                 self._on_ask()
+
+    def _heard(self, line: bytes) -> bool:
+        """Take one line the kernel said, unless it is an ask or an answer to ``stand_by`` (False: the caller
+        acts on it once the whole read is taken); a line of no word of ours counts against ASK_LIMIT."""
+        self.using = self.using or line in (USING, ASK)
+        if line == ASK or line == STANDBY or line.startswith(KEPT):
+            return False
+        if line == RESUME:
+            if self._on_resume is not None:
+                self._on_resume()
+        elif line == READY:
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(True)
+        elif line.startswith(CELL) and len(line) < 300:
+            now = time.monotonic()  # (one a second at most: a kernel that says more is not heard more often)
+            if self._on_cell is not None and now - self._cell_said >= 1.0:
+                self._cell_said = now
+                self._on_cell(_cell(line[len(CELL) :]))
+        elif line != USING:
+            self._ask_junk += len(line) + 1
+        return True
 
     def _answered(self, said: str) -> None:
         """The kernel's answer to ``stand_by``; one nobody asked for changes nothing."""

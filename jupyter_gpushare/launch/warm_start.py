@@ -81,7 +81,7 @@ class WarmStarts(HeldPorts):
         warm = pool.take(self._kernel_name) if pool is not None else None
         if pool is None or warm is None:
             return None
-        theirs: WarmStarts = warm.km.provisioner
+        theirs = _launcher(warm)
         (cmd, env), (own_cmd, own_env) = start_of(*theirs._launched, warm.km), start_of(*self._launched, self.parent)
         changed = sorted(k for k in {*env, *own_env} if env.get(k) != own_env.get(k))
         if warm.spec != self.kernel_spec.to_dict():
@@ -103,7 +103,7 @@ class WarmStarts(HeldPorts):
         would have set them, then its cgroups and (granted now) its card. Returns the warm kernel's connection info
         (ports, key), which the KernelManager takes (``_reconcile_connection_info``); None: it did not answer, or its
         group could not be the kernel's, and it was ended."""
-        manager, theirs, km = self._manager(), warm.km.provisioner, self.parent
+        manager, theirs, km = self._manager(), _launcher(warm), self.parent
         pool, held, grant = manager.warm, theirs._held, self._grant
         assert pool is not None and held is not None and grant is not None and km is not None
         env = dict(kwargs.get("env") or os.environ)
@@ -132,6 +132,13 @@ class WarmStarts(HeldPorts):
             fresh.started.set_result(True)  # (a websocket that waits on it: the kernel runs)
         if keep:
             self.listen(held)
-        if grant.mode != "queued":
+        if grant.mode != "queued" and self.pid:
             priority.restore(self.pid)  # (it waited warm at idle priority; in line, it does until its grant)
         return self.connection_info
+
+
+def _launcher(warm: WarmKernel) -> WarmStarts:
+    """The provisioner that launched a warm kernel (ours: the pool starts its kernels through it)."""
+    provisioner = warm.km.provisioner
+    assert isinstance(provisioner, WarmStarts)
+    return provisioner

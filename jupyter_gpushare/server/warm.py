@@ -23,12 +23,15 @@ The pool refills after each hand-over, one kernel at a time.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import ensure_async
+from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
 
 WARM_MARK = "gpushare_warm"  # the attribute that marks a kernel manager whose kernel is warm (the provisioner reads it)
 READY_S = 60.0  # how long a warm kernel may take to answer its first kernel_info
@@ -39,7 +42,7 @@ ANSWER_S = 5.0  # how long a warm kernel may take to take its hand-over
 class WarmKernel:
     """One kernel of the pool: its kernel manager (whose provisioner launched it), once it answered."""
 
-    km: Any  # the server's KernelManager class (jupyter_server's ServerKernelManager), started for the pool
+    km: AsyncKernelManager  # the server's kernel manager class (jupyter_server's ServerKernelManager)
     kernel_name: str
     spec: dict[str, Any] = field(default_factory=dict)  # its kernelspec as it was when it started
 
@@ -47,7 +50,15 @@ class WarmKernel:
 class WarmPool:
     """The server's warm kernels, by kernelspec."""
 
-    def __init__(self, kernels: Any, count: int, names: list[str], imports: list[str], root_dir: str, log: Any):
+    def __init__(
+        self,
+        kernels: MappingKernelManager,
+        count: int,
+        names: list[str],
+        imports: list[str],
+        root_dir: str,
+        log: logging.Logger,
+    ):
         """``kernels``: the server's MappingKernelManager; ``names``: the kernelspecs kept warm ([]: its default)."""
         self.kernels, self.count, self.imports, self.root_dir, self.log = kernels, count, imports, root_dir, log
         self.names = list(names) or [kernels.default_kernel_name]
@@ -144,7 +155,7 @@ class WarmPool:
     async def _end(self, warm: WarmKernel) -> None:
         await self._shut_down(warm.km)
 
-    async def _shut_down(self, km: Any) -> None:
+    async def _shut_down(self, km: AsyncKernelManager) -> None:
         try:
             if km.has_kernel:
                 await km.shutdown_kernel(now=True)
@@ -166,4 +177,5 @@ class WarmPool:
 
 
 def _alive(warm: WarmKernel) -> bool:
-    return bool(warm.km.has_kernel) and warm.km.provisioner.process.poll() is None
+    process = getattr(warm.km.provisioner, "process", None)  # (a LocalProvisioner's Popen)
+    return bool(warm.km.has_kernel) and process is not None and process.poll() is None
