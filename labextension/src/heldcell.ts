@@ -34,12 +34,18 @@ export class HeldCellFollower {
     readonly tracker: KernelTracker
   ) {
     model.changed.connect(this._check, this);
+    // (the server's word may come before the page's kernel connection, or its cells: looked at again then)
+    panel.sessionContext.kernelChanged.connect(this._check, this);
+    panel.sessionContext.statusChanged.connect(this._ended, this);
+    void panel.context.ready.then(() => this._check());
     panel.disposed.connect(() => this.dispose());
     this._check();
   }
 
   dispose(): void {
     this.model.changed.disconnect(this._check, this);
+    this.panel.sessionContext.kernelChanged.disconnect(this._check, this);
+    this.panel.sessionContext.statusChanged.disconnect(this._ended, this);
     this._stop();
   }
 
@@ -57,11 +63,15 @@ export class HeldCellFollower {
     if (this._seen.has(held.msg_id)) {
       return; // (followed to its end already, or this page sent it)
     }
+    const found = this._cellOf(held);
+    if (found === null) {
+      return; // (the notebook's cells are not there yet, or none has that code: looked at again at the next word)
+    }
     this._seen.add(held.msg_id);
-    const cell = this._cellOf(held);
-    if (!cell) {
+    if (found === 'own') {
       return;
     }
+    const cell = found;
     this._stop();
     this._held = held;
     this._cell = cell;
@@ -71,21 +81,26 @@ export class HeldCellFollower {
     this._kernel = kernel;
   }
 
-  /** The notebook's code cell with the held cell's code, not run by this page (it would show `*` already). */
-  private _cellOf(held: IHeldCell): CodeCell | null {
+  /**
+   * The notebook's code cell with the held cell's code; 'own' when this page
+   * runs it (JupyterLab shows it already); null when there is none.
+   */
+  private _cellOf(held: IHeldCell): CodeCell | 'own' | null {
+    let found: CodeCell | 'own' | null = null;
     for (const widget of this.panel.content.widgets) {
       if (widget.model.type !== 'code') {
         continue;
       }
       const cell = widget as CodeCell;
-      if (
-        codeHash(cell.model.sharedModel.getSource()) === held.hash &&
-        cell.model.executionState !== 'running'
-      ) {
-        return cell;
+      if (codeHash(cell.model.sharedModel.getSource()) !== held.hash) {
+        continue;
       }
+      if (cell.model.executionState === 'running') {
+        return 'own';
+      }
+      found = found ?? cell;
     }
-    return null;
+    return found;
   }
 
   private _onIOPub(_: unknown, msg: KernelMessage.IIOPubMessage): void {
@@ -105,6 +120,17 @@ export class HeldCellFollower {
       const count = this._held?.count ?? cell.model.executionCount;
       cell.model.executionCount = count ?? null;
       cell.setPrompt(count === null || count === undefined ? ' ' : `${count}`);
+      this._stop();
+    }
+  }
+
+  /** The kernel restarts or dies while a cell is followed: that cell will say nothing more. */
+  private _ended(_: unknown, status: string): void {
+    if (
+      this._cell &&
+      ['restarting', 'autorestarting', 'dead'].includes(status)
+    ) {
+      this._cell.setPrompt(' ');
       this._stop();
     }
   }
