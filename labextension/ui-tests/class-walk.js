@@ -12,7 +12,7 @@ const run = (page, command, args = {}) =>
     ([c, a]) => window.jupyterapp.commands.execute(c, a),
     [command, args]
   );
-const { api } = require('./page-api');
+const { api, putNotebook } = require('./page-api');
 const T0 = Date.now();
 const step = what =>
   console.error(`${((Date.now() - T0) / 1000).toFixed(1)} s: ${what}`);
@@ -43,35 +43,10 @@ async function main() {
     });
   }
   for (let i = 1; i <= N; i++) {
-    const nb = {
-      cells: [
-        {
-          cell_type: 'code',
-          id: 'c1',
-          metadata: {},
-          outputs: [],
-          execution_count: null,
-          source: ['import torch\n', "print('ran', torch.__version__)"]
-        }
-      ],
-      metadata: {
-        kernelspec: {
-          name: 'python3',
-          display_name: 'Python 3 (ipykernel)',
-          language: 'python'
-        }
-      },
-      nbformat: 4,
-      nbformat_minor: 5
-    };
-    await api(
-      page,
-      `/api/contents/walk/nb${String(i).padStart(2, '0')}.ipynb`,
-      {
-        method: 'PUT',
-        body: JSON.stringify({ type: 'notebook', format: 'json', content: nb })
-      }
-    );
+    await putNotebook(page, `walk/nb${String(i).padStart(2, '0')}.ipynb`, [
+      'import torch\n',
+      "print('ran', torch.__version__)"
+    ]);
   }
   step("await run(page, 'gpushare:open-panel');");
   await run(page, 'gpushare:open-panel');

@@ -11,7 +11,7 @@ const N = 9;
 const WINDOW_S = Number(process.env.WINDOW_S || 60);
 const TICK = 100; // clock ticks a second (Linux's USER_HZ)
 
-const { api } = require('./page-api');
+const { api, putNotebook } = require('./page-api');
 
 /** CPU seconds (user + system) of a process and all its descendants (``below``: without the process's own). */
 function cpuSeconds(root, below = false) {
@@ -64,31 +64,7 @@ async function main() {
     body: JSON.stringify({ type: 'directory' })
   });
   for (let i = 1; i <= N; i++) {
-    const nb = {
-      cells: [
-        {
-          cell_type: 'code',
-          id: 'c1',
-          metadata: {},
-          outputs: [],
-          execution_count: null,
-          source: ['1 + 1']
-        }
-      ],
-      metadata: {
-        kernelspec: {
-          name: 'python3',
-          display_name: 'Python 3 (ipykernel)',
-          language: 'python'
-        }
-      },
-      nbformat: 4,
-      nbformat_minor: 5
-    };
-    await api(page, `/api/contents/idle/nb${i}.ipynb`, {
-      method: 'PUT',
-      body: JSON.stringify({ type: 'notebook', format: 'json', content: nb })
-    });
+    await putNotebook(page, `idle/nb${i}.ipynb`, ['1 + 1']);
   }
   for (let i = 1; i <= N; i++) {
     await page.evaluate(

@@ -9,4 +9,35 @@ const api = (page, p, init) =>
     [p, init]
   );
 
-module.exports = { api };
+// A notebook of one code cell of ``source`` (its lines), saved at ``path`` through the page.
+const putNotebook = (page, path, source) =>
+  api(page, `/api/contents/${path}`, {
+    method: 'PUT',
+    body: JSON.stringify({
+      type: 'notebook',
+      format: 'json',
+      content: {
+        cells: [
+          {
+            cell_type: 'code',
+            id: 'c1',
+            metadata: {},
+            outputs: [],
+            execution_count: null,
+            source
+          }
+        ],
+        metadata: {
+          kernelspec: {
+            name: 'python3',
+            display_name: 'Python 3 (ipykernel)',
+            language: 'python'
+          }
+        },
+        nbformat: 4,
+        nbformat_minor: 5
+      }
+    })
+  });
+
+module.exports = { api, putNotebook };
