@@ -258,6 +258,30 @@ def test_a_wait_that_ends_without_a_gpu_says_why_in_one_line_and_an_exit_status(
         assert Ledger(ledger).waiters() == [] and len(Ledger(ledger).leases()) == 1  # nothing left behind
 
 
+@pytest.mark.timeout(300)
+def test_a_terminal_job_an_admin_takes_out_of_the_line_ends_in_one_line_with_status_5(user):
+    """A teacher's Take out (the ledger's `remove` ruling, as the host view makes it) of a `jupyter execute` that
+    waits: the program says who took it out and why in one line, and ends with its own exit status."""
+    tmp_path, env, ledger = user
+    with a_full_card(tmp_path, env, ledger):
+        err = tmp_path / "taken.err"
+        with open(err, "w") as f:
+            job = subprocess.Popen(["jupyter", "execute", "nb.ipynb"], env=env, cwd=tmp_path,
+                                   stdout=subprocess.DEVNULL, stderr=f)  # fmt: skip
+        try:
+            wait_until(lambda: Ledger(ledger).waiters(), timeout=120, what="the job in line")
+            Ledger(ledger).act(Ledger(ledger).waiters()[0].kernel_id, "remove", "prof", "the lab is closing")
+            assert job.wait(60) == EXIT_CODES["taken-out"], err.read_text()
+        finally:
+            if job.poll() is None:
+                job.kill()
+        said = err.read_text()
+        ours = [line for line in said.splitlines() if "was not started" in line]
+        assert len(ours) == 1 and "prof" in ours[0] and "the lab is closing" in ours[0], said
+        assert "Traceback" not in said and "Exception ignored" not in said, said
+        assert Ledger(ledger).waiters() == [] and len(Ledger(ledger).leases()) == 1
+
+
 def test_jupyter_console_gives_its_kernels_reservation_back_as_it_exits(user):
     pexpect = pytest.importorskip("pexpect")
     tmp_path, env, ledger = user
