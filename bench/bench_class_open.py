@@ -1,0 +1,100 @@
+"""A class that opens at once (issue 48, item 3): where the time from the first request to the first grants goes.
+
+NOTEBOOKS notebooks are opened through CONNECTIONS connections, as one browser per student would not but a class's
+burst through a proxy does (POST /api/sessions, then each kernel's websocket and a cell `1 + 1`), on a real
+`jupyter server` with the extension and a simulated card with room for all. For each notebook: its request's time
+in the client's queue, its request to the server's answer (the kernel listed, its grant decided), and its answer to
+the first cell's result. The server's own events give each grant's time. Warm kernels on and off, side by side in
+one run (`--warm N` for the warm server's pool). Prints the medians and the first and last grant, from the first
+request.
+
+    python bench/bench_class_open.py [--notebooks 32] [--connections 6] [--warm 32] [--rounds 2] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _report import report
+from bench_warm_start import HEADERS, open_and_run
+from tornado.httpclient import AsyncHTTPClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from servers import SimulatedServer, wait_until  # noqa: E402
+
+
+async def a_class(server: SimulatedServer, count: int, connections: int, tag: str) -> dict:
+    """Open ``count`` notebooks through ``connections`` at once; each one's figures, and the grants' times."""
+    gate = asyncio.Semaphore(connections)
+    t0 = time.perf_counter()
+    wall0 = time.time()
+
+    async def student(i: int) -> dict:
+        async with gate:
+            queued = time.perf_counter() - t0
+            seconds, session_id = await open_and_run(server.port, f"{tag}-{i:02d}.ipynb")
+        return {"queued_s": queued, "open_to_cell_s": seconds, "session": session_id}
+
+    students = await asyncio.gather(*(student(i) for i in range(count)))
+    all_done = time.perf_counter() - t0
+    r = await AsyncHTTPClient().fetch(
+        f"http://127.0.0.1:{server.port}/api/gpushare/events?since={wall0}", headers=HEADERS
+    )
+    grants = sorted(e["time"] - wall0 for e in json.loads(r.body)["events"] if e["kind"] == "reserved")
+    for s in students:
+        server.call("DELETE", f"api/sessions/{s.pop('session')}")
+    return {"students": students, "grants_s": grants, "all_done_s": all_done}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--notebooks", type=int, default=32)
+    ap.add_argument("--connections", type=int, default=6)
+    ap.add_argument("--warm", type=int, default=32, help="the warm server's warm_kernels")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", help="write the figures here too")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="gpushare-class-bench-"))
+    servers = {}
+    for name, count in (("warm", args.warm), ("cold", 0)):
+        (tmp / name).mkdir()
+        servers[name] = SimulatedServer(
+            tmp / name, "--GpuShareApp.simulated_cards=80GiB", "--GpuShareApp.default_quota=1GiB",
+            f"--GpuShareApp.warm_kernels={count}",
+        ).wait_ready()  # fmt: skip
+    figures: dict = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "cpus": os.cpu_count(),
+                     "notebooks": args.notebooks, "connections": args.connections, "warm_kernels": args.warm,
+                     "runs": {"warm": [], "cold": []}}  # fmt: skip
+    try:
+        for r in range(args.rounds):
+            for name in ("warm", "cold") if r % 2 == 0 else ("cold", "warm"):
+                server = servers[name]
+                if name == "warm":
+                    wait_until(lambda s=server: len(s.kernel_processes()) >= args.warm, 600, "the warm pool to fill")
+                time.sleep(2.0)
+                run = asyncio.run(a_class(server, args.notebooks, args.connections, f"r{r}-{name}"))
+                students = run["students"]
+                figures["runs"][name].append({
+                    "first_grant_s": round(run["grants_s"][0], 3) if run["grants_s"] else None,
+                    "last_grant_s": round(run["grants_s"][-1], 3) if run["grants_s"] else None,
+                    "open_to_cell_median_s": round(statistics.median(s["open_to_cell_s"] for s in students), 3),
+                    "open_to_cell_max_s": round(max(s["open_to_cell_s"] for s in students), 3),
+                    "all_answered_s": round(run["all_done_s"], 3),
+                })  # fmt: skip
+    finally:
+        for server in servers.values():
+            server.stop()
+    report(figures, args.json)
+
+
+if __name__ == "__main__":
+    main()
