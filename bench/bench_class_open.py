@@ -20,12 +20,11 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from _report import report
-from bench_warm_start import HEADERS, open_and_run
+from bench_warm_start import HEADERS, open_and_run, stop, warm_and_cold
 from tornado.httpclient import AsyncHTTPClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -63,14 +62,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="gpushare-class-bench-"))
-    servers = {}
-    for name, count in (("warm", args.warm), ("cold", 0)):
-        (tmp / name).mkdir()
-        servers[name] = SimulatedServer(
-            tmp / name, "--GpuShareApp.simulated_cards=80GiB", "--GpuShareApp.default_quota=1GiB",
-            f"--GpuShareApp.warm_kernels={count}",
-        ).wait_ready()  # fmt: skip
+    servers = warm_and_cold(args.warm, "80GiB")
     figures: dict = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "cpus": os.cpu_count(),
                      "notebooks": args.notebooks, "connections": args.connections, "warm_kernels": args.warm,
                      "runs": {"warm": [], "cold": []}}  # fmt: skip
@@ -91,8 +83,7 @@ def main() -> None:
                     "all_answered_s": round(run["all_done_s"], 3),
                 })  # fmt: skip
     finally:
-        for server in servers.values():
-            server.stop()
+        stop(servers)
     report(figures, args.json)
 
 

@@ -65,6 +65,25 @@ async def round_of(server: SimulatedServer, count: int, tag: str) -> list[float]
     return [seconds for seconds, _ in opened]
 
 
+def warm_and_cold(warm_kernels: int, card: str) -> dict[str, SimulatedServer]:
+    """Two real servers on a simulated ``card`` with 1 GiB quotas, side by side: "warm" keeps ``warm_kernels``, "cold"
+    none."""
+    tmp = Path(tempfile.mkdtemp(prefix="gpushare-warm-bench-"))
+    servers = {}
+    for name, count in (("warm", warm_kernels), ("cold", 0)):
+        (tmp / name).mkdir()
+        servers[name] = SimulatedServer(
+            tmp / name, f"--GpuShareApp.simulated_cards={card}", "--GpuShareApp.default_quota=1GiB",
+            f"--GpuShareApp.warm_kernels={count}",
+        ).wait_ready()  # fmt: skip
+    return servers
+
+
+def stop(servers: dict[str, SimulatedServer]) -> None:
+    for server in servers.values():
+        server.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--notebooks", type=int, nargs="+", default=[1, 4], help="notebooks opened at once, per case")
@@ -72,14 +91,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args()
     most = max(args.notebooks)
-    tmp = Path(tempfile.mkdtemp(prefix="gpushare-warm-bench-"))
-    servers = {}
-    for name, count in (("warm", most), ("cold", 0)):
-        (tmp / name).mkdir()
-        servers[name] = SimulatedServer(
-            tmp / name, "--GpuShareApp.simulated_cards=64GiB", "--GpuShareApp.default_quota=1GiB",
-            f"--GpuShareApp.warm_kernels={count}",
-        ).wait_ready()  # fmt: skip
+    servers = warm_and_cold(most, "64GiB")
     warm = servers["warm"]
 
     def pool_full() -> bool:  # (the warm server's kernels are its pool's once its notebooks are closed)
@@ -102,8 +114,7 @@ def main() -> None:
                 "ratio_warm_over_cold": round(medians["warm"] / medians["cold"], 3),
             }
     finally:
-        for server in servers.values():
-            server.stop()
+        stop(servers)
     report(figures, args.json)
 
 
