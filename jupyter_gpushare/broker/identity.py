@@ -47,14 +47,6 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     return struct.unpack("3i", raw)
 
 
-def uid_of(user: str) -> int | None:
-    """The uid of a user name (a uid written as text: that uid); None for a name this host does not know."""
-    try:
-        return pwd.getpwnam(user).pw_uid
-    except KeyError:
-        return int(user) if user.isdigit() else None
-
-
 def user_and_groups(uid: int) -> tuple[str, tuple[str, ...]]:
     """User name and group names of a uid (the uid as text when it has no passwd entry)."""
     try:

@@ -7,8 +7,8 @@ GpuShareBroker (server.py), on its one thread, at each reading of the driver (``
 - Every lease's over-use is judged (watchdog.py), then every process without a lease (unleased.py): adopted only
   from room that neither reservations nor other processes without a lease take, never below the admin's required
   enforcement level, never for a kernel a ruling released.
-- The kernels' groups this broker made survive its restart: found again on the cgroup tree, and the ones left
-  empty by servers that are gone removed.
+- The kernels' groups this broker made survive its restart: its ledger lists them (nothing else on the cgroup tree
+  is its to judge), and the ones left empty by servers that are gone are removed.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..host.gpu import DeviceSample
 from ..ledger.attribution import LeaseUse, lease_use
 from ..ledger.leases import ADOPTED_ID_PREFIX
 from ..ledger.ledger import Lease, ProcessRef
-from .identity import Caller, uid_of, user_and_groups
+from .identity import Caller, user_and_groups
 from .ops import Operations
 from .unleased import Unleased, adopted_size, find_unleased
 
@@ -117,31 +117,22 @@ class Judging(Operations):
         return lease
 
     def _groups_found(self) -> None:
-        """The kernels' groups this broker made before it (re)started, from the cgroup tree itself: each that
-        holds processes is its processes' user's (the broker put only that user's kernel there); each that holds
-        none, and whose kernel neither holds a lease nor waits, is removed."""
+        """The kernels' groups this broker made before it (re)started, as its ledger lists them, each its kernel's
+        user's: each that holds no process, and whose kernel neither holds a lease nor waits, is removed. Nothing else on the tree is this broker's to judge (a root
+        server's own groups, or another broker's, may sit beside them)."""
         assert self._ledger is not None
         if self._groups_offered() is None:
             return
-        for kernel_id, uid in self.groups.found().items():
-            if uid is None and not self._end_empty_group(kernel_id):  # empty, its kernel restarting: its lease's
-                holder = self._ledger.get(kernel_id)
-                users = (
-                    [holder.user] if holder else [w.user for w in self._ledger.waiters() if w.kernel_id == kernel_id]
-                )
-                # (neither: a process entered it since it was found empty; whose it is is not guessed here)
-                uid = uid_of(users[0]) if users else None
-            if uid is not None:
-                self._group_users[kernel_id] = uid
+        for kernel_id, uid in self._ledger.groups_made().items():
+            self._group_users[kernel_id] = uid
+            self._end_empty_group(kernel_id)  # (one no longer on the tree is empty: forgotten)
 
-    def _end_empty_group(self, kernel_id: str) -> bool:
+    def _end_empty_group(self, kernel_id: str) -> None:
         """Remove a kernel's group that holds no process, unless its kernel still holds a lease or waits (a
-        restart between its two processes); True when it was removed."""
+        restart between its two processes)."""
         assert self._ledger is not None
         if self.groups.pids(kernel_id) or self._ledger.get(kernel_id) is not None:
-            return False
+            return
         if any(w.kernel_id == kernel_id for w in self._ledger.waiters()):
-            return False
-        self.groups.remove(kernel_id)
-        self._group_users.pop(kernel_id, None)
-        return True
+            return
+        self._group_removed(kernel_id)

@@ -70,7 +70,7 @@ class Operations:
     unleased: UnleasedPolicy  # what is done about processes that use a card without a lease
     watchdog: Watchdog  # the over-quota policy on every lease
     groups: KernelCgroups  # kernels' cgroups the broker owns for servers whose own a kernel could leave
-    _group_users: dict[str, int]  # kernel id -> the uid whose kernel entered its group
+    _group_users: dict[str, int]  # kernel id -> the uid whose kernel entered its group (the ledger's groups_made)
     park_budget_mib: int | None  # host memory all parked kernels' GPU state may take (None: no bound)
     room: RoomChanges  # changes that may move the line, which servers watch (room.py)
 
@@ -191,8 +191,7 @@ class Operations:
         if args.kernel_id not in self._group_users and len(mine) >= self.MAX_GROUPS_PER_USER:
             for kid in mine:  # groups left empty by servers that ended without saying so
                 if not self.groups.pids(kid) and self._ledger.get(kid) is None:
-                    self.groups.remove(kid)
-                    del self._group_users[kid]
+                    self._group_removed(kid)
             if sum(uid == caller.uid for uid in self._group_users.values()) >= self.MAX_GROUPS_PER_USER:
                 raise BrokerRefused(f"You have {len(mine)} kernels' cgroups already, the most one user may have.")
         card = next((c for c in self.cards if lease is not None and c.uuid == lease.card_uuid), None)
@@ -203,7 +202,9 @@ class Operations:
                     f.write(str(caller.process.pid))
         except OSError as e:
             raise BrokerRefused(f"The kernel's cgroup could not be made or entered here: {e}.") from e
-        self._group_users[args.kernel_id] = caller.uid
+        if args.kernel_id not in self._group_users:
+            self._group_users[args.kernel_id] = caller.uid
+            self._ledger.group_made(args.kernel_id, caller.uid)
         return {"procs": procs}
 
     def _op_group_cards(self, caller: Caller, args: KernelArgs) -> None:
@@ -225,10 +226,18 @@ class Operations:
         if owner is not None and owner != caller.uid and not caller.admin:
             raise BrokerRefused(f"The cgroup of kernel {args.kernel_id} is not yours.")
         self._group_pids_of(args.kernel_id, caller)
-        killed = self.groups.remove(args.kernel_id, keep=args.keep)
-        if not args.keep:
-            self._group_users.pop(args.kernel_id, None)
-        return {"killed": killed}
+        if args.keep:
+            return {"killed": self.groups.remove(args.kernel_id, keep=True)}
+        return {"killed": self._group_removed(args.kernel_id)}
+
+    def _group_removed(self, kernel_id: str) -> int:
+        """End and remove a kernel's group, and forget it was made (the ledger keeps the groups the broker made,
+        for its next start). Returns how many processes had to be killed."""
+        assert self._ledger is not None
+        killed = self.groups.remove(kernel_id)
+        if self._group_users.pop(kernel_id, None) is not None:
+            self._ledger.group_gone(kernel_id)
+        return killed
 
     def _op_reserve(self, caller: Caller, args: ReserveArgs) -> dict:
         ledger = self._ledger

@@ -346,32 +346,6 @@ class KernelCgroups:
                 out.append(root)
         return out
 
-    def found(self) -> dict[str, int | None]:
-        """The kernels' groups there are now (made by this process before it restarted, or by another), each with
-        the uid of the processes in it (None: it holds none, or processes of several users)."""
-        out: dict[str, int | None] = {}
-        for base in self.bases:
-            try:
-                names = [n for n in os.listdir(base) if os.path.isdir(os.path.join(base, n))]
-            except OSError:
-                continue
-            for name in names:
-                try:
-                    self._dirs(name)
-                except ValueError:  # (not a kernel's: not ours to judge)
-                    continue
-                if name in out:
-                    continue
-                uids: set[int] = set()
-                for pid in self.pids(name):
-                    try:
-                        with open(f"/proc/{pid}/status") as f:
-                            uids.update(int(line.split()[1]) for line in f if line.startswith("Uid:"))
-                    except (OSError, ValueError, IndexError):
-                        continue
-                out[name] = uids.pop() if len(uids) == 1 else None
-        return out
-
     def pids(self, kernel_id: str) -> set[int]:
         """Every process in the kernel's groups now, their sub-groups' included."""
         out: set[int] = set()

@@ -137,13 +137,18 @@ CREATE TABLE IF NOT EXISTS holds (
     held_s       REAL NOT NULL,
     ended        REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS cgroups (
+    kernel_id    TEXT PRIMARY KEY,
+    uid          INTEGER NOT NULL
+);
 CREATE INDEX IF NOT EXISTS peaks_recorded ON peaks (recorded)
 """  # meta: settle_until, while a re-created file settles (ledger_file.LedgerFile._recreate); peaks: one row per
 # kernel process (run: its pid and start time) with the peak GPU memory it reached, the quota it teaches and whether
 # it ran out of memory (history.Run; need_mib and failed came later, like waiters.cards); peaks_recorded
 # keeps the age and MAX_ROWS pruning of every record_peak an index walk (2 ms at 200,000 rows, 290 ms without);
 # notices, barred: a teacher's rulings (notices.py; the notices' owner, bound, deadline and outcome columns came
-# later, like waiters.cards); parked: the host memory parked kernels' GPU state takes, host-wide (Ledger.park)
+# later, like waiters.cards); parked: the host memory parked kernels' GPU state takes, host-wide (Ledger.park);
+# cgroups: the kernels' groups the broker made, with the uid whose kernel entered each (Ledger.groups_made)
 _MIGRATE_FROM_1 = """
 ALTER TABLE leases ADD COLUMN owner_session TEXT;
 ALTER TABLE waiters ADD COLUMN owner_session TEXT

@@ -307,6 +307,23 @@ class Ledger:
         with self._file.read() as db:
             return parked.on_host(db)
 
+    def groups_made(self) -> dict[str, int]:
+        """The kernels' cgroups the broker made, each with the uid whose kernel entered it: what a restarted broker
+        judges again, and nothing else on the host's cgroup tree (a server's own groups may sit beside them)."""
+        with self._file.read() as db:
+            return {kernel_id: uid for kernel_id, uid in db.execute("SELECT kernel_id, uid FROM cgroups")}
+
+    def group_made(self, kernel_id: str, uid: int) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO cgroups (kernel_id, uid) VALUES (?,?) ON CONFLICT(kernel_id) DO UPDATE SET uid=?",
+                (kernel_id, uid, uid),
+            )
+
+    def group_gone(self, kernel_id: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM cgroups WHERE kernel_id=?", (kernel_id,))
+
     def cancel_wait(self, kernel_id: str) -> None:
         with self._tx() as db:
             end_waits(db, "kernel_id=?", (kernel_id,), time.time())

@@ -240,37 +240,41 @@ def test_groups_left_by_a_killed_server_are_removed(host):
         alice.start().wait_ready()
 
 
-@pytest.mark.alone  # it restarts a broker over the host's shared cgroup tree: tests beside it lost their groups
-def test_a_group_of_no_kernel_it_knows_does_not_keep_a_restarted_broker_down(host):
-    """A kernel's group that holds processes of two users (made by another broker of the host, or left behind) and
-    whose kernel neither holds a lease nor waits here: the broker restarts and serves, and the group is not said to
-    be anyone's. Before, the restart died (StopIteration) looking for the kernel's user in its line; seen in CI,
-    where test brokers share one cgroup tree."""
+def test_a_restarted_broker_judges_only_the_groups_it_made(host):
+    """Two kernels' groups the broker never made sit on its cgroup tree: an empty one (a root server's own kernel
+    between the two processes of its restart) and one holding processes of two users. The broker restarts, serves,
+    and leaves both as they are. Before, it judged every group on the tree: it removed the empty one (in CI, where
+    test brokers and servers share one tree, a kernel restarting beside a broker's restart could not enter its group,
+    "[Errno 2] No such file or directory", and died at start) and died on the other (StopIteration)."""
     broker, servers = host
     alice = servers[ALICE]
     bases = [b for b in KernelCgroups().bases if os.access(b, os.W_OK)]
     if not bases:
         pytest.skip("no cgroup tree this test may write")
-    group = os.path.join(bases[0], "rt-two-users-group")
-    os.mkdir(group)
+    empty, shared = (os.path.join(bases[0], f"rt-not-the-brokers-{name}") for name in ("empty", "two-users"))
+    os.mkdir(empty)
+    os.mkdir(shared)
     sleepers = [
         subprocess.Popen(["sleep", "120"]),
         subprocess.Popen(["sleep", "120"], **run_as(alice.user, alice.home)),
     ]
     try:
         for p in sleepers:
-            with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            with open(os.path.join(shared, "cgroup.procs"), "w") as f:
                 f.write(str(p.pid))
         broker.stop()
         broker.start()  # (waits until it answers: it fails if the broker exits)
         assert BrokerLedger(broker.socket).hello()["user"]
+        time.sleep(1.5)  # (its sweeps too: every 0.5 s here)
+        assert os.path.isdir(empty) and os.path.isdir(shared)
     finally:
         for p in sleepers:
             p.kill()
             p.wait()
-        if os.path.isdir(group):
-            wait_until(lambda: not open(os.path.join(group, "cgroup.procs")).read().strip(), what="the group empty")
-            os.rmdir(group)
+        wait_until(lambda: not open(os.path.join(shared, "cgroup.procs")).read().strip(), what="the group empty")
+        for group in (empty, shared):
+            if os.path.isdir(group):
+                os.rmdir(group)
 
 
 # Alice's "server" reserves a kernel and its stand-in enters the kernel's group; the kernel then restarts: its
