@@ -236,7 +236,7 @@ class Operations:
         assert self._ledger is not None
         killed = self.groups.remove(kernel_id)
         if self._group_users.pop(kernel_id, None) is not None:
-            self._ledger.group_gone(kernel_id)
+            self._ledger.group_made(kernel_id, None)
         return killed
 
     def _op_reserve(self, caller: Caller, args: ReserveArgs) -> dict:

@@ -29,7 +29,7 @@ client sent it (``on_resume``).
 A wait that ended without a GPU keeps the pipe open: the kernel may join the line again in place (``rejoin``;
 the kernel agrees first, ``_gpushare_wait.can_rejoin``), and its next wait and grant come through the same pipe.
 
-``started`` is what a websocket to the kernel waits on (connection.py): True once the kernel runs, False if it
+``started`` is what a websocket to the kernel waits on (seam/connection.py): True once the kernel runs, False if it
 never will. A kernel that runs while it waits has started.
 """
 

@@ -10,6 +10,8 @@ from typing import Any
 from jupyter_client.connect import LocalPortCache, port_names
 from jupyter_client.provisioning import LocalProvisioner
 
+from ..server.seam.internals import record_random_ports, restart_activity_watch
+
 
 class HeldPorts(LocalProvisioner):
     """The provisioner's part that picks, holds and hands on its kernel's ports."""
@@ -37,7 +39,7 @@ class HeldPorts(LocalProvisioner):
                 stale_ports = [info[name] for name in port_names]
                 stale_held, self.ports_cached = self._ports, False
             if km is not None and km.cache_ports and not self.ports_cached:
-                km._record_random_port_names()  # a no-op after the first start
+                record_random_ports(km)
                 if self.hold_ports and km.transport == "tcp" and sys.platform.startswith("linux"):
                     self._ports = hold_ports(km.ip)
                     for name, sock in zip(port_names, self._ports):
@@ -63,12 +65,7 @@ class HeldPorts(LocalProvisioner):
         state stays 'starting', and every new websocket's nudge waits for it until
         kernel_info_timeout, then closes.
         """
-        multi = getattr(self.parent, "parent", None)
-        stream = getattr(self.parent, "_activity_stream", None)
-        if stream is None or multi is None or not hasattr(multi, "start_watching_activity"):
-            return  # not a jupyter_server kernel, or not watched yet
-        stream.close()
-        multi.start_watching_activity(self.kernel_id)
+        restart_activity_watch(self.parent, self.kernel_id)
 
 
 def hold_ports(ip: str) -> tuple[socket.socket, ...]:

@@ -33,6 +33,7 @@ from ..host.reports import remove_reports, report_dir
 from ..server.life import move
 from ..server.manager import QuotaManager, process_manager, use_in_process
 from ..server.records import Grant, QuotaUnavailable
+from ..server.seam.internals import forget_pending
 from .batch import (
     StoppedWaiting,
     end_at_exit,
@@ -428,13 +429,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         return session_name if rel.startswith("..") else rel.replace(os.sep, "/")
 
     def _forget_failed_start(self) -> None:
-        """jupyter_client keeps a kernel whose start failed in ``_pending_kernels``, and the server's
-        shutdown then fails on it (404). Drop it once the failure has propagated."""
-        multi = getattr(self.parent, "parent", None)
-        pending = getattr(multi, "_pending_kernels", None)
-        if isinstance(pending, dict):
-            kernel_id = self.kernel_id
-            asyncio.get_running_loop().call_soon(lambda: pending.pop(kernel_id, None))
+        forget_pending(getattr(self.parent, "parent", None), self.kernel_id)
 
     def _kernel_died(self) -> None:
         asyncio.ensure_future(self._release("died past its restart limit"))

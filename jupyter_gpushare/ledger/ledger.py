@@ -80,7 +80,25 @@ ALIVE_CACHE_S = 1.0  # how long a "still running" answer is trusted (a gone proc
 REAP_EVERY_S = 1.0  # reserve() reaps at most this often, and always before it answers "no room"
 
 
-class Ledger:
+class MadeGroups:
+    """The kernels' cgroups the broker made (its ledger's ``cgroups`` table), each with the uid whose kernel entered
+    it: what a restarted broker judges again, and nothing else on the host's cgroup tree."""
+
+    _file: LedgerFile
+
+    def groups_made(self) -> dict[str, int]:
+        with self._file.read() as db:
+            return dict(db.execute("SELECT kernel_id, uid FROM cgroups").fetchall())
+
+    def group_made(self, kernel_id: str, uid: int | None) -> None:
+        """Record the group made for ``uid`` (None: it was removed)."""
+        with self._file.tx() as db:
+            db.execute("DELETE FROM cgroups WHERE kernel_id=?", (kernel_id,))
+            if uid is not None:
+                db.execute("INSERT INTO cgroups (kernel_id, uid) VALUES (?,?)", (kernel_id, uid))
+
+
+class Ledger(MadeGroups):
     """Reservations in one SQLite file, shared by every process that opens it.
 
     Not thread-safe: use one Ledger per thread (the manager keeps one on a worker thread).
@@ -306,23 +324,6 @@ class Ledger:
         """Every parked kernel of the host (parked.on_host)."""
         with self._file.read() as db:
             return parked.on_host(db)
-
-    def groups_made(self) -> dict[str, int]:
-        """The kernels' cgroups the broker made, each with the uid whose kernel entered it: what a restarted broker
-        judges again, and nothing else on the host's cgroup tree (a server's own groups may sit beside them)."""
-        with self._file.read() as db:
-            return {kernel_id: uid for kernel_id, uid in db.execute("SELECT kernel_id, uid FROM cgroups")}
-
-    def group_made(self, kernel_id: str, uid: int) -> None:
-        with self._tx() as db:
-            db.execute(
-                "INSERT INTO cgroups (kernel_id, uid) VALUES (?,?) ON CONFLICT(kernel_id) DO UPDATE SET uid=?",
-                (kernel_id, uid, uid),
-            )
-
-    def group_gone(self, kernel_id: str) -> None:
-        with self._tx() as db:
-            db.execute("DELETE FROM cgroups WHERE kernel_id=?", (kernel_id,))
 
     def cancel_wait(self, kernel_id: str) -> None:
         with self._tx() as db:

@@ -20,8 +20,9 @@ from ..core.policy import EnforcePolicy, PolicyError
 from ..ledger.ledger import LedgerError, Waiting
 from .manager import QuotaManager, build_manager, use_in_process
 from .records import Change, Changes, KernelRecord
-from .refusals import quiet_refusals
 from .sampler import Readings
+from .seam.internals import has_session, pending_kernel_ids
+from .seam.refusals import quiet_refusals
 from .services import Services
 from .state import SCHEMA_FILE, STATE_SCHEMA
 from .warm import WarmPool
@@ -107,8 +108,7 @@ class ServerStarts:
         return kernel_id in self.kernels and (self.watchers(kernel_id) > 0 or self._has_session(kernel_id))
 
     def _has_session(self, kernel_id: str) -> bool:
-        row = self.sessions.cursor.execute("SELECT 1 FROM session WHERE kernel_id=?", (kernel_id,)).fetchone()
-        return row is not None
+        return has_session(self.sessions, kernel_id)
 
     def end_kernel(self, kernel_id: str) -> None:
         asyncio.ensure_future(self._end(kernel_id))
@@ -314,8 +314,8 @@ class GpuShareExtension(ExtensionApp):
 
     def _wait_websockets(self) -> None:
         """A kernel that waits for a GPU is listed at once, its process launched when it is granted (ServerStarts);
-        its websockets open at once (connection.py)."""
-        from .connection import waiting_connection_class
+        its websockets open at once (seam/connection.py)."""
+        from .seam.connection import waiting_connection_class
 
         configured = self.settings.get("kernel_websocket_connection_class")  # (a copy of the server's settings)
         ours = waiting_connection_class(configured) if configured is not None else None
@@ -400,7 +400,7 @@ class GpuShareExtension(ExtensionApp):
             await asyncio.sleep(self.gpushare.reconcile_interval)
             kernels = self.server.kernel_manager
             try:
-                await manager.reconcile(known={*kernels.list_kernel_ids(), *getattr(kernels, "_pending_kernels", {})})
+                await manager.reconcile(known={*kernels.list_kernel_ids(), *pending_kernel_ids(kernels)})
                 failing = None
             except LedgerError as e:  # a full disk, a broker that is down: said once, tried again every interval
                 if str(e) != failing:

@@ -13,7 +13,7 @@ from jupyter_client.jsonutil import json_default
 from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
-from jupyter_server.services.kernels.handlers import KernelActionHandler, _kernel_id_regex
+from jupyter_server.services.kernels.handlers import KernelActionHandler
 from tornado import web
 
 from ..broker.client import BrokerSaidNo
@@ -22,7 +22,8 @@ from ..core.words import render
 from ..ledger.ledger import LedgerError
 from ..ledger.notices import ACTIONS, WHY, WHY_MAX, NoSuchKernel
 from .manager import QuotaManager
-from .refusals import RefusalErrors, SessionsHandler, StartKernelHandler
+from .seam.internals import KERNEL_ID
+from .seam.refusals import RefusalErrors, SessionsHandler, StartKernelHandler
 from .snapshot import ServerSnapshot, Snapshots
 from .state import build_state, event_view
 from .teacher import NotAdmin
@@ -317,7 +318,7 @@ handlers = [
     (rf"{API}/events", EventsHandler),
     (rf"{API}/config", ConfigHandler),
     (rf"{API}/state", StateHandler),
-    (rf"/api/kernels/{_kernel_id_regex}/(?P<action>restart)", KernelRestartHandler),
-    (r"/api/kernels", StartKernelHandler),  # a refused start: its status, code and figures (refusals.py)
+    (rf"/api/kernels/{KERNEL_ID}/(?P<action>restart)", KernelRestartHandler),
+    (r"/api/kernels", StartKernelHandler),  # a refused start: its status, code and figures (seam/refusals.py)
     (r"/api/sessions", SessionsHandler),
 ]

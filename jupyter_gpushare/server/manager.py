@@ -41,6 +41,7 @@ from .parking import AT_ONCE, Parking
 from .quota_change import QuotaChanges
 from .records import ChangeKind, Grant, KernelRecord, QuotaUnavailable, Version
 from .sampler import KernelUsage
+from .seam.internals import fresh_event_loop
 from .services import Services
 from .snapshot import take_snapshot
 from .teacher import Teacher
@@ -511,24 +512,7 @@ def _forget_the_parents_manager() -> None:
     if _this_process is not None:
         _inherited.append(_this_process)
         _this_process = None
-        _fresh_event_loop()
-
-
-def _fresh_event_loop() -> None:
-    """A forked child's event loop of its own (when none runs): the loop it inherited shares its self-pipe and its
-    epoll instance with the parent and every sibling, so a wake-up that the manager's threads write for this
-    process can be read by another's loop, and this one sleeps forever (jupyter_client's blocking calls run that
-    loop: jupyter_core keeps it per thread)."""
-    if asyncio._get_running_loop() is not None:
-        return
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    try:
-        from jupyter_core import utils
-
-        utils._loop.set(loop)
-    except (ImportError, AttributeError):  # another jupyter_core: it asks asyncio, which now has this one
-        pass
+        fresh_event_loop()
 
 
 if hasattr(os, "register_at_fork"):

@@ -19,7 +19,7 @@ start), nor touch a card itself (host/checkpoint.py does, through the driver or 
   it then gives its reservation to the line and runs on, its card closed, and its next GPU use asks again as at a
   first use (line_place = 'first-use'). Nothing is checkpointed, and its cells are never held. One that says no (or
   cannot be asked) is not asked again for that process; once idle, it may be parked.
-- **Resume** at the kernel's next cell (connection.py holds the cell meanwhile) or on request: it asks for its
+- **Resume** at the kernel's next cell (seam/connection.py holds the cell meanwhile) or on request: it asks for its
   reservation again on the same card, through the line, then restores. A resume that waits past the line's
   timeout leaves the kernel parked; its next cell asks again.
 """
@@ -190,7 +190,7 @@ class Parking:
         return True
 
     def touch(self, kernel_id: str) -> None:
-        """A cell goes to the kernel now (connection.py), or it came back: it is not idle, whatever the last reading
+        """A cell goes to the kernel now (seam/connection.py), or it came back: it is not idle, whatever the last reading
         said (a reading can predate the cell; a park must never freeze a running cell)."""
         self._touched[kernel_id] = time.monotonic()
 

@@ -33,6 +33,8 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import ensure_async
 from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
 
+from .seam.internals import start_kwargs
+
 WARM_MARK = "gpushare_warm"  # the attribute that marks a kernel manager whose kernel is warm (the provisioner reads it)
 READY_S = 60.0  # how long a warm kernel may take to answer its first kernel_info
 ANSWER_S = 5.0  # how long a warm kernel may take to take its hand-over
@@ -108,10 +110,9 @@ class WarmPool:
         )
         setattr(km, WARM_MARK, True)
         km.autorestart = False  # a warm kernel that dies is replaced at its hand-over (``take``), never restarted
-        start = getattr(kernels, "_kernel_start_kwargs", lambda **kw: kw)
         try:
             spec = km.kernel_spec.to_dict()
-            await km.start_kernel(kernel_id=warm_id, **start(env=dict(os.environ), cwd=self.root_dir))
+            await km.start_kernel(kernel_id=warm_id, **start_kwargs(kernels, env=dict(os.environ), cwd=self.root_dir))
             client = km.client()
             client.start_channels()
             try:

@@ -1,28 +1,31 @@
 """Every private name of jupyter_client, jupyter_server and jupyter_core that jupyter-gpushare uses, because none
-offers a public hook for what it does (checked against jupyter_client 8.x, jupyter_server 2.x, jupyter_core 5.x),
-and why. A release without one would break or degrade a feature quietly; this test makes it fail CI loudly.
+offers a public hook for what it does (checked against jupyter_client 8.x, jupyter_server 2.x, jupyter_core 5.x).
+Each sits behind one function of ``server/seam/internals.py``, which says why; the websocket's sit in
+``server/seam/connection.py``. A release without one would break or degrade a feature quietly; this test makes it
+fail CI loudly.
 
-- ``KernelManager._record_random_port_names`` (ports.HeldPorts._pick_ports): the provisioner picks and holds a
-  kernel's ports itself, so jupyter_client must learn which ports were random before they are set, or
+- ``KernelManager._record_random_port_names`` (``record_random_ports``): the provisioner picks and holds a kernel's
+  ports itself, so jupyter_client must learn which ports were random before they are set, or
   ``restart_kernel(newports=True)`` renews none of them.
-- ``kernel._activity_stream`` (ports.HeldPorts._watch_activity_on_new_ports): after an automatic restart onto new
-  ports, jupyter_server keeps watching the old iopub port; the provisioner closes that stream and starts the
-  watch anew (the public ``start_watching_activity``). The public ``stop_watching_activity`` is not used: it
-  also ends a server restart's pending kernel_info wait.
-- ``MultiKernelManager._pending_kernels`` (app._reconcile_forever, provisioner._forget_failed_start): a kernel
-  whose start has not finished is not in ``list_kernel_ids()``; without it, reconcile would release the
-  reservation of a kernel that is still starting.
+- ``kernel._activity_stream`` (``restart_activity_watch``): after an automatic restart onto new ports,
+  jupyter_server keeps watching the old iopub port; the provisioner closes that stream and starts the watch anew.
+- ``MultiKernelManager._pending_kernels`` (``pending_kernel_ids``, ``forget_pending``): a kernel whose start has
+  not finished is not in ``list_kernel_ids()``; without it, reconcile would release the reservation of a kernel
+  that is still starting, and a failed start would leave a kernel the server's shutdown fails on.
 - ``ZMQChannelsWebsocketConnection._register_session``, ``._open_sessions``, ``._open_sockets`` and
-  ``._close_future`` (connection.WaitingKernelConnection): a websocket to a kernel that waits for a GPU is
-  opened at once, before the kernel answers ``kernel_info``; it registers its session and its socket as
-  jupyter_server's ``prepare`` and ``connect`` would, and undoes exactly that when it closes before the kernel
-  runs (jupyter_server's own ``disconnect`` expects channels that were never opened).
-- ``MappingKernelManager._kernel_start_kwargs`` (warm.WarmPool._start): a warm kernel is started with the start
-  arguments the server's own policy adds to every kernel (its transport encryption), so that its connection is the
-  one a notebook's kernel would have; where it is missing, the pool starts with none added, as older servers do.
-- ``jupyter_core.utils._loop`` (manager._fresh_event_loop): a forked worker's own event loop, where
-  jupyter_core keeps the loop its blocking calls run on; without it the child shares its parent's loop's
-  self-pipe and can sleep forever.
+  ``._close_future`` (seam/connection.py): a websocket to a kernel that waits for a GPU is opened at once, before
+  the kernel answers ``kernel_info``; it registers its session and its socket as jupyter_server's ``prepare`` and
+  ``connect`` would, and undoes exactly that when it closes before the kernel runs.
+- ``MappingKernelManager._kernel_start_kwargs`` (``start_kwargs``): a warm kernel is started with the start
+  arguments the server's own policy adds to every kernel (its transport encryption).
+- ``jupyter_core.utils._loop`` (``fresh_event_loop``): a forked worker's own event loop, where jupyter_core keeps
+  the loop its blocking calls run on; without it the child shares its parent's loop's self-pipe and can sleep
+  forever.
+- ``kernels.handlers._kernel_id_regex`` (``KERNEL_ID``): the restart route we replace matches exactly the kernel
+  ids jupyter_server's own routes match.
+- ``SessionManager``'s ``session`` table and its ``kernel_id`` column (``has_session``): whether a notebook uses a
+  kernel, read synchronously where the line decides a grant (the public ``cursor`` is the way in; the table is
+  jupyter_server's own).
 """
 
 from __future__ import annotations
@@ -32,8 +35,11 @@ import inspect
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.multikernelmanager import AsyncMultiKernelManager
 from jupyter_core import utils
+from jupyter_server.services.kernels import handlers
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+
+from jupyter_gpushare.server.seam.internals import KERNEL_ID, has_session
 
 
 def test_the_private_names_we_rely_on_are_still_there():
@@ -48,3 +54,12 @@ def test_the_private_names_we_rely_on_are_still_there():
     assert "_open_sessions" in inspect.getsource(connection) and "_close_future" in inspect.getsource(connection)
     assert hasattr(utils, "_loop") and hasattr(utils._loop, "set")
     assert "transport_encryption" in inspect.getsource(AsyncMappingKernelManager._kernel_start_kwargs)
+    assert handlers._kernel_id_regex == KERNEL_ID
+
+
+async def test_the_session_table_we_read_is_still_there(jp_serverapp):
+    sessions = jp_serverapp.session_manager
+    session = await sessions.create_session(path="a.ipynb", kernel_id="k-1", type="notebook")
+    assert has_session(sessions, "k-1") and not has_session(sessions, "k-2")
+    await sessions.delete_session(session["id"])
+    assert not has_session(sessions, "k-1")

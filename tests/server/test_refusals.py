@@ -1,5 +1,5 @@
 """A start refused by a rule, on every route that starts a kernel: a 4xx JSON error with the rule's code and figures
-(as PATCH /api/gpushare/kernels/<id> gives), and no traceback in the server's log (refusals.py)."""
+(as PATCH /api/gpushare/kernels/<id> gives), and no traceback in the server's log (seam/refusals.py)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ from jupyter_server.services.kernels.handlers import MainKernelHandler
 from jupyter_server.services.sessions.handlers import SessionRootHandler
 from tornado import web
 
-from ..core.policy import PolicyError
-from .records import QuotaUnavailable
+from ...core.policy import PolicyError
+from ..records import QuotaUnavailable
 
 
 def refusal_in(error: BaseException | None) -> QuotaUnavailable | None:
