@@ -343,6 +343,12 @@ class Line:
                 )
             wait.ledger_down = True
             rec.reason = f"Still in line: no GPU reservation can be made now ({got}); asked again every few seconds."
+        elif isinstance(got, PolicyError) and got.code == "taken-out":
+            # A teacher took it out of line, and the ledger said so before this server took the notice (teacher.py):
+            # its wait ends as the notice ends it, and the kernel runs on without a GPU
+            by, why = got.params.get("by"), got.params.get("why")
+            self.queue.end(wait.kernel_id, "cancelled", f"{by} took it out of the line" + (f": {why}" if why else ""))
+            self.end_wait(wait)
         elif isinstance(got, Exception):
             self.queue.leave(wait.kernel_id)
             status, rule = (400, rule_figures(got)) if isinstance(got, PolicyError) else (503, {})

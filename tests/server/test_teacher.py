@@ -9,6 +9,8 @@ import json
 import pytest
 from tornado.httpclient import HTTPClientError
 
+from jupyter_gpushare.ledger.ledger import Ledger
+
 
 @pytest.fixture
 def gpushare_config(gpushare_config):
@@ -76,3 +78,31 @@ async def test_bad_requests_are_refused_with_what_to_send(gpushare, jp_fetch):
         await _act(jp_fetch, "no-such-kernel", {"action": "release"})
     assert e.value.code == 409 and "holds no GPU reservation" in e.value.response.body.decode()
     await gpushare.close_notebook(session)
+
+
+class TestTakenOutElsewhere:
+    @pytest.fixture
+    def gpushare_config(self, gpushare_config):
+        return {**gpushare_config, "reconcile_interval": 3600}  # this server takes no notice while the test runs
+
+    async def test_a_kernel_taken_out_before_its_server_takes_the_notice_runs_on_without_a_gpu(
+        self, gpushare, jp_fetch, ledger_file
+    ):
+        """The take-out is written in the ledger (by the broker, or the teacher's own server) and the line asks for
+        the kernel (room came) before its server takes the notice: the ledger refuses it as taken out, and the kernel runs on
+        without a GPU, as the notice would have it, its notebook still open. Before, that refusal shut the kernel
+        down with its notebook's session (seen once in the browser tests: its record was gone)."""
+        sessions = [await gpushare.open_notebook(f"{name}.ipynb") for name in "abc"]
+        session, kid = sessions[2]
+        assert await gpushare.state_of(kid) == "queued"
+        Ledger(ledger_file).act(kid, "remove", "root", "the lab is closed")
+        await gpushare.close_notebook(sessions[0][0])  # room: the line asks for the kernel again
+
+        async def ran_on() -> dict | None:
+            rec = await gpushare.kernel(kid)
+            return rec if rec is None or rec["state"] != "queued" else None
+
+        rec = await gpushare.wait_for(ran_on, what="the line to hear the take-out")
+        assert rec is not None and rec["state"] == "cpu" and "the lab is closed" in rec["reason"], rec
+        sessions_now = json.loads((await jp_fetch("api", "sessions")).body)
+        assert session in [s["id"] for s in sessions_now]
