@@ -105,8 +105,8 @@ class QuotaManager:
             history or HistoryRules(), policy, self.ledger, self.user, self.blocking, self.log, self.event
         )
         self.parking = Parking(self, checkpointer_for(backend), parking or ParkRules(), self.blocking)
-        self.quotas = QuotaChanges(self)
-        self.teacher = Teacher(self)
+        self.quotas = QuotaChanges(self, self.line.room_freed)
+        self.teacher = Teacher(self, self.ledger, self.line, self.parking, self.services.starts)
         self.line.on_change = self.teacher.soon  # a ruling reaches this server as the broker says it
         self.warm: WarmPool | None = None  # the server's warm kernels (warm.py; None: none, or not a server)
 
@@ -384,8 +384,8 @@ class QuotaManager:
     def card(self, uuid: str) -> Card | None:
         return next((c for c in self.cards if c.uuid == uuid), None)
 
-    def _views(self, reserved: dict[str, int]) -> list[CardView]:
-        return [CardView(c.uuid, c.index, c.total_mib, reserved.get(c.uuid, 0)) for c in self.cards]
+    def card_views(self) -> list[CardView]:
+        return [CardView(c.uuid, c.index, c.total_mib) for c in self.cards]
 
     async def attach(self, kernel_id: str, pid: int | None) -> None:
         """Record the kernel's process once it runs (after every restart too)."""

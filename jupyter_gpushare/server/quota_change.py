@@ -11,19 +11,39 @@ quota through the line at its restart, as any start does (QuotaManager.admit). A
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Callable, Protocol
 
-from ..core.policy import PolicyError, Size, format_mib, parse_size
+from ..core.policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
+from ..host.gpu import Card, DeviceSample
 from ..ledger.ledger import Lease, LedgerError
 from ..ledger.reservations import Reservations
+from .ledger_worker import LedgerWorker
 from .records import KernelRecord
+
+
+class Registry(Protocol):
+    """What a quota change needs of the kernels' registry (QuotaManager): the records, the admin's rules, the cards,
+    the ledger, the last reading of the driver, and the student's events."""
+
+    user: str
+    policy: Policy
+    cards: list[Card]
+    records: dict[str, KernelRecord]
+    ledger: LedgerWorker
+
+    def card(self, uuid: str) -> Card | None: ...
+    def card_views(self) -> list[CardView]: ...
+    def latest_samples(self) -> Sequence[DeviceSample]: ...
+    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None: ...
 
 
 class QuotaChanges:
     """Quota changes of one server's kernels (QuotaManager.quotas)."""
 
-    def __init__(self, kernels: Any) -> None:  # the registry (QuotaManager): records, policy, cards, ledger, events
-        self.kernels = kernels
+    def __init__(self, kernels: Registry, room_freed: Callable[[], None]) -> None:
+        """``room_freed``: the line's (a smaller reservation leaves room for it)."""
+        self.kernels, self.room_freed = kernels, room_freed
 
     def parse(self, typed: object) -> Size:
         """What a person typed for a quota, as the one parser reads it (policy.parse_size), with this server's
@@ -48,7 +68,7 @@ class QuotaChanges:
         figures: ``grow-no-room``, or the limit of the admin's rules or the user's per-user limits that refuses it."""
         k = self.kernels
         rec = k.records[kernel_id]
-        k.policy.check_quota(quota, k._views({}))
+        k.policy.check_quota(quota, k.card_views())
         card = k.card(rec.lease.card_uuid) if rec.lease is not None else None
         grows = card is not None and rec.lease is not None and quota.resolve(card.total_mib) > rec.lease.quota_mib
         if grows:
@@ -87,7 +107,7 @@ class QuotaChanges:
         k.event("quota-applied", kernel_id, f"Restarted with its new quota, {format_mib(rec.lease.quota_mib)} "
                 f"({format_mib(rec.lease.reserved_mib)} reserved).", quota_mib=rec.lease.quota_mib,
                 reserved_mib=rec.lease.reserved_mib)  # fmt: skip
-        k.line.room_freed()  # a smaller reservation leaves room for the line
+        self.room_freed()
 
     async def _resize(self, kernel_id: str, quota_mib: int) -> Lease | None:
         """The kernel's reservation with ``quota_mib``, resized in place on the ledger (ledger.resize)."""

@@ -17,10 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.policy import PolicyError
 from ..ledger.notices import Notice
+from ..ledger.reservations import Reservations
+from .ledger_worker import LedgerWorker
+from .records import KernelRecord
+
+if TYPE_CHECKING:
+    from .line import Line
+    from .parking import Parking
+    from .services import KernelStarts
 
 VERBS = {
     "front": "moved it to the front of the line",
@@ -33,12 +42,26 @@ class NotAdmin(PermissionError):
     """Only an admin of the host acts on its kernels."""
 
 
+class Registry(Protocol):
+    """What the teacher needs of the kernels' registry (QuotaManager): whose server this is, the kernels' records,
+    and the student's events."""
+
+    user: str
+    records: dict[str, KernelRecord]
+    log: logging.Logger
+
+    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None: ...
+
+
 class Teacher:
     """The teacher's actions as this server carries them out."""
 
-    def __init__(self, kernels: Any) -> None:
-        """``kernels``: the registry (QuotaManager): its ledger, records, line, parking and events."""
-        self.kernels = kernels
+    def __init__(
+        self, kernels: Registry, ledger: LedgerWorker, line: Line, parking: Parking, starts: KernelStarts
+    ) -> None:
+        """``kernels``: the registry; ``ledger``: the host's; ``line``, ``parking``: this server's, which carry out a
+        take-out and a release; ``starts``: how this server restarts a kernel that cannot be parked."""
+        self.kernels, self.ledger, self.line, self.parking, self.starts = kernels, ledger, line, parking, starts
         self._taking: asyncio.Future | None = None
 
     async def act(self, kernel_id: str, action: str, why: str) -> Notice:
@@ -47,7 +70,7 @@ class Teacher:
         where the action needs it. A kernel of this server's is acted on at once."""
         user = self.kernels.user
 
-        def act(ledger: Any) -> Notice:
+        def act(ledger: Reservations) -> Notice:
             who, admin, _ = ledger.caller()
             if not admin:
                 raise NotAdmin(
@@ -56,7 +79,7 @@ class Teacher:
                 )
             return ledger.act(kernel_id, action, who or user, why)
 
-        notice = await self.kernels.ledger.run(self.kernels.ledger.must, act)
+        notice = await self.ledger.run(self.ledger.must, act)
         if kernel_id in self.kernels.records:
             await self.take()
         return notice
@@ -77,7 +100,7 @@ class Teacher:
         mine = set(self.kernels.records)
         if not mine:
             return
-        for notice in await self.kernels.ledger.on(lambda ledger: ledger.take_notices(mine)) or []:
+        for notice in await self.ledger.on(lambda ledger: ledger.take_notices(mine)) or []:
             if notice.action in VERBS:  # (an action a newer broker knows and this server does not: left out)
                 await self._carry_out(notice)
 
@@ -85,15 +108,15 @@ class Teacher:
         kernels, kid = self.kernels, n.kernel_id
         said = f"{n.by} {VERBS[n.action]}: {n.why}" if n.why else f"{n.by} {VERBS[n.action]}."
         how = ""
-        if n.action == "remove" and kernels.line.waiting(kid) is not None:
-            kernels.line.cancel(kid, said)
+        if n.action == "remove" and self.line.waiting(kid) is not None:
+            self.line.cancel(kid, said)
         elif n.action == "release" and kid in kernels.records and kernels.records[kid].lease is not None:
             with contextlib.suppress(PolicyError):  # it cannot be parked here: restarted instead
-                await kernels.parking.park(kid)
+                await self.parking.park(kid)
             rec = kernels.records.get(kid)
             if rec is not None and rec.state == "parked":
                 how = "parked"
-            elif await kernels.services.starts.restart(kid):  # (a park that failed said why in its own event)
+            elif await self.starts.restart(kid):  # (a park that failed said why in its own event)
                 how = "restarted"
         code = f"teacher-{n.action}" + (f"-{how}" if how else "")
         kernels.event(f"teacher-{n.action}", kid, said + (f" ({how})" if how else ""), code=code, by=n.by,
