@@ -104,7 +104,8 @@ class QuotaManager:
         self.learning = Learning(
             history or HistoryRules(), policy, self.ledger, self.user, self.blocking, self.log, self.event
         )
-        self.parking = Parking(self, checkpointer_for(backend), parking or ParkRules(), self.blocking)
+        parts = (self.ledger, self.line, self.holding, self.services)
+        self.parking = Parking(self, parts, checkpointer_for(backend), parking or ParkRules(), self.blocking)
         self.quotas = QuotaChanges(self, self.line.room_freed)
         self.teacher = Teacher(self, self.ledger, self.line, self.parking, self.services.starts)
         self.line.on_change = self.teacher.soon  # a ruling reaches this server as the broker says it

@@ -27,16 +27,43 @@ start), nor touch a card itself (host/checkpoint.py does, through the driver or 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.policy import ParkRules, PolicyError, Size, format_mib
 from ..host.checkpoint import Checkpointer, CheckpointError
-from ..ledger.ledger import Lease, LedgerError, Request
+from ..host.gpu import Card, DeviceSample
+from ..ledger.ledger import Lease, LedgerError, Request, Waiting
+from ..ledger.reservations import Reservations
+from .holding import Holding
+from .ledger_worker import LedgerWorker
 from .life import move
+from .line import Line
 from .records import Grant, KernelRecord, Parked, QuotaUnavailable
+from .sampler import KernelUsage
+from .services import Services
+
+
+class Registry(Protocol):
+    """What parking needs of the kernels' registry (QuotaManager): the records and what becomes of each, the last
+    readings, and the student's events."""
+
+    user: str
+    records: dict[str, KernelRecord]
+    log: logging.Logger
+
+    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None: ...
+    def settle(self, rec: KernelRecord, grant: Grant, why: str = ..., **figures: Any) -> Grant: ...
+    def reserve(self, ledger: Reservations, request: Request, wait: bool) -> Lease | Waiting: ...
+    def card(self, uuid: str) -> Card | None: ...
+    async def attach(self, kernel_id: str, pid: int | None) -> None: ...
+    def end_kernel(self, kernel_id: str) -> None: ...
+    def kernel_usage(self, kernel_id: str) -> KernelUsage | None: ...
+    def latest_samples(self) -> Sequence[DeviceSample]: ...
+
 
 LOCK_TIMEOUT_S = 10.0  # a running GPU call that does not end within this is not parked
 FREED_MIB = 64  # a parked process shows at most this on the card (the driver keeps a few MiB: 4 on an H100)
@@ -60,12 +87,16 @@ class Parking:
 
     def __init__(
         self,
-        kernels: Any,  # the registry (QuotaManager): records, events, the line, the ledger
+        kernels: Registry,
+        parts: tuple[LedgerWorker, Line, Holding, Services],
         checkpointer: Checkpointer,
         rules: ParkRules,
         blocking: Callable[..., Awaitable[Any]],
     ) -> None:
+        """``parts``: the host's ledger, this server's line, its kernels' cgroups and cards (a kernel that stands by
+        has its card closed), and its services (how it tells a kernel, and the sampler's readings)."""
         self.kernels, self.checkpointer, self.rules, self._blocking = kernels, checkpointer, rules, blocking
+        self.ledger, self.line, self.holding, self.services = parts
         self._moving: dict[str, asyncio.Future] = {}  # kernels being parked or resumed: the move's task
         self._failed: dict[str, int | None] = {}  # kernels whose park failed: the process it failed for
         self._touched: dict[str, float] = {}  # (monotonic) a cell sent to the kernel, or its resume: its idle clock
@@ -179,7 +210,7 @@ class Parking:
             or kid in self._moving
             or self._kept.get(kid, -1) == usage.pid
             or (execution == "starting" and idle_for < STARTING_S)
-            or not self.kernels.services.starts.can_stand_by(kid)  # no pipe to ask through
+            or not self.services.starts.can_stand_by(kid)  # no pipe to ask through
         ):
             return False
         wait = self.rules.after_s - (time.time() - lease.created)
@@ -203,7 +234,7 @@ class Parking:
         candidates, self._candidates = self._candidates, []
         soonest, self._soonest = self._soonest, math.inf
         now = time.monotonic()
-        done = self.kernels.line.turns_done  # a turn begun after the move is done: its room was granted, or is free
+        done = self.line.turns_done  # a turn begun after the move is done: its room was granted, or is free
         self._settling = [(until, mib, turn) for until, mib, turn in self._settling if until > now and done <= turn]
         coming = sum(self._parking.values()) + sum(self._standing.values()) + sum(m for _, m, _ in self._settling)
         if need_mib <= coming:
@@ -232,7 +263,7 @@ class Parking:
             if wake.when() <= at:
                 return
             wake.cancel()
-        self._wake = loop.call_at(at, self.kernels.services.readings.wanted.set)
+        self._wake = loop.call_at(at, self.services.readings.wanted.set)
 
     async def park(self, kernel_id: str) -> None:
         """Park a kernel now (an admin or its user asked): it must hold a reservation. PolicyError says why not."""
@@ -257,7 +288,7 @@ class Parking:
         reserved = rec.lease.reserved_mib if rec.lease is not None else 0
         self._standing[kid] = reserved
         try:
-            said = await self.kernels.services.starts.stand_by(kid)
+            said = await self.services.starts.stand_by(kid)
         finally:
             del self._standing[kid]
         if said != "standby":
@@ -272,11 +303,11 @@ class Parking:
         lease = rec.lease
         move(rec, "standby", lease=None, card=None, position=None)
         try:  # (it stands by whatever fails here: its environment has no GPU now)
-            await self.kernels.holding.close_cards(kernel_id)
+            await self.holding.close_cards(kernel_id)
         except OSError as e:  # its group is gone meanwhile; or the host's: what it takes is outside use, acted on
             self.kernels.log.warning("jupyter-gpushare: kernel %s stood by; its card stays open: %s", kernel_id, e)
         try:
-            await self.kernels.ledger.on(lambda ledger: ledger.release(kernel_id))
+            await self.ledger.on(lambda ledger: ledger.release(kernel_id))
         except Exception as e:  # noqa: BLE001 (a full disk, the broker down: reconcile gives its room back later)
             self.kernels.event(
                 "release-pending", kernel_id, f"Its reservation will be given back once the ledger works: {e}"
@@ -294,8 +325,8 @@ class Parking:
     def _room_freed(self, mib: int) -> None:
         """A move gave ``mib`` back to the line just now: the line is served at once, and the room counts as coming
         until a turn of it begun after now is done."""
-        self.kernels.line.room_freed()
-        self._settling.append((time.monotonic() + SETTLE_S, mib, self.kernels.line.turns))
+        self.line.room_freed()
+        self._settling.append((time.monotonic() + SETTLE_S, mib, self.line.turns))
 
     async def _park(
         self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None, asked: bool = False
@@ -316,12 +347,12 @@ class Parking:
             self._not_until[kid] = time.monotonic() + NOT_NOW_S
             self.kernels.log.info("jupyter-gpushare: kernel %s is not parked: %s", kid, why_not)
             return False
-        trimmed = await self.kernels.services.starts.trim(kid) if pids else None
+        trimmed = await self.services.starts.trim(kid) if pids else None
         if trimmed:  # its frameworks gave their caches back: move only what is in use
             pids, used_mib = await self._in_use(kid, time.time(), pids, used_mib)
         budget = self.rules.host_budget_mib
         try:  # the host's one budget, in the ledger (the broker's, where there is one), before any state moves
-            await self.kernels.ledger.run(self.kernels.ledger.must, lambda ledger: ledger.park(kid, used_mib, budget))
+            await self.ledger.run(self.ledger.must, lambda ledger: ledger.park(kid, used_mib, budget))
         except (PolicyError, LedgerError) as e:
             self._not_until[kid] = time.monotonic() + NOT_NOW_S
             self.kernels.log.info("jupyter-gpushare: kernel %s is not parked: %s", kid, e)
@@ -337,7 +368,7 @@ class Parking:
         seconds = round(time.monotonic() - t0, 2)
         self.seconds["park"] = [*self.seconds["park"][-49:], seconds]
         try:  # the reservation goes back as it is (its notebook's history and reports stay: the kernel runs on)
-            await self.kernels.ledger.on(lambda ledger: ledger.release(kid))
+            await self.ledger.on(lambda ledger: ledger.release(kid))
         except Exception as e:  # noqa: BLE001 (a full disk, the broker down: not parked, and said)
             await self._blocking(self.checkpointer.resume, pids) if pids else None
             self._failed[kid] = pid
@@ -348,7 +379,7 @@ class Parking:
                         lease.reserved_mib, time.time(), seconds)  # fmt: skip
         move(rec, "parked", lease=None, card=card, parked=parked)
         self._room_freed(lease.reserved_mib)
-        self.kernels.services.starts.tell(kid, {"parked": {"parked_mib": used_mib}})  # its next demand brings it back
+        self.services.starts.tell(kid, {"parked": {"parked_mib": used_mib}})  # its next demand brings it back
         self.kernels.event(
             "parked", kid,
             f"Parked after {format_mib(used_mib)} of GPU state moved to host memory in {seconds} s; its "
@@ -362,7 +393,7 @@ class Parking:
         demand on it must be one it can say (a cell, a comm message). So not a kernel without its pipe to the server,
         nor one that runs a thread its notebook started or a child process (a demo's web server, a served model: their
         GPU calls come from no cell), nor one that does not answer the question (``_gpushare_wait.parkable``)."""
-        starts = self.kernels.services.starts
+        starts = self.services.starts
         if not starts.hears(kernel_id):
             return "it has no pipe to the server, so it could not say that it is wanted"
         said = await starts.ask(kernel_id, "__import__('_gpushare_wait').parkable()", PARKABLE_ASK_S)
@@ -375,7 +406,7 @@ class Parking:
     async def _in_use(self, kernel_id: str, since: float, pids: list[int], used_mib: int) -> tuple[list[int], int]:
         """The kernel's processes on the card and what they use, from a reading taken after ``since`` (its caches
         given back), asked for now; the last reading's if none comes within TRIMMED_READ_S."""
-        reading = await self.kernels.services.readings.fresh(since, TRIMMED_READ_S)
+        reading = await self.services.readings.fresh(since, TRIMMED_READ_S)
         usage = reading.kernels.get(kernel_id) if reading is not None else None
         if usage is None:
             return pids, used_mib
@@ -386,7 +417,7 @@ class Parking:
         CheckpointError, after resuming them, if it does not."""
         deadline = time.monotonic() + FREED_WITHIN_S
         while True:
-            await self.kernels.services.readings.fresh(time.time(), FREED_READ_S)  # the card's word after the park
+            await self.services.readings.fresh(time.time(), FREED_READ_S)  # the card's word after the park
             held = sum(
                 (p.used_mib or 0) for s in self.kernels.latest_samples() for p in s.processes if p.pid in set(pids)
             )
@@ -422,21 +453,19 @@ class Parking:
         kid, t0 = rec.kernel_id, time.monotonic()
         request = Request(kid, Size(mib=parked.quota_mib), self.kernels.user, rec.kernel_name)
         try:
-            got = await self.kernels.ledger.run(
-                self.kernels.ledger.must, lambda ledger: self.kernels.reserve(ledger, request, True)
-            )
+            got = await self.ledger.run(self.ledger.must, lambda ledger: self.kernels.reserve(ledger, request, True))
             if isinstance(got, Lease):
-                self.kernels.line.leave(kid, "it was admitted")
+                self.line.leave(kid, "it was admitted")
                 lease = got
             else:
-                self.kernels.line.join(rec, request, got)
-                grant = await self.kernels.line.granted(kid)
+                self.line.join(rec, request, got)
+                grant = await self.line.granted(kid)
                 if grant.lease is None:
                     raise QuotaUnavailable(grant.reason or "no reservation")
                 lease = grant.lease
         except (QuotaUnavailable, PolicyError, Exception) as e:  # noqa: BLE001 (it stays parked, and says why)
             move(rec, "parked", position=None)
-            self.kernels.services.starts.tell(kid, {"parked": {"parked_mib": parked.parked_mib}})  # (asks again)
+            self.services.starts.tell(kid, {"parked": {"parked_mib": parked.parked_mib}})  # (asks again)
             self.kernels.event("resume-waited-out", kid, f"Still parked: {e}. Its next cell asks again.")
             return
         waited = round(time.monotonic() - t0, 2)
@@ -453,7 +482,7 @@ class Parking:
         self.given_back_mib_s += parked.reserved_mib * (time.time() - parked.since)
         rec.parked = None
         self._unpark(kid)
-        self.kernels.services.starts.tell(kid, {"back": {}})
+        self.services.starts.tell(kid, {"back": {}})
         self.touch(kid)  # its cell runs next: its idle clock starts again
         self.kernels.settle(rec, Grant("gpu", lease=lease, card=self.kernels.card(lease.card_uuid)))
         await self.kernels.attach(kid, rec.pid)
@@ -476,7 +505,7 @@ class Parking:
 
     def _unpark(self, kernel_id: str) -> None:
         """Its parked state no longer takes host memory (back on the card, or gone): the host's budget is told."""
-        self.kernels.ledger.later(f"unpark({kernel_id})", lambda ledger: ledger.unpark(kernel_id))
+        self.ledger.later(f"unpark({kernel_id})", lambda ledger: ledger.unpark(kernel_id))
 
     def _start(self, kernel_id: str, move: Awaitable[None]) -> asyncio.Future:
         task = asyncio.ensure_future(move)
