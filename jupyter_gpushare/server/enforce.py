@@ -26,12 +26,13 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from ..core.overuse import CardRoom, Excess, OverUseJudge, Verdict, card_room, over_use
 from ..core.policy import EnforcePolicy, format_mib
 from .life import Judged as Judgment
-from .records import ChangeKind
+from .parking import Parking
+from .records import ChangeKind, KernelRecord
 from .sampler import KernelUsage, UsageSnapshot
 from .snapshot import ServerSnapshot
 
@@ -56,12 +57,22 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
+class Registry(Protocol):
+    """What the enforcer needs of the kernels' registry (QuotaManager): the records, parking (a parked kernel that is
+    busy comes back), and the student's events."""
+
+    records: dict[str, KernelRecord]
+    parking: Parking
+
+    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None: ...
+
+
 class Enforcer:
     """Applies the policies; ``states`` (kernel id -> near_quota | over_quota | idle) is read by the API."""
 
     def __init__(
         self,
-        manager: Any,
+        manager: Registry,
         kernel_manager: Any,
         policy: EnforcePolicy,
         log: logging.Logger | None = None,

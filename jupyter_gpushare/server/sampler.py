@@ -22,11 +22,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from ..config.settings import MIN_INTERVAL_S
 from ..core.overuse import FAST_INTERVAL_S
-from ..host.gpu import DeviceSample, GpuUnavailable
+from ..host.gpu import Card, DeviceSample, GpuBackend, GpuUnavailable
 from ..host.procs import ProcessTrees
 
 HISTORY_EVERY_S, HISTORY_POINTS = 5.0, 72  # a kernel's use over the last 6 minutes, for the sidebar's timeline
@@ -185,6 +185,16 @@ class Readings:
         return self.usage.kernels.get(kernel_id)
 
 
+class Sampled(Protocol):
+    """What the sampler reads of the kernels' registry (QuotaManager), from its own thread: the driver, the cards,
+    and each kernel's root process and card."""
+
+    cards: list[Card]
+    backend: GpuBackend
+
+    def usage_targets(self) -> list[tuple[str, int | None, str | None]]: ...
+
+
 class Sampler:
     """One background thread per server that keeps ``snapshot`` fresh, published into ``readings``.
 
@@ -194,7 +204,7 @@ class Sampler:
 
     def __init__(
         self,
-        manager: Any,
+        manager: Sampled,
         interval_s: float = 1.0,
         loop: asyncio.AbstractEventLoop | None = None,
         on_sample: Callable[[UsageSnapshot], None] | None = None,
