@@ -14,27 +14,54 @@ Reading a kernel's report is also where an out-of-memory error it reports is not
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
+from ..core.policy import Policy
+from ..host.gpu import Card, DeviceSample, GpuBackend
 from ..host.reports import read_reports, report_dir
 from ..ledger.file import LedgerError
 from ..ledger.ledger import Lease, Waiter
 from ..ledger.reservations import Reservations
 from ..ledger.view import host_view
-from .records import Change
+from .holding import Holding
+from .learning import Learning
+from .ledger_worker import LedgerWorker
+from .parking import Parking
+from .records import Change, KernelRecord, Version
 from .sampler import UsageSnapshot
 from .views import card_view, config_view, kernel_view, server_view
 
 REPORTS_EVERY_S = 1.0  # the kernels' reports are read again at most this often while the same kernels run
 SETTLE_S = 0.05  # a change is built into a snapshot this soon (changes within it go into one)
 EMPTY: Mapping = MappingProxyType({})
+
+
+class Registry(Protocol):
+    """What a snapshot reads of the kernels' registry (QuotaManager): everything a view shows, read, never written
+    (but for an out-of-memory error a kernel's report tells, which ``learning`` notes)."""
+
+    user: str
+    policy: Policy
+    cards: list[Card]
+    records: dict[str, KernelRecord]
+    version: Version
+    events: collections.deque[dict]
+    backend: GpuBackend
+    ledger: LedgerWorker
+    holding: Holding
+    learning: Learning
+    parking: Parking
+
+    def blocking(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]: ...
+    def latest_samples(self) -> Sequence[DeviceSample]: ...
 
 
 @dataclass(frozen=True)
@@ -49,7 +76,7 @@ class LedgerReading:
     host_error: str | None = None
 
 
-async def read_ledger(manager: Any) -> LedgerReading:
+async def read_ledger(manager: Registry) -> LedgerReading:
     """``manager``'s ledger as it is now (QuotaManager); an empty reading while no ledger is open. LedgerError (the
     broker is down) is the caller's."""
 
@@ -65,7 +92,7 @@ async def read_ledger(manager: Any) -> LedgerReading:
     return await manager.ledger.on(read) or LedgerReading()
 
 
-async def read_kernel_reports(manager: Any, kernel_ids: Sequence[str]) -> dict[str, Any]:
+async def read_kernel_reports(manager: Registry, kernel_ids: Sequence[str]) -> dict[str, Any]:
     """The kernels' own word on their frameworks' caps (off the ledger's thread), noticing an out-of-memory error
     a kernel reports (Learning.at_oom)."""
 
@@ -82,7 +109,7 @@ async def read_kernel_reports(manager: Any, kernel_ids: Sequence[str]) -> dict[s
 
 
 def reservations(
-    manager: Any, reading: LedgerReading, reports: Mapping[str, Any], records: Sequence[Mapping[str, Any]]
+    manager: Registry, reading: LedgerReading, reports: Mapping[str, Any], records: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
     """The server's reservations in the API's shape (views.server_view): cards with what is reserved on them, its
     kernels (``records``, as KernelRecord.to_dict() took them) with their frameworks, the host's line, the ledger
@@ -103,7 +130,7 @@ def reservations(
     }
 
 
-async def take_snapshot(manager: Any) -> dict[str, Any]:
+async def take_snapshot(manager: Registry) -> dict[str, Any]:
     """Cards with their reservations, ``manager``'s kernels and the host-wide queue, read now (QuotaManager.snapshot,
     for programs and tests; a server's handlers read ``Snapshots``)."""
     reading, reports = await asyncio.gather(read_ledger(manager), read_kernel_reports(manager, list(manager.records)))
@@ -160,7 +187,9 @@ class Snapshots:
     """The owner of the server's snapshot (``current``): it alone builds one, at each sampler tick (``tick``) and
     soon after each change of the kernels' registry (``changed``), one build at a time."""
 
-    def __init__(self, manager: Any, judged: Callable[[], Mapping[str, str]] = dict, log: logging.Logger | None = None):
+    def __init__(
+        self, manager: Registry, judged: Callable[[], Mapping[str, str]] = dict, log: logging.Logger | None = None
+    ):
         """``manager``: the kernels' registry (QuotaManager); ``judged``: the enforcer's judgments now."""
         self.manager, self._judged = manager, judged
         self.log = log or logging.getLogger("jupyter_gpushare")
