@@ -296,7 +296,7 @@ class Enforcer:
         others = any(not q.get("mine") for q in last.reservations.get("queue", ()))
         return max(needs - free, 1 if others else 0)
 
-    def _idle_for(self, kid: str, usage: Any, w: _Watch, now: float) -> tuple[float, str | None]:
+    def _idle_for(self, kid: str, usage: KernelUsage, w: _Watch, now: float) -> tuple[float, str | None]:
         """How long the kernel has run nothing and used no GPU, and its execution state."""
         kernel = self._kernel(kid)
         execution = getattr(kernel, "execution_state", None)
@@ -310,7 +310,14 @@ class Enforcer:
         return now - max(last_ts, w.gpu_active_at, w.started), execution
 
     def _idle(
-        self, kid: str, rec: Any, usage: Any, w: _Watch, now: float, idle_for: float, execution: str | None
+        self,
+        kid: str,
+        rec: Any,
+        usage: KernelUsage,
+        w: _Watch,
+        now: float,
+        idle_for: float,
+        execution: str | None,
     ) -> Judgment | None:
         if not self.policy.idle_timeout_s:
             return None

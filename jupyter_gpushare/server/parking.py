@@ -163,7 +163,12 @@ class Parking:
     # -- park ------------------------------------------------------------------------------------------
 
     def consider(
-        self, rec: KernelRecord, usage: Any, idle_for: float, frameworks: Sequence[str], execution: str | None = None
+        self,
+        rec: KernelRecord,
+        usage: KernelUsage,
+        idle_for: float,
+        frameworks: Sequence[str],
+        execution: str | None = None,
     ) -> None:
         """One kernel of this reading that may be parked (the enforcer calls it for each, then ``decide``);
         ``execution``: its state as Jupyter last heard it."""
@@ -196,7 +201,7 @@ class Parking:
         self._candidates.append((idle_for, rec, pids, used, usage.pid))
 
     def _may_stand_by(
-        self, rec: KernelRecord, usage: Any, frameworks: Sequence[str], idle_for: float, execution: str | None
+        self, rec: KernelRecord, usage: KernelUsage, frameworks: Sequence[str], idle_for: float, execution: str | None
     ) -> bool:
         """Whether the kernel is one of this reading's to ask to stand by (the module's docstring): it holds a
         reservation, has held it ``after_s`` without anything on the card, and reports no GPU framework."""
