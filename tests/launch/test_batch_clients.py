@@ -58,8 +58,10 @@ def run(env: dict, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def shown(path: Path) -> str:
-    """What the notebook's one cell printed."""
-    return nbformat.read(path, 4).cells[0].outputs[0]["text"].strip()
+    """What the notebook's one cell printed (in one output or several: the kernel sends its stdout in pieces when a
+    print comes later than its flush interval)."""
+    outputs = nbformat.read(path, 4).cells[0].outputs
+    return "".join(o["text"] for o in outputs if o["output_type"] == "stream").strip()
 
 
 def write_config(directory: Path, **settings) -> None:

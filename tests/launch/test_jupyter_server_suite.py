@@ -15,29 +15,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "bench"))
 from jupyter_server_suite import confirmed, differences, prepare, run  # noqa: E402
 
 WARM = {"warm_kernels": 1}
-MAX_TO_CONFIRM = 12  # differences confirmed one by one (each ~40 s); a run with more says both runs' ends at once
+MAX_TO_CONFIRM = 12  # differences confirmed one by one (each ~40 s); more at once: both runs again, once
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_jupyter_servers_kernel_and_session_tests_give_the_same_results_with_our_provisioner(tmp_path):
     python, src = prepare(tmp_path)
+
     # the two ways at once (each in its own directories, on ports of its own): the suite waits on its kernels and
     # servers more than it computes, and run one after the other it was CI's longest test (466 s on 2 cores)
     # ours with a warm kernel (server/warm.py): each server's first kernel, and those after a refill, are handed over
-    with ThreadPoolExecutor(2) as pool:
-        without, ours = pool.map(
-            lambda on: run(python, src, tmp_path, gpushare=on, extra=WARM if on else None), (False, True)
-        )
+    def both_ways() -> tuple[dict, dict]:
+        with ThreadPoolExecutor(2) as pool:
+            without, ours = pool.map(
+                lambda on: run(python, src, tmp_path, gpushare=on, extra=WARM if on else None), (False, True)
+            )
+        return without, ours
+
+    without, ours = both_ways()
     assert without["counts"].get("passed", 0) > 50, without["tail"]
     assert ours["ledger_used"], "the suite's kernels did not go through our provisioner"
     # a difference counts when it repeats: the test run again on its own, twice each way (some of the suite's
     # tests are timing-sensitive on a loaded machine, with or without us)
     diff = differences(without, ours)
-    # many at once is no timing: one way broke (each confirmed alone would take past the test's timeout, unsaid)
-    assert len(diff) <= MAX_TO_CONFIRM, (
-        f"{len(diff)} differ: {list(diff.items())[:20]}\n{without['tail']}\n{ours['tail']}"
-    )
+    if len(diff) > MAX_TO_CONFIRM:  # many at once: one whole run went wrong (seen once in CI); both again, once
+        print(f"{len(diff)} differ in the first runs: {list(diff)[:20]}\n{without['tail']}\n{ours['tail']}")
+        again = differences(*both_ways())
+        diff = {name: outcomes for name, outcomes in again.items() if name in diff}
+    # (confirming more one by one would take past the test's timeout, with nothing said)
+    assert len(diff) <= MAX_TO_CONFIRM, f"{len(diff)} differ again: {list(diff.items())[:20]}\n{ours['tail']}"
     assert confirmed(python, src, tmp_path, diff, tries=2, extra=WARM) == {}, ours["tail"]
     # the kernelspecs that cannot start ran (in the one-process run some fail with and without us alike: the
     # confirmation above reruns each alone, where they must give what they give without us)
