@@ -50,7 +50,7 @@ from .ports import HeldPorts, close
 from .warm_start import WarmStarts
 
 WAITING = "Waiting for a GPU"  # how the server's kernel model's reason begins while a kernel is in line
-JOIN_ASK_S = 3.0  # how long a kernel has to agree to join the line again in place (a cell that runs delays it)
+JOIN_ASK_S = 8.0  # how long an idle kernel has to agree to join the line again in place (3 s: late on a loaded host)
 STAND_BY_ASK_S = 3.0  # how long a kernel has to answer when asked to stand by (its pipe's thread answers)
 
 
@@ -322,6 +322,8 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         rec = manager.records.get(self.kernel_id)
         if held is None or not held.open or rec is None or rec.state != "cpu" or not rec.wait_ended:
             return "cannot"
+        if getattr(self.parent, "execution_state", None) == "busy":  # (jupyter_server's word: a cell runs)
+            return "busy"
         said = await manager.services.starts.ask(
             self.kernel_id, "__import__('_gpushare_wait').can_rejoin()", JOIN_ASK_S
         )

@@ -343,9 +343,10 @@ class Line:
                 )
             wait.ledger_down = True
             rec.reason = f"Still in line: no GPU reservation can be made now ({got}); asked again every few seconds."
-        elif isinstance(got, PolicyError) and got.code == "taken-out":
+        elif isinstance(got, PolicyError) and got.code == "taken-out" and self.starts.holds:
             # A teacher took it out of line, and the ledger said so before this server took the notice (teacher.py):
-            # its wait ends as the notice ends it, and the kernel runs on without a GPU
+            # its wait ends as the notice ends it, and the kernel runs on without a GPU (a program's start, which
+            # does not run while it waits, is refused as taken out, below)
             by, why = got.params.get("by"), got.params.get("why")
             self.queue.end(wait.kernel_id, "cancelled", f"{by} took it out of the line" + (f": {why}" if why else ""))
             self.end_wait(wait)

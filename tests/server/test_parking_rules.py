@@ -18,7 +18,8 @@ def _parking() -> Parking:
         return fn(*args)
 
     rules = ParkRules(after_s=5.0, frameworks=("torch",))
-    return Parking(SimpleNamespace(records={}), Unavailable("not in this test"), rules, blocking)
+    parts = (None, None, None, None)  # (no move is made here: no ledger, line, holding or services is used)
+    return Parking(SimpleNamespace(records={}), parts, Unavailable("not in this test"), rules, blocking)
 
 
 def _kernel(kid: str = "k1"):
@@ -55,9 +56,12 @@ def _waiting_line_parking(after_s: float) -> Parking:
         return fn(*args)
 
     line = SimpleNamespace(turns=0, turns_done=0, room_freed=lambda: None)
-    kernels = SimpleNamespace(records={}, services=SimpleNamespace(readings=Readings()), line=line)
+    services = SimpleNamespace(readings=Readings())
     checkpointer = SimpleNamespace(unavailable=lambda: None)
-    return Parking(kernels, checkpointer, ParkRules(after_s=after_s, frameworks=("torch",)), blocking)
+    parts = (None, line, None, services)
+    return Parking(
+        SimpleNamespace(records={}), parts, checkpointer, ParkRules(after_s=after_s, frameworks=("torch",)), blocking
+    )
 
 
 async def test_a_kernel_not_yet_idle_long_enough_is_judged_again_when_it_will_be_not_at_the_next_interval():
@@ -66,7 +70,7 @@ async def test_a_kernel_not_yet_idle_long_enough_is_judged_again_when_it_will_be
     second more into every wave change of a class (bench/README.md). A busy kernel, or nobody in line, asks for
     nothing."""
     parking = _waiting_line_parking(after_s=1.0)
-    wanted = parking.kernels.services.readings.wanted
+    wanted = parking.services.readings.wanted
     rec, usage = _kernel()
     parking.consider(rec, usage, 60.0, ["torch"], execution="busy")
     parking.decide(4096)
@@ -89,7 +93,7 @@ async def test_a_move_just_done_counts_as_room_coming_only_until_the_line_has_ha
     room coming (else a second kernel would be parked for the same waiter). Then no longer: a fixed second of it
     had a waiter whose room was already granted hold up the next park by up to two seconds (bench/README.md)."""
     parking = _waiting_line_parking(after_s=1.0)
-    line = parking.kernels.line
+    line = parking.line
     started: list[str] = []
 
     async def park(rec, pids, used, pid):

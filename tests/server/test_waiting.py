@@ -23,6 +23,7 @@ from tornado.httpclient import HTTPClientError
 
 from jupyter_gpushare.core.words import event_words
 from jupyter_gpushare.launch.kernel_env import BOOTSTRAP_DIR
+from jupyter_gpushare.launch.provisioner import JOIN_ASK_S
 from jupyter_gpushare.ledger.ledger import Ledger
 
 # "At once": far below what each bug these tests guard would take (held until a grant that never comes here, or
@@ -318,10 +319,15 @@ async def test_join_again_in_place_keeps_the_process_and_its_variables(
     _, ran = await gpushare.open_notebook("ran-torch.ipynb")
     await jp_fetch("api", "gpushare", "kernels", ran, method="DELETE")
     await gpushare.wait_for(lambda: _state(gpushare, ran, "cpu"), what="its wait ended")
-    # A kernel busy with a cell cannot say in time: 409, and its late answer changes nothing (torch runs on the CPU)
+    # A kernel busy with a cell cannot say: 409 (jupyter_server sees it busy; else its answer comes after the cell,
+    # past JOIN_ASK_S), and its late answer changes nothing (torch runs on the CPU)
     started = tmp_path / "started"  # the cell runs from here on (its client's start can take seconds on a loaded host)
     busy = asyncio.ensure_future(
-        run_in_kernel(jp_serverapp, ran, f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(5)")
+        run_in_kernel(
+            jp_serverapp,
+            ran,
+            f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep({JOIN_ASK_S + 4})",
+        )
     )
     await gpushare.wait_for(lambda: _true(started.exists()), what="the cell running")
     with pytest.raises(HTTPClientError) as e:
