@@ -277,10 +277,8 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         manager = self._manager()
         granted = asyncio.ensure_future(manager.line.granted(self.kernel_id))
         try:
-            while not granted.done():  # the kernel model's reason follows its place in line
-                self._describe_wait()
-                await asyncio.wait([granted], timeout=1.0)
-            self._grant = granted.result()
+            self.describe_wait()  # (and again at each answer of the ledger: the line tells, JupyterStarts.on_wait)
+            self._grant = await granted
         except asyncio.CancelledError:  # shut down, restarted, or taken out of line for another quota
             granted.cancel()
             return
@@ -307,7 +305,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
             held.end()
             return
         finally:
-            self._describe_wait(done=True)
+            self.describe_wait(done=True)
         if held is self._held and not held.open:
             self._held = None
         await manager.attach(self.kernel_id, self.pid)
@@ -363,7 +361,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
             self._admitting = None
             await self._hand_over_grant(held)
 
-    def _describe_wait(self, done: bool = False) -> None:
+    def describe_wait(self, done: bool = False) -> None:
         """What the server's kernel model says of a kernel in line (its ``reason``), for every Jupyter client, and
         what the kernel itself hears (its cell that waits for the GPU says it)."""
         km, rec = self.parent, self._manager().records.get(self.kernel_id)

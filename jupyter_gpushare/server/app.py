@@ -126,10 +126,12 @@ class ServerStarts:
             self.log.exception("jupyter-gpushare: kernel %s, whose wait ended, could not be shut down", kernel_id)
 
     def on_wait(self, rec: KernelRecord, got: Waiting) -> None:
-        """The server's kernel model and the sidebar say where a kernel stands; a parked kernel on its way back
-        hears its place too (its cells say it)."""
+        """The server's kernel model and the kernel's waiting cell say where a kernel in line stands (its provisioner
+        describes it), and a parked kernel on its way back hears its place too (its cells say it)."""
         if rec.parked is not None:
             self.tell(rec.kernel_id, {"parked": {"position": got.position}})
+        elif (describe := getattr(self._provisioner(rec.kernel_id), "describe_wait", None)) is not None:
+            describe()
 
     def tell(self, kernel_id: str, message: dict[str, Any]) -> bool:
         if not self.hears(kernel_id):
