@@ -122,7 +122,10 @@ async def test_a_warm_kernel_handed_to_a_notebook_in_line_waits_at_idle_priority
     await gpushare.close_notebook(sessions[0])
     await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the grant")
     await gpushare.wait_for(lambda: asyncio.sleep(0, priority.policy_of(pid) == "normal"), what="normal priority")
-    assert await run_cell(kernel_ws, kid, "import os; os.environ['GPUSHARE_MODE']") == "'gpu'"
+    # (its priority is lifted before its grant is written to it, and the server reads running before either:
+    # the kernel's own word, once it has read its grant)
+    mode = "import os; os.environ['GPUSHARE_MODE']"
+    await gpushare.wait_for(lambda: _says(run_cell(kernel_ws, kid, mode), "'gpu'"), what="the kernel's grant")
 
 
 async def test_a_changed_kernelspec_gets_a_fresh_kernel(gpushare, jp_serverapp, jp_data_dir, kernel_ws):
@@ -221,3 +224,7 @@ async def run_in_kernel_km(km, code: str) -> str:
     finally:
         client.stop_channels()
     return "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream")
+
+
+async def _says(answer, expected: str) -> bool:
+    return await answer == expected
