@@ -118,8 +118,9 @@ class Judging(Operations):
 
     def _groups_found(self) -> None:
         """The kernels' groups this broker made before it (re)started, as its ledger lists them, each its kernel's
-        user's: each that holds no process, and whose kernel neither holds a lease nor waits, is removed. Nothing else on the tree is this broker's to judge (a root
-        server's own groups, or another broker's, may sit beside them)."""
+        user's: each that holds no process, and whose kernel neither holds a lease nor waits, is removed. Nothing
+        else on the tree is this broker's to judge (a root server's own groups, or another broker's, may sit beside
+        them)."""
         assert self._ledger is not None
         if self._groups_offered() is None:
             return

@@ -277,7 +277,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         manager = self._manager()
         granted = asyncio.ensure_future(manager.line.granted(self.kernel_id))
         try:
-            self.describe_wait()  # (and again at each answer of the ledger: the line tells, JupyterStarts.on_wait)
+            self.describe_wait()  # (and again at each answer of the ledger: the line tells, ServerStarts.on_wait)
             self._grant = await granted
         except asyncio.CancelledError:  # shut down, restarted, or taken out of line for another quota
             granted.cancel()
