@@ -142,7 +142,8 @@ class Registry(Protocol):
                code: str | None = ..., **figures: Any) -> QuotaUnavailable: ...  # fmt: skip
     def keeps(self, rec: KernelRecord | None) -> bool: ...
     def card(self, uuid: str) -> Card | None: ...
-    def reserve(self, ledger: Reservations, request: Request, wait: bool) -> Lease | Waiting: ...
+    def reserve(self, ledger: Reservations, request: Request, wait: bool, home: str | None) -> Lease | Waiting: ...
+    def card_home(self, kernel_id: str) -> str | None: ...
 
 
 class Line:
@@ -281,7 +282,8 @@ class Line:
             self.end_wait(wait)
         if ask:
             try:
-                answers = await self.ledger.run(self._reserve_each, [w.request for w in ask])
+                homes = [self.kernels.card_home(w.kernel_id) for w in ask]  # (read here, on the IOLoop)
+                answers = await self.ledger.run(self._reserve_each, [w.request for w in ask], homes)
             except Exception as e:  # noqa: BLE001 (a bug must not leave every kernel waiting forever)
                 self.log.exception("jupyter-gpushare: serving the queue failed")
                 answers = [e] * len(ask)
@@ -305,16 +307,17 @@ class Line:
             self._cancel_wait(wait.kernel_id)
         return False
 
-    def _reserve_each(self, requests: list[Request]) -> list[Lease | Waiting | Exception]:
-        """On the ledger thread: one reserve per kernel in line, each answer or error on its own."""
+    def _reserve_each(self, requests: list[Request], homes: list[str | None]) -> list[Lease | Waiting | Exception]:
+        """On the ledger thread: one reserve per kernel in line (each on its ``home`` card, or any), each answer or
+        error on its own."""
 
-        def reserve(request: Request) -> Lease | Waiting:
-            return self.ledger.must(lambda ledger: self.kernels.reserve(ledger, request, True))
+        def reserve(request: Request, home: str | None) -> Lease | Waiting:
+            return self.ledger.must(lambda ledger: self.kernels.reserve(ledger, request, True, home))
 
         answers: list[Lease | Waiting | Exception] = []
-        for request in requests:
+        for request, home in zip(requests, homes):
             try:
-                answers.append(reserve(request))
+                answers.append(reserve(request, home))
             except (LedgerError, PolicyError) as e:
                 answers.append(e)
         return answers

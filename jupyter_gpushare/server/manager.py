@@ -259,7 +259,8 @@ class QuotaManager:
         got: Lease | Waiting | LedgerError | PolicyError
         try:
             queue = self.policy.on_full == "queue"
-            got = await self.ledger.run(self.ledger.must, lambda ledger: self.reserve(ledger, request, queue))
+            home = self.card_home(kernel_id)
+            got = await self.ledger.run(self.ledger.must, lambda ledger: self.reserve(ledger, request, queue, home))
         except (LedgerError, PolicyError) as e:  # the broker down, a full disk; a per-user limit the broker enforces
             got = e
         outcome = admission.answer(got, quota, ask, cards, self.policy)
@@ -296,11 +297,16 @@ class QuotaManager:
             card = self.card(rec.lease.card_uuid) if rec.lease else None
             await self.learning.at_stop(rec, self.kernel_usage(kernel_id), card)
 
-    def reserve(self, ledger: Reservations, request: Request, wait: bool) -> Lease | Waiting:
-        """On the ledger thread. Memory that processes without a reservation use is taken too: measured
-        here against the ledger's leases, or by the broker itself, which sees every user's."""
+    def card_home(self, kernel_id: str) -> str | None:
+        """On the IOLoop: the card a kernel's reservation must be on (a parked kernel's, where its GPU state
+        belongs), or None."""
+        return self.parking.card_of(kernel_id)
+
+    def reserve(self, ledger: Reservations, request: Request, wait: bool, home: str | None) -> Lease | Waiting:
+        """On the ledger thread, from what the caller read on the IOLoop: ``home``, the card a parked kernel's GPU
+        state comes back on (``parking.card_of``; None: any card). Memory that processes without a reservation use
+        is taken too: measured here against the ledger's leases, or by the broker itself, which sees every user's."""
         outside = ledger.outside(self.latest_samples())
-        home = self.parking.card_of(request.kernel_id)  # a parked kernel's GPU state comes back on its own card
         cards = [c for c in self.cards if c.uuid == home] if home else self.cards
         return ledger.reserve(request, self.policy, cards, wait, outside=outside)
 
