@@ -132,10 +132,8 @@ class WarmStarts(HeldPorts):
             fresh.started.set_result(True)  # (a websocket that waits on it: the kernel runs)
         if keep:
             self.listen(held)
-        if grant.mode != "queued" and self.pid:  # (off the loop: it walks the kernel's threads in /proc)
-            await manager.blocking(
-                priority.restore, self.pid
-            )  # (it waited warm at idle priority; in line, it does until its grant)
+        if grant.mode != "queued" and self.pid:  # it waited warm at idle priority (in line, it does until its grant)
+            await manager.blocking(priority.restore, self.pid)  # (off the loop: it walks the kernel's threads in /proc)
         return self.connection_info
 
 

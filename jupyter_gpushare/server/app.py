@@ -105,10 +105,7 @@ class ServerStarts:
             return 0
 
     def may_grant(self, kernel_id: str) -> bool:
-        return kernel_id in self.kernels and (self.watchers(kernel_id) > 0 or self._has_session(kernel_id))
-
-    def _has_session(self, kernel_id: str) -> bool:
-        return has_session(self.sessions, kernel_id)
+        return kernel_id in self.kernels and (self.watchers(kernel_id) > 0 or has_session(self.sessions, kernel_id))
 
     def end_kernel(self, kernel_id: str) -> None:
         asyncio.ensure_future(self._end(kernel_id))

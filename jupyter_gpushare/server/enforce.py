@@ -32,7 +32,7 @@ from ..core.overuse import CardRoom, Excess, OverUseJudge, Verdict, card_room, o
 from ..core.policy import EnforcePolicy, format_mib
 from .life import Judged as Judgment
 from .parking import Parking
-from .records import ChangeKind, KernelRecord
+from .records import ChangeKind, KernelRecord, Tells
 from .sampler import KernelUsage, UsageSnapshot
 from .snapshot import ServerSnapshot
 
@@ -57,14 +57,12 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-class Registry(Protocol):
+class Registry(Tells, Protocol):
     """What the enforcer needs of the kernels' registry (QuotaManager): the records, parking (a parked kernel that is
     busy comes back), and the student's events."""
 
     records: dict[str, KernelRecord]
     parking: Parking
-
-    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None: ...
 
 
 class Enforcer:

@@ -27,7 +27,7 @@ from ..ledger.queue import Request
 from ..ledger.reservations import Reservations
 from .ledger_worker import LedgerWorker
 from .life import move
-from .records import Grant, KernelRecord, QuotaUnavailable, full_message, rule_figures
+from .records import Grant, KernelRecord, QuotaUnavailable, Tells, full_message, rule_figures
 from .room_watch import RoomWatch
 from .services import KernelStarts
 
@@ -130,13 +130,12 @@ class ServerQueue:
         return ask, ending
 
 
-class Registry(Protocol):
+class Registry(Tells, Protocol):
     """What the line needs of the kernels' registry (QuotaManager): their records, and what becomes of each."""
 
     policy: Policy
     records: dict[str, KernelRecord]
 
-    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None: ...
     def settle(self, rec: KernelRecord, grant: Grant, why: str = ..., **figures: Any) -> Grant: ...
     def refuse(self, kernel_id: str, message: str, status: int = ..., keep: bool = ..., kind: str = ...,
                code: str | None = ..., **figures: Any) -> QuotaUnavailable: ...  # fmt: skip

@@ -42,12 +42,12 @@ from .holding import Holding
 from .ledger_worker import LedgerWorker
 from .life import move
 from .line import Line
-from .records import Grant, KernelRecord, Parked, QuotaUnavailable
+from .records import Grant, KernelRecord, Parked, QuotaUnavailable, Tells
 from .sampler import KernelUsage
 from .services import Services
 
 
-class Registry(Protocol):
+class Registry(Tells, Protocol):
     """What parking needs of the kernels' registry (QuotaManager): the records and what becomes of each, the last
     readings, and the student's events."""
 
@@ -55,7 +55,6 @@ class Registry(Protocol):
     records: dict[str, KernelRecord]
     log: logging.Logger
 
-    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None: ...
     def settle(self, rec: KernelRecord, grant: Grant, why: str = ..., **figures: Any) -> Grant: ...
     def reserve(self, ledger: Reservations, request: Request, wait: bool, home: str | None) -> Lease | Waiting: ...
     def card(self, uuid: str) -> Card | None: ...

@@ -12,17 +12,17 @@ quota through the line at its restart, as any start does (QuotaManager.admit). A
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from ..core.policy import CardView, Policy, PolicyError, Size, format_mib, parse_size
 from ..host.gpu import Card, DeviceSample
 from ..ledger.ledger import Lease, LedgerError
 from ..ledger.reservations import Reservations
 from .ledger_worker import LedgerWorker
-from .records import KernelRecord
+from .records import KernelRecord, Tells
 
 
-class Registry(Protocol):
+class Registry(Tells, Protocol):
     """What a quota change needs of the kernels' registry (QuotaManager): the records, the admin's rules, the cards,
     the ledger, the last reading of the driver, and the student's events."""
 
@@ -35,7 +35,6 @@ class Registry(Protocol):
     def card(self, uuid: str) -> Card | None: ...
     def card_views(self) -> list[CardView]: ...
     def latest_samples(self) -> Sequence[DeviceSample]: ...
-    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None: ...
 
 
 class QuotaChanges:

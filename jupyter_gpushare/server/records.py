@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal, Protocol
 
 from tornado import web
 
@@ -238,3 +238,10 @@ class KernelRecord:
 def rule_figures(error: PolicyError) -> dict[str, Any]:
     """The code and figures of the rule that refused a kernel (QuotaManager.refuse), where the rule has a code."""
     return {"code": f"refused-{error.code}", **error.params} if error.code else {}
+
+
+class Tells(Protocol):
+    """What each part of a server needs to say of a kernel: the registry's event (QuotaManager.event), which the
+    student's sidebar and the log hear. Each part's own ``Registry`` protocol adds what else it reads."""
+
+    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None: ...

@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..core.policy import PolicyError
 from ..ledger.notices import Notice
 from ..ledger.reservations import Reservations
 from .ledger_worker import LedgerWorker
-from .records import KernelRecord
+from .records import KernelRecord, Tells
 
 if TYPE_CHECKING:
     from .line import Line
@@ -42,15 +42,13 @@ class NotAdmin(PermissionError):
     """Only an admin of the host acts on its kernels."""
 
 
-class Registry(Protocol):
+class Registry(Tells, Protocol):
     """What the teacher needs of the kernels' registry (QuotaManager): whose server this is, the kernels' records,
     and the student's events."""
 
     user: str
     records: dict[str, KernelRecord]
     log: logging.Logger
-
-    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None: ...
 
 
 class Teacher:
