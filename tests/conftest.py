@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from jupyter_client.provisioning import KernelProvisionerFactory
+from jupyter_server.serverapp import ServerApp
 
 from jupyter_gpushare.server.manager import process_manager, use_in_process
 
@@ -71,6 +72,28 @@ def jp_server_config(gpushare_config, ledger_file):
         "ServerApp": {"jpserver_extensions": {"jupyter_gpushare": True}, "allow_unauthenticated_access": False},
         "GpuShareApp": {"ledger_path": ledger_file, **gpushare_config},
     }
+
+
+@pytest.fixture(autouse=True)
+def jp_server_cleanup(jp_asyncio_loop):
+    """pytest-jupyter's own cleanup (same name: this one is used), with the server's instance cleared whatever the
+    cleanup raised. Theirs lets through an error other than RuntimeError (jupyter_client raises InvalidStateError
+    for a kernel shut down while it restarts) before ``clear_instance``: every later test on that worker then got
+    the old server and its kernels, and one failure became 22. Kernels the failed cleanup left are killed."""
+    yield
+    app = ServerApp.instance()
+    try:
+        jp_asyncio_loop.run_until_complete(app._cleanup())
+    except Exception:
+        for km in list(getattr(getattr(app, "kernel_manager", None), "_kernels", {}).values()):
+            process = getattr(km.provisioner, "process", None)
+            if process is not None and process.poll() is None:
+                process.kill()
+        raise
+    finally:
+        if hasattr(app, "kernel_manager"):
+            app.kernel_manager.context.destroy()
+        ServerApp.clear_instance()
 
 
 @pytest.fixture(autouse=True)

@@ -101,6 +101,9 @@ async def _replies(ws: WebSocketClientConnection, kernel_id: str, msg_id: str) -
             msg = json.loads(raw)
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] in ("execute_result", "execute_reply"):
             replies[msg["msg_type"]] = msg["content"]
+            # A cell that failed sends no result: say its error now, not a timeout later
+            reply = replies.get("execute_reply", {"status": "ok"})
+            assert reply["status"] == "ok", f"kernel {kernel_id}: the cell failed: {reply}"
     return replies
 
 
