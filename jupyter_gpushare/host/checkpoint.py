@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -44,14 +46,24 @@ class Checkpointer(Protocol):
         """Bring it back and let them run on; seconds per step. Raises CheckpointError."""
         ...
 
+    def close(self) -> None:
+        """Nothing more will be parked or resumed (the server stops)."""
+        ...
+
 
 class DriverCheckpoint:
-    """The CUDA driver's checkpoint API, called from a helper process."""
+    """The CUDA driver's checkpoint API, called from one helper process that lives as long as this object: the
+    driver is attached once (a fresh process pays ~2.7 s for it at each call), and the helper knows what it parked.
+    Calls are one at a time. A call is never killed midway (that desyncs the driver: criu#2547); one that does not
+    answer within HELPER_TIMEOUT_S is left to finish, and a new helper serves the next call."""
 
     kind = "driver"
 
     def __init__(self, python: str = sys.executable) -> None:
         self.python = python
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._replies: queue.Queue[str | None] = queue.Queue()  # (the current helper's)
         # The driver is asked once, in a thread of its own: the answer is read on the server's IOLoop, which must
         # never wait for a helper process.
         self._unavailable: str | None = "the driver's checkpoint API is being probed"
@@ -60,9 +72,11 @@ class DriverCheckpoint:
 
     def _probe(self) -> None:
         try:
-            self._unavailable = self._helper("probe")["reason"]
+            self._unavailable = self._ask({"op": "probe"})["reason"]
         except CheckpointError as e:
             self._unavailable = str(e)
+        if self._unavailable is not None:
+            self.close()  # (nothing to park here: no helper waits)
 
     def unavailable(self) -> str | None:
         return self._unavailable
@@ -73,26 +87,79 @@ class DriverCheckpoint:
         return self._unavailable
 
     def park(self, pids: list[int], lock_timeout_s: float) -> dict[str, float]:
-        return self._helper("park", str(int(lock_timeout_s * 1000)), *map(str, pids))["seconds"]
+        return self._ask({"op": "park", "timeout_ms": int(lock_timeout_s * 1000), "pids": pids})["seconds"]
 
     def resume(self, pids: list[int]) -> dict[str, float]:
-        return self._helper("resume", *map(str, pids))["seconds"]
+        return self._ask({"op": "resume", "pids": pids})["seconds"]
 
-    def _helper(self, *args: str) -> dict:
+    def states(self, pids: list[int]) -> dict[int, str]:
+        """The driver's word on each process: running, locked, checkpointed, failed (or why it cannot say)."""
+        return {int(pid): state for pid, state in self._ask({"op": "state", "pids": pids})["states"].items()}
+
+    def close(self) -> None:
+        """The helper ends once its call (if any) is done; a process it parked and nobody resumed is ended then
+        (its GPU state cannot outlive the server that knew of it)."""
+        with self._lock:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+
+    def _ask(self, request: dict) -> dict:
+        with self._lock:
+            proc = self._proc if self._proc is not None and self._proc.poll() is None else self._spawn()
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps(request) + "\n")
+                proc.stdin.flush()
+                line = self._replies.get(timeout=HELPER_TIMEOUT_S)
+            except (OSError, ValueError) as e:
+                self._let_go()
+                raise CheckpointError(f"the checkpoint helper ended ({e}); the next call starts a new one") from e
+            except queue.Empty:
+                self._let_go()
+                raise CheckpointError(
+                    f"the checkpoint helper did not answer within {HELPER_TIMEOUT_S:.0f} s; it was left to finish "
+                    "(a checkpoint is never stopped midway), and the next call starts a new one"
+                ) from None
+            if line is None:
+                self._let_go()
+                raise CheckpointError(f"the checkpoint helper ended (exit status {proc.wait()})")
         try:
-            out = subprocess.run([self.python, "-I", "-S", __file__, *args], capture_output=True, text=True,
-                                 timeout=HELPER_TIMEOUT_S)  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise CheckpointError(f"the checkpoint helper did not answer: {e}") from e
-        try:
-            reply = json.loads(out.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise CheckpointError(
-                f"the checkpoint helper failed: {out.stderr.strip()[-500:] or out.returncode}"
-            ) from None
+            reply = json.loads(line)
+        except ValueError:
+            raise CheckpointError(f"the checkpoint helper said something else than an answer: {line[:200]!r}") from None
         if not reply.get("ok"):
             raise CheckpointError(str(reply.get("error")))
         return reply
+
+    def _spawn(self) -> subprocess.Popen:
+        """A new helper (its own session: a Ctrl-C meant for the server never stops a checkpoint midway)."""
+        try:
+            proc = subprocess.Popen([self.python, "-I", "-S", __file__, "serve"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+        except OSError as e:
+            raise CheckpointError(f"the checkpoint helper could not start: {e}") from e
+        replies: queue.Queue[str | None] = queue.Queue()
+        self._replies = replies
+        threading.Thread(target=_read_lines, args=(proc.stdout, replies), name="gpushare-checkpoint-helper",
+                         daemon=True).start()  # fmt: skip
+        self._proc = proc
+        return proc
+
+
+def _read_lines(out, replies: queue.Queue) -> None:
+    """The helper's answers, a line each, then None at its end."""
+    try:
+        for line in out:
+            replies.put(line)
+    finally:
+        replies.put(None)
 
 
 class StandInCheckpoint:
@@ -114,6 +181,9 @@ class StandInCheckpoint:
         self.backend.unpark(pids)
         return {"restore": 0.0, "unlock": 0.0}
 
+    def close(self) -> None:
+        pass
+
 
 class Unavailable:
     """A host where nothing can be parked, and why."""
@@ -132,6 +202,9 @@ class Unavailable:
     def resume(self, pids: list[int]) -> dict[str, float]:
         raise CheckpointError(self.reason)
 
+    def close(self) -> None:
+        pass
+
 
 def checkpointer_for(backend) -> Checkpointer:
     """What parks kernels on ``backend``'s cards: the driver on real ones, the stand-in on simulated ones."""
@@ -143,13 +216,21 @@ def checkpointer_for(backend) -> Checkpointer:
 
 
 # -- the helper process: ctypes on libcuda -----------------------------------------------------------------------
-# Run as `python -I -S checkpoint.py probe | park <lock timeout ms> <pid>... | resume <pid>...`; one JSON line out.
+# Run as `python -I -S checkpoint.py serve`: one JSON request a line in ({"op": "probe" | "park" | "resume" |
+# "state", "pids": [...], "timeout_ms": ...}), one JSON answer a line out, until its input ends. Or one call in a
+# fresh process (an admin's last resort for a kernel whose server is gone; the benchmarks' "one process a call"):
+# `checkpoint.py park <lock timeout ms> <pid>... | resume <pid>... | state <pid>...`.
+
+STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}  # CUprocessState
 
 
 def _driver():  # pragma: no cover - needs an NVIDIA driver (bench/gpu/check_park.py runs it on the GPU)
     import ctypes
 
-    lib = ctypes.CDLL("libcuda.so.1")
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise CheckpointError(f"no NVIDIA driver library here ({e})") from e
     if lib.cuInit(0) != 0:
         raise CheckpointError("the CUDA driver did not initialise (cuInit failed)")
     if not hasattr(lib, "cuCheckpointProcessLock"):
@@ -159,10 +240,10 @@ def _driver():  # pragma: no cover - needs an NVIDIA driver (bench/gpu/check_par
     return lib
 
 
-def _call(lib, name: str, pid: int, args=None) -> None:  # pragma: no cover - as above
+def _call(lib, name: str, pid: int, *args) -> None:  # pragma: no cover - as above
     import ctypes
 
-    result = getattr(lib, name)(ctypes.c_int(pid), args)
+    result = getattr(lib, name)(ctypes.c_int(pid), *(args or (None,)))
     if result != 0:
         text = ctypes.c_char_p()
         lib.cuGetErrorName(result, ctypes.byref(text))
@@ -205,6 +286,20 @@ def _resume(lib, pids: list[int]) -> dict[str, float]:  # pragma: no cover - as 
     return {"restore": round(t1 - t0, 3), "unlock": round(time.perf_counter() - t1, 3)}
 
 
+def _states(lib, pids: list[int]) -> dict[str, str]:  # pragma: no cover - as above
+    import ctypes
+
+    out = {}
+    for pid in pids:
+        state = ctypes.c_int(-1)
+        try:
+            _call(lib, "cuCheckpointProcessGetState", pid, ctypes.byref(state))
+            out[str(pid)] = STATES.get(state.value, f"state {state.value}")
+        except CheckpointError as e:
+            out[str(pid)] = f"unknown: {e}"
+    return out
+
+
 def _quietly(lib, name: str, pid: int) -> None:  # pragma: no cover - as above
     try:
         _call(lib, name, pid)
@@ -212,25 +307,96 @@ def _quietly(lib, name: str, pid: int) -> None:  # pragma: no cover - as above
         pass
 
 
+def _started(pid: int) -> str | None:
+    """The process's start time (/proc/PID/stat), to tell it from a later process with its pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _answer(lib, request: object, parked: dict[int, str | None]) -> dict:
+    """One request's answer (``parked``: what this helper parked and nobody resumed, with each start time)."""
+    if not isinstance(request, dict) or request.get("op") not in ("probe", "park", "resume", "state"):
+        raise CheckpointError("the request must be an object whose op is probe, park, resume or state")
+    pids = request.get("pids", [])
+    if not isinstance(pids, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in pids):
+        raise CheckpointError("pids must be a list of process ids")
+    if request["op"] == "probe":
+        return {"ok": True, "reason": None}
+    if request["op"] == "state":
+        return {"ok": True, "states": _states(lib, pids)}
+    if request["op"] == "resume":
+        seconds = _resume(lib, pids)
+        for pid in pids:
+            parked.pop(pid, None)
+        return {"ok": True, "seconds": seconds}
+    timeout_ms = request.get("timeout_ms")
+    if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) or not 0 < timeout_ms <= 600_000:
+        raise CheckpointError("timeout_ms must be a whole number of milliseconds, at most 600000")
+    seconds = _park(lib, timeout_ms, pids)
+    parked.update((pid, _started(pid)) for pid in pids)
+    return {"ok": True, "seconds": seconds}
+
+
+def serve(lines, write) -> None:
+    """Answer each request line until the input ends (the server is gone, or let this helper go); then end every
+    process this helper parked and nobody resumed: its GPU state lives in the driver, and nothing could bring it
+    back or free it once its server is gone (Jupyter's kernels of a dead server are not taken up again)."""
+    lib, why_not = None, None
+    try:
+        lib = _driver()
+    except CheckpointError as e:
+        why_not = str(e)
+    parked: dict[int, str | None] = {}
+    for line in lines:
+        try:
+            request = json.loads(line)
+            if why_not is not None:
+                reply = (
+                    {"ok": True, "reason": why_not} if request.get("op") == "probe" else {"ok": False, "error": why_not}
+                )
+            else:
+                reply = _answer(lib, request, parked)
+        except (CheckpointError, ValueError, AttributeError) as e:
+            reply = {"ok": False, "error": str(e)}
+        write(json.dumps(reply) + "\n")
+    for pid, started in parked.items():
+        if started is not None and _started(pid) == started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                continue
+            sys.stderr.write(
+                f"jupyter-gpushare: the checkpoint helper's server is gone; parked kernel process {pid} was ended "
+                "(its GPU state could not be kept without its server).\n"
+            )
+
+
 def main(argv: list[str]) -> int:
     what, rest = (argv[1], argv[2:]) if len(argv) > 1 else ("", [])
+    if what == "serve":
+
+        def write(text: str) -> None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+        serve(sys.stdin, write)
+        return 0
     try:
-        if what not in ("probe", "park", "resume") or not all(a.isdigit() for a in rest):
-            raise CheckpointError("usage: checkpoint.py probe | park <lock timeout ms> <pid>... | resume <pid>...")
-        try:
-            lib = _driver()
-        except OSError as e:
-            raise CheckpointError(f"no NVIDIA driver library here ({e})") from e
-        if what == "probe":
-            reply: dict = {"ok": True, "reason": None}
-        elif what == "park":
-            reply = {"ok": True, "seconds": _park(lib, int(rest[0]), [int(p) for p in rest[1:]])}
-        else:
-            reply = {"ok": True, "seconds": _resume(lib, [int(p) for p in rest])}
+        if what not in ("park", "resume", "state") or not rest or not all(a.isdigit() for a in rest):
+            raise CheckpointError(
+                "usage: checkpoint.py serve | park <lock timeout ms> <pid>... | resume|state <pid>..."
+            )
+        request: dict = {"op": what, "pids": [int(p) for p in rest[what == "park" :]]}
+        if what == "park":
+            request["timeout_ms"] = int(rest[0])
+        reply = _answer(_driver(), request, {})
     except CheckpointError as e:
-        reply = {"ok": False, "error": str(e)} if what != "probe" else {"ok": True, "reason": str(e)}
+        reply = {"ok": False, "error": str(e)}
     sys.stdout.write(json.dumps(reply) + "\n")
-    return 0
+    return 0 if reply["ok"] else 1
 
 
 if __name__ == "__main__":

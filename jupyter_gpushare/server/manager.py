@@ -488,6 +488,7 @@ class QuotaManager:
             return
         self._closed = True
         self.line.stop()
+        self.parking.checkpointer.close()
         self.ledger.close()
         self._work.shutdown(wait=False)
 

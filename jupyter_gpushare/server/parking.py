@@ -38,6 +38,7 @@ from ..host.checkpoint import Checkpointer, CheckpointError
 from ..host.gpu import Card, DeviceSample
 from ..ledger.ledger import Lease, LedgerError, Request, Waiting
 from ..ledger.reservations import Reservations
+from .card_word import CardWord, holding
 from .holding import Holding
 from .ledger_worker import LedgerWorker
 from .life import move
@@ -65,20 +66,11 @@ class Registry(Tells, Protocol):
 
 
 LOCK_TIMEOUT_S = 10.0  # a running GPU call that does not end within this is not parked
-FREED_MIB = 64  # a parked process shows at most this on the card (the driver keeps a few MiB: 4 on an H100)
-FREED_WITHIN_S = 5.0  # the card must show it freed within this
 SETTLE_S = 1.0  # a park's room counts as coming until the line has had a turn since (at most this long)
 AT_ONCE = 8  # parks under way at one time (each moves its state to host memory; they share the bus)
-TRIMMED_READ_S = 3.0  # after a kernel gave its caches back, how long to wait for a reading that shows it
-FREED_READ_S = 1.0  # how long to wait for each reading asked for after a park
 STARTING_S = 30.0  # a kernel is not idle while Jupyter says it is starting, for at most this long
 NOT_NOW_S = 30.0  # a kernel that may not be parked now (the budget, a thread, a port) is not tried again for this long
 PARKABLE_ASK_S = 10.0  # how long a kernel has to say whether it may be parked (an idle one: milliseconds)
-
-
-def holding(processes: Sequence[Any]) -> list[int]:
-    """The pids of a kernel's processes that hold memory on the card (the ones a park checkpoints)."""
-    return sorted({p.pid for p in processes if (p.used_mib or 0) > 0})
 
 
 class Parking:
@@ -96,6 +88,7 @@ class Parking:
         has its card closed), and its services (how it tells a kernel, and the sampler's readings)."""
         self.kernels, self.checkpointer, self.rules, self._blocking = kernels, checkpointer, rules, blocking
         self.ledger, self.line, self.holding, self.services = parts
+        self.card = CardWord(self.services.readings)  # (its word on what is held and free, not the driver's)
         self._moving: dict[str, asyncio.Future] = {}  # kernels being parked or resumed: the move's task
         self._failed: dict[str, int | None] = {}  # kernels whose park failed: the process it failed for
         self._touched: dict[str, float] = {}  # (monotonic) a cell sent to the kernel, or its resume: its idle clock
@@ -353,7 +346,7 @@ class Parking:
             return False
         trimmed = await self.services.starts.trim(kid) if pids else None
         if trimmed:  # its frameworks gave their caches back: move only what is in use
-            pids, used_mib = await self._in_use(kid, time.time(), pids, used_mib)
+            pids, used_mib = await self.card.in_use(kid, time.time(), pids, used_mib)
         budget = self.rules.host_budget_mib
         try:  # the host's one budget, in the ledger (the broker's, where there is one), before any state moves
             await self.ledger.run(self.ledger.must, lambda ledger: ledger.park(kid, used_mib, budget))
@@ -363,7 +356,10 @@ class Parking:
             return False
         try:
             steps = await self._blocking(self.checkpointer.park, pids, LOCK_TIMEOUT_S) if pids else {}
-            await self._freed(kid, pids)
+            held = await self.card.held(pids)
+            if held is not None:
+                await self._blocking(self.checkpointer.resume, pids)
+                raise CheckpointError(f"the card still showed {format_mib(held)} held after parking")
         except CheckpointError as e:
             self._failed[kid] = pid
             self._unpark(kid)
@@ -407,31 +403,6 @@ class Parking:
             return f"{said.strip(chr(39) + chr(34))[:200]}: their GPU calls would come from no cell"
         return None
 
-    async def _in_use(self, kernel_id: str, since: float, pids: list[int], used_mib: int) -> tuple[list[int], int]:
-        """The kernel's processes on the card and what they use, from a reading taken after ``since`` (its caches
-        given back), asked for now; the last reading's if none comes within TRIMMED_READ_S."""
-        reading = await self.services.readings.fresh(since, TRIMMED_READ_S)
-        usage = reading.kernels.get(kernel_id) if reading is not None else None
-        if usage is None:
-            return pids, used_mib
-        return holding(usage.processes), usage.used_mib or 0
-
-    async def _freed(self, kernel_id: str, pids: list[int]) -> None:
-        """Wait until the card shows the parked processes holding nothing (its word, not the driver call's);
-        CheckpointError, after resuming them, if it does not."""
-        deadline = time.monotonic() + FREED_WITHIN_S
-        while True:
-            await self.services.readings.fresh(time.time(), FREED_READ_S)  # the card's word after the park
-            held = sum(
-                (p.used_mib or 0) for s in self.kernels.latest_samples() for p in s.processes if p.pid in set(pids)
-            )
-            if held <= FREED_MIB * max(1, len(pids)):
-                return
-            if time.monotonic() > deadline:
-                await self._blocking(self.checkpointer.resume, pids)
-                raise CheckpointError(f"the card still showed {format_mib(held)} held after parking")
-            await asyncio.sleep(0.25)
-
     # -- resume ------------------------------------------------------------------------------------------
 
     def resume(self, kernel_id: str) -> asyncio.Future:
@@ -474,6 +445,20 @@ class Parking:
             self.kernels.event("resume-waited-out", kid, f"Still parked: {e}. Its next cell asks again.")
             return
         waited = round(time.monotonic() - t0, 2)
+        free = await self.card.short(parked.card_uuid, parked.parked_mib)
+        if free is not None:  # the ledger agrees, the card does not: no restore without the room (it stays parked)
+            await self.ledger.on(lambda ledger: ledger.release(kid))
+            self._room_freed(lease.reserved_mib)
+            move(rec, "parked", position=None)
+            self.services.starts.tell(kid, {"parked": {"parked_mib": parked.parked_mib}})  # (asks again)
+            self.kernels.event(
+                "resume-no-room", kid,
+                f"Still parked: its card has {format_mib(free)} free, and its GPU state needs "
+                f"{format_mib(parked.parked_mib)}: memory is used there that no reservation holds. A restore without "
+                "the room would break the kernel for good. Its next cell asks again.",
+                free_mib=free, parked_mib=parked.parked_mib,
+            )  # fmt: skip
+            return
         try:
             steps = await self._blocking(self.checkpointer.resume, list(parked.pids)) if parked.pids else {}
         except CheckpointError as e:

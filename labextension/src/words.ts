@@ -97,6 +97,9 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'event.resume-waited-out': __(
       'Still parked: no reservation came in time. Its next cell asks again.'
     ),
+    'event.resume-no-room': __(
+      'Still parked: its card has {free_mib} free, and its GPU state needs {parked_mib}: memory is used there that no reservation holds. Its next cell asks again.'
+    ),
     'event.resume-failed': __(
       'Its GPU state could not be brought back ({reason}); the kernel was shut down.'
     ),

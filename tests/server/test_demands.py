@@ -155,3 +155,55 @@ async def test_a_parked_kernel_that_is_stopped_or_killed_takes_nothing_with_it(g
             break
         await asyncio.sleep(0.1)
     assert kid not in await manager.ledger.on(lambda ledger: ledger.parked())
+
+
+async def test_a_resume_waits_for_the_room_the_card_shows_not_the_ledger(gpushare, jp_serverapp, jp_fetch, monkeypatch):
+    """Memory is taken on the card right after a parked kernel's reservation is granted (a process outside any
+    reservation): the ledger agrees to the resume, the card does not have the room. A restore then would run out of
+    memory, and that breaks the process for good (cuda-checkpoint#44): the kernel stays parked, says why with the
+    card's figures, and gives its reservation back. Once the memory is freed, its next demand brings it back."""
+    manager = jp_serverapp.web_app.settings["gpushare_manager"]
+    fake, standin = manager.backend.fake, manager.parking.checkpointer
+    _, kid = await gpushare.open_notebook("taken.ipynb")
+    await run_in_kernel(jp_serverapp, kid, "import gpushare_simulate; gpushare_simulate.use('1GiB'); kept = 41")
+    await gpushare.wait_for(
+        lambda: _used(gpushare, kid, 1024), what="the kernel's use on the card"
+    )  # (read before the park: what it moves)
+    await _park(jp_fetch, kid)
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "parked"), what="the kernel parked")
+    pid = (await gpushare.kernel(kid))["pid"]
+    resumed: list = []
+    monkeypatch.setattr(standin, "resume", lambda pids: resumed.append(pids) or {"restore": 0.0, "unlock": 0.0})
+    thief = await asyncio.create_subprocess_exec("sleep", "60")
+    real_reserve = manager.reserve
+
+    def granted_then_taken(*args, **kwargs):
+        got = real_reserve(*args, **kwargs)
+        fake.add_process(thief.pid, 10240 - 1024)  # (leaves 1 GiB: the parked state, without the restore's margin)
+        return got
+
+    monkeypatch.setattr(manager, "reserve", granted_then_taken)
+    try:
+        await jp_fetch("api", "gpushare", "kernels", kid, "resume", method="POST", body="")
+        said = await gpushare.wait_for(lambda: _event(gpushare, kid, "resume-no-room"), what="the resume refused")
+        assert "its card has 1 GiB free, and its GPU state needs 1 GiB" in said["message"], said
+        assert resumed == [] and await gpushare.state_of(kid) == "parked"
+        assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 0  # its reservation went back
+    finally:
+        monkeypatch.setattr(manager, "reserve", real_reserve)
+        fake.remove_process(thief.pid)
+        thief.kill()
+        await thief.wait()
+    monkeypatch.undo()
+    await jp_fetch("api", "gpushare", "kernels", kid, "resume", method="POST", body="")
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the kernel back once the card has room")
+    assert await run_in_kernel(jp_serverapp, kid, "print(kept + 1, __import__('os').getpid())") == f"42 {pid}\n"
+
+
+async def _used(gpushare, kernel_id: str, mib: int) -> bool:
+    return ((await gpushare.kernel(kernel_id)) or {}).get("used_mib") == mib
+
+
+async def _event(gpushare, kernel_id: str, code: str) -> dict | None:
+    events = (await gpushare.get("events"))["events"]
+    return next((e for e in reversed(events) if e["kernel_id"] == kernel_id and e["code"] == code), None)

@@ -18,7 +18,8 @@ def _parking() -> Parking:
         return fn(*args)
 
     rules = ParkRules(after_s=5.0, frameworks=("torch",))
-    parts = (None, None, None, None)  # (no move is made here: no ledger, line, holding or services is used)
+    services = SimpleNamespace(readings=Readings())  # (no move is made here: no ledger, line or holding is used)
+    parts = (None, None, None, services)
     return Parking(SimpleNamespace(records={}), parts, Unavailable("not in this test"), rules, blocking)
 
 
