@@ -277,7 +277,9 @@ class Parking:
         processes = usage.processes if usage is not None else ()
         pids = holding(processes)
         used = (usage.used_mib or 0) if usage is not None else 0
-        await self._start(kernel_id, self._park(rec, pids, used, usage.pid if usage else None, asked=True))
+        why_not = await self._start(kernel_id, self._park(rec, pids, used, usage.pid if usage else None, asked=True))
+        if why_not is not None:
+            raise PolicyError(f"Kernel {kernel_id} is not parked: {why_not}.")
 
     async def _stand_by(self, rec: KernelRecord, pid: int | None) -> None:
         """Ask a kernel to stand by (``decide``); its reservation counts as room coming meanwhile."""
@@ -327,15 +329,15 @@ class Parking:
 
     async def _park(
         self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None, asked: bool = False
-    ) -> None:
-        """``asked``: the kernel said already that it may be parked (``park``)."""
+    ) -> str | None:
+        """Why it was not parked (None: it is). ``asked``: the kernel said already that it may be (``park``)."""
         self._parking[rec.kernel_id] = rec.lease.reserved_mib if rec.lease is not None else 0
         try:
-            await self._park_now(rec, pids, used_mib, pid, asked)
+            return await self._park_now(rec, pids, used_mib, pid, asked)
         finally:
             del self._parking[rec.kernel_id]
 
-    async def _park_now(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None, asked: bool) -> bool:
+    async def _park_now(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None, asked: bool) -> str | None:
         kid, lease, card = rec.kernel_id, rec.lease, rec.card
         assert lease is not None
         t0 = time.monotonic()
@@ -343,7 +345,7 @@ class Parking:
         if why_not is not None:
             self._not_until[kid] = time.monotonic() + NOT_NOW_S
             self.kernels.log.info("jupyter-gpushare: kernel %s is not parked: %s", kid, why_not)
-            return False
+            return why_not
         trimmed = await self.services.starts.trim(kid) if pids else None
         if trimmed:  # its frameworks gave their caches back: move only what is in use
             pids, used_mib = await self.card.in_use(kid, time.time(), pids, used_mib)
@@ -353,7 +355,7 @@ class Parking:
         except (PolicyError, LedgerError) as e:
             self._not_until[kid] = time.monotonic() + NOT_NOW_S
             self.kernels.log.info("jupyter-gpushare: kernel %s is not parked: %s", kid, e)
-            return False
+            return str(e)
         try:
             steps = await self._blocking(self.checkpointer.park, pids, LOCK_TIMEOUT_S) if pids else {}
             held = await self.card.held(pids)
@@ -364,7 +366,7 @@ class Parking:
             self._failed[kid] = pid
             self._unpark(kid)
             self.kernels.event("park-failed", kid, f"It could not be parked, and runs on: {e}", reason=str(e))
-            return False
+            return str(e)
         seconds = round(time.monotonic() - t0, 2)
         self.seconds["park"] = [*self.seconds["park"][-49:], seconds]
         try:  # the reservation goes back as it is (its notebook's history and reports stay: the kernel runs on)
@@ -374,7 +376,7 @@ class Parking:
             self._failed[kid] = pid
             self._unpark(kid)
             self.kernels.event("park-failed", kid, f"It could not be parked, and runs on: {e}", reason=str(e))
-            return False
+            return str(e)
         parked = Parked(lease.card_uuid, lease.card_index, tuple(pids), used_mib, lease.quota_mib,
                         lease.reserved_mib, time.time(), seconds)  # fmt: skip
         move(rec, "parked", lease=None, card=card, parked=parked)
@@ -386,7 +388,7 @@ class Parking:
             f"{format_mib(lease.reserved_mib)} reservation went to the line. Its next cell brings it back.",
             parked_mib=used_mib, reserved_mib=lease.reserved_mib, park_s=seconds, trimmed=trimmed or [], **steps,
         )  # fmt: skip
-        return True
+        return None
 
     async def _why_not(self, kernel_id: str) -> str | None:
         """Why a kernel may not be parked now, or None: a parked kernel must be able to hear that it is, and every
@@ -497,7 +499,7 @@ class Parking:
         """Its parked state no longer takes host memory (back on the card, or gone): the host's budget is told."""
         self.ledger.later(f"unpark({kernel_id})", lambda ledger: ledger.unpark(kernel_id))
 
-    def _start(self, kernel_id: str, move: Awaitable[None]) -> asyncio.Future:
+    def _start(self, kernel_id: str, move: Awaitable[Any]) -> asyncio.Future:
         task = asyncio.ensure_future(move)
         self._moving[kernel_id] = task
         task.add_done_callback(lambda _: self._moving.pop(kernel_id, None))

@@ -207,3 +207,21 @@ async def _used(gpushare, kernel_id: str, mib: int) -> bool:
 async def _event(gpushare, kernel_id: str, code: str) -> dict | None:
     events = (await gpushare.get("events"))["events"]
     return next((e for e in reversed(events) if e["kernel_id"] == kernel_id and e["code"] == code), None)
+
+
+BUDGET_CONFIG = {"gpu_backend": "simulated", "simulated_cards": "10GiB", "card_headroom": "0MiB",
+                 "context_reserve": "512MiB", "default_quota": "4GiB", "reconcile_interval": 0.5,
+                 "queue_timeout": 120, "park_after": 3600, "park_host_budget": "512MiB"}  # fmt: skip
+
+
+@pytest.mark.parametrize("gpushare_config", [BUDGET_CONFIG])
+async def test_a_park_past_the_host_budget_is_refused_with_why_and_nothing_moves(gpushare, jp_serverapp, jp_fetch):
+    """The host's memory for parked state is one budget: a kernel whose 1 GiB does not fit in 512 MiB is not
+    parked; asked by hand, the answer says why (409), and the kernel runs on with its variables."""
+    _, kid = await gpushare.open_notebook("big.ipynb")
+    await run_in_kernel(jp_serverapp, kid, "import gpushare_simulate; gpushare_simulate.use('1GiB'); kept = 41")
+    await gpushare.wait_for(lambda: _used(gpushare, kid, 1024), what="the kernel's use on the card")
+    said = await _refused(jp_fetch, kid)
+    assert f"Kernel {kid} is not parked:" in said and "512 MiB" in said, said
+    assert await gpushare.state_of(kid) == "running"
+    assert await run_in_kernel(jp_serverapp, kid, "print(kept + 1)") == "42\n"
