@@ -337,7 +337,9 @@ class Parking:
         finally:
             del self._parking[rec.kernel_id]
 
-    async def _park_now(self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None, asked: bool) -> str | None:
+    async def _park_now(
+        self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None, asked: bool
+    ) -> str | None:
         kid, lease, card = rec.kernel_id, rec.lease, rec.card
         assert lease is not None
         t0 = time.monotonic()
