@@ -159,12 +159,14 @@ def card_meta(settings: dict) -> dict:
             "date": datetime.date.today().isoformat(), "settings": settings}  # fmt: skip
 
 
-def record_runs(out: str, runs: int, stem: str, meta: dict, one_run: Callable[[Path], dict], quiet: tuple) -> None:
-    """Run ``one_run`` ``runs`` times, each in a fresh folder; every run recorded as OUT/STEM-runN.json, and printed
-    as one line without the ``quiet`` keys."""
+def record_runs(
+    out: str, runs: int, stem: str, meta: dict, one_run: Callable[[Path], dict], quiet: tuple, first: int = 1
+) -> None:
+    """Run ``one_run`` ``runs`` times, each in a fresh folder; every run recorded as OUT/STEM-runN.json (N from
+    ``first``: runs of several calls), and printed as one line without the ``quiet`` keys."""
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for n in range(1, runs + 1):
+    for n in range(first, first + runs):
         with tempfile.TemporaryDirectory() as work:
             result = {**meta, "run": n, **one_run(Path(work))}
         (out_dir / f"{stem}-run{n}.json").write_text(json.dumps(result, indent=1))

@@ -283,17 +283,23 @@ def _cell_demand(*_args) -> None:
     sys.stdout.flush()
 
 
-def parkable() -> str:
-    """The server asks before a park (read only): "ok", or why not: while a thread that the notebook started runs,
-    or a child process (a model served from a thread, a demo's web server, a program started with ``!``: their GPU
-    calls come from no cell, so nothing would bring the kernel back for them). A port the kernel listens on is not
-    asked about: something of the kernel answers it, a thread or a process; and a kernel's own ports vary (ipykernel
-    7 listens on six)."""
+def parkable(allowed=None) -> str:
+    """The server asks before a park (read only): "ok", or why not: a GPU framework that is not in ``allowed`` (its
+    GPU state does not survive a park: JAX's did not), or while a thread that the notebook started runs, or a child
+    process (a model served from a thread, a demo's web server, a program started with ``!``: their GPU calls come
+    from no cell, so nothing would bring the kernel back for them). A port the kernel listens on is not asked about:
+    something of the kernel answers it, a thread or a process; and a kernel's own ports vary (ipykernel 7 listens on
+    six)."""
     import threading
 
+    if allowed is not None:
+        other = [NAMES[m] for m in NAMES if m in sys.modules and m not in allowed]
+        if other:
+            return f"it imported {', '.join(other)}, whose GPU state is not known to survive a park (park_frameworks)"
+    no_cell = "their GPU calls would come from no cell"
     children = _children()
     if children:
-        return f"child processes run ({', '.join(map(str, children[:5]))})"
+        return f"child processes run ({', '.join(map(str, children[:5]))}): {no_cell}"
     mine = []
     for thread in threading.enumerate():
         if thread is threading.main_thread() or not thread.is_alive():
@@ -302,7 +308,7 @@ def parkable() -> str:
         module = getattr(target, "__module__", None) or type(thread).__module__ or ""
         if not module.startswith(_INFRASTRUCTURE):
             mine.append(thread.name)
-    return f"threads its notebook started run ({', '.join(sorted(mine))[:200]})" if mine else "ok"
+    return f"threads its notebook started run ({', '.join(sorted(mine))[:200]}): {no_cell}" if mine else "ok"
 
 
 # The threads of a kernel that are Jupyter's, Python's and ours, by the module of their code: any other is one the

@@ -396,15 +396,18 @@ class Parking:
         """Why a kernel may not be parked now, or None: a parked kernel must be able to hear that it is, and every
         demand on it must be one it can say (a cell, a comm message). So not a kernel without its pipe to the server,
         nor one that runs a thread its notebook started or a child process (a demo's web server, a served model: their
-        GPU calls come from no cell), nor one that does not answer the question (``_gpushare_wait.parkable``)."""
+        GPU calls come from no cell), nor one that does not answer the question (``_gpushare_wait.parkable``). Nor, by
+        hand as by the line, one that imported a framework not in park_frameworks (the kernel says which)."""
         starts = self.services.starts
         if not starts.hears(kernel_id):
             return "it has no pipe to the server, so it could not say that it is wanted"
-        said = await starts.ask(kernel_id, "__import__('_gpushare_wait').parkable()", PARKABLE_ASK_S)
-        if said is None:
+        allowed = repr(tuple(str(f) for f in self.rules.frameworks))  # (the admin's list: quoted by repr)
+        said = await starts.ask(kernel_id, f"__import__('_gpushare_wait').parkable({allowed})", PARKABLE_ASK_S)
+        why = (said or "").strip(chr(39) + chr(34))[:300]
+        if not why:
             return "it did not say whether it may be parked (a cell runs, or it does not answer)"
-        if "'ok'" not in said:  # (its own word: a kernel that lies keeps only itself from parking, or hangs itself)
-            return f"{said.strip(chr(39) + chr(34))[:200]}: their GPU calls would come from no cell"
+        if why != "ok":  # (its own word: a kernel that lies keeps only itself from parking, or hangs itself)
+            return why
         return None
 
     # -- resume ------------------------------------------------------------------------------------------

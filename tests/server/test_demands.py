@@ -114,7 +114,7 @@ async def test_a_kernel_that_answers_nonsense_or_nothing_is_refused_and_nothing_
     monkeypatch.setattr(parking, "PARKABLE_ASK_S", 2.0)
     _, kid = await gpushare.open_notebook("liar.ipynb")
     _, other = await gpushare.open_notebook("other.ipynb")
-    fake = "lambda: 'x' * 65536" if answer == "nonsense" else "lambda: __import__('time').sleep(8)"
+    fake = "lambda *_: 'x' * 65536" if answer == "nonsense" else "lambda *_: __import__('time').sleep(8)"
     await run_in_kernel(jp_serverapp, kid, f"import _gpushare_wait; _gpushare_wait.parkable = {fake}")
     said = await _refused(jp_fetch, kid)
     if answer == "nonsense":
@@ -225,3 +225,16 @@ async def test_a_park_past_the_host_budget_is_refused_with_why_and_nothing_moves
     assert f"Kernel {kid} is not parked:" in said and "512 MiB" in said, said
     assert await gpushare.state_of(kid) == "running"
     assert await run_in_kernel(jp_serverapp, kid, "print(kept + 1)") == "42\n"
+
+
+async def test_a_kernel_with_a_framework_off_the_allow_list_is_not_parked_even_by_hand(
+    gpushare, jp_serverapp, jp_fetch
+):
+    """JAX's GPU state did not survive a park on the GPU (bench/results/check_park-*): a kernel that imported it is
+    not parked, by the line or by hand (POST …/park, a teacher's or its student's), and the answer names it."""
+    _, kid = await gpushare.open_notebook("jax.ipynb")
+    await run_in_kernel(jp_serverapp, kid, "import jax.numpy as jnp; kept = int(jnp.ones(3).sum())")
+    said = await _refused(jp_fetch, kid)
+    assert "it imported JAX, whose GPU state is not known to survive a park (park_frameworks)" in said, said
+    assert await gpushare.state_of(kid) == "running"
+    assert await run_in_kernel(jp_serverapp, kid, "print(kept)") == "3\n"
