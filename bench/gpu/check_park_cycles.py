@@ -55,10 +55,14 @@ class Holder:
     def __init__(self, gib: float) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(gib)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)  # fmt: skip
+        self.pid = self.proc.pid
+        self.sum = 0.0
+
+    def ready(self) -> Holder:
         assert self.proc.stdout is not None
         assert self.proc.stdout.readline().strip() == "ready"
-        self.pid = self.proc.pid
         self.sum = self.checksum()
+        return self
 
     def checksum(self) -> float:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -119,7 +123,7 @@ def median(values: list[float]) -> float | None:
 
 
 def speed(args) -> dict:
-    holder = Holder(args.gib)
+    holder = Holder(args.gib).ready()
     used = card_mib(holder.pid)
     ways = {"one process a call": OneProcessACall(), "persistent": DriverCheckpoint()}
     assert ways["persistent"].probed() is None, ways["persistent"].probed()
@@ -160,7 +164,7 @@ def speed(args) -> dict:
 
 
 def soak(args) -> dict:
-    holders = [Holder(args.gib) for _ in range(args.holders)]
+    holders = [h.ready() for h in [Holder(args.gib) for _ in range(args.holders)]]  # (started at once)
     free = set(range(len(holders)))
     lock = threading.Lock()
     cycles: list[dict] = []

@@ -12,9 +12,10 @@ notebook ``a`` whose kernel holds 4 GiB of known data through PyTorch (``empty_c
   back. It must not be restored into a full card (a restore that runs out of memory breaks the process for good:
   cuda-checkpoint#44): it stays parked and says why. Once the memory is freed, it comes back intact.
 - ``kill-mid-park`` / ``kill-mid-resume``: the server is killed (SIGKILL) while its checkpoint helper moves ``a``'s
-  state (the helper's CPU time is seen rising). Nothing may stay locked: the helper finishes its call, then ends a
-  kernel it parked and nobody resumed (its server is gone); a kernel it resumed runs on (checked through its own
-  connection file). A new server on the same ledger then starts a kernel on the GPU.
+  state (the helper's CPU time is seen rising). Nothing may stay locked or held on the card: the helper finishes
+  its call, then ends a kernel it parked and nobody resumed (its server is gone); ipykernel ends a kernel whose
+  server is gone anyway; one still running must be intact (checked through its own connection file). A new server
+  on the same ledger then starts a kernel on the GPU.
 - ``two-at-once``: ``a`` and ``b`` (4 GiB each) are parked at the same moment, then resumed at the same moment.
 - ``child``: ``a`` runs a child process that holds CUDA memory: a park is refused (409) and says why.
 - ``jax``: ``a`` has JAX on the card: a park is refused (not on the allow-list) and says why.
@@ -178,8 +179,11 @@ def kill_mid(server: Server, work: Path, what: str) -> dict:
         out["new_server_kernel"] = wait_state(again, b, "running", 60) is not None and state(again, b)
     finally:
         again.stop()
+    # ipykernel ends a kernel whose server is gone ("Parent appears to have exited"), parked or not: nothing of it
+    # may stay locked in the driver or held on the card; one that runs on must be intact
     settled = out["driver_after"] in ("gone", "running") and out["helpers_left"] == 0
-    out["ok"] = settled and out["new_server_kernel"] == "running" and (what == "park" or out.get("intact") is True)
+    freed = out["driver_after"] == "running" or out["card_mib_after"] is None
+    out["ok"] = settled and freed and out["new_server_kernel"] == "running" and out.get("intact", True) is True
     return out
 
 

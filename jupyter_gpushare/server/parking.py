@@ -348,9 +348,10 @@ class Parking:
             self._not_until[kid] = time.monotonic() + NOT_NOW_S
             self.kernels.log.info("jupyter-gpushare: kernel %s is not parked: %s", kid, why_not)
             return why_not
-        trimmed = await self.services.starts.trim(kid) if pids else None
-        if trimmed:  # its frameworks gave their caches back: move only what is in use
-            pids, used_mib = await self.card.in_use(kid, time.time(), pids, used_mib)
+        trimmed = await self.services.starts.trim(kid)  # its frameworks give their caches back: only what is in use
+        # moves, as the card shows it now (a reading from before the kernel's last cell would park what it held then:
+        # a cell that had just filled the card had nothing of it moved, and its reservation went to the line)
+        pids, used_mib = await self.card.in_use(kid, time.time(), pids, used_mib)
         budget = self.rules.host_budget_mib
         try:  # the host's one budget, in the ledger (the broker's, where there is one), before any state moves
             await self.ledger.run(self.ledger.must, lambda ledger: ledger.park(kid, used_mib, budget))

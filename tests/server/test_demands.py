@@ -238,3 +238,19 @@ async def test_a_kernel_with_a_framework_off_the_allow_list_is_not_parked_even_b
     assert "it imported JAX, whose GPU state is not known to survive a park (park_frameworks)" in said, said
     assert await gpushare.state_of(kid) == "running"
     assert await run_in_kernel(jp_serverapp, kid, "print(kept)") == "3\n"
+
+
+async def test_a_park_right_after_a_cell_moves_what_the_card_shows_now(gpushare, jp_serverapp, jp_fetch):
+    """Parked by hand just after a cell took memory: what moves is what the card shows after the request, not the
+    last reading before the cell (on the GPU, such a park moved nothing and gave the reservation to the line while
+    4 GiB stayed on the card)."""
+    manager = jp_serverapp.web_app.settings["gpushare_manager"]
+    _, kid = await gpushare.open_notebook("fresh.ipynb")
+    await run_in_kernel(jp_serverapp, kid, "import os; kept = 41")
+    await gpushare.wait_for(lambda: _used(gpushare, kid, 0), what="a reading of the kernel without GPU use")
+    await run_in_kernel(jp_serverapp, kid, "import gpushare_simulate; gpushare_simulate.use('1GiB')")
+    await _park(jp_fetch, kid)  # (at once: the last reading still says 0)
+    parked = await _event(gpushare, kid, "parked")
+    assert parked is not None and parked["parked_mib"] == 1024, parked
+    pid = (await gpushare.kernel(kid))["pid"]
+    assert pid in manager.backend._parked
