@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from ..core.policy import ParkRules, PolicyError, Size, format_mib
+from ..core.words import render
 from ..host.checkpoint import Checkpointer, CheckpointError
 from ..host.gpu import Card, DeviceSample
 from ..ledger.ledger import Lease, LedgerError, Request, Waiting
@@ -459,13 +460,8 @@ class Parking:
             self._room_freed(lease.reserved_mib)
             move(rec, "parked", position=None)
             self.services.starts.tell(kid, {"parked": {"parked_mib": parked.parked_mib}})  # (asks again)
-            self.kernels.event(
-                "resume-no-room", kid,
-                f"Still parked: its card has {format_mib(free)} free, and its GPU state needs "
-                f"{format_mib(parked.parked_mib)}: memory is used there that no reservation holds. A restore without "
-                "the room would break the kernel for good. Its next cell asks again.",
-                free_mib=free, parked_mib=parked.parked_mib,
-            )  # fmt: skip
+            figures: dict[str, Any] = {"free_mib": free, "parked_mib": parked.parked_mib}  # (words: the catalogue)
+            self.kernels.event("resume-no-room", kid, render("event.resume-no-room", figures), **figures)
             return
         try:
             steps = await self._blocking(self.checkpointer.resume, list(parked.pids)) if parked.pids else {}
