@@ -79,8 +79,8 @@ CATALOGUE: dict[str, str] = {
     "for a GPU again; its variables are lost.",
     "event.resumed": "Back on its GPU after {waited_s} in line; its state came back in {resume_s}.",
     "event.resume-waited-out": "Still parked: no reservation came in time. Its next cell asks again.",
-    "event.resume-no-room": "Still parked: its card has {free_mib} free, and its GPU state needs {parked_mib}: memory "
-    "is used there that no reservation holds. Its next cell asks again.",
+    "event.resume-no-room": "Still parked: its card has {free_mib} free, its state needs {parked_mib} (used outside "
+    "the line). Its next cell asks again.",
     "event.resume-failed": "Its GPU state could not be brought back ({reason}); the kernel was shut down.",
     "event.cancelled": "Stopped waiting for a GPU.",
     "event.refused": "Not started: {message}",

@@ -98,7 +98,7 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       'Still parked: no reservation came in time. Its next cell asks again.'
     ),
     'event.resume-no-room': __(
-      'Still parked: its card has {free_mib} free, and its GPU state needs {parked_mib}: memory is used there that no reservation holds. Its next cell asks again.'
+      'Still parked: its card has {free_mib} free, its state needs {parked_mib} (used outside the line). Its next cell asks again.'
     ),
     'event.resume-failed': __(
       'Its GPU state could not be brought back ({reason}); the kernel was shut down.'

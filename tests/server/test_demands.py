@@ -186,7 +186,7 @@ async def test_a_resume_waits_for_the_room_the_card_shows_not_the_ledger(gpushar
     try:
         await jp_fetch("api", "gpushare", "kernels", kid, "resume", method="POST", body="")
         said = await gpushare.wait_for(lambda: _event(gpushare, kid, "resume-no-room"), what="the resume refused")
-        assert "its card has 1 GiB free, and its GPU state needs 1 GiB" in said["message"], said
+        assert "its card has 1 GiB free, its state needs 1 GiB (used outside the line)" in said["message"], said
         assert resumed == [] and await gpushare.state_of(kid) == "parked"
         assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 0  # its reservation went back
     finally:
