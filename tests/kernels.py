@@ -77,6 +77,18 @@ async def stream_until(ws: WebSocketClientConnection, msg_id: str, text: str, ti
     return got
 
 
+async def result_after_error(ws: WebSocketClientConnection, kernel_id: str, session: Session, code: str) -> str:
+    """``cell_result`` of a cell sent just after one that failed: ipykernel aborts requests that reach it in the
+    moment after an error (``stop_on_error``), so an aborted one is sent again (as a student would run it again)."""
+    for _ in range(3):
+        try:
+            return await cell_result(ws, kernel_id, send_cell(ws, session, code))
+        except AssertionError as e:
+            if "'aborted'" not in str(e):
+                raise
+    raise AssertionError(f"kernel {kernel_id}: the cell was aborted three times")
+
+
 async def run_cell(kernel_ws, kernel_id: str, code: str) -> str:
     """Connect to a kernel's websocket, run ``code`` and return its ``text/plain`` result."""
     session = Session()

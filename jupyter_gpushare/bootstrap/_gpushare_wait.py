@@ -60,7 +60,15 @@ ASK_ANSWER_S = 2.0  # how long a first GPU use waits for the server's first answ
 KEPT = (env.ROOT_PID, env.GRANT_FD, env.ASK_FD, env.KERNEL_ID, env.REPORT_DIR)
 
 _cond = threading.Condition()
-_state: dict = {"place": None, "granted": False, "reading": False, "ask_fd": None, "using": False, "parked": None}
+_state: dict = {
+    "place": None,
+    "granted": False,
+    "reading": False,
+    "ask_fd": None,
+    "using": False,
+    "parked": None,
+    "wanted": False,
+}  # fmt: skip (wanted: a cell or comm message came since the server asked parkable())
 _hooked: set[str] = set()  # what ``_hear_demands`` has hooked in this process (IPython's cells, comm messages)
 
 
@@ -126,6 +134,9 @@ def _take(message: dict) -> None:
         if isinstance(parked, dict):
             _state["parked"] = parked
             _hear_demands()
+            if _state["wanted"]:  # a demand came while it was being parked, before it heard so: it asks now
+                parked["asked"] = _tell("resume")
+            _state["wanted"] = False
         if isinstance(back, dict):
             _state["parked"] = None
         if message.get("rejoin") is True:
@@ -264,6 +275,7 @@ def _demand() -> bool:
     with _cond:
         parked: dict | None = _state["parked"]
         if parked is None:
+            _state["wanted"] = True  # (a park under way hears it once it is done: ``_take``)
             return False
         if not parked.get("asked"):
             parked["asked"] = _tell("resume")
@@ -292,6 +304,9 @@ def parkable(allowed=None) -> str:
     six)."""
     import threading
 
+    _hear_demands()  # (hooked now, in the main thread: a demand during the park is heard)
+    with _cond:
+        _state["wanted"] = False
     if allowed is not None:
         other = [NAMES[m] for m in NAMES if m in sys.modules and m not in allowed]
         if other:

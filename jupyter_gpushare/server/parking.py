@@ -350,6 +350,9 @@ class Parking:
             self.kernels.log.info("jupyter-gpushare: kernel %s is not parked: %s", kid, why_not)
             return why_not
         trimmed = await self.services.starts.trim(kid)  # its frameworks give their caches back: only what is in use
+        if trimmed is None:  # (it said it may be parked a moment ago: a cell runs now, or it hangs)
+            self._not_until[kid] = time.monotonic() + NOT_NOW_S
+            return "it did not answer the request to give its cached GPU memory back (a cell runs, or it hangs)"
         # moves, as the card shows it now (a reading from before the kernel's last cell would park what it held then:
         # a cell that had just filled the card had nothing of it moved, and its reservation went to the line)
         pids, used_mib = await self.card.in_use(kid, time.time(), pids, used_mib)

@@ -18,7 +18,7 @@ from jupyter_client import AsyncKernelClient
 from kernels import run_in_kernel, stdout_of
 from tornado.httpclient import HTTPClientError
 
-from jupyter_gpushare.server import parking
+from jupyter_gpushare.server import app, parking
 
 
 @pytest.fixture
@@ -254,3 +254,48 @@ async def test_a_park_right_after_a_cell_moves_what_the_card_shows_now(gpushare,
     assert parked is not None and parked["parked_mib"] == 1024, parked
     pid = (await gpushare.kernel(kid))["pid"]
     assert pid in manager.backend._parked
+
+
+@pytest.mark.parametrize("answer", ["a lie", "silence"])
+async def test_a_kernel_that_lies_in_its_trim_answer_or_never_gives_one(
+    gpushare, jp_serverapp, jp_fetch, answer, monkeypatch
+):
+    """Before a park the kernel is asked to give its caches back (``_gpushare_alloc.trim``). Its answer is read only
+    for the names it may say: a kernel that claims every framework, 64 KiB of it, is parked with what the card shows
+    it holding, nothing more or less. One that does not answer in time (a cell runs, or it hangs) is not parked,
+    and the refusal says why. Another kernel of the server parks as before."""
+    monkeypatch.setattr(app, "TRIM_TIMEOUT_S", 2.0)
+    _, kid = await gpushare.open_notebook("trim.ipynb")
+    _, other = await gpushare.open_notebook("other.ipynb")
+    await run_in_kernel(jp_serverapp, kid, "import gpushare_simulate; gpushare_simulate.use('1GiB'); kept = 41")
+    fake = (
+        "lambda: ['torch', 'tensorflow', 'x' * 65536]" if answer == "a lie" else "lambda: __import__('time').sleep(8)"
+    )
+    await run_in_kernel(jp_serverapp, kid, f"import _gpushare_alloc; _gpushare_alloc.trim = {fake}")
+    if answer == "a lie":
+        await _park(jp_fetch, kid)
+        parked = await _event(gpushare, kid, "parked")
+        assert parked["parked_mib"] == 1024 and parked["trimmed"] == ["torch"], parked
+    else:
+        said = await _refused(jp_fetch, kid)
+        assert "it did not answer the request to give its cached GPU memory back" in said, said
+        assert await gpushare.state_of(kid) == "running"
+    await _park(jp_fetch, other)
+    await gpushare.wait_for(lambda: _state(gpushare, other, "parked"), what="the other kernel parked")
+
+
+async def test_a_demand_that_comes_while_the_park_is_under_way_is_not_lost(gpushare, jp_serverapp, jp_fetch):
+    """The server marks the kernel parked and tells it so through its pipe; a comm message (or a cell) that reaches
+    the kernel before it has read that (its reader thread slowed here by 2 s, as on a loaded host) still brings it
+    back. It was lost: the kernel, not yet knowing it was parked, let the demand pass, and stayed parked (CI)."""
+    _, kid = await gpushare.open_notebook("race.ipynb")
+    slow = "import _gpushare_wait as w, time\n_take = w._take\nw._take = lambda m: (time.sleep(2) if 'parked' in m else None, _take(m))"
+    await run_in_kernel(jp_serverapp, kid, slow)
+    await _park(jp_fetch, kid)
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "parked"), what="the kernel to be parked")
+    client = _own_client(jp_serverapp, kid)
+    try:
+        client.shell_channel.send(client.session.msg("comm_msg", {"comm_id": uuid.uuid4().hex, "data": {}}))
+        await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the kernel back on its GPU")
+    finally:
+        client.stop_channels()

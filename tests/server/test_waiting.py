@@ -18,7 +18,7 @@ import time
 import psutil
 import pytest
 from jupyter_client.session import Session
-from kernels import cell_result, run_in_kernel, send_cell, stream_until
+from kernels import cell_result, result_after_error, run_in_kernel, send_cell, stream_until
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpushare.core.words import event_words
@@ -269,8 +269,8 @@ async def test_a_kernel_whose_wait_is_stopped_runs_on_without_a_gpu_and_says_why
     error = await _error_of(ws, gpu)  # the cell that waited says that it did not run, and why
     assert error["ename"] == "GpuWaitEnded" and "this cell did not run: Stopped waiting for a GPU" in error["evalue"]
     assert len(error["traceback"]) == 1 and error["evalue"] in error["traceback"][0]  # the reason, not 50 lines
-    again = send_cell(ws, session, "import torch, os; kept, os.environ['GPUSHARE_MODE'], os.getpid()")
-    assert await cell_result(ws, kid, again) == f"('mine', 'cpu', {pid})"  # run again: on the CPU, state kept
+    again = "import torch, os; kept, os.environ['GPUSHARE_MODE'], os.getpid()"
+    assert await result_after_error(ws, kid, session, again) == f"('mine', 'cpu', {pid})"  # on the CPU, state kept
     rec = await gpushare.kernel(kid)
     assert rec["state"] == "cpu" and rec["reason"].startswith("Stopped waiting for a GPU")
     assert rec["wait_ended"] == "cancelled"
