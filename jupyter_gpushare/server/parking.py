@@ -452,19 +452,15 @@ class Parking:
                     raise QuotaUnavailable(grant.reason or "no reservation")
                 lease = grant.lease
         except (QuotaUnavailable, PolicyError, Exception) as e:  # noqa: BLE001 (it stays parked, and says why)
-            move(rec, "parked", position=None)
-            self.services.starts.tell(kid, {"parked": {"parked_mib": parked.parked_mib}})  # (asks again)
-            self.kernels.event("resume-waited-out", kid, f"Still parked: {e}. Its next cell asks again.")
+            self._stays_parked(rec, parked, "resume-waited-out", f"Still parked: {e}. Its next cell asks again.")
             return
         waited = round(time.monotonic() - t0, 2)
         free = await self.card.short(parked.card_uuid, parked.parked_mib)
         if free is not None:  # the ledger agrees, the card does not: no restore without the room (it stays parked)
             await self.ledger.on(lambda ledger: ledger.release(kid))
             self._room_freed(lease.reserved_mib)
-            move(rec, "parked", position=None)
-            self.services.starts.tell(kid, {"parked": {"parked_mib": parked.parked_mib}})  # (asks again)
             figures: dict[str, Any] = {"free_mib": free, "parked_mib": parked.parked_mib}  # (words: the catalogue)
-            self.kernels.event("resume-no-room", kid, render("event.resume-no-room", figures), **figures)
+            self._stays_parked(rec, parked, "resume-no-room", render("event.resume-no-room", figures), **figures)
             return
         try:
             steps = await self._blocking(self.checkpointer.resume, list(parked.pids)) if parked.pids else {}
@@ -487,6 +483,13 @@ class Parking:
             "resumed", kid, f"Back on its GPU after {waited} s in line; its state came back in {seconds} s.",
             waited_s=waited, resume_s=seconds, **steps,
         )  # fmt: skip
+
+    def _stays_parked(self, rec: KernelRecord, parked: Parked, code: str, message: str, **figures: Any) -> None:
+        """A resume that did not happen: parked again (a grant the line gave meanwhile went back: no lease), told so
+        (its next demand asks again), and why."""
+        move(rec, "parked", lease=None, position=None)
+        self.services.starts.tell(rec.kernel_id, {"parked": {"parked_mib": parked.parked_mib}})
+        self.kernels.event(code, rec.kernel_id, message, **figures)
 
     def forget(self, kernel_id: str) -> None:
         """The kernel is gone or restarts: its parked state went with its process."""

@@ -18,6 +18,7 @@ from jupyter_client import AsyncKernelClient
 from kernels import run_in_kernel, stdout_of
 from tornado.httpclient import HTTPClientError
 
+from jupyter_gpushare.ledger.ledger import Lease
 from jupyter_gpushare.server import app, parking
 
 
@@ -157,7 +158,10 @@ async def test_a_parked_kernel_that_is_stopped_or_killed_takes_nothing_with_it(g
     assert kid not in await manager.ledger.on(lambda ledger: ledger.parked())
 
 
-async def test_a_resume_waits_for_the_room_the_card_shows_not_the_ledger(gpushare, jp_serverapp, jp_fetch, monkeypatch):
+@pytest.mark.parametrize("how", ["admitted at once", "granted in line"])
+async def test_a_resume_waits_for_the_room_the_card_shows_not_the_ledger(
+    gpushare, jp_serverapp, jp_fetch, monkeypatch, how
+):
     """Memory is taken on the card right after a parked kernel's reservation is granted (a process outside any
     reservation): the ledger agrees to the resume, the card does not have the room. A restore then would run out of
     memory, and that breaks the process for good (cuda-checkpoint#44): the kernel stays parked, says why with the
@@ -179,16 +183,22 @@ async def test_a_resume_waits_for_the_room_the_card_shows_not_the_ledger(gpushar
 
     def granted_then_taken(*args, **kwargs):
         got = real_reserve(*args, **kwargs)
-        fake.add_process(thief.pid, 10240 - 1024)  # (leaves 1 GiB: the parked state, without the restore's margin)
+        if isinstance(got, Lease):  # (leaves 1 GiB: the parked state, without the restore's margin)
+            fake.add_process(thief.pid, 10240 - 1024)
         return got
 
+    full = [(await gpushare.open_notebook(f"full-{i}.ipynb"))[0] for i in range(2 if how == "granted in line" else 0)]
     monkeypatch.setattr(manager, "reserve", granted_then_taken)
     try:
-        await jp_fetch("api", "gpushare", "kernels", kid, "resume", method="POST", body="")
+        asked = asyncio.ensure_future(jp_fetch("api", "gpushare", "kernels", kid, "resume", method="POST", body=""))
+        if full:  # (the card is full of reservations: the resume waits in line, and is granted when one closes)
+            await gpushare.wait_for(lambda: _state(gpushare, kid, "queued"), what="the resume in line")
+            await gpushare.close_notebook(full.pop())
+        await asked
         said = await gpushare.wait_for(lambda: _event(gpushare, kid, "resume-no-room"), what="the resume refused")
         assert "its card has 1 GiB free, its state needs 1 GiB (used outside the line)" in said["message"], said
         assert resumed == [] and await gpushare.state_of(kid) == "parked"
-        assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 0  # its reservation went back
+        assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 4608 * len(full)  # its own went back
     finally:
         monkeypatch.setattr(manager, "reserve", real_reserve)
         fake.remove_process(thief.pid)
