@@ -274,10 +274,8 @@ class Parking:
         why_not = await self._why_not(kernel_id)
         if why_not is not None:
             raise PolicyError(f"Kernel {kernel_id} is not parked: {why_not}.")
-        usage = self.kernels.kernel_usage(kernel_id)
-        processes = usage.processes if usage is not None else ()
-        pids = holding(processes)
-        used = (usage.used_mib or 0) if usage is not None else 0
+        usage = self.kernels.kernel_usage(kernel_id)  # (what the park falls back on: it reads the card afresh)
+        pids, used = (holding(usage.processes), usage.used_mib or 0) if usage is not None else ([], 0)
         why_not = await self._start(kernel_id, self._park(rec, pids, used, usage.pid if usage else None, asked=True))
         if why_not is not None:
             raise PolicyError(f"Kernel {kernel_id} is not parked: {why_not}.")
@@ -485,8 +483,7 @@ class Parking:
         )  # fmt: skip
 
     def _stays_parked(self, rec: KernelRecord, parked: Parked, code: str, message: str, **figures: Any) -> None:
-        """A resume that did not happen: parked again (a grant the line gave meanwhile went back: no lease), told so
-        (its next demand asks again), and why."""
+        """A resume that did not happen: parked again (no lease: a grant of the line's went back), told so, and why."""
         move(rec, "parked", lease=None, position=None)
         self.services.starts.tell(rec.kernel_id, {"parked": {"parked_mib": parked.parked_mib}})
         self.kernels.event(code, rec.kernel_id, message, **figures)
