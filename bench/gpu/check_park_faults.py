@@ -42,18 +42,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_escapes import Server, nvml_use, run  # noqa: E402
-from check_park_server import card_meta, session, state, wait_state  # noqa: E402
+from check_park_server import ALLOC, card_meta, session, state, wait_state  # noqa: E402
 
 from jupyter_gpushare.host import checkpoint  # noqa: E402
 
 SETTINGS = {"gpu_backend": "nvml", "default_quota": "30%", "park_after": 3600.0, "queue_timeout": 20,
             "over_quota_action": "notify"}  # fmt: skip
-ALLOC = (
-    "import torch, os\n"
-    "x = torch.arange(4 * 2**30 // 4, device='cuda', dtype=torch.float32) % 9973\n"
-    "torch.cuda.empty_cache(); torch.cuda.synchronize()\n"
-    "print(float(x[::4096].double().sum()), os.getpid())"
-)
 CHECK = "print(float(x[::4096].double().sum()), os.getpid())"
 THIEF = r"""
 import sys, time, torch
