@@ -24,7 +24,7 @@ RESTORE_MARGIN_MIB = 256  # room beyond the parked state a restore needs (the dr
 
 def holding(processes: Sequence) -> list[int]:
     """The pids of a kernel's processes that hold memory on the card (the ones a park checkpoints)."""
-    return [p.pid for p in processes if (p.used_mib or 0) > FREED_MIB]
+    return sorted({p.pid for p in processes if (p.used_mib or 0) > 0})
 
 
 class CardWord:
