@@ -67,8 +67,8 @@ _state: dict = {
     "ask_fd": None,
     "using": False,
     "parked": None,
-    "wanted": False,
-}  # fmt: skip (wanted: a cell or comm message came since the server asked parkable())
+    "wanted": False,  # a cell or comm message came since the server last asked parkable()
+}
 _hooked: set[str] = set()  # what ``_hear_demands`` has hooked in this process (IPython's cells, comm messages)
 
 
@@ -296,12 +296,13 @@ def _cell_demand(*_args) -> None:
 
 
 def parkable(allowed=None) -> str:
-    """The server asks before a park (read only): "ok", or why not: a GPU framework that is not in ``allowed`` (its
+    """The server asks before a park: "ok", or why not: a GPU framework that is not in ``allowed`` (its
     GPU state does not survive a park: JAX's did not), or while a thread that the notebook started runs, or a child
     process (a model served from a thread, a demo's web server, a program started with ``!``: their GPU calls come
     from no cell, so nothing would bring the kernel back for them). A port the kernel listens on is not asked about:
     something of the kernel answers it, a thread or a process; and a kernel's own ports vary (ipykernel 7 listens on
-    six)."""
+    six). Asking also starts the kernel listening for demands, so one that comes while the park is under way is heard
+    (``_take``)."""
     import threading
 
     _hear_demands()  # (hooked now, in the main thread: a demand during the park is heard)
