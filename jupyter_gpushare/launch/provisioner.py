@@ -50,6 +50,7 @@ from .ports import HeldPorts, close
 from .warm_start import WarmStarts
 
 WAITING = "Waiting for a GPU"  # how the server's kernel model's reason begins while a kernel is in line
+JOIN_IDLE_S = 2.0  # how long a join waits for jupyter_server to hear a kernel idle (its last cell's status, late)
 JOIN_ASK_S = 8.0  # how long an idle kernel has to agree to join the line again in place (3 s: late on a loaded host)
 STAND_BY_ASK_S = 3.0  # how long a kernel has to answer when asked to stand by (its pipe's thread answers)
 
@@ -320,7 +321,11 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         rec = manager.records.get(self.kernel_id)
         if held is None or not held.open or rec is None or rec.state != "cpu" or not rec.wait_ended:
             return "cannot"
-        if getattr(self.parent, "execution_state", None) == "busy":  # (jupyter_server's word: a cell runs)
+        for _ in range(int(JOIN_IDLE_S / 0.05)):  # jupyter_server's word: a cell runs (one that just ended: idle soon)
+            if getattr(self.parent, "execution_state", None) != "busy":
+                break
+            await asyncio.sleep(0.05)
+        else:
             return "busy"
         said = await manager.services.starts.ask(
             self.kernel_id, "__import__('_gpushare_wait').can_rejoin()", JOIN_ASK_S

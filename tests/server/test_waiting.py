@@ -335,6 +335,10 @@ async def test_join_again_in_place_keeps_the_process_and_its_variables(
     assert e.value.code == 409 and json.loads(e.value.response.body)["code"] == "join-busy"
     await busy
     await run_in_kernel(jp_serverapp, ran, "import torch")
+    # the cell's reply came, its idle status not yet (as on a loaded host): the join waits for it, not "busy"
+    km = jp_serverapp.kernel_manager.get_kernel(ran)
+    km.execution_state = "busy"
+    asyncio.get_running_loop().call_later(0.5, setattr, km, "execution_state", "idle")
     with pytest.raises(HTTPClientError) as e:
         await jp_fetch("api", "gpushare", "kernels", ran, "join", method="POST", body="")
     refusal = json.loads(e.value.response.body)
