@@ -53,9 +53,10 @@ class Checkpointer(Protocol):
 
 class DriverCheckpoint:
     """The CUDA driver's checkpoint API, called from one helper process that lives as long as this object: the
-    driver is attached once (a fresh process pays ~2.7 s for it at each call), and the helper knows what it parked.
-    Calls are one at a time. A call is never killed midway (that desyncs the driver: criu#2547); one that does not
-    answer within HELPER_TIMEOUT_S is left to finish, and a new helper serves the next call."""
+    driver is attached once (about 0.1 s a call saved on an H200 with driver 580: bench/README.md), and the helper
+    knows what it parked. Calls are one at a time. A call is never killed midway (that desyncs the driver:
+    criu#2547); one that does not answer within HELPER_TIMEOUT_S is left to finish, and undone (a park), and a new
+    helper serves the next call."""
 
     kind = "driver"
 
@@ -102,10 +103,14 @@ class DriverCheckpoint:
         with self._lock:
             self._let_go()
 
-    def _let_go(self) -> None:
+    def _let_go(self, abandon: bool = False) -> None:
+        """The helper's input ends (it ends what it parked, as when the server dies); ``abandon``: a call it still
+        runs was given up, so it undoes that call and hands the rest over (``serve``'s ``let-go``)."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.stdin is not None:
             try:
+                if abandon:
+                    proc.stdin.write(json.dumps({"op": "let-go"}) + "\n")
                 proc.stdin.close()
             except OSError:
                 pass
@@ -122,7 +127,7 @@ class DriverCheckpoint:
                 self._let_go()
                 raise CheckpointError(f"the checkpoint helper ended ({e}); the next call starts a new one") from e
             except queue.Empty:
-                self._let_go()
+                self._let_go(abandon=True)
                 raise CheckpointError(
                     f"the checkpoint helper did not answer within {HELPER_TIMEOUT_S:.0f} s; it was left to finish "
                     "(a checkpoint is never stopped midway), and the next call starts a new one"
@@ -308,7 +313,8 @@ def _quietly(lib, name: str, pid: int) -> None:  # pragma: no cover - as above
 
 
 def _started(pid: int) -> str | None:
-    """The process's start time (/proc/PID/stat), to tell it from a later process with its pid."""
+    """The process's start time (/proc/PID/stat), to tell it from a later process with its pid. (host/procs.py reads
+    the same with psutil; this helper runs on the standard library alone.)"""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[19]
@@ -340,25 +346,43 @@ def _answer(lib, request: object, parked: dict[int, str | None]) -> dict:
     return {"ok": True, "seconds": seconds}
 
 
+def _let_go(lib, last: list[int], parked: dict[int, str | None]) -> None:
+    """The server stopped waiting for this helper's last call (``DriverCheckpoint``, past HELPER_TIMEOUT_S), and
+    said the kernel runs on: a park that finished meanwhile is undone. The other processes it parked stay parked:
+    the server knows them, and its next helper resumes them."""
+    if lib is not None and last:
+        for name in ("cuCheckpointProcessRestore", "cuCheckpointProcessUnlock"):
+            for pid in last:
+                _quietly(lib, name, pid)
+    parked.clear()
+
+
 def serve(lines, write) -> None:
-    """Answer each request line until the input ends (the server is gone, or let this helper go); then end every
-    process this helper parked and nobody resumed: its GPU state lives in the driver, and nothing could bring it
-    back or free it once its server is gone (Jupyter's kernels of a dead server are not taken up again)."""
+    """Answer each request line until the input ends; then end every process this helper parked and nobody
+    resumed: its server is gone, its GPU state lives in the driver, and nothing could bring it back or free it
+    (Jupyter's kernels of a dead server are not taken up again). A ``let-go`` line instead ends the helper at
+    once, nothing ended (``_let_go``)."""
     lib, why_not = None, None
     try:
         lib = _driver()
     except CheckpointError as e:
         why_not = str(e)
     parked: dict[int, str | None] = {}
+    last: list[int] = []  # the processes the last park parked
     for line in lines:
         try:
             request = json.loads(line)
+            if isinstance(request, dict) and request.get("op") == "let-go":
+                _let_go(lib, last, parked)
+                return
             if why_not is not None:
                 reply = (
                     {"ok": True, "reason": why_not} if request.get("op") == "probe" else {"ok": False, "error": why_not}
                 )
             else:
+                before = set(parked)
                 reply = _answer(lib, request, parked)
+                last = [pid for pid in parked if pid not in before]
         except (CheckpointError, ValueError, AttributeError) as e:
             reply = {"ok": False, "error": str(e)}
         write(json.dumps(reply) + "\n")

@@ -28,6 +28,9 @@ def holding(processes: Sequence) -> list[int]:
 
 
 class CardWord:
+    """The card's word for parking, read from the sampler's readings (each one asked for, none older than the
+    question)."""
+
     def __init__(self, readings: Readings) -> None:
         self.readings = readings
 
@@ -45,11 +48,11 @@ class CardWord:
         FREED_WITHIN_S."""
         mine = set(pids)
 
-        def held(samples: Sequence[DeviceSample]) -> int:
+        def on_card(samples: Sequence[DeviceSample]) -> int:
             return sum((p.used_mib or 0) for s in samples for p in s.processes if p.pid in mine)
 
-        freed = await self._shows(lambda samples: held(samples) <= FREED_MIB * max(1, len(pids)), FREED_WITHIN_S)
-        return None if freed else held(self.readings.latest_samples())
+        freed = await self._shows(lambda samples: on_card(samples) <= FREED_MIB * max(1, len(pids)), FREED_WITHIN_S)
+        return None if freed else on_card(self.readings.latest_samples())
 
     async def short(self, card_uuid: str, need_mib: int) -> int | None:
         """None once the card shows room for ``need_mib`` and the restore's margin (or gives no figure: then the

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from ..core.policy import ParkRules, PolicyError, Size, format_mib
 from ..core.words import render
 from ..host.checkpoint import Checkpointer, CheckpointError
-from ..host.gpu import Card, DeviceSample
+from ..host.gpu import Card
 from ..ledger.ledger import Lease, LedgerError, Request, Waiting
 from ..ledger.reservations import Reservations
 from .card_word import CardWord, holding
@@ -63,7 +63,6 @@ class Registry(Tells, Protocol):
     async def attach(self, kernel_id: str, pid: int | None) -> None: ...
     def end_kernel(self, kernel_id: str) -> None: ...
     def kernel_usage(self, kernel_id: str) -> KernelUsage | None: ...
-    def latest_samples(self) -> Sequence[DeviceSample]: ...
 
 
 LOCK_TIMEOUT_S = 10.0  # a running GPU call that does not end within this is not parked

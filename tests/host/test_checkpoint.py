@@ -66,6 +66,32 @@ def test_a_process_parked_and_never_resumed_is_ended_when_the_server_is_gone(mon
             p.wait()
 
 
+def test_a_park_the_server_gave_up_on_is_undone_and_the_others_stay_parked(monkeypatch):
+    """The server stopped waiting for a park (past HELPER_TIMEOUT_S) and told its kernel it runs on: when the helper
+    hears ``let-go``, it restores and unlocks what that park parked, ends nothing, and leaves the kernels parked
+    before it to the server's next helper."""
+    before, given_up = sleeper(), sleeper()
+    try:
+        replies, lib = served(
+            [
+                {"op": "park", "timeout_ms": 5000, "pids": [before.pid]},
+                {"op": "park", "timeout_ms": 5000, "pids": [given_up.pid]},
+                {"op": "let-go"},
+                {"op": "probe"},  # (not read: the helper ended at let-go)
+            ],
+            monkeypatch,
+        )
+        assert len(replies) == 2
+        undone = [call for call in lib.calls if call[0] in ("cuCheckpointProcessRestore", "cuCheckpointProcessUnlock")]
+        assert undone == [("cuCheckpointProcessRestore", given_up.pid), ("cuCheckpointProcessUnlock", given_up.pid)]
+        time.sleep(0.2)
+        assert before.poll() is None and given_up.poll() is None
+    finally:
+        for p in (before, given_up):
+            p.kill()
+            p.wait()
+
+
 def test_a_later_process_with_a_parked_ones_pid_is_not_ended(monkeypatch):
     """A pid is checked against the start time it had when parked: a process that took it later is left alone."""
     later = sleeper()
