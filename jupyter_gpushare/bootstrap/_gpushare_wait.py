@@ -22,7 +22,9 @@ A kernel that is parked (the server moved its GPU state to host memory: parking.
 kernel brings it back, whichever client sent it: a cell (IPython's ``pre_run_cell``: a notebook's, a console's, an
 IDE's on the kernel's own ZMQ shell) and a comm message (a widget's) each write ``resume`` on the ask pipe. A cell
 runs at once; it says in one line, on its stdout, that the GPU comes back and where it stands, and only a GPU call in
-it waits, inside the driver, until the state is back. Whether the kernel can be parked at all is its ``parkable``:
+it waits, inside the driver, until the state is back; if the resume does not happen (no room on the card, no
+reservation in time), the server says why and the running cell prints it (the server tries again while the kernel
+is busy). Whether the kernel can be parked at all is its ``parkable``:
 not while a thread its notebook started runs (a demo served from a thread makes GPU calls no cell asks for).
 
 Standard library only; the kernel process alone reads the pipe (its children do not inherit it).
@@ -68,6 +70,7 @@ _state: dict = {
     "using": False,
     "parked": None,
     "wanted": False,  # a cell or comm message came since the server last asked parkable()
+    "cell": False,  # a cell runs (known from the first park on: IPython's pre_run_cell and post_run_cell)
 }
 _hooked: set[str] = set()  # what ``_hear_demands`` has hooked in this process (IPython's cells, comm messages)
 
@@ -132,10 +135,15 @@ def _take(message: dict) -> None:
         if isinstance(handover, dict) and os.environ.get(env.MODE) == "warm":
             _hand_over(handover)
         if isinstance(parked, dict):
+            before = _state["parked"]
+            if before is not None and "why" not in parked:  # its place in line while it comes back (still asked)
+                parked = {"parked_mib": before.get("parked_mib"), "asked": before.get("asked"), **parked}
             _state["parked"] = parked
             _hear_demands()
             if _state["wanted"]:  # a demand came while it was being parked, before it heard so: it asks now
                 parked["asked"] = _tell("resume")
+            elif before is not None and isinstance(parked.get("why"), str) and _state["cell"]:
+                _not_back(parked["why"])  # a resume did not happen, and a cell that wants the kernel runs
             _state["wanted"] = False
         if isinstance(back, dict):
             _state["parked"] = None
@@ -253,6 +261,7 @@ def _hear_demands() -> None:
     if "cells" not in _hooked:
         try:
             shell.events.register("pre_run_cell", _cell_demand)
+            shell.events.register("post_run_cell", _cell_done)
             _hooked.add("cells")
         except Exception as e:  # (an IPython without events)
             rep.warn(f"a cell cannot bring this parked kernel back: {e}")
@@ -267,6 +276,22 @@ def _hear_demands() -> None:
 
         handlers["comm_msg"] = comm_msg
         _hooked.add("comms")
+
+
+def _not_back(why: str) -> None:
+    """A resume did not happen, and a cell runs: a GPU call in it waits in the driver until the state is back (the
+    server tries again while the kernel is busy). The cell says why, in the server's words, once for each reason.
+    Written from the pipe's thread, so ipykernel puts it in the running cell. (Called with ``_cond`` held.)"""
+    sys.stdout.write(
+        f"jupyter-gpushare: its GPU state did not come back. {why[:400]} To give up instead, restart the kernel (its "
+        "variables are lost).\n"
+    )
+    sys.stdout.flush()
+
+
+def _cell_done(*_args) -> None:
+    with _cond:
+        _state["cell"] = False
 
 
 def _demand() -> bool:
@@ -284,6 +309,8 @@ def _demand() -> bool:
 
 def _cell_demand(*_args) -> None:
     """A cell begins (any client's): a parked kernel comes back, and the cell says so in one line."""
+    with _cond:
+        _state["cell"] = True
     if not _demand():
         return
     place = (_state["parked"] or {}).get("position")

@@ -78,9 +78,10 @@ CATALOGUE: dict[str, str] = {
     "event.teacher-release-restarted": "{by} gave its GPU reservation back[: {why}]. It was restarted and waits "
     "for a GPU again; its variables are lost.",
     "event.resumed": "Back on its GPU after {waited_s} in line; its state came back in {resume_s}.",
-    "event.resume-waited-out": "Still parked: no reservation came in time. Its next cell asks again.",
+    "event.resume-waited-out": "Still parked: no reservation came in time[ ({reason})]. It tries again every "
+    "{again_s} while a cell runs, and at its next cell.",
     "event.resume-no-room": "Still parked: its card has {free_mib} free, its state needs {parked_mib} (used outside "
-    "the line). Its next cell asks again.",
+    "the line). It tries again every {again_s} while a cell runs, and at its next cell.",
     "event.resume-failed": "Its GPU state could not be brought back ({reason}); the kernel was shut down.",
     "event.cancelled": "Stopped waiting for a GPU.",
     "event.refused": "Not started: {message}",

@@ -102,7 +102,7 @@ class Enforcer:
         for kid, rec in list(self.manager.records.items()):
             usage = snap.kernels.get(kid)
             if rec.parked is not None and getattr(self._kernel(kid), "execution_state", None) == "busy":
-                parking.resume(kid)  # a parked kernel busy with anything (whichever client sent it) is wanted
+                parking.resume(kid, retry=True)  # a parked kernel busy with anything (any client's) is wanted
             if rec.state != "running" or rec.lease is None or usage is None:
                 continue
             w = self._watch.get(kid)

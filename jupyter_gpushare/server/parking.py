@@ -41,6 +41,7 @@ from ..ledger.ledger import Lease, LedgerError, Request, Waiting
 from ..ledger.reservations import Reservations
 from .card_word import CardWord, holding
 from .holding import Holding
+from .kernel_word import why_not_parked
 from .ledger_worker import LedgerWorker
 from .life import move
 from .line import Line
@@ -70,7 +71,7 @@ SETTLE_S = 1.0  # a park's room counts as coming until the line has had a turn s
 AT_ONCE = 8  # parks under way at one time (each moves its state to host memory; they share the bus)
 STARTING_S = 30.0  # a kernel is not idle while Jupyter says it is starting, for at most this long
 NOT_NOW_S = 30.0  # a kernel that may not be parked now (the budget, a thread, a port) is not tried again for this long
-PARKABLE_ASK_S = 10.0  # how long a kernel has to say whether it may be parked (an idle one: milliseconds)
+ASK_AGAIN_S = 15.0  # a resume that did not happen is tried again, while its kernel is busy, at most this often
 
 
 class Parking:
@@ -105,6 +106,7 @@ class Parking:
         self._standing: dict[str, int] = {}  # kernels being asked to stand by now: the reservation each gives back
         self._kept: dict[str, int | None] = {}  # kernels that would not stand by: the process that said so
         self._not_until: dict[str, float] = {}  # (monotonic) kernels that may not be parked now: until when
+        self._again: dict[str, tuple[float, str]] = {}  # resumes that did not happen: (monotonic) retry from, why
 
     # -- what is parked ------------------------------------------------------------------------------
 
@@ -270,7 +272,7 @@ class Parking:
         reason = self.checkpointer.unavailable()
         if reason:
             raise PolicyError(f"Kernels cannot be parked on this host: {reason}.")
-        why_not = await self._why_not(kernel_id)
+        why_not = await why_not_parked(self.services.starts, kernel_id, self.rules.frameworks)
         if why_not is not None:
             raise PolicyError(f"Kernel {kernel_id} is not parked: {why_not}.")
         usage = self.kernels.kernel_usage(kernel_id)  # (what the park falls back on: it reads the card afresh)
@@ -341,7 +343,7 @@ class Parking:
         kid, lease, card = rec.kernel_id, rec.lease, rec.card
         assert lease is not None
         t0 = time.monotonic()
-        why_not = None if asked else await self._why_not(kid)
+        why_not = None if asked else await why_not_parked(self.services.starts, kid, self.rules.frameworks)
         if why_not is not None:
             self._not_until[kid] = time.monotonic() + NOT_NOW_S
             self.kernels.log.info("jupyter-gpushare: kernel %s is not parked: %s", kid, why_not)
@@ -394,36 +396,19 @@ class Parking:
         )  # fmt: skip
         return None
 
-    async def _why_not(self, kernel_id: str) -> str | None:
-        """Why a kernel may not be parked now, or None: a parked kernel must be able to hear that it is, and every
-        demand on it must be one it can say (a cell, a comm message). So not a kernel without its pipe to the server,
-        nor one that runs a thread its notebook started or a child process (a demo's web server, a served model: their
-        GPU calls come from no cell), nor one that does not answer the question (``_gpushare_wait.parkable``). Nor, by
-        hand as by the line, one that imported a framework not in park_frameworks (the kernel says which)."""
-        starts = self.services.starts
-        if not starts.hears(kernel_id):
-            return "it has no pipe to the server, so it could not say that it is wanted"
-        allowed = repr(tuple(str(f) for f in self.rules.frameworks))  # (the admin's list: quoted by repr)
-        said = await starts.ask(kernel_id, f"__import__('_gpushare_wait').parkable({allowed})", PARKABLE_ASK_S)
-        why = (said or "").strip(chr(39) + chr(34))[:300]
-        if not why:
-            return "it did not say whether it may be parked (a cell runs, or it does not answer)"
-        if why != "ok":  # (its own word: a kernel that lies keeps only itself from parking, or hangs itself)
-            return why
-        return None
-
     # -- resume ------------------------------------------------------------------------------------------
 
-    def resume(self, kernel_id: str) -> asyncio.Future:
+    def resume(self, kernel_id: str, retry: bool = False) -> asyncio.Future:
         """Bring a parked kernel back (idempotent: a second call joins the first); the future is done once it runs
-        again, or stays parked (its wait for a reservation ended)."""
+        again, or stays parked (its wait for a reservation ended, or its card has no room). ``retry``: a demand that
+        stands (the kernel is still busy), tried again at most every ASK_AGAIN_S after a resume that did not happen."""
         moving = self._moving.get(kernel_id)
         if moving is not None and kernel_id in self._parking:  # a park under way: come back right after it
             return asyncio.ensure_future(self._after(moving, kernel_id))
         if moving is not None:
             return moving
         rec = self.kernels.records.get(kernel_id)
-        if rec is None or rec.parked is None:
+        if rec is None or rec.parked is None or (retry and self._again.get(kernel_id, (0.0,))[0] > time.monotonic()):
             done: asyncio.Future = asyncio.get_running_loop().create_future()
             done.set_result(None)
             return done
@@ -449,7 +434,7 @@ class Parking:
                     raise QuotaUnavailable(grant.reason or "no reservation")
                 lease = grant.lease
         except (QuotaUnavailable, PolicyError, Exception) as e:  # noqa: BLE001 (it stays parked, and says why)
-            self._stays_parked(rec, parked, "resume-waited-out", f"Still parked: {e}. Its next cell asks again.")
+            self._stays_parked(rec, parked, "resume-waited-out", reason=str(e))
             return
         waited = round(time.monotonic() - t0, 2)
         free = await self.card.short(parked.card_uuid, parked.parked_mib)
@@ -457,7 +442,7 @@ class Parking:
             await self.ledger.on(lambda ledger: ledger.release(kid))
             self._room_freed(lease.reserved_mib)
             figures: dict[str, Any] = {"free_mib": free, "parked_mib": parked.parked_mib}  # (words: the catalogue)
-            self._stays_parked(rec, parked, "resume-no-room", render("event.resume-no-room", figures), **figures)
+            self._stays_parked(rec, parked, "resume-no-room", **figures)
             return
         try:
             steps = await self._blocking(self.checkpointer.resume, list(parked.pids)) if parked.pids else {}
@@ -471,6 +456,7 @@ class Parking:
         self.seconds["resume"] = [*self.seconds["resume"][-49:], seconds]
         self.given_back_mib_s += parked.reserved_mib * (time.time() - parked.since)
         rec.parked = None
+        self._again.pop(kid, None)
         self._unpark(kid)
         self.services.starts.tell(kid, {"back": {}})
         self.touch(kid)  # its cell runs next: its idle clock starts again
@@ -481,11 +467,18 @@ class Parking:
             waited_s=waited, resume_s=seconds, **steps,
         )  # fmt: skip
 
-    def _stays_parked(self, rec: KernelRecord, parked: Parked, code: str, message: str, **figures: Any) -> None:
-        """A resume that did not happen: parked again (no lease: a grant of the line's went back), told so, and why."""
+    def _stays_parked(self, rec: KernelRecord, parked: Parked, code: str, **figures: Any) -> None:
+        """A resume that did not happen: parked again (no lease: a grant of the line's went back), told so, and why:
+        a cell that runs says it (its GPU call waits in the driver: never a silent hang). The same words again (a
+        demand that stands, tried again) are said once."""
         move(rec, "parked", lease=None, position=None)
-        self.services.starts.tell(rec.kernel_id, {"parked": {"parked_mib": parked.parked_mib}})
-        self.kernels.event(code, rec.kernel_id, message, **figures)
+        figures["again_s"] = ASK_AGAIN_S
+        message = render(f"event.{code}", figures)
+        said = self._again.get(rec.kernel_id, (0.0, None))[1]
+        self._again[rec.kernel_id] = (time.monotonic() + ASK_AGAIN_S, message)
+        if message != said:
+            self.services.starts.tell(rec.kernel_id, {"parked": {"parked_mib": parked.parked_mib, "why": message}})
+            self.kernels.event(code, rec.kernel_id, message, **figures)
 
     def forget(self, kernel_id: str) -> None:
         """The kernel is gone or restarts: its parked state went with its process."""
@@ -495,6 +488,7 @@ class Parking:
             rec.parked = None
             self._unpark(kernel_id)
         self._not_until.pop(kernel_id, None)
+        self._again.pop(kernel_id, None)
         self._failed.pop(kernel_id, None)
         self._kept.pop(kernel_id, None)
         self._touched.pop(kernel_id, None)

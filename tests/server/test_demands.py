@@ -19,7 +19,7 @@ from kernels import run_in_kernel, stdout_of
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpushare.ledger.ledger import Lease
-from jupyter_gpushare.server import app, parking
+from jupyter_gpushare.server import app, kernel_word, parking
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ async def test_a_kernel_that_answers_nonsense_or_nothing_is_refused_and_nothing_
     """The kernel's word is read only for "ok": a kernel that says anything else (64 KiB of it) is refused with what
     it said, cut short; one that does not answer in time (its bootstrap's answer replaced by a sleep) is refused for
     that. Neither is parked, and another kernel of the server parks as before."""
-    monkeypatch.setattr(parking, "PARKABLE_ASK_S", 2.0)
+    monkeypatch.setattr(kernel_word, "PARKABLE_ASK_S", 2.0)
     _, kid = await gpushare.open_notebook("liar.ipynb")
     _, other = await gpushare.open_notebook("other.ipynb")
     fake = "lambda *_: 'x' * 65536" if answer == "nonsense" else "lambda *_: __import__('time').sleep(8)"
@@ -167,7 +167,7 @@ async def test_a_resume_waits_for_the_room_the_card_shows_not_the_ledger(
     memory, and that breaks the process for good (cuda-checkpoint#44): the kernel stays parked, says why with the
     card's figures, and gives its reservation back. Once the memory is freed, its next demand brings it back."""
     manager = jp_serverapp.web_app.settings["gpushare_manager"]
-    fake, standin = manager.backend.fake, manager.parking.checkpointer
+    standin = manager.parking.checkpointer
     _, kid = await gpushare.open_notebook("taken.ipynb")
     await run_in_kernel(jp_serverapp, kid, "import gpushare_simulate; gpushare_simulate.use('1GiB'); kept = 41")
     await gpushare.wait_for(
@@ -178,17 +178,8 @@ async def test_a_resume_waits_for_the_room_the_card_shows_not_the_ledger(
     pid = (await gpushare.kernel(kid))["pid"]
     resumed: list = []
     monkeypatch.setattr(standin, "resume", lambda pids: resumed.append(pids) or {"restore": 0.0, "unlock": 0.0})
-    thief = await asyncio.create_subprocess_exec("sleep", "60")
-    real_reserve = manager.reserve
-
-    def granted_then_taken(*args, **kwargs):
-        got = real_reserve(*args, **kwargs)
-        if isinstance(got, Lease):  # (leaves 1 GiB: the parked state, without the restore's margin)
-            fake.add_process(thief.pid, 10240 - 1024)
-        return got
-
     full = [(await gpushare.open_notebook(f"full-{i}.ipynb"))[0] for i in range(2 if how == "granted in line" else 0)]
-    monkeypatch.setattr(manager, "reserve", granted_then_taken)
+    thief = await _taken_at_the_grant(manager, monkeypatch)
     try:
         asked = asyncio.ensure_future(jp_fetch("api", "gpushare", "kernels", kid, "resume", method="POST", body=""))
         if full:  # (the card is full of reservations: the resume waits in line, and is granted when one closes)
@@ -200,14 +191,85 @@ async def test_a_resume_waits_for_the_room_the_card_shows_not_the_ledger(
         assert resumed == [] and await gpushare.state_of(kid) == "parked"
         assert (await gpushare.get("cards"))["cards"][0]["reserved_mib"] == 4608 * len(full)  # its own went back
     finally:
-        monkeypatch.setattr(manager, "reserve", real_reserve)
-        fake.remove_process(thief.pid)
-        thief.kill()
-        await thief.wait()
+        await thief.go()
     monkeypatch.undo()
     await jp_fetch("api", "gpushare", "kernels", kid, "resume", method="POST", body="")
     await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), what="the kernel back once the card has room")
     assert await run_in_kernel(jp_serverapp, kid, "print(kept + 1, __import__('os').getpid())") == f"42 {pid}\n"
+
+
+class _Thief:
+    """A process outside any reservation that takes the card's memory right after the ledger grants a reservation
+    (it leaves 1 GiB free: a parked state of 1 GiB, without the restore's margin), until it goes."""
+
+    def __init__(self, manager, monkeypatch, proc) -> None:
+        self.manager, self.proc, self.real = manager, proc, manager.reserve
+        self.monkeypatch = monkeypatch
+        monkeypatch.setattr(manager, "reserve", self.granted_then_taken)
+
+    def granted_then_taken(self, *args, **kwargs):
+        got = self.real(*args, **kwargs)
+        if isinstance(got, Lease):
+            self.manager.backend.fake.add_process(self.proc.pid, 10240 - 1024)
+        return got
+
+    async def go(self) -> None:
+        self.monkeypatch.setattr(self.manager, "reserve", self.real)
+        self.manager.backend.fake.remove_process(self.proc.pid)
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+async def _taken_at_the_grant(manager, monkeypatch) -> _Thief:
+    return _Thief(manager, monkeypatch, await asyncio.create_subprocess_exec("sleep", "60"))
+
+
+async def test_a_cell_that_waits_on_a_resume_that_did_not_happen_says_why_and_asks_again(
+    gpushare, jp_serverapp, jp_fetch, monkeypatch
+):
+    """A cell (here from the kernel's own shell) brings a parked kernel back, but its card has no room for the state
+    (used outside the line): the resume does not happen. The cell's GPU call waits in the driver until the state is
+    back, and the kernel is busy, so no other cell or comm message could ask again: it used to wait with no word, for
+    good. Now the cell says why in one line, with the server's words, and the kernel asks again while the cell runs:
+    once the room is back, the cell goes on, with its variables and the same process."""
+    monkeypatch.setattr(parking, "ASK_AGAIN_S", 2.0)
+    manager = jp_serverapp.web_app.settings["gpushare_manager"]
+    monkeypatch.setattr(manager.parking.checkpointer, "resume", lambda pids: {"restore": 0.0, "unlock": 0.0})
+    _, kid = await gpushare.open_notebook("waits.ipynb")
+    await run_in_kernel(jp_serverapp, kid, "import gpushare_simulate; gpushare_simulate.use('1GiB'); kept = 41")
+    await gpushare.wait_for(lambda: _used(gpushare, kid, 1024), what="the kernel's use on the card")
+    await _park(jp_fetch, kid)
+    await gpushare.wait_for(lambda: _state(gpushare, kid, "parked"), what="the kernel parked")
+    pid = (await gpushare.kernel(kid))["pid"]
+    thief = await _taken_at_the_grant(manager, monkeypatch)
+    client = _own_client(jp_serverapp, kid)
+    try:  # (the cell waits as a GPU call does in a checkpointed process: until the kernel hears it is back)
+        msg_id = client.execute(
+            "import _gpushare_wait as w, os, time\nwhile w._state['parked'] is not None: time.sleep(0.05)\n"
+            "print('back', kept + 1, os.getpid())"
+        )
+        said = await gpushare.wait_for(lambda: _event(gpushare, kid, "resume-no-room"), what="the resume refused")
+        assert "It tries again every 2 s while a cell runs" in said["message"], said
+        await asyncio.sleep(3)  # (tried again meanwhile, with the same words: said once)
+        events = (await gpushare.get("events"))["events"]
+        assert [e["code"] for e in events if e["kernel_id"] == kid].count("resume-no-room") == 1, events
+        await thief.go()  # (the room comes back: the kernel's own second ask brings it back, no other cell)
+        reply = await client.get_shell_msg(timeout=60)
+        assert reply["content"]["status"] == "ok", reply
+        out = await stdout_of(client, msg_id)
+    finally:
+        await thief.go()
+        client.stop_channels()
+    lines = out.splitlines()
+    assert lines[0].startswith("jupyter-gpushare: this kernel was parked; its GPU state comes back now"), out
+    assert lines[1] == (
+        "jupyter-gpushare: its GPU state did not come back. Still parked: its card has 1 GiB free, its state needs "
+        "1 GiB (used outside the line). It tries again every 2 s while a cell runs, and at its next cell. To give up "
+        "instead, restart the kernel (its variables are lost)."
+    ), out
+    assert lines[2:] == [f"back 42 {pid}"], out
+    assert await gpushare.state_of(kid) == "running"
 
 
 async def _used(gpushare, kernel_id: str, mib: int) -> bool:
