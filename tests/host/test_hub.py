@@ -152,9 +152,15 @@ class Hub:
     def api(self, method: str, path: str, body: dict | None = None, token: str = ADMIN_TOKEN):
         return self._request(f"{self.api_url}/{path}", method, body, token)
 
-    def server(self, user: str, method: str, path: str, body: dict | None = None):
+    def server(self, user: str, method: str, path: str, body: dict | None = None, token: str = ADMIN_TOKEN):
         """Call a user's server through the Hub's proxy, as the browser would."""
-        return self._request(f"http://127.0.0.1:{self.port}/user/{user}/{path}", method, body)
+        return self._request(f"http://127.0.0.1:{self.port}/user/{user}/{path}", method, body, token)
+
+    def refused_at(self, user: str, method: str, path: str, token: str) -> tuple[int, str]:
+        """The error a call to ``user``'s server answers (its code, its body's text)."""
+        with pytest.raises(urllib.error.HTTPError) as e:
+            self.server(user, method, path, {}, token)
+        return e.value.code, e.value.read().decode(errors="replace")
 
     def spawn(self, user: str) -> int:
         """Start ``user``'s server; its pid once the Hub says it is ready."""
@@ -292,6 +298,34 @@ def test_student_cannot_release_read_or_forge_and_hub_admin_sees_all(hub_host):
     assert ALICE not in json.dumps(student) and not any(kid in json.dumps(student) for kid in alice_ids)
     admin = hub.server(CAROL, "GET", "api/gpushare/host")
     assert admin["admin"] is True and {u["user"] for u in admin["users"]} == {ALICE, BOB}
+
+
+@needs_hub
+def test_a_parked_kernel_comes_back_only_for_its_own_user(hub_host):
+    """Bob asks to bring Alice's parked kernel back (its id is readable in /proc by anyone on the host): through her
+    server the Hub refuses his token (403); through his own server the kernel is not his (404, with why); at the
+    broker he can neither reserve her parked kernel's id nor give back her parked state. Her kernel stays parked
+    and comes back when she asks."""
+    broker, hub, _, (address, ca) = hub_host
+    kid = alices(broker, hub)[0]
+    path = f"api/gpushare/kernels/{kid}"
+    hub.server(ALICE, "POST", f"{path}/park", {})
+    assert hub.server(ALICE, "GET", path)["state"] == "parked"
+    bob_token = hub.api("POST", f"users/{BOB}/tokens", {"note": "gpushare resume test"})["token"]
+    code, _ = hub.refused_at(ALICE, "POST", f"{path}/resume", bob_token)
+    assert code == 403
+    code, said = hub.refused_at(BOB, "POST", f"{path}/resume", bob_token)
+    assert code == 404 and f"No kernel {kid} holds or waits for a GPU quota on this server" in said, said
+    bob = BrokerLedger(address, token=bob_token, ca_file=ca)
+    try:
+        with pytest.raises(LedgerError, match="in use by another user's kernel"):
+            bob.reserve(Request(kid, parse_size("2GiB")), None, [], False)
+        with pytest.raises(LedgerError, match="another user's"):
+            bob.unpark(kid)
+    finally:
+        bob.close()
+    assert hub.server(ALICE, "GET", path)["state"] == "parked"
+    assert hub.server(ALICE, "POST", f"{path}/resume", {})["state"] == "running"
 
 
 @needs_hub
