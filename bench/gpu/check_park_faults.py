@@ -11,6 +11,8 @@ notebook ``a`` whose kernel holds 4 GiB of known data through PyTorch (``empty_c
 - ``no-room``: ``a`` is parked; a process outside any reservation takes all but 1 GiB of the card; ``a`` is asked
   back. It must not be restored into a full card (a restore that runs out of memory breaks the process for good:
   cuda-checkpoint#44): it stays parked and says why. Once the memory is freed, it comes back intact.
+- ``no-room-cell``: as ``no-room``, but a cell that uses ``a``'s tensor asks for it back: its GPU call waits in the
+  driver, so the cell must say why while it waits, and go on intact once the memory is freed.
 - ``kill-mid-park`` / ``kill-mid-resume``: the server is killed (SIGKILL) while its checkpoint helper moves ``a``'s
   state (the helper's CPU time is seen rising). Nothing may stay locked or held on the card: the helper finishes
   its call, then ends a kernel it parked and nobody resumed (its server is gone); ipykernel ends a kernel whose
@@ -31,6 +33,7 @@ import argparse
 import contextlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -57,7 +60,7 @@ print("taken", (free >> 20) - x.numel() // 2**20, flush=True)
 time.sleep(600)
 """
 KILL_AFTER_S = {"park": 2.0, "resume": 0.9}  # into the checkpoint (2.6 s of 4 GiB) and the restore (1.1 s), measured
-CASES = ("no-room", "kill-mid-park", "kill-mid-resume", "two-at-once", "child", "jax", "host-budget")
+CASES = ("no-room", "no-room-cell", "kill-mid-park", "kill-mid-resume", "two-at-once", "child", "jax", "host-budget")
 
 
 def driver_state(pid: int) -> str:
@@ -134,6 +137,55 @@ def case_no_room(server: Server, work: Path) -> dict:
     out["ok"] = (out["state_while_full"] == "parked" and out["driver_while_full"] == "checkpointed"
                  and "resume-failed" not in out["events"] and out["intact"] and out["same_pid"])  # fmt: skip
     return out
+
+
+def case_no_room_cell(server: Server, work: Path) -> dict:
+    """``a`` is parked; the card is filled outside any reservation; a cell of ``a`` uses its tensor. Its GPU call
+    waits in the driver (the state cannot come back), so the cell must say why within its wait, and come back
+    intact, same pid, once the memory is freed (the server tries again while the kernel is busy)."""
+    a, kc, checksum, pid = loaded(server, "a")
+    out: dict = {"park": move(server, a, "park")}
+    thief = subprocess.Popen([sys.executable, "-c", THIEF], stdout=subprocess.PIPE, text=True)
+    try:
+        out["thief"] = thief.stdout.readline().strip()  # type: ignore[union-attr]
+        msg_id = kc.execute(CHECK)
+        t0 = time.monotonic()
+        said, out["said_in_cell"] = cell_text(kc, msg_id, lambda text: "did not come back" in text, 60)
+        out["said_after_s"] = round(time.monotonic() - t0, 2)
+        out["state_while_full"], out["driver_while_full"] = state(server, a), driver_state(pid)
+    finally:
+        thief.kill()
+        thief.wait()
+    t0 = time.monotonic()
+    rest, out["cell_done"] = cell_text(kc, msg_id, None, 90)
+    out["done_after_freed_s"] = round(time.monotonic() - t0, 2)
+    out["cell_output"] = (said + rest)[-1500:]
+    got = (said + rest).strip().splitlines()[-1].split() if (said + rest).strip() else []
+    out["intact"] = len(got) == 2 and float(got[0]) == checksum and int(got[1]) == pid
+    out.update(state_after=state(server, a), events=codes(server, a))
+    out["ok"] = (out["said_in_cell"] and out["state_while_full"] == "parked"
+                 and out["driver_while_full"] == "checkpointed" and out["cell_done"] and out["intact"]
+                 and out["state_after"] == "running" and "resume-failed" not in out["events"])  # fmt: skip
+    return out
+
+
+def cell_text(kc, msg_id: str, until, timeout: float) -> tuple[str, bool]:
+    """What the cell ``msg_id`` prints, read until ``until(text)`` holds (None: until the kernel is idle again), or
+    ``timeout``; and whether it did."""
+    text, deadline = "", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = kc.get_iopub_msg(timeout=1)
+        except queue.Empty:
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            text += msg["content"]["text"]
+        idle = msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+        if (until is not None and until(text)) or (until is None and idle):
+            return text, True
+    return text, False
 
 
 def kill_mid(server: Server, work: Path, what: str) -> dict:
@@ -245,6 +297,7 @@ def case_host_budget(server: Server, work: Path) -> dict:
 
 RUNNERS = {
     "no-room": (case_no_room, {}),
+    "no-room-cell": (case_no_room_cell, {}),
     "kill-mid-park": (lambda s, w: kill_mid(s, w, "park"), {}),
     "kill-mid-resume": (lambda s, w: kill_mid(s, w, "resume"), {}),
     "two-at-once": (case_two_at_once, {}),
