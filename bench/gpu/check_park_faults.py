@@ -103,7 +103,7 @@ def loaded(server: Server, name: str) -> tuple[str, object, float, int]:
     kc = server.client(kid)
     status, said = run(kc, ALLOC)
     assert status == "ok", said
-    checksum, pid = said.split()
+    checksum, pid = said.strip().splitlines()[-1].split()  # (after any line of ours: a wait for the GPU)
     return kid, kc, float(checksum), int(pid)
 
 
@@ -216,7 +216,7 @@ def kill_mid(server: Server, work: Path, what: str) -> dict:
         time.sleep(0.2)
     out["helpers_left"] = len(helpers())
     out["driver_after"] = driver_state(pid)
-    out["card_mib_after"] = nvml_use().get(pid)
+    out["card_mib_after"] = nvml_use().get(pid) if out["driver_after"] == "running" else card_freed(pid)
     if what == "resume" and out["driver_after"] == "running":  # an orphan kernel, usable through its own file
         try:
             kc = server.client(a)
@@ -225,6 +225,7 @@ def kill_mid(server: Server, work: Path, what: str) -> dict:
         except (RuntimeError, TimeoutError) as e:  # (ipykernel ends it meanwhile: its server is gone)
             out["kernel_after"] = f"{type(e).__name__}: {e}; {driver_state(pid)}"
             out["driver_after"] = driver_state(pid)
+            out["card_mib_after"] = card_freed(pid)  # (read again: it held its state while it ran)
     with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGKILL)
     again = Server(work, SETTINGS)  # the same ledger: the dead server's reservations must not hold the card
@@ -239,6 +240,15 @@ def kill_mid(server: Server, work: Path, what: str) -> dict:
     freed = out["driver_after"] == "running" or out["card_mib_after"] is None
     out["ok"] = settled and freed and out["new_server_kernel"] == "running" and out.get("intact", True) is True
     return out
+
+
+def card_freed(pid: int, within_s: float = 15.0) -> int | None:
+    """What the card shows ``pid`` holding once it has had ``within_s`` to let go (NVML lists an ended process's
+    memory until the driver has torn its context down): None when it shows nothing."""
+    deadline = time.monotonic() + within_s
+    while (held := nvml_use().get(pid)) is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return held
 
 
 def case_two_at_once(server: Server, work: Path) -> dict:
