@@ -15,7 +15,9 @@ fail CI loudly.
 - ``ZMQChannelsWebsocketConnection._register_session``, ``._open_sessions``, ``._open_sockets`` and
   ``._close_future`` (seam/connection.py): a websocket to a kernel that waits for a GPU is opened at once, before
   the kernel answers ``kernel_info``; it registers its session and its socket as jupyter_server's ``prepare`` and
-  ``connect`` would, and undoes exactly that when it closes before the kernel runs.
+  ``connect`` would, and undoes exactly that when it closes before the kernel runs. ``._send_status_message``: a
+  page that connects to a busy kernel (reloaded while a cell waits for its GPU) is told "busy" as jupyter_server
+  tells "restarting"; else it reads "unknown" until the cell ends (a busy kernel is not nudged).
 - ``MappingKernelManager._kernel_start_kwargs`` (``start_kwargs``): a warm kernel is started with the start
   arguments the server's own policy adds to every kernel (its transport encryption).
 - ``jupyter_core.utils._loop`` (``fresh_event_loop``): a forked worker's own event loop, where jupyter_core keeps
@@ -52,6 +54,7 @@ def test_the_private_names_we_rely_on_are_still_there():
     assert inspect.iscoroutinefunction(connection._register_session)
     assert hasattr(connection._open_sockets, "add") and hasattr(connection._open_sockets, "discard")
     assert "_open_sessions" in inspect.getsource(connection) and "_close_future" in inspect.getsource(connection)
+    assert list(inspect.signature(connection._send_status_message).parameters) == ["self", "status"]
     assert hasattr(utils, "_loop") and hasattr(utils._loop, "set")
     assert "transport_encryption" in inspect.getsource(AsyncMappingKernelManager._kernel_start_kwargs)
     assert handlers._kernel_id_regex == KERNEL_ID

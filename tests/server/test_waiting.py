@@ -284,6 +284,26 @@ async def test_a_kernel_whose_wait_is_stopped_runs_on_without_a_gpu_and_says_why
     ws.close()
 
 
+async def test_a_page_reloaded_while_a_cell_waits_reads_the_kernel_busy_not_unknown(gpushare, jp_serverapp, kernel_ws):
+    """A page reloaded while a cell waits for the GPU opens a new websocket to a busy kernel: its kernel_info request
+    waits behind the cell, and jupyter_server does not nudge a busy kernel, so the page read "Unknown · waits…" until
+    the cell ended. It is told "busy" at once, as the first thing on the new websocket."""
+    await full_card(gpushare)
+    _, kid = await gpushare.open_notebook("reloaded.ipynb")
+    first = Session()
+    ws = await kernel_ws(kid, first.session)
+    gpu = send_cell(ws, first, "import torch")
+    await stream_until(ws, gpu, "waits for this kernel's GPU")
+    ws.close()  # the reload
+    reloaded = await kernel_ws(kid, Session().session)
+    raw = await asyncio.wait_for(reloaded.read_message(), 10)
+    message = json.loads(raw)
+    assert (message["channel"], message["header"]["msg_type"], message["content"]) == (
+        "iopub", "status", {"execution_state": "busy"},
+    ), message  # fmt: skip
+    reloaded.close()
+
+
 async def test_join_again_in_place_keeps_the_process_and_its_variables(
     gpushare, jp_fetch, jp_serverapp, kernel_ws, tmp_path
 ):

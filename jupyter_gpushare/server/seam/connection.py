@@ -22,6 +22,7 @@ import asyncio
 from typing import Any
 
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
+from tornado.websocket import WebSocketClosedError
 
 KEPT_MAX = 1000  # messages held for one kernel (all its websockets); past it the client is told to reconnect later
 KEPT_MAX_BYTES = 64 << 20
@@ -54,7 +55,10 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
 
     def connect(self) -> asyncio.Future[None] | None:  # type: ignore[override]
         if self._held is None:
-            return super().connect()
+            connected = super().connect()
+            if connected is not None and getattr(self.kernel_manager, "execution_state", None) == "busy":
+                connected.add_done_callback(lambda _: self._say_busy())
+            return connected
         # Counted as a client at once: a kernel in line that someone watches stays in line (Line.watchers).
         self.multi_kernel_manager.notify_connect(self.kernel_id)
         ZMQChannelsWebsocketConnection._open_sockets.add(self)
@@ -62,6 +66,15 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
+
+    def _say_busy(self) -> None:
+        """A page that connects to a busy kernel (reloaded while a cell waits for its GPU) would read its status as
+        "unknown" until the cell ends: its kernel_info request waits behind the cell, and jupyter_server does not
+        nudge a busy kernel. It is told the status jupyter_server knows, as jupyter_server tells "restarting"."""
+        try:
+            self._send_status_message("busy")
+        except WebSocketClosedError:  # (the page left meanwhile)
+            pass
 
     async def _join_when_started(self, held: Any) -> None:
         if not await asyncio.shield(held.started):
