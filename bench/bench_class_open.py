@@ -8,7 +8,11 @@ the first cell's result. The server's own events give each grant's time. Warm ke
 one run (`--warm N` for the warm server's pool). Prints the medians and the first and last grant, from the first
 request.
 
-    python bench/bench_class_open.py [--notebooks 32] [--connections 6] [--warm 32] [--rounds 2] [--json OUT]
+    python bench/bench_class_open.py [--notebooks 32] [--connections 6] [--warm 32] [--rounds 2] [--json OUT] [--gpu]
+
+``--gpu`` (a GPU machine): the real cards through NVML, 2 GiB quotas, and after the first cell a first GPU operation
+(``torch.ones(1, device='cuda')``, PyTorch's import included: warm_imports takes no GPU framework): open -> its
+answer too.
 """
 
 from __future__ import annotations
@@ -30,9 +34,12 @@ from tornado.httpclient import AsyncHTTPClient
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from servers import SimulatedServer, wait_until  # noqa: E402
 
+GPU_OP = "import torch; torch.ones(1, device='cuda').sum().item()"  # a first GPU operation (--gpu)
 
-async def a_class(server: SimulatedServer, count: int, connections: int, tag: str) -> dict:
-    """Open ``count`` notebooks through ``connections`` at once; each one's figures, and the grants' times."""
+
+async def a_class(server: SimulatedServer, count: int, connections: int, tag: str, gpu: str | None = None) -> dict:
+    """Open ``count`` notebooks through ``connections`` at once; each one's figures, and the grants' times; with
+    ``gpu``, each notebook's open to that cell's answer too."""
     gate = asyncio.Semaphore(connections)
     t0 = time.perf_counter()
     wall0 = time.time()
@@ -40,8 +47,8 @@ async def a_class(server: SimulatedServer, count: int, connections: int, tag: st
     async def student(i: int) -> dict:
         async with gate:
             queued = time.perf_counter() - t0
-            seconds, session_id = await open_and_run(server.port, f"{tag}-{i:02d}.ipynb")
-        return {"queued_s": queued, "open_to_cell_s": seconds, "session": session_id}
+            seconds, session_id, gpu_s = await open_and_run(server.port, f"{tag}-{i:02d}.ipynb", gpu)
+        return {"queued_s": queued, "open_to_cell_s": seconds, "open_to_gpu_op_s": gpu_s, "session": session_id}
 
     students = await asyncio.gather(*(student(i) for i in range(count)))
     all_done = time.perf_counter() - t0
@@ -61,8 +68,16 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=32, help="the warm server's warm_kernels")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--gpu", action="store_true", help="on the real cards (NVML), 2 GiB quotas, and a first GPU "
+                    "operation after the first cell")  # fmt: skip
     args = ap.parse_args()
-    servers = warm_and_cold(args.warm, "80GiB")
+    gpu = GPU_OP if args.gpu else None
+    if args.gpu:
+        servers = warm_and_cold(
+            args.warm, "nvml", "--GpuShareApp.default_quota=2GiB", "--GpuShareApp.warm_imports=torch"
+        )
+    else:
+        servers = warm_and_cold(args.warm, "80GiB")
     figures: dict = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "cpus": os.cpu_count(),
                      "notebooks": args.notebooks, "connections": args.connections, "warm_kernels": args.warm,
                      "runs": {"warm": [], "cold": []}}  # fmt: skip
@@ -73,14 +88,17 @@ def main() -> None:
                 if name == "warm":
                     wait_until(lambda s=server: len(s.kernel_processes()) >= args.warm, 600, "the warm pool to fill")
                 time.sleep(2.0)
-                run = asyncio.run(a_class(server, args.notebooks, args.connections, f"r{r}-{name}"))
+                run = asyncio.run(a_class(server, args.notebooks, args.connections, f"r{r}-{name}", gpu))
                 students = run["students"]
+                to_gpu = [s["open_to_gpu_op_s"] for s in students if s["open_to_gpu_op_s"] is not None]
                 figures["runs"][name].append({
                     "first_grant_s": round(run["grants_s"][0], 3) if run["grants_s"] else None,
                     "last_grant_s": round(run["grants_s"][-1], 3) if run["grants_s"] else None,
                     "open_to_cell_median_s": round(statistics.median(s["open_to_cell_s"] for s in students), 3),
                     "open_to_cell_max_s": round(max(s["open_to_cell_s"] for s in students), 3),
                     "all_answered_s": round(run["all_done_s"], 3),
+                    "open_to_gpu_op_median_s": round(statistics.median(to_gpu), 3) if to_gpu else None,
+                    "open_to_gpu_op_max_s": round(max(to_gpu), 3) if to_gpu else None,
                 })  # fmt: skip
     finally:
         stop(servers)

@@ -34,8 +34,9 @@ from servers import TOKEN, SimulatedServer, wait_until  # noqa: E402
 HEADERS = {"Authorization": f"token {TOKEN}"}
 
 
-async def open_and_run(port: int, path: str) -> tuple[float, str]:
-    """Seconds from opening ``path`` to its first cell's answer, and its kernel's id."""
+async def open_and_run(port: int, path: str, gpu: str | None = None) -> tuple[float, str, float | None]:
+    """Seconds from opening ``path`` to its first cell's answer, and its session's id; then, with ``gpu`` (a cell's
+    code), seconds from opening it to that cell's answer too (a first GPU operation)."""
     t0 = time.perf_counter()
     body = {"path": path, "type": "notebook", "name": path, "kernel": {"name": "python3"}}
     r = await AsyncHTTPClient().fetch(
@@ -46,35 +47,43 @@ async def open_and_run(port: int, path: str) -> tuple[float, str]:
     kernel_id, session = model["kernel"]["id"], Session()
     url = f"ws://127.0.0.1:{port}/api/kernels/{kernel_id}/channels?session_id={session.session}"
     ws = await websocket_connect(HTTPRequest(url, headers=HEADERS))
-    msg = session.msg("execute_request", {"code": "1 + 1", "silent": False, "store_history": True,
+    seconds = [await _answer(ws, session, code, t0) for code in ("1 + 1", gpu) if code is not None]
+    ws.close()
+    return seconds[0], model["id"], seconds[1] if gpu is not None else None
+
+
+async def _answer(ws, session: Session, code: str, t0: float) -> float:
+    """Run ``code`` on the kernel's websocket; seconds from ``t0`` to its result."""
+    msg = session.msg("execute_request", {"code": code, "silent": False, "store_history": True,
                                           "user_expressions": {}, "allow_stdin": False})  # fmt: skip
     ws.write_message(json.dumps({**msg, "channel": "shell"}, default=str))
     while True:
-        reply = json.loads(await asyncio.wait_for(ws.read_message(), 120))
-        if reply["msg_type"] == "execute_result" and reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-            break
-    seconds = time.perf_counter() - t0
-    ws.close()
-    return seconds, model["id"]
+        reply = json.loads(await asyncio.wait_for(ws.read_message(), 300))
+        if reply["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+            continue
+        if reply["msg_type"] == "error":
+            raise RuntimeError(f"{code!r}: {reply['content']['ename']}: {reply['content']['evalue']}")
+        if reply["msg_type"] == "execute_result":
+            return time.perf_counter() - t0
 
 
 async def round_of(server: SimulatedServer, count: int, tag: str) -> list[float]:
     opened = await asyncio.gather(*(open_and_run(server.port, f"{tag}-{i}.ipynb") for i in range(count)))
-    for _, session_id in opened:
+    for _, session_id, _ in opened:
         server.call("DELETE", f"api/sessions/{session_id}")
-    return [seconds for seconds, _ in opened]
+    return [seconds for seconds, _, _ in opened]
 
 
-def warm_and_cold(warm_kernels: int, card: str) -> dict[str, SimulatedServer]:
+def warm_and_cold(warm_kernels: int, card: str, *settings: str) -> dict[str, SimulatedServer]:
     """Two real servers on a simulated ``card`` with 1 GiB quotas, side by side: "warm" keeps ``warm_kernels``, "cold"
-    none."""
+    none. ``settings`` (``--GpuShareApp.x=y``) replace those; ``card`` "nvml": the real cards instead."""
     tmp = Path(tempfile.mkdtemp(prefix="gpushare-warm-bench-"))
+    cards = ["--GpuShareApp.gpu_backend=nvml"] if card == "nvml" else [f"--GpuShareApp.simulated_cards={card}"]
     servers = {}
     for name, count in (("warm", warm_kernels), ("cold", 0)):
         (tmp / name).mkdir()
         servers[name] = SimulatedServer(
-            tmp / name, f"--GpuShareApp.simulated_cards={card}", "--GpuShareApp.default_quota=1GiB",
-            f"--GpuShareApp.warm_kernels={count}",
+            tmp / name, *cards, "--GpuShareApp.default_quota=1GiB", f"--GpuShareApp.warm_kernels={count}", *settings,
         ).wait_ready()  # fmt: skip
     return servers
 
