@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..core.addresses import BrokerAt
-from ..core.history import HistoryRules, Learned, Run
+from ..core.history import HistoryRules, Learned, Run, history_key
 from ..core.policy import Policy, PolicyError, UserLimits, parse_limits
 from ..host.gpu import Card
 from ..ledger.leases import lease_from_json, waiter_from_json, waiting_from_json
@@ -266,7 +266,9 @@ class BrokerLedger:
         and are not sent; ``cards`` (the real cards this server sees) restrict where the broker may place the kernel.
         What processes without a reservation use, the broker measures itself."""
         visible = [c.uuid for c in cards if not c.simulated]
-        got = self._call("reserve", kernel_id=req.kernel_id, mib=req.quota.mib, percent=req.quota.percent, kernel_name=req.kernel_name, wait=wait, **({"cards": visible} if visible else {}))  # fmt: skip
+        path = history_key(req.path)  # (a path the broker would refuse is not sent: the kernel goes by its id)
+        extra = {**({"cards": visible} if visible else {}), **({"path": path} if path else {})}
+        got = self._call("reserve", kernel_id=req.kernel_id, mib=req.quota.mib, percent=req.quota.percent, kernel_name=req.kernel_name, wait=wait, **extra)  # fmt: skip
         if "lease" in got:
             return lease_from_json(got["lease"])
         return waiting_from_json(got["waiting"])

@@ -71,6 +71,7 @@ class Operations:
     watchdog: Watchdog  # the over-quota policy on every lease
     groups: KernelCgroups  # kernels' cgroups the broker owns for servers whose own a kernel could leave
     _group_users: dict[str, int]  # kernel id -> the uid whose kernel entered its group (the ledger's groups_made)
+    _notebooks: dict[str, str]  # kernel id -> its notebook, as its server said at its reserve (admins' view only)
     park_budget_mib: int | None  # host memory all parked kernels' GPU state may take (None: no bound)
     room: RoomChanges  # changes that may move the line, which servers watch (room.py)
 
@@ -267,6 +268,8 @@ class Operations:
         outside = ledger.outside(self._latest_samples())
         with self._as_owner(caller) as led:
             got = led.reserve(request, self.policy, cards, args.wait, self.limits_for(caller), outside=outside)
+        if args.path:
+            self._notebooks[args.kernel_id] = args.path
         if isinstance(got, Lease):
             return {"lease": lease_to_json(got)}
         return {"waiting": waiting_to_json(got)}
@@ -473,7 +476,11 @@ class Operations:
     def _op_view(self, caller: Caller, args: NoArgs) -> dict:
         assert self._ledger is not None
         led = self._ledger
-        view = view_for(caller, led.leases(), led.waiters(), self.cards, self.policy, self.limits_for(caller))
+        leases, waiters = led.leases(), led.waiters()
+        held = {lease.kernel_id for lease in leases} | {w.kernel_id for w in waiters}
+        self._notebooks = {kid: path for kid, path in self._notebooks.items() if kid in held}  # (the gone go)
+        notebooks = self._notebooks if caller.admin else None  # (a student's own server names her notebooks)
+        view = view_for(caller, leases, waiters, self.cards, self.policy, self.limits_for(caller), notebooks=notebooks)
         # what notebooks taught: every user's for an admin, else the caller's own (nothing of others' files)
         found = led.notebooks(self.history, None if caller.admin else caller.user)
         view["notebooks"], view["notebooks_total"] = newest(found), len(found)  # a bounded answer

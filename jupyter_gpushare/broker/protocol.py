@@ -58,6 +58,7 @@ class ReserveArgs:
     kernel_name: str = ""
     wait: bool = False
     cards: tuple[str, ...] = ()  # the cards the calling server sees; () = any of the broker's
+    path: str = ""  # the kernel's notebook, as its server names it (an admin's view shows it)
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,8 @@ def _reserve(f: _Fields) -> ReserveArgs:
     except PolicyError as e:
         raise BrokerRefused(f"Bad 'reserve' request: {e}") from e
     name = f.text("kernel_name", NAME, 200, default="")
-    return ReserveArgs(f.new_kernel_id(), quota, name, f.flag("wait"), f.texts("cards", CARD_ID, MAX_CARDS))
+    cards, path = f.texts("cards", CARD_ID, MAX_CARDS), f.text("path", PATH, MAX_PATH, default="")
+    return ReserveArgs(f.new_kernel_id(), quota, name, f.flag("wait"), cards, path)
 
 
 def _attach(f: _Fields) -> AttachArgs:

@@ -135,3 +135,4 @@ class Request:
     quota: Size
     user: str = ""
     kernel_name: str = ""
+    path: str = field(default="", compare=False)  # its notebook (an admin's view names the kernel by it)

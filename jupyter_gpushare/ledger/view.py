@@ -66,8 +66,10 @@ def view_for(
     policy: Policy,
     limits: UserLimits | None = None,
     now: float | None = None,
+    notebooks: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """What ``caller`` may see of the host: cards, kernels, users and the queue.
+    """What ``caller`` may see of the host: cards, kernels, users and the queue. ``notebooks``: each kernel's
+    notebook (kernel id -> path, as its server said), given for an admin: each kernel and place in line says it.
 
     A student (not ``caller.admin``) sees their own kernels and waiters in detail, other users only
     as an anonymous total per card (``others_reserved_mib``) and nameless queue places; no other
@@ -97,6 +99,7 @@ def view_for(
             "server_pid": lease.owner.pid if isinstance(lease.owner, ProcessRef) else None,
             "kernel_pid": lease.kernel.pid if lease.kernel else None,
             "age_s": round(now - lease.created, 1),
+            "notebook": (notebooks or {}).get(lease.kernel_id),
         }
         for lease in mine
     ]
@@ -117,6 +120,7 @@ def view_for(
                 "mine": w.user == caller.user,
                 "kernel_id": w.kernel_id if visible else None,
                 "kernel_name": w.kernel_name if visible else None,
+                "notebook": (notebooks or {}).get(w.kernel_id) if visible else None,
                 "user": w.user if visible else None,
                 "quota_mib": quota_mib,  # a share of a card: on the largest card
                 "need_mib": None if quota_mib is None else quota_mib + policy.context_reserve_mib,

@@ -248,7 +248,7 @@ class QuotaManager:
         refused = admission.check(quota, ask, cards, self.policy)
         if refused is not None:
             return self._carry_out(rec, refused)
-        request = Request(kernel_id, quota, self.user, kernel_name)
+        request = Request(kernel_id, quota, self.user, kernel_name, rec.path or "")
         wait = self.line.waiting(kernel_id)
         if wait is not None and wait.request == request and wait.ending is None:
             return Grant("queued") if hold else await self.line.granted(kernel_id)  # still in line: keep its place

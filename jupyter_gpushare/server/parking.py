@@ -420,7 +420,7 @@ class Parking:
 
     async def _resume(self, rec: KernelRecord, parked: Parked) -> None:
         kid, t0 = rec.kernel_id, time.monotonic()
-        request = Request(kid, Size(mib=parked.quota_mib), self.kernels.user, rec.kernel_name)
+        request = Request(kid, Size(mib=parked.quota_mib), self.kernels.user, rec.kernel_name, rec.path or "")
         home = parked.card_uuid  # (its GPU state comes back on its own card)
         try:
             got = await self.ledger.run(self.ledger.must, lambda db: self.kernels.reserve(db, request, True, home))

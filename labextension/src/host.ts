@@ -7,7 +7,13 @@
  * functions never add a name either: another user's queue entry is "another
  * user's kernel", and their reservations are one total per card.
  */
-import { cardLabel, formatDuration, formatMiB, isMeasured } from './format';
+import {
+  cardLabel,
+  formatDuration,
+  formatMiB,
+  isMeasured,
+  notebookName
+} from './format';
 import type {
   IHostKernel,
   IHostQueueEntry,
@@ -123,14 +129,16 @@ export function queueEntryText(
 /**
  * Whose kernel a place in line is, as far as this view may say, told apart
  * from the user's other kernels: "your demo.ipynb", "bob’s python3 kernel
- * 1a2b3c4d" (an admin's view: the notebook where this server runs it, else the
- * kernel's id), "another user’s kernel".
+ * 1a2b3c4d" (an admin's view: the notebook as this server or, through a broker,
+ * its own server names it, else the kernel's id), "another user’s kernel".
  */
 export function queueWho(
   entry: IHostQueueEntry,
   nameOf: NameOf = () => null
 ): string {
-  const notebook = entry.kernel_id ? nameOf(entry.kernel_id) : null;
+  const notebook =
+    (entry.kernel_id ? nameOf(entry.kernel_id) : null) ||
+    notebookName(entry.notebook); // (another server's: the name its server said)
   const kind = entry.kernel_name
     ? say('ui.queue.kind', { kernel: entry.kernel_name })
     : say('ui.queue.kernel');
@@ -195,6 +203,7 @@ export function hostKernelRows(
         user: k.user,
         name:
           nameOf(k.kernel_id) ||
+          notebookName(k.notebook) ||
           `${k.kernel_name} · ${k.kernel_id.slice(0, 8)}`,
         card: label.replace(/^GPU /, ''), // the column is headed "GPU"
         quota: formatMiB(k.quota_mib),

@@ -276,6 +276,8 @@ export interface IHostKernel {
   server_pid?: number | null;
   kernel_pid?: number | null;
   age_s: number;
+  /** Its notebook, as its server said (a broker's admin's view); else null. */
+  notebook?: string | null;
 }
 
 /** A teacher's action on a kernel of the host (POST /api/gpushare/host/kernels/<id>). */
@@ -299,6 +301,8 @@ export interface IHostQueueEntry {
   quota_mib?: number | null;
   need_mib?: number | null;
   waited_s: number;
+  /** Its notebook, as its server said (a broker's admin's view); else null. */
+  notebook?: string | null;
 }
 
 /** GET /api/gpushare/host: the host as this server's user may see it (broker.view_for). */

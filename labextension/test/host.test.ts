@@ -183,13 +183,15 @@ test('a teacher tells every place in line apart: the notebook where this server 
     entry('aaaa1111-x', 'me', true),
     entry('bbbb2222-x', 'me', true),
     entry('cccc3333-x', 'bob', false),
-    entry('dddd4444-x', 'bob', false)
+    entry('dddd4444-x', 'bob', false),
+    { ...entry('eeee5555-x', 'carol', false), notebook: 'hw/demo.ipynb' } // (another server's, named by the broker)
   ].map(e => queueWho(e, nameOf));
   assert.deepEqual(said, [
     'your week3/lab.ipynb, 7.5 GiB',
     'your python3 kernel bbbb2222, 7.5 GiB',
     'bob’s python3 kernel cccc3333, 7.5 GiB',
-    'bob’s python3 kernel dddd4444, 7.5 GiB'
+    'bob’s python3 kernel dddd4444, 7.5 GiB',
+    'carol’s demo.ipynb, 7.5 GiB'
   ]);
   assert.equal(new Set(said).size, said.length); // no two buttons with the same name
   const row = {
@@ -223,7 +225,13 @@ test('kernel table rows: by user, oldest first; notebook names for this server�
         server_pid: null,
         kernel_pid: null
       }),
-      hostKernel({ kernel_id: 'a-1-000000', user: 'alice', age_s: 5 })
+      hostKernel({ kernel_id: 'a-1-000000', user: 'alice', age_s: 5 }),
+      hostKernel({
+        kernel_id: 'c-1-000000',
+        user: 'carol',
+        age_s: 5,
+        notebook: 'hw/demo.ipynb' // another server's, as the broker says it
+      })
     ]
   });
   const rows = hostKernelRows(v, id =>
@@ -235,9 +243,12 @@ test('kernel table rows: by user, oldest first; notebook names for this server�
       ['alice', 'a-1-000000'],
       ['bob', 'b-old-0000'],
       ['bob', 'b-new-0000'],
+      ['carol', 'c-1-000000'],
       ['me', 'me-000000001']
     ]
   );
+  assert.equal(rows[3].name, 'demo.ipynb');
+  rows.splice(3, 1);
   assert.equal(rows[1].name, 'ir · b-old-00');
   assert.equal(rows[1].age, '1 h 6 min');
   assert.equal(rows[3].name, 'lab.ipynb');

@@ -419,3 +419,27 @@ def test_the_parking_budget_of_one_users_servers_is_shared_through_their_ledger_
     with pytest.raises(PolicyError):
         first.park("k3", 2000, 4096)
     first.close()
+
+
+def test_a_teacher_sees_each_kernels_notebook_as_its_own_server_names_it(inproc):
+    """The teacher's line used to name another server's kernel by its id only ("bob's python3 kernel 1a2b3c4d"):
+    the broker knew no notebook. Each server now says its kernel's notebook with its reserve; an admin's view names
+    every kernel and place in line by it, a student's view no other user's, and a path the protocol would not
+    carry (control characters, too long) is refused with why. A kernel that is gone takes its name with it."""
+    from jupyter_gpushare.broker import BrokerRefused
+
+    broker, who = inproc
+    broker.handle(who["alice"], "reserve", {"kernel_id": "a1", "mib": 6000, "path": "week3/lab.ipynb"})
+    broker.handle(who["bob"], "reserve", {"kernel_id": "b1", "mib": 6000, "path": "hw/demo.ipynb", "wait": True})
+    broker.handle(who["bob"], "reserve", {"kernel_id": "b2", "mib": 1024})  # (an older server: says none)
+    admin = broker.handle(who["admin"], "view", {})
+    assert {k["kernel_id"]: k["notebook"] for k in admin["kernels"]} == {"a1": "week3/lab.ipynb", "b2": None}
+    assert [(q["kernel_id"], q["notebook"]) for q in admin["queue"]] == [("b1", "hw/demo.ipynb")]
+    student = broker.handle(who["alice"], "view", {})
+    assert "hw/demo.ipynb" not in json.dumps(student) and "week3/lab.ipynb" not in json.dumps(student)
+    for bad in ("a\x1bb.ipynb", "x" * 1025):
+        with pytest.raises(BrokerRefused, match="'path' must be text"):
+            broker.handle(who["bob"], "reserve", {"kernel_id": "b3", "mib": 1024, "path": bad})
+    broker.handle(who["alice"], "release", {"kernel_id": "a1"})
+    broker.handle(who["admin"], "view", {})
+    assert "a1" not in broker._notebooks and broker._notebooks == {"b1": "hw/demo.ipynb"}

@@ -241,6 +241,8 @@ def test_host_view_through_a_broker(broker_host, ui_tests_dir):
         "GPUSHARE_HOST_ADMIN_URL": f"http://127.0.0.1:{admin.port}/lab?token={TOKEN}",
         "GPUSHARE_HOST_SECRETS": json.dumps(secrets),
         "GPUSHARE_HOST_OTHER": names["other"],
+        "GPUSHARE_HOST_THESIS": thesis,
+        "GPUSHARE_HOST_DRAFT": draft,
         "GPUSHARE_HOST_USERS": json.dumps(
             {names["other"]: [1, "2.5 GiB"], names["student"]: [1, "2.5 GiB"], names["admin"]: [2, "5 GiB"]}
         ),

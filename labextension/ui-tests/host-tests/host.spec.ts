@@ -18,6 +18,9 @@ const env = (name: string): string => {
   }
   return v;
 };
+/** A name as it reads inside a RegExp. */
+const esc = (text: string): string =>
+  text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 
 const REPO = path.resolve(__dirname, '..', '..', '..');
 const IMG = process.env.GPUSHARE_UPDATE_DOCS
@@ -168,9 +171,16 @@ test('an admin sees every user and kernel, and whose queued kernel waits', async
   await expect(h.locator('.jp-gpushare-host-others')).toHaveText(
     'other users 5 GiB'
   );
+  await expect(
+    h.locator(
+      `.jp-gpushare-host-kernels tr[data-kernelid][data-user="${other}"]`
+    )
+  ).toContainText(env('GPUSHARE_HOST_THESIS')); // another server's notebook, as its server told the broker
   await expect(h.locator('.jp-gpushare-host-queue li')).toHaveText([
-    // its need: quota + context reserve; another server's kernel, told apart by its id
-    new RegExp(`^#1 ${other}’s python3 kernel [0-9a-f]{8}, 2.5 GiB · waiting`)
+    // its need: quota + context reserve; another server's kernel, named by its notebook
+    new RegExp(
+      `^#1 ${other}’s ${esc(env('GPUSHARE_HOST_DRAFT'))}, 2.5 GiB · waiting`
+    )
   ]);
   await screenshot(page, 'panel-host-admin.png');
 });
@@ -185,14 +195,15 @@ test('an admin takes a waiting kernel out of the line, through the broker', asyn
   }
   await expect(h).toHaveAttribute('data-view', 'admin');
   const entry = h.locator('.jp-gpushare-host-queue li').first();
+  const draft = esc(env('GPUSHARE_HOST_DRAFT'));
   const whose = new RegExp(
-    `^Take out: ${env('GPUSHARE_HOST_OTHER')}’s python3 kernel [0-9a-f]{8}$`
+    `^Take out: ${env('GPUSHARE_HOST_OTHER')}’s ${draft}$`
   );
   await entry.getByRole('button', { name: whose }).click();
   const dialog = page.locator('.jp-Dialog');
   await expect(dialog).toContainText(
     new RegExp(
-      `Take ${env('GPUSHARE_HOST_OTHER')}’s python3 kernel [0-9a-f]{8} out of the line\\?`
+      `Take ${env('GPUSHARE_HOST_OTHER')}’s ${draft} out of the line\\?`
     )
   );
   // Enter is safe: the focus is on Cancel, not on the action
