@@ -78,10 +78,9 @@ CATALOGUE: dict[str, str] = {
     "event.teacher-release-restarted": "{by} gave its GPU reservation back[: {why}]. It was restarted and waits "
     "for a GPU again; its variables are lost.",
     "event.resumed": "Back on its GPU after {waited_s} in line; its state came back in {resume_s}.",
-    "event.resume-waited-out": "Still parked: no reservation came in time[ ({reason})]. It tries again every "
-    "{again_s} while a cell runs, and at its next cell.",
-    "event.resume-no-room": "Still parked: its card has {free_mib} free, its state needs {parked_mib} (used outside "
-    "the line). It tries again every {again_s} while a cell runs, and at its next cell.",
+    "event.resume-waited-out": "Still parked: no reservation came in time[ ({reason})]. Retried while a cell runs.",
+    "event.resume-no-room": "Still parked: {free_mib} free on its card, {parked_mib} needed (used outside the line). "
+    "Retried while a cell runs.",
     "event.resume-failed": "Its GPU state could not be brought back ({reason}); the kernel was shut down.",
     "event.cancelled": "Stopped waiting for a GPU.",
     "event.refused": "Not started: {message}",

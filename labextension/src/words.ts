@@ -95,10 +95,10 @@ function catalogue(trans: Bundle): { [code: string]: string } {
       'Back on its GPU after {waited_s} in line; its state came back in {resume_s}.'
     ),
     'event.resume-waited-out': __(
-      'Still parked: no reservation came in time[ ({reason})]. It tries again every {again_s} while a cell runs, and at its next cell.'
+      'Still parked: no reservation came in time[ ({reason})]. Retried while a cell runs.'
     ),
     'event.resume-no-room': __(
-      'Still parked: its card has {free_mib} free, its state needs {parked_mib} (used outside the line). It tries again every {again_s} while a cell runs, and at its next cell.'
+      'Still parked: {free_mib} free on its card, {parked_mib} needed (used outside the line). Retried while a cell runs.'
     ),
     'event.resume-failed': __(
       'Its GPU state could not be brought back ({reason}); the kernel was shut down.'

@@ -145,6 +145,7 @@ async def test_a_fifo_or_a_link_named_like_a_report_stalls_nothing(gpushare, jp_
     kid = await gpushare.start_kernel()
     pid = jp_serverapp.kernel_manager.get_kernel(kid).provisioner.pid
     directory = Path(report_dir())
+    (directory / f"{kid}.{pid}.json").unlink(missing_ok=True)  # (its own report, if it wrote one already)
     os.mkfifo(directory / f"{kid}.{pid}.json")
     os.mkfifo(directory / f"{kid}.{pid}.simulated")
     secret = tmp_path / "secret.json"
