@@ -73,9 +73,7 @@ def main() -> None:
     args = ap.parse_args()
     gpu = GPU_OP if args.gpu else None
     if args.gpu:
-        servers = warm_and_cold(
-            args.warm, "nvml", "--GpuShareApp.default_quota=2GiB", "--GpuShareApp.warm_imports=torch"
-        )
+        servers = warm_and_cold(args.warm, "nvml", "--GpuShareApp.default_quota=2GiB")
     else:
         servers = warm_and_cold(args.warm, "80GiB")
     figures: dict = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "cpus": os.cpu_count(),
