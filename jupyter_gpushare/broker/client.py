@@ -249,6 +249,10 @@ class BrokerLedger:
         """The broker measures what processes without a reservation use itself, from every user's leases."""
         return None
 
+    def kernel_notebooks(self) -> dict[str, str]:
+        """Every kernel's notebook, as its server said it with its reserve (the broker's admins only; {} else)."""
+        return dict(self._call("kernel_notebooks"))
+
     def view(self) -> dict:
         """What the broker shows this caller (see view_for)."""
         return self._call("view")

@@ -54,6 +54,39 @@ from .watchdog import Watchdog
 SAMPLE_TTL_S = 1.0  # the driver is read at most this often for what processes without a reservation use
 
 
+def cards_seen(cards: Sequence[Card], said: Sequence[str], caller: Caller) -> Sequence[Card]:
+    """The broker's cards a kernel may be placed on. A server in a container sees only the cards it was given, and
+    says which. A server on this host sees them all (NVML ignores CUDA_VISIBLE_DEVICES): a list from it is ignored,
+    so that no one pins a kernel to one card to hold a place there."""
+    if not said or caller.session is None:
+        return cards
+    seen = [c for c in cards if c.uuid in set(said)]
+    if not seen:
+        raise BrokerRefused(
+            f"None of the cards this server sees ({', '.join(said)}) is one of the broker's "
+            f"({', '.join(c.uuid for c in cards) or 'none'}). Give the server's container one of "
+            "the broker's cards, or check that both read the same host's cards."
+        )
+    return seen
+
+
+class KernelNotebooks:
+    """Each kernel's notebook, as its server said it with its reserve: kept in memory only (lost at a broker restart
+    until the kernel reserves again), and dropped once the kernel holds and waits for nothing."""
+
+    def __init__(self) -> None:
+        self._paths: dict[str, str] = {}
+
+    def said(self, kernel_id: str, path: str) -> None:
+        if path:
+            self._paths[kernel_id] = path
+
+    def current(self, ledger: Ledger) -> dict[str, str]:
+        held = {lease.kernel_id for lease in ledger.leases()} | {w.kernel_id for w in ledger.waiters()}
+        self._paths = {kid: path for kid, path in self._paths.items() if kid in held}
+        return dict(self._paths)
+
+
 class Operations:
     # -- what the broker provides (server.py's setup) --------------------------------------------------
     _ledger: Ledger | None  # the host's one ledger (None until it is opened)
@@ -71,7 +104,7 @@ class Operations:
     watchdog: Watchdog  # the over-quota policy on every lease
     groups: KernelCgroups  # kernels' cgroups the broker owns for servers whose own a kernel could leave
     _group_users: dict[str, int]  # kernel id -> the uid whose kernel entered its group (the ledger's groups_made)
-    _notebooks: dict[str, str]  # kernel id -> its notebook, as its server said at its reserve (admins' view only)
+    notebooks: KernelNotebooks  # each kernel's notebook, as its server said it (admins' view only)
     park_budget_mib: int | None  # host memory all parked kernels' GPU state may take (None: no bound)
     room: RoomChanges  # changes that may move the line, which servers watch (room.py)
 
@@ -251,25 +284,13 @@ class Operations:
             or (parked is not None and parked[0] != caller.user)
         ):
             raise BrokerRefused(f"Kernel id {args.kernel_id} is in use by another user's kernel; use a new id.")
-        cards = self.cards
-        # A server in a container sees only the cards it was given, and says which. A server on this host sees
-        # them all (NVML ignores CUDA_VISIBLE_DEVICES): a list from it is ignored, so that no one pins a kernel
-        # to one card to hold a place there.
-        if args.cards and caller.session is not None:
-            cards = [c for c in self.cards if c.uuid in set(args.cards)]
-            if not cards:
-                raise BrokerRefused(
-                    f"None of the cards this server sees ({', '.join(args.cards)}) is one of the broker's "
-                    f"({', '.join(c.uuid for c in self.cards) or 'none'}). Give the server's container one of "
-                    "the broker's cards, or check that both read the same host's cards."
-                )
+        cards = cards_seen(self.cards, args.cards, caller)
         self.policy.check_quota(args.quota, [CardView(c.uuid, c.index, c.total_mib) for c in cards])
         request = Request(args.kernel_id, args.quota, caller.user, args.kernel_name)
         outside = ledger.outside(self._latest_samples())
         with self._as_owner(caller) as led:
             got = led.reserve(request, self.policy, cards, args.wait, self.limits_for(caller), outside=outside)
-        if args.path:
-            self._notebooks[args.kernel_id] = args.path
+        self.notebooks.said(args.kernel_id, args.path)
         if isinstance(got, Lease):
             return {"lease": lease_to_json(got)}
         return {"waiting": waiting_to_json(got)}
@@ -477,9 +498,7 @@ class Operations:
         assert self._ledger is not None
         led = self._ledger
         leases, waiters = led.leases(), led.waiters()
-        held = {lease.kernel_id for lease in leases} | {w.kernel_id for w in waiters}
-        self._notebooks = {kid: path for kid, path in self._notebooks.items() if kid in held}  # (the gone go)
-        notebooks = self._notebooks if caller.admin else None  # (a student's own server names her notebooks)
+        notebooks = self.notebooks.current(led) if caller.admin else None
         view = view_for(caller, leases, waiters, self.cards, self.policy, self.limits_for(caller), notebooks=notebooks)
         # what notebooks taught: every user's for an admin, else the caller's own (nothing of others' files)
         found = led.notebooks(self.history, None if caller.admin else caller.user)
@@ -493,6 +512,11 @@ class Operations:
                 if lease.kernel is not None and lease.kernel.alive()
             }
         return view
+
+    def _op_kernel_notebooks(self, caller: Caller, args: NoArgs) -> dict[str, str]:
+        """For an admin (a teacher's line names every kernel by it); a student's own server names her notebooks."""
+        assert self._ledger is not None
+        return self.notebooks.current(self._ledger) if caller.admin else {}
 
     def _level_of(self, pid: int, kernel_id: str) -> str:
         """A kernel's enforcement level as the broker reads it from /proc and the cgroup filesystem."""

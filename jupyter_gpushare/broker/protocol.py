@@ -267,6 +267,7 @@ REQUESTS: dict[str, Callable[[_Fields], Any]] = {
     "auth": _auth,
     "hello": lambda f: NoArgs(),
     "view": lambda f: NoArgs(),
+    "kernel_notebooks": lambda f: NoArgs(),
     "reserve": _reserve,
     "cancel_wait": lambda f: KernelArgs(f.kernel_id()),
     "attach": _attach,

@@ -45,7 +45,7 @@ from .guard import Guard, LogLimiter, raise_fd_limit
 from .identity import Caller, user_and_groups
 from .judging import Judging
 from .listener import Listener, tcp_listener_socket, unix_listener_socket
-from .ops import SAMPLE_TTL_S
+from .ops import SAMPLE_TTL_S, KernelNotebooks
 from .paths import fillable_by_students, untrusted_dir
 from .protocol import (
     DEFAULT_LEDGER,
@@ -307,7 +307,7 @@ class GpuShareBroker(Judging, Connections, JupyterApp):
         self._sampled_at = -SAMPLE_TTL_S
         self.groups = KernelCgroups(enabled=shared.kernel_cgroups == "auto")
         self._group_users: dict[str, int] = {}  # kernel id -> the uid whose kernel entered its group
-        self._notebooks = {}
+        self.notebooks = KernelNotebooks()
         if not -20 <= self.nice <= 19:
             raise PolicyError(f"GpuShareBroker.nice: {self.nice!r} is not a nice value; use -20..19, e.g. -10.")
         for name in ("max_connections_per_user", "requests_per_second", "request_burst", "idle_timeout"):

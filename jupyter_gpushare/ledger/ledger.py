@@ -131,6 +131,10 @@ class Ledger(MadeGroups):
         """This user's own file: everything in it is theirs, and no per-user limits apply."""
         return None, True, None
 
+    def kernel_notebooks(self) -> dict[str, str]:
+        """Not kept in a file: each server names its own kernels' notebooks."""
+        return {}
+
     def close(self) -> None:
         self._file.close()
 

@@ -44,6 +44,11 @@ class Reservations(Protocol):
         kernels; its per-user limits, None where there are none)."""
         ...
 
+    def kernel_notebooks(self) -> dict[str, str]:
+        """Each kernel's notebook (kernel id -> path) as its server said it, for a caller who sees every kernel
+        (a broker's admin); {} where no other server's kernels are named so."""
+        ...
+
     def record_peak(self, kernel_id: str, path: str, run: Run, rules: HistoryRules) -> bool:
         """Remember the run (peak, quota it teaches, failed) of the kernel process that holds ``kernel_id``'s lease, for the lease's user and
         kernelspec and the notebook ``path``; False when there is no such lease (or no history is kept)."""

@@ -175,7 +175,8 @@ def host_view(
     who, admin, limits = ledger.caller()
     leases = ledger.leases() if leases is None else leases
     waiters = ledger.waiters() if waiters is None else waiters
-    return view_for(_Me(who or user, admin), leases, waiters, cards, policy, limits)
+    notebooks = ledger.kernel_notebooks() if admin and who is not None else None  # (a broker's admin)
+    return view_for(_Me(who or user, admin), leases, waiters, cards, policy, limits, notebooks=notebooks)
 
 
 @dataclass(frozen=True)

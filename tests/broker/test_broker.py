@@ -332,6 +332,7 @@ def test_queue_and_cancel_across_users(inproc):
             "mine": False,
             "kernel_id": None,
             "kernel_name": None,
+            "notebook": None,
             "user": None,
             "quota_mib": None,
             "need_mib": None,

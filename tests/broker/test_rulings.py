@@ -435,11 +435,13 @@ def test_a_teacher_sees_each_kernels_notebook_as_its_own_server_names_it(inproc)
     admin = broker.handle(who["admin"], "view", {})
     assert {k["kernel_id"]: k["notebook"] for k in admin["kernels"]} == {"a1": "week3/lab.ipynb", "b2": None}
     assert [(q["kernel_id"], q["notebook"]) for q in admin["queue"]] == [("b1", "hw/demo.ipynb")]
+    assert broker.handle(who["admin"], "kernel_notebooks", {}) == {"a1": "week3/lab.ipynb", "b1": "hw/demo.ipynb"}
     student = broker.handle(who["alice"], "view", {})
     assert "hw/demo.ipynb" not in json.dumps(student) and "week3/lab.ipynb" not in json.dumps(student)
+    assert broker.handle(who["alice"], "kernel_notebooks", {}) == {}
     for bad in ("a\x1bb.ipynb", "x" * 1025):
         with pytest.raises(BrokerRefused, match="'path' must be text"):
             broker.handle(who["bob"], "reserve", {"kernel_id": "b3", "mib": 1024, "path": bad})
     broker.handle(who["alice"], "release", {"kernel_id": "a1"})
     broker.handle(who["admin"], "view", {})
-    assert "a1" not in broker._notebooks and broker._notebooks == {"b1": "hw/demo.ipynb"}
+    assert broker.handle(who["admin"], "kernel_notebooks", {}) == {"b1": "hw/demo.ipynb"}

@@ -232,6 +232,12 @@ def test_host_view_through_a_broker(broker_host, ui_tests_dir):
     queue = wait_until(lambda: broker.admin_view()["queue"], timeout=60, what="other's kernel to wait in the queue")
     assert [(q["user"], q["kernel_name"]) for q in queue] == [(names["other"], "python3")]
     queued_kernel = queue[0]["kernel_id"]
+    # each server said its kernel's notebook to the broker: the admin's server reads it (once its reading has it)
+    seen = wait_until(lambda: (v := admin.call("GET", "api/gpushare/host"))["queue"] and v, 30, "the admin's line")
+    assert {k["kernel_id"]: k["notebook"] for k in seen["kernels"] if k["user"] == names["other"]} == {
+        other_kernel: thesis
+    }, seen["kernels"]
+    assert [q["notebook"] for q in seen["queue"]] == [draft], seen["queue"]
 
     ids = [other_kernel, queued_kernel, *admin_kernels]
     secrets = [names["other"], names["admin"], thesis, draft, *ids, *(k[:8] for k in ids)]
