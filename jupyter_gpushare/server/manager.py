@@ -8,12 +8,10 @@ record per kernel for the API. Every ledger call runs on the ledger worker's thr
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import getpass
 import logging
 import os
-import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
@@ -39,7 +37,8 @@ from .life import move
 from .line import Line
 from .parking import AT_ONCE, Parking
 from .quota_change import QuotaChanges
-from .records import ChangeKind, Grant, KernelRecord, QuotaUnavailable, Version
+from .records import Grant, KernelRecord, QuotaUnavailable
+from .registry import KernelRegistry
 from .sampler import KernelUsage
 from .seam.internals import fresh_event_loop
 from .services import Services
@@ -48,9 +47,6 @@ from .teacher import Teacher
 from .warm import WarmPool
 
 T = TypeVar("T")
-
-
-WAIT_ENDED = ("refused-timeout", "cancelled")  # a kernel that ran while it waited, whose wait ended so
 
 
 class QuotaManager:
@@ -81,11 +77,7 @@ class QuotaManager:
         self.backend = backend
         self.log = log or logging.getLogger("jupyter_gpushare")
         self.user = getpass.getuser()
-        self.records: dict[str, KernelRecord] = {}
         self.services = services or Services()
-        self._on_change: Callable[[str | None, ChangeKind], None] = self.services.changes
-        self.version = Version()  # every assignment to a record of this registry
-        self.events: collections.deque[dict] = collections.deque(maxlen=500)
         # Blocking work that is not the ledger's (kernels' reports, their cgroups, parks and resumes). Not the
         # loop's default executor: a forked child inherits that one without its threads, and would wait on it
         # forever. A park or resume holds a thread for its driver call (about 1 s): two threads made the parks of
@@ -95,6 +87,17 @@ class QuotaManager:
         self._closed = False  # close() ran
         self._cleaning = 0  # kernels whose clean-up runs now (``cleaning``)
         self.cards: list[Card] = list_cards(backend) if cards is None else cards
+        # The kernels' records and events: the registry's, which every part reads through the manager
+        self.registry = KernelRegistry(
+            self.user, self.cards, self.services.changes, self.log, lambda: self.services.starts.holds
+        )
+        self.records, self.version, self.events = self.registry.records, self.registry.version, self.registry.events
+        self.record, self.forget, self.event = self.registry.record, self.registry.forget, self.registry.event
+        self.settle, self.usage_targets, self.card = (
+            self.registry.settle,
+            self.registry.usage_targets,
+            self.registry.card,
+        )
         self.holding = Holding(
             cgroups or KernelCgroups(enabled=False), backend, self.cards, self.blocking, self.event,
             self.services.watchdog,
@@ -162,47 +165,6 @@ class QuotaManager:
         self.services.starts.end_kernel(kernel_id)
 
     # -- admission -----------------------------------------------------------------------------
-
-    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None:
-        """Record an event for the API (``/api/gpushare/events``) and (unless not ``logged``) the log, with the
-        figures behind it and the kernel's notebook (``path``), so that a notification can name it even once the
-        kernel is gone."""
-        rec = self.records.get(kernel_id) if kernel_id else None
-        path = figures.pop("path", None) or (rec.path if rec else None)
-        self.events.append(
-            {"time": time.time(), "kind": kind, "kernel_id": kernel_id, "path": path, "message": message, **figures}
-        )
-        self._on_change(kernel_id, "event")
-        said_by_program = not self.holds_starts and kind in ("queued", "refused", "cancelled")  # (batch.py's lines)
-        if logged and not said_by_program:
-            self.log.info("gpushare %s %s: %s", kind, kernel_id or "", message)
-
-    def usage_targets(self) -> list[tuple[str, int | None, str | None]]:
-        """(kernel id, root pid, card uuid) of every kernel record; safe to call from any thread."""
-        records = self.records.copy()  # one C-level copy: no iteration over a dict being changed
-        return [(kid, rec.pid, rec.card.uuid if rec.card else None) for kid, rec in records.items()]
-
-    def record(self, kernel_id: str, kernel_name: str = "", language: str = "") -> KernelRecord:
-        rec = self.records.get(kernel_id)
-        if rec is None:
-            rec = self.records[kernel_id] = KernelRecord(
-                kernel_id,
-                kernel_name,
-                language,
-                self.user,
-                on_change=self._on_change,
-                version=self.version,
-                largest_mib=max((c.total_mib for c in self.cards), default=0),
-            )
-            self._on_change(kernel_id, "listed")
-        return rec
-
-    def forget(self, kernel_id: str) -> KernelRecord | None:
-        """The kernel is gone from this server: its record goes, and the change is said."""
-        rec = self.records.pop(kernel_id, None)
-        if rec is not None:
-            self._on_change(kernel_id, "gone")
-        return rec
 
     async def admit(
         self,
@@ -351,28 +313,6 @@ class QuotaManager:
             )
         return rec
 
-    def settle(self, rec: KernelRecord, grant: Grant, why: str = "no-gpu-ledger", **figures: Any) -> Grant:
-        """The kernel's start is decided: it runs with its grant. ``why`` a kernel starts without a GPU (the code of
-        its 'no-gpu' event, with ``figures``): no-gpu-none (this server has none), no-gpu-ledger (no reservation
-        can be made now), no-gpu-full (the cards are full and the policy starts it without)."""
-        assert grant.mode != "warm"  # (a warm kernel has no record)
-        move(
-            rec, "running" if grant.mode == "gpu" else grant.mode, lease=grant.lease, card=grant.card,
-            reason=grant.reason, position=None, restarting=False,
-            wait_ended=why if grant.mode == "cpu" and why in WAIT_ENDED else None,
-        )  # fmt: skip
-        if grant.mode == "gpu" and grant.lease:
-            self.event(
-                "reserved",
-                rec.kernel_id,
-                f"{format_mib(grant.lease.reserved_mib)} on "
-                f"{grant.card.label if grant.card else f'GPU {grant.lease.card_index}'}.",
-                reserved_mib=grant.lease.reserved_mib,
-            )
-        elif grant.mode == "cpu":
-            self.event("no-gpu", rec.kernel_id, grant.reason or "", code=why, **figures)
-        return grant
-
     async def max_quota_mib(self, grant: Grant) -> int | None:
         """The largest quota this kernel could be given on its card (the in-kernel OOM note's "ask for up to"):
         what the card and ``max_quota`` allow, and at most the user's own limits where the broker sets them (a
@@ -387,9 +327,6 @@ class QuotaManager:
             limits = None
         bounds = (limits.max_kernel, limits.max_total) if limits is not None else ()
         return min([most, *(bound.resolve(total) for bound in bounds if bound is not None)])
-
-    def card(self, uuid: str) -> Card | None:
-        return next((c for c in self.cards if c.uuid == uuid), None)
 
     def card_views(self) -> list[CardView]:
         return [CardView(c.uuid, c.index, c.total_mib) for c in self.cards]

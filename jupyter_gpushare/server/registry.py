@@ -1,0 +1,108 @@
+"""The kernels of this server: one record each, the moves that decide a start, and the events said of them.
+
+``KernelRegistry`` knows no ledger and no line. It keeps each kernel's record (records.py) from the moment the
+kernel is known to the moment it is gone, says each change a person would notice (a kernel listed or gone, its
+state, quota or place, an event) to ``on_change``, and keeps the last 500 events for the API. The manager
+(manager.py) composes it with the ledger, the line and the rest; the parts read the records through it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..core.policy import format_mib
+from ..host.gpu import Card
+from .life import move
+from .records import ChangeKind, Grant, KernelRecord, Version
+
+WAIT_ENDED = ("refused-timeout", "cancelled")  # a kernel that ran while it waited, whose wait ended so
+SAID_BY_PROGRAM = ("queued", "refused", "cancelled")  # a program's own lines say these (batch.py), not its log
+
+
+class KernelRegistry:
+    """The records of this server's kernels, each change said once."""
+
+    def __init__(
+        self,
+        user: str,
+        cards: Sequence[Card],
+        on_change: Callable[[str | None, ChangeKind], None],
+        log: logging.Logger,
+        holds_starts: Callable[[], bool],
+    ) -> None:
+        """``holds_starts``: whether this process is a Jupyter server (a program says some events itself)."""
+        self.user, self.cards, self.log = user, cards, log
+        self.records: dict[str, KernelRecord] = {}
+        self.version = Version()  # every assignment to a record of this registry
+        self.events: collections.deque[dict] = collections.deque(maxlen=500)
+        self._on_change, self._holds_starts = on_change, holds_starts
+
+    def record(self, kernel_id: str, kernel_name: str = "", language: str = "") -> KernelRecord:
+        """The kernel's record, made (and said) the first time."""
+        rec = self.records.get(kernel_id)
+        if rec is None:
+            rec = self.records[kernel_id] = KernelRecord(
+                kernel_id,
+                kernel_name,
+                language,
+                self.user,
+                on_change=self._on_change,
+                version=self.version,
+                largest_mib=max((c.total_mib for c in self.cards), default=0),
+            )
+            self._on_change(kernel_id, "listed")
+        return rec
+
+    def forget(self, kernel_id: str) -> KernelRecord | None:
+        """The kernel is gone from this server: its record goes, and the change is said."""
+        rec = self.records.pop(kernel_id, None)
+        if rec is not None:
+            self._on_change(kernel_id, "gone")
+        return rec
+
+    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None:
+        """Record an event for the API (``/api/gpushare/events``) and (unless not ``logged``) the log, with the
+        figures behind it and the kernel's notebook (``path``), so that a notification can name it even once the
+        kernel is gone."""
+        rec = self.records.get(kernel_id) if kernel_id else None
+        path = figures.pop("path", None) or (rec.path if rec else None)
+        self.events.append(
+            {"time": time.time(), "kind": kind, "kernel_id": kernel_id, "path": path, "message": message, **figures}
+        )
+        self._on_change(kernel_id, "event")
+        if logged and (self._holds_starts() or kind not in SAID_BY_PROGRAM):
+            self.log.info("gpushare %s %s: %s", kind, kernel_id or "", message)
+
+    def settle(self, rec: KernelRecord, grant: Grant, why: str = "no-gpu-ledger", **figures: Any) -> Grant:
+        """The kernel's start is decided: it runs with its grant. ``why`` a kernel starts without a GPU (the code of
+        its 'no-gpu' event, with ``figures``): no-gpu-none (this server has none), no-gpu-ledger (no reservation
+        can be made now), no-gpu-full (the cards are full and the policy starts it without)."""
+        assert grant.mode != "warm"  # (a warm kernel has no record)
+        move(
+            rec, "running" if grant.mode == "gpu" else grant.mode, lease=grant.lease, card=grant.card,
+            reason=grant.reason, position=None, restarting=False,
+            wait_ended=why if grant.mode == "cpu" and why in WAIT_ENDED else None,
+        )  # fmt: skip
+        if grant.mode == "gpu" and grant.lease:
+            self.event(
+                "reserved",
+                rec.kernel_id,
+                f"{format_mib(grant.lease.reserved_mib)} on "
+                f"{grant.card.label if grant.card else f'GPU {grant.lease.card_index}'}.",
+                reserved_mib=grant.lease.reserved_mib,
+            )
+        elif grant.mode == "cpu":
+            self.event("no-gpu", rec.kernel_id, grant.reason or "", code=why, **figures)
+        return grant
+
+    def usage_targets(self) -> list[tuple[str, int | None, str | None]]:
+        """(kernel id, root pid, card uuid) of every kernel record; safe to call from any thread."""
+        records = self.records.copy()  # one C-level copy: no iteration over a dict being changed
+        return [(kid, rec.pid, rec.card.uuid if rec.card else None) for kid, rec in records.items()]
+
+    def card(self, uuid: str) -> Card | None:
+        return next((c for c in self.cards if c.uuid == uuid), None)
