@@ -19,6 +19,7 @@ from ..host.reports import report_dir, run_figures
 from ..ledger.ledger import LedgerError
 from .ledger_worker import LedgerWorker
 from .records import KernelRecord
+from .sampler import KernelUsage
 
 
 class Learning:
@@ -64,7 +65,7 @@ class Learning:
         rec.quota, rec.quota_source = learned, "learned"
         return learned, "a run that ran out of memory" if got.failed else f"peak {format_mib(got.peak_mib)}"
 
-    async def at_stop(self, rec: KernelRecord, usage: Any, card: Card | None) -> None:
+    async def at_stop(self, rec: KernelRecord, usage: KernelUsage | None, card: Card | None) -> None:
         """Record the peak GPU memory of a kernel's process that held a reservation (``usage``: the sampler's NVML
         reading, CUDA context included) as it shuts down or restarts: once per process, and only a measured
         peak. ``card``: the card it held, whose size bounds what the run teaches."""

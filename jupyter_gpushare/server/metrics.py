@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import REGISTRY, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .snapshot import Snapshots
 
 MIB = 2**20
 _lock = threading.Lock()
@@ -28,7 +31,7 @@ class GpuShareCollector(Collector):
     """Turns the current snapshot into gauges; holds no figures of its own."""
 
     def __init__(self) -> None:
-        self.snapshots: Any = None  # snapshot.Snapshots
+        self.snapshots: Snapshots | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         snapshots = self.snapshots
@@ -134,7 +137,7 @@ def _parking_gauges(parking: Mapping[str, Any], moves_s: Mapping[str, float]) ->
             yield g
 
 
-def install(snapshots: Any) -> GpuShareCollector:
+def install(snapshots: Snapshots) -> GpuShareCollector:
     """Point the process-wide collector at this server's snapshots (registering it once)."""
     global _collector
     with _lock:
@@ -145,7 +148,7 @@ def install(snapshots: Any) -> GpuShareCollector:
         return _collector
 
 
-def uninstall(snapshots: Any) -> None:
+def uninstall(snapshots: Snapshots) -> None:
     """Stop reporting these snapshots (the collector stays registered and reports nothing)."""
     with _lock:
         if _collector is not None and _collector.snapshots is snapshots:
