@@ -166,13 +166,20 @@ test('lab loads with the extension activated and no errors (browser check)', asy
     page.locator('.jp-SideBar [data-id="jp-gpushare"]')
   ).toBeVisible();
   // the panel's command is in the command palette and the View menu (the palette opened by its command: a key
-  // press is lost while the page's focus is elsewhere, as on a loaded CI machine)
-  await page.evaluate(() =>
-    (window as any).jupyterapp.commands.execute(
-      'apputils:activate-command-palette'
-    )
-  );
-  await page.locator('.lm-CommandPalette-input').fill('GPU Memory');
+  // press is lost while the page's focus is elsewhere, as on a loaded CI machine; and asked again until it shows,
+  // as the command can come before the page is ready to show it)
+  const input = page.locator('.lm-CommandPalette-input');
+  await expect(async () => {
+    if (!(await input.isVisible())) {
+      await page.evaluate(() =>
+        (window as any).jupyterapp.commands.execute(
+          'apputils:activate-command-palette'
+        )
+      );
+    }
+    await expect(input).toBeVisible({ timeout: 2000 });
+  }).toPass({ timeout: 30000 });
+  await input.fill('GPU Memory');
   await expect(
     page.locator('.lm-CommandPalette-item', {
       hasText: 'Show GPU Memory Quotas'
