@@ -77,9 +77,13 @@ class KernelNotebooks:
     def __init__(self) -> None:
         self._paths: dict[str, str] = {}
 
-    def said(self, kernel_id: str, path: str) -> None:
+    KEPT_MAX = 4096  # past this many names, those of kernels gone are dropped at once (no admin may look for days)
+
+    def said(self, kernel_id: str, path: str, ledger: Ledger) -> None:
         if path:
             self._paths[kernel_id] = path
+        if len(self._paths) > self.KEPT_MAX:
+            self.current(ledger)
 
     def current(self, ledger: Ledger) -> dict[str, str]:
         held = {lease.kernel_id for lease in ledger.leases()} | {w.kernel_id for w in ledger.waiters()}
@@ -290,7 +294,7 @@ class Operations:
         outside = ledger.outside(self._latest_samples())
         with self._as_owner(caller) as led:
             got = led.reserve(request, self.policy, cards, args.wait, self.limits_for(caller), outside=outside)
-        self.notebooks.said(args.kernel_id, args.path)
+        self.notebooks.said(args.kernel_id, args.path, ledger)
         if isinstance(got, Lease):
             return {"lease": lease_to_json(got)}
         return {"waiting": waiting_to_json(got)}

@@ -445,3 +445,10 @@ def test_a_teacher_sees_each_kernels_notebook_as_its_own_server_names_it(inproc)
     broker.handle(who["alice"], "release", {"kernel_id": "a1"})
     broker.handle(who["admin"], "view", {})
     assert broker.handle(who["admin"], "kernel_notebooks", {}) == {"b1": "hw/demo.ipynb"}
+    # a student who reserves and releases under new ids, with no admin looking, fills no memory: past the bound,
+    # the names of kernels gone are dropped at once
+    broker.notebooks.KEPT_MAX = 3
+    for i in range(20):
+        broker.handle(who["alice"], "reserve", {"kernel_id": f"x{i}", "mib": 1024, "path": "x" * 1024})
+        broker.handle(who["alice"], "release", {"kernel_id": f"x{i}"})
+    assert len(broker.notebooks._paths) <= 4
