@@ -30,7 +30,6 @@ from ..core.addresses import PROVISIONER_NAME
 from ..core.policy import PolicyError, Size, format_mib, parse_size
 from ..host import priority
 from ..host.reports import remove_reports, report_dir
-from ..server.life import move
 from ..server.manager import QuotaManager, process_manager, use_in_process
 from ..server.records import Grant, QuotaUnavailable
 from ..server.seam.internals import forget_pending
@@ -97,7 +96,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         manager = self._manager()
         language = (self.kernel_spec.language or "").lower()
         rec = manager.record(self.kernel_id, self._kernel_name, language)
-        rec.path = self._notebook_path((kwargs.get("env") or {}).get("JPY_SESSION_NAME")) or rec.path
+        manager.update(rec, path=self._notebook_path((kwargs.get("env") or {}).get("JPY_SESSION_NAME")) or rec.path)
         keep = self._grant is not None and self._grant.mode == "gpu" and rec.lease is not None
         if keep and rec.pending_quota is not None:  # a restart for a new quota keeps the reservation, resized
             await manager.quotas.apply(self.kernel_id)
@@ -241,9 +240,10 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
     def _cell_waits(self, cell: dict[str, Any] | None) -> None:
         """The kernel says which of its cells waits for the GPU: the API says it while the kernel waits (a page
         reloaded meanwhile shows that cell's outcome)."""
-        rec = self._manager().records.get(self.kernel_id)
+        manager = self._manager()
+        rec = manager.records.get(self.kernel_id)
         if rec is not None and rec.state == "queued":
-            rec.held_cell = cell
+            manager.update(rec, held_cell=cell)
 
     def _wanted(self, held: HeldStart) -> None:
         """The kernel says it is wanted (a cell or a comm message of any client): parked, it comes back."""
@@ -295,7 +295,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         manager = self._manager()
         assert self._grant is not None
         if (rec := manager.records.get(self.kernel_id)) is not None:
-            rec.held_cell = None  # (its cell goes on now, or is told why not)
+            manager.update(rec, held_cell=None)  # (its cell goes on now, or is told why not)
         if self.pid:  # granted, or runs on without a GPU: at normal priority again, before it hears (host/priority.py)
             await manager.blocking(priority.restore, self.pid)
         try:
@@ -353,7 +353,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
             self._grant = await self._admit(manager, language, requested)
         except QuotaUnavailable as e:
             rec = manager.record(self.kernel_id, self._kernel_name, language)
-            move(rec, "cpu", reason=str(e), wait_ended="cancelled")
+            manager.move(rec, "cpu", reason=str(e), wait_ended="cancelled")
             self._grant = Grant("cpu", reason=str(e))
             self._admitting = None
             await self._hand_over_grant(held)
@@ -388,7 +388,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         if self._attach_at_launch:  # (a kernel in line is attached at its grant)
             await manager.attach(self.kernel_id, self.pid)
         elif (rec := manager.records.get(self.kernel_id)) is not None:
-            rec.pid = self.pid  # its process runs while it waits: the API says which
+            manager.update(rec, pid=self.pid)  # its process runs while it waits: the API says which
         if not manager.holds_starts:  # a program, not a server: what it does not clean up is given back at its exit
             end_at_exit(self)
         if self._ports_renewed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Sequence
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from ..core.history import HistoryRules, Run, history_key, learned_quota, lookup, need_of, retry_quota_mib
 from ..core.policy import CardView, Policy, Size, format_mib
@@ -18,8 +18,12 @@ from ..host.gpu import Card
 from ..host.reports import report_dir, run_figures
 from ..ledger.ledger import LedgerError
 from .ledger_worker import LedgerWorker
-from .records import KernelRecord
+from .records import KernelRecord, Tells, Writes
 from .sampler import KernelUsage
+
+
+class Registry(Tells, Writes, Protocol):
+    """What learning needs of the kernels' registry: to note what it learned on a record, and to say it."""
 
 
 class Learning:
@@ -33,19 +37,20 @@ class Learning:
         user: str,
         blocking: Callable[..., Awaitable[Any]],
         log: logging.Logger,
-        event: Callable[..., None],
+        kernels: Registry,
     ):
-        """``blocking``: runs a blocking function off the IOLoop (reading a kernel's reports); ``event``: records an
-        event (QuotaManager.event)."""
-        self.rules, self.policy, self.ledger, self.user, self.blocking, self.log, self.event = (
-            rules, policy, ledger, user, blocking, log, event
+        """``blocking``: runs a blocking function off the IOLoop (reading a kernel's reports); ``kernels``: the
+        registry, which notes what is learned on a kernel's record and records the events."""
+        self.rules, self.policy, self.ledger, self.user, self.blocking, self.log, self.kernels = (
+            rules, policy, ledger, user, blocking, log, kernels
         )  # fmt: skip
 
     async def at_start(self, rec: KernelRecord, quota: Size, cards: Sequence[CardView]) -> tuple[Size, str | None]:
         """What earlier runs of the kernel's notebook teach, noted on its record (shown, and told to the kernel), and
         the quota: the learned one when the admin's policy says so and nothing more explicit chose it
         (history.learned_quota). Returns the quota and, when it was learned, from what."""
-        key, rec.learned_peak_mib, rec.learned_from = history_key(rec.path), None, None
+        key = history_key(rec.path)
+        self.kernels.update(rec, learned_peak_mib=None, learned_from=None)
         if key is None or not self.rules.kept:
             return quota, None
         try:
@@ -58,11 +63,11 @@ class Learning:
         got, limits, held = found or (None, None, 0)
         if got is None:
             return quota, None
-        rec.learned_peak_mib, rec.learned_from = got.peak_mib, got.source
+        self.kernels.update(rec, learned_peak_mib=got.peak_mib, learned_from=got.source)
         if not self.rules.enabled or rec.quota_source != "default":
             return quota, None
         learned = learned_quota(self.policy, got, self.rules.margin, cards, limits, held)
-        rec.quota, rec.quota_source = learned, "learned"
+        self.kernels.update(rec, quota=learned, quota_source="learned")
         return learned, "a run that ran out of memory" if got.failed else f"peak {format_mib(got.peak_mib)}"
 
     async def at_stop(self, rec: KernelRecord, usage: KernelUsage | None, card: Card | None) -> None:
@@ -74,7 +79,7 @@ class Learning:
             return
         if usage.pid != rec.pid or not usage.peak_mib or rec.recorded_pid == rec.pid:
             return  # another process's reading, nothing measured (or nothing used), or recorded already
-        rec.recorded_pid = rec.pid
+        self.kernels.update(rec, recorded_pid=rec.pid)
         alloc, oom = await self.blocking(run_figures, report_dir(), rec.kernel_id, rec.run_started)
         peak, quota = int(usage.peak_mib), rec.lease.quota_mib
         need = need_of(peak, alloc, quota, oom is not None, self.rules.margin, self.policy.context_reserve_mib)
@@ -90,10 +95,11 @@ class Learning:
         if framework is None or rec.oom == framework or rec.lease is None or rec.card is None:
             return
         most = self.policy.largest_quota_mib(rec.card.total_mib)
-        rec.oom, rec.retry_quota_mib = framework, min(retry_quota_mib(rec.lease.quota_mib), most)
-        self.event(
+        retry = min(retry_quota_mib(rec.lease.quota_mib), most)
+        self.kernels.update(rec, oom=framework, retry_quota_mib=retry)
+        self.kernels.event(
             "out-of-memory", rec.kernel_id,
             f"{FRAMEWORKS.get(framework, framework)} ran out of memory at a quota of {format_mib(rec.lease.quota_mib)}; restart with "
-            f"{format_mib(rec.retry_quota_mib)} to run it with more.",
-            framework=framework, quota_mib=rec.lease.quota_mib, retry_mib=rec.retry_quota_mib,
+            f"{format_mib(retry)} to run it with more.",
+            framework=framework, quota_mib=rec.lease.quota_mib, retry_mib=retry,
         )  # fmt: skip

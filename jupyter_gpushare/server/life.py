@@ -6,24 +6,24 @@ states the over-quota and idle policies give a running kernel. Everything else i
 the sidebar's words.ts), and the sidebar's TypeScript union (types.ts). A state that is not here fails there, and
 ``state.kernel_status`` refuses it, instead of showing it as 'failed'.
 
-``move`` is the one way a record changes state: it checks the move against ``MOVES`` and what each state carries
-(a running kernel holds a lease, a parked one its parked state, a queued one no lease), applies the record's other
-fields first and its state last, so no one reads "running" before its lease is there. A move the table does not
-know is a bug: it raises under tests (``GPUSHARE_STRICT_LIFE=1``), and in a server it is logged and made, so that a
-student's kernel goes on.
+``KernelRegistry.move`` is the one way a record changes state: ``check`` holds the move against ``MOVES`` and what
+each state carries (a running kernel holds a lease, a parked one its parked state, a queued one no lease); the
+registry then applies the record's other fields first and its state last, so no one reads "running" before its lease
+is there. A move the table does not know is a bug: it raises under tests (``GPUSHARE_STRICT_LIFE=1``), and in a server
+it is logged and made, so that a student's kernel goes on.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from .records import KernelRecord
+from .records import KernelRecord, KernelState
 
 log = logging.getLogger("jupyter_gpushare")
 
-KernelState = Literal["starting", "standby", "queued", "running", "cpu", "none", "failed", "parked"]
 Judged = Literal["near_quota", "over_quota", "idle"]
 
 # Each state, and how every view shows it (ok, info, warn, error, muted).
@@ -58,28 +58,25 @@ def strict() -> bool:
     return os.environ.get("GPUSHARE_STRICT_LIFE") == "1"
 
 
-def move(rec: KernelRecord, to: KernelState, **fields: Any) -> None:
-    """Move ``rec`` to ``to``, with ``fields`` (its lease, card, place, reason...) set first."""
-    before = rec.state
-    for name, value in fields.items():
-        setattr(rec, name, value)
-    problem = _problem(rec, before, to)
+def check(rec: KernelRecord, to: KernelState, fields: Mapping[str, Any]) -> None:
+    """Whether ``rec`` may move to ``to`` with ``fields`` (its lease, card, place, reason...) set: a move the table
+    does not know raises under tests and is logged in a server (KernelRegistry.move makes it all the same)."""
+    problem = _problem(rec.state, to, lambda name: fields[name] if name in fields else getattr(rec, name))
     if problem:
         if strict():
             raise IllegalMove(f"kernel {rec.kernel_id}: {problem}")
         log.error("jupyter-gpushare: kernel %s: %s (made all the same)", rec.kernel_id, problem)
-    rec.state = to
 
 
-def _problem(rec: KernelRecord, before: str, to: str) -> str | None:
+def _problem(before: str, to: str, value: Callable[[str], Any]) -> str | None:
     if to not in STATES:
         return f"{to!r} is not a kernel state"
     if to not in MOVES.get(before, frozenset()):
         return f"no move from {before!r} to {to!r}"
-    if to == "running" and rec.lease is None:
+    if to == "running" and value("lease") is None:
         return "running without a lease"
-    if to in ("queued", "parked", "standby", "failed", "none") and rec.lease is not None:
+    if to in ("queued", "parked", "standby", "failed", "none") and value("lease") is not None:
         return f"{to} with a lease"
-    if to == "parked" and rec.parked is None:
+    if to == "parked" and value("parked") is None:
         return "parked without its parked state"
     return None

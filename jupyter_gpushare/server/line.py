@@ -26,8 +26,7 @@ from ..ledger.leases import Lease, Waiting
 from ..ledger.queue import Request
 from ..ledger.reservations import Reservations
 from .ledger_worker import LedgerWorker
-from .life import move
-from .records import Grant, KernelRecord, QuotaUnavailable, Tells, full_message, rule_figures
+from .records import Grant, KernelRecord, QuotaUnavailable, Tells, Writes, full_message, rule_figures
 from .room_watch import RoomWatch
 from .services import KernelStarts
 
@@ -130,7 +129,7 @@ class ServerQueue:
         return ask, ending
 
 
-class Registry(Tells, Protocol):
+class Registry(Tells, Writes, Protocol):
     """What the line needs of the kernels' registry (QuotaManager): their records, and what becomes of each."""
 
     policy: Policy
@@ -198,7 +197,7 @@ class Line:
         """A kernel the ledger answered with a place in line joins this server's waits (or keeps its place)."""
         self.leave(request.kernel_id, "it asked for another quota")
         self.queue.answered(self.queue.join(request), got)
-        move(rec, "queued", queued_since=time.time(), wait_ended=None)
+        self.kernels.move(rec, "queued", queued_since=time.time(), wait_ended=None)
         self._update(rec, got)
         self.kernels.event(
             "queued",
@@ -247,8 +246,10 @@ class Line:
         return await asyncio.shield(wait.result)
 
     def _update(self, rec: KernelRecord, got: Waiting) -> None:
-        rec.position, rec.need_mib, rec.free_mib = got.position, got.need_mib, got.free_mib
-        rec.wait_until, rec.likely_at = got.gives_up_at, got.likely_at
+        self.kernels.update(
+            rec, position=got.position, need_mib=got.need_mib, free_mib=got.free_mib, wait_until=got.gives_up_at,
+            likely_at=got.likely_at,
+        )  # fmt: skip
         self.starts.on_wait(rec, got)
 
     async def _serve(self) -> None:
@@ -344,7 +345,8 @@ class Line:
                     got,
                 )
             wait.ledger_down = True
-            rec.reason = f"Still in line: no GPU reservation can be made now ({got}); asked again every few seconds."
+            reason = f"Still in line: no GPU reservation can be made now ({got}); asked again every few seconds."
+            self.kernels.update(rec, reason=reason)
         elif isinstance(got, PolicyError) and got.code == "taken-out" and self.starts.holds:
             # A teacher took it out of line, and the ledger said so before this server took the notice (teacher.py):
             # its wait ends as the notice ends it, and the kernel runs on without a GPU (a program's start, which
@@ -360,11 +362,12 @@ class Line:
             )
         elif got.expired:
             self.queue.end(wait.kernel_id, "timeout")
-            rec.need_mib, rec.free_mib = got.need_mib, got.free_mib
+            self.kernels.update(rec, need_mib=got.need_mib, free_mib=got.free_mib)
             self.end_wait(wait, got)
         else:
             if wait.ledger_down:  # the ledger answers again
-                wait.ledger_down, rec.reason = False, None
+                wait.ledger_down = False
+                self.kernels.update(rec, reason=None)
             self.queue.answered(wait, got)
             self._update(rec, got)
 

@@ -33,7 +33,6 @@ from . import admission
 from .holding import Holding
 from .learning import Learning
 from .ledger_worker import LedgerWorker
-from .life import move
 from .line import Line
 from .parking import AT_ONCE, Parking
 from .quota_change import QuotaChanges
@@ -93,6 +92,7 @@ class QuotaManager:
         )
         self.records, self.version, self.events = self.registry.records, self.registry.version, self.registry.events
         self.record, self.forget, self.event = self.registry.record, self.registry.forget, self.registry.event
+        self.update, self.move = self.registry.update, self.registry.move
         self.settle, self.usage_targets, self.card = (
             self.registry.settle,
             self.registry.usage_targets,
@@ -105,7 +105,7 @@ class QuotaManager:
         self.ledger = LedgerWorker(ledger_path, broker, self.log, self._reclaimed)
         self.line = Line(self, self.ledger, self.services.starts, unwatched_s, self.log)
         self.learning = Learning(
-            history or HistoryRules(), policy, self.ledger, self.user, self.blocking, self.log, self.event
+            history or HistoryRules(), policy, self.ledger, self.user, self.blocking, self.log, self.registry
         )
         parts = (self.ledger, self.line, self.holding, self.services)
         self.parking = Parking(self, parts, checkpointer_for(backend), parking or ParkRules(), self.blocking)
@@ -191,14 +191,17 @@ class QuotaManager:
             kernel_name, language, requested, rec.pending_quota,
             restarting=rec.restarting or rec.state not in ("starting", "queued"),  # (a new record starts so)
         )  # fmt: skip
-        rec.pending_quota = None  # applied now, as it is
         cards = self._cards_now()
         planned = admission.plan(ask, cards, self.policy)
-        rec.quota_source = planned.source
+        # the pending quota is applied now, as it is
+        self.update(
+            rec,
+            pending_quota=None,
+            quota_source=planned.source,
+            quota=rec.quota if planned.quota is None else planned.quota,
+        )
         if planned.quota is None:
             self.line.leave(kernel_id, "it reserves no GPU memory now")
-        else:
-            rec.quota = planned.quota
         if planned.outcome is not None:
             return self._carry_out(rec, planned.outcome)
         assert planned.quota is not None  # (none: decided above, without a GPU)
@@ -216,7 +219,7 @@ class QuotaManager:
             return Grant("queued") if hold else await self.line.granted(kernel_id)  # still in line: keep its place
         if first_use and hold and self.policy.on_full == "queue":
             self.line.leave(kernel_id, "it asks at its first GPU use")
-            move(rec, "standby", position=None, restarting=False)
+            self.move(rec, "standby", position=None, restarting=False)
             return Grant("standby")
         got: Lease | Waiting | LedgerError | PolicyError
         try:
@@ -289,7 +292,7 @@ class QuotaManager:
         English ``message``)."""
         rec = self.records.get(kernel_id) if keep else self.forget(kernel_id)
         if rec is not None and keep:
-            move(
+            self.move(
                 rec, "failed", lease=None, card=None, position=None, restarting=False,
                 reason=f"The kernel could not start again: {message} Shut it down, or start it with another quota.",
             )  # fmt: skip
@@ -336,9 +339,8 @@ class QuotaManager:
         rec = self.records.get(kernel_id)
         if rec is None:
             return
-        rec.pid, rec.oom, rec.retry_quota_mib = pid, None, None
         ref = ProcessRef.of(pid) if pid else None
-        rec.run_started = ref.start if ref else None
+        self.update(rec, pid=pid, oom=None, retry_quota_mib=None, run_started=ref.start if ref else None)
         if rec.lease is not None:
             await self.ledger.quietly(f"attach({kernel_id})", lambda ledger: ledger.attach(kernel_id, ref))
 
@@ -352,7 +354,7 @@ class QuotaManager:
         await self.remember_peak(kernel_id)
         rec = self.forget(kernel_id) if forget else self.records.get(kernel_id)
         if rec is not None and not forget:  # a restart: its next start is decided as the kernel starts again
-            move(rec, "starting", lease=None, card=None, position=None, restarting=True)
+            self.move(rec, "starting", lease=None, card=None, position=None, restarting=True)
         try:
             lease = await self.ledger.on(lambda ledger: ledger.release(kernel_id))
         except LedgerError as e:  # a full disk: the kernel goes all the same; reconcile gives its room back later

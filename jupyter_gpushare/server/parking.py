@@ -43,14 +43,13 @@ from .card_word import CardWord, holding
 from .holding import Holding
 from .kernel_word import why_not_parked
 from .ledger_worker import LedgerWorker
-from .life import move
 from .line import Line
-from .records import Grant, KernelRecord, Parked, QuotaUnavailable, Tells
+from .records import Grant, KernelRecord, Parked, QuotaUnavailable, Tells, Writes
 from .sampler import KernelUsage
 from .services import Services
 
 
-class Registry(Tells, Protocol):
+class Registry(Tells, Writes, Protocol):
     """What parking needs of the kernels' registry (QuotaManager): the records and what becomes of each, the last
     readings, and the student's events."""
 
@@ -300,7 +299,7 @@ class Parking:
         if rec is None or rec.lease is None:
             return
         lease = rec.lease
-        move(rec, "standby", lease=None, card=None, position=None)
+        self.kernels.move(rec, "standby", lease=None, card=None, position=None)
         try:  # (it stands by whatever fails here: its environment has no GPU now)
             await self.holding.close_cards(kernel_id)
         except OSError as e:  # its group is gone meanwhile; or the host's: what it takes is outside use, acted on
@@ -385,7 +384,7 @@ class Parking:
             return str(e)
         parked = Parked(lease.card_uuid, lease.card_index, tuple(pids), used_mib, lease.quota_mib,
                         lease.reserved_mib, time.time(), seconds)  # fmt: skip
-        move(rec, "parked", lease=None, card=card, parked=parked)
+        self.kernels.move(rec, "parked", lease=None, card=card, parked=parked)
         self._room_freed(lease.reserved_mib)
         self.services.starts.tell(kid, {"parked": {"parked_mib": used_mib}})  # its next demand brings it back
         self.kernels.event(
@@ -448,14 +447,14 @@ class Parking:
             steps = await self._blocking(self.checkpointer.resume, list(parked.pids)) if parked.pids else {}
         except CheckpointError as e:
             self.kernels.event("resume-failed", kid, f"Its GPU state could not be brought back: {e}", reason=str(e))
-            rec.parked = None
+            self.kernels.update(rec, parked=None)
             self._unpark(kid)
             self.kernels.end_kernel(kid)
             return
         seconds = round(time.monotonic() - t0 - waited, 2)
         self.seconds["resume"] = [*self.seconds["resume"][-49:], seconds]
         self.given_back_mib_s += parked.reserved_mib * (time.time() - parked.since)
-        rec.parked = None
+        self.kernels.update(rec, parked=None)
         self._again.pop(kid, None)
         self._unpark(kid)
         self.services.starts.tell(kid, {"back": {}})
@@ -471,7 +470,7 @@ class Parking:
         """A resume that did not happen: parked again (no lease: a grant of the line's went back), told so, and why:
         a cell that runs says it (its GPU call waits in the driver: never a silent hang). The same words again (a
         demand that stands, tried again) are said once."""
-        move(rec, "parked", lease=None, position=None)
+        self.kernels.move(rec, "parked", lease=None, position=None)
         figures["again_s"] = ASK_AGAIN_S
         message = render(f"event.{code}", figures)
         said = self._again.get(rec.kernel_id, (0.0, None))[1]
@@ -485,7 +484,7 @@ class Parking:
         rec = self.kernels.records.get(kernel_id)
         if rec is not None and rec.parked is not None:
             self.given_back_mib_s += rec.parked.reserved_mib * (time.time() - rec.parked.since)
-            rec.parked = None
+            self.kernels.update(rec, parked=None)
             self._unpark(kernel_id)
         self._not_until.pop(kernel_id, None)
         self._again.pop(kernel_id, None)

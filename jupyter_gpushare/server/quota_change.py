@@ -19,10 +19,10 @@ from ..host.gpu import Card, DeviceSample
 from ..ledger.ledger import Lease, LedgerError
 from ..ledger.reservations import Reservations
 from .ledger_worker import LedgerWorker
-from .records import KernelRecord, Tells
+from .records import KernelRecord, Tells, Writes
 
 
-class Registry(Tells, Protocol):
+class Registry(Tells, Writes, Protocol):
     """What a quota change needs of the kernels' registry (QuotaManager): the records, the admin's rules, the cards,
     the ledger, the last reading of the driver, and the student's events."""
 
@@ -72,10 +72,13 @@ class QuotaChanges:
         grows = card is not None and rec.lease is not None and quota.resolve(card.total_mib) > rec.lease.quota_mib
         if grows:
             assert card is not None
-            rec.lease = await self._resize(kernel_id, quota.resolve(card.total_mib)) or rec.lease
+            grown = await self._resize(kernel_id, quota.resolve(card.total_mib))
+            k.update(rec, lease=grown or rec.lease)
         else:
             await k.ledger.on(lambda ledger: self._check_limits(ledger, kernel_id, quota))
-        rec.pending_quota = quota  # exactly what the server took, applied as it is at the restart (or the first use)
+        k.update(
+            rec, pending_quota=quota
+        )  # exactly what the server took, applied as it is at the restart (or first use)
         if rec.state == "standby":  # nothing reserved yet: its first GPU use asks for it (manager.admit)
             when, code = "at the first GPU use, without a restart", "quota-at-first-use"
         else:
@@ -94,18 +97,20 @@ class QuotaChanges:
         card = k.card(lease.card_uuid) if lease is not None else None
         if quota is None or lease is None or card is None:
             return
-        rec.pending_quota = None
+        k.update(rec, pending_quota=None)
         asked_mib = quota.resolve(card.total_mib)
         try:
-            rec.lease = await self._resize(kernel_id, asked_mib) or lease
+            k.update(rec, lease=await self._resize(kernel_id, asked_mib) or lease)
         except (PolicyError, LedgerError) as e:
             k.event("quota-kept", kernel_id, f"Quota {quota} was not applied; it keeps {rec.quota}: {e}",
                     quota_mib=asked_mib, kept_mib=lease.quota_mib, why=str(e))  # fmt: skip
             return
-        rec.quota, rec.quota_source = quota, "requested"
-        k.event("quota-applied", kernel_id, f"Restarted with its new quota, {format_mib(rec.lease.quota_mib)} "
-                f"({format_mib(rec.lease.reserved_mib)} reserved).", quota_mib=rec.lease.quota_mib,
-                reserved_mib=rec.lease.reserved_mib)  # fmt: skip
+        k.update(rec, quota=quota, quota_source="requested")
+        applied = rec.lease
+        assert applied is not None
+        k.event("quota-applied", kernel_id, f"Restarted with its new quota, {format_mib(applied.quota_mib)} "
+                f"({format_mib(applied.reserved_mib)} reserved).", quota_mib=applied.quota_mib,
+                reserved_mib=applied.reserved_mib)  # fmt: skip
         self.room_freed()
 
     async def _resize(self, kernel_id: str, quota_mib: int) -> Lease | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Literal, Protocol
+from typing import Any, Callable, Literal, Protocol
 
 from tornado import web
 
@@ -57,6 +57,9 @@ def full_message(quota: Size, got: Waiting, reserve_mib: int, waited: float | No
     return f"{text} {WHAT_TO_DO}"
 
 
+# A kernel's states (life.STATES says how each is shown, and which moves between them are allowed).
+KernelState = Literal["starting", "standby", "queued", "running", "cpu", "none", "failed", "parked"]
+
 GrantMode = Literal["gpu", "cpu", "none", "queued", "standby", "warm"]
 
 
@@ -74,7 +77,7 @@ class Grant:
 
 
 # What changed of a kernel, as a person would notice it: listed or gone from the registry, one of its record's
-# NOTABLE fields, an event said of it, the enforcer's judgment of it (near or over quota, idle), a move of its quota
+# notable fields (registry.NOTABLE), an event said of it, the enforcer's judgment of it (near or over quota, idle), a move of its quota
 # under way.
 ChangeKind = Literal[
     "listed", "gone", "state", "quota", "pending_quota", "position", "parked", "event", "judgment", "move"
@@ -130,30 +133,16 @@ class Parked:
                 "quota_mib": self.quota_mib, "reserved_mib": self.reserved_mib, "since": self.since, "park_s": self.park_s}  # fmt: skip
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class KernelRecord:
-    """What the API says of one kernel of this process."""
-
-    NOTABLE: ClassVar[frozenset[str]] = frozenset({"state", "quota", "pending_quota", "position", "parked"})
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        """Every assignment counts (its registry's ``version``); one a person would notice (``NOTABLE``: its state,
-        quota, place in line, parking) is said at once to ``on_change``, the registry's, as a typed change."""
-        before = self.__dict__.get(name, value)
-        object.__setattr__(self, name, value)
-        version = self.__dict__.get("version")
-        if version is not None:
-            version.n += 1
-        if name in self.NOTABLE and before != value:
-            on_change = self.__dict__.get("on_change")
-            if on_change is not None:
-                on_change(self.kernel_id, name)
+    """What the API says of one kernel of this process. No one assigns to it: its registry changes it
+    (``KernelRegistry.update`` and ``move``), and says each change a person would notice."""
 
     kernel_id: str
     kernel_name: str
     language: str
     user: str
-    state: str = "starting"  # one of life.STATES, changed only by life.move
+    state: KernelState = "starting"  # one of life.STATES, changed only by KernelRegistry.move
     quota: Size | None = None  # requested (or default) quota
     pending_quota: Size | None = None  # applied at the next restart
     lease: Lease | None = None
@@ -179,8 +168,6 @@ class KernelRecord:
     oom: str | None = None  # the framework that ran out of memory in this process (its report says so)
     retry_quota_mib: int | None = None  # then: the quota to restart with (history.retry_quota_mib)
     parked: Parked | None = None  # its GPU state is in host memory (parking.py)
-    on_change: Callable[[str, ChangeKind], None] | None = field(default=None, repr=False, compare=False)
-    version: Version | None = field(default=None, repr=False, compare=False)  # its registry's
     largest_mib: int = 0  # the largest card's memory: a share's size before the kernel has a card
     restarting: bool = False  # it restarts: its new start, if refused, leaves it listed as 'failed' (life.py)
 
@@ -245,3 +232,10 @@ class Tells(Protocol):
     student's sidebar and the log hear. Each part's own ``Registry`` protocol adds what else it reads."""
 
     def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None: ...
+
+
+class Writes(Protocol):
+    """How a part of a server changes a kernel's record (the registry's: records are frozen to everyone else)."""
+
+    def update(self, rec: KernelRecord, **fields: Any) -> None: ...
+    def move(self, rec: KernelRecord, to: KernelState, **fields: Any) -> None: ...

@@ -16,8 +16,17 @@ from typing import Any
 
 from ..core.policy import format_mib
 from ..host.gpu import Card
-from .life import move
-from .records import ChangeKind, Grant, KernelRecord, Version
+from . import life
+from .records import ChangeKind, Grant, KernelRecord, KernelState, Version
+
+# The fields of a record whose change a person would notice, each said as its change (records.Change).
+NOTABLE: dict[str, ChangeKind] = {
+    "state": "state",
+    "quota": "quota",
+    "pending_quota": "pending_quota",
+    "position": "position",
+    "parked": "parked",
+}
 
 WAIT_ENDED = ("refused-timeout", "cancelled")  # a kernel that ran while it waited, whose wait ended so
 SAID_BY_PROGRAM = ("queued", "refused", "cancelled")  # a program's own lines say these (batch.py), not its log
@@ -50,12 +59,32 @@ class KernelRegistry:
                 kernel_name,
                 language,
                 self.user,
-                on_change=self._on_change,
-                version=self.version,
                 largest_mib=max((c.total_mib for c in self.cards), default=0),
             )
             self._on_change(kernel_id, "listed")
         return rec
+
+    def update(self, rec: KernelRecord, **fields: Any) -> None:
+        """Change ``rec``'s ``fields``, not its state (``move`` does)."""
+        if "state" in fields:
+            raise ValueError("a kernel's state changes by KernelRegistry.move")
+        self._set(rec, fields)
+
+    def move(self, rec: KernelRecord, to: KernelState, **fields: Any) -> None:
+        """Move ``rec`` to the state ``to``, with ``fields`` (its lease, card, place, reason...) set first: the
+        move is held against the kernel's life (life.check)."""
+        life.check(rec, to, fields)
+        self._set(rec, {**fields, "state": to})
+
+    def _set(self, rec: KernelRecord, fields: dict[str, Any]) -> None:
+        """The one place a record changes, field by field in the order given; each change a person would notice
+        (KernelRecord.NOTABLE) is said once all are made."""
+        said = [name for name, value in fields.items() if name in NOTABLE and getattr(rec, name) != value]
+        for name, value in fields.items():
+            object.__setattr__(rec, name, value)  # (the record is frozen to everyone else)
+        self.version.n += 1
+        for name in said:
+            self._on_change(rec.kernel_id, NOTABLE[name])
 
     def forget(self, kernel_id: str) -> KernelRecord | None:
         """The kernel is gone from this server: its record goes, and the change is said."""
@@ -82,7 +111,7 @@ class KernelRegistry:
         its 'no-gpu' event, with ``figures``): no-gpu-none (this server has none), no-gpu-ledger (no reservation
         can be made now), no-gpu-full (the cards are full and the policy starts it without)."""
         assert grant.mode != "warm"  # (a warm kernel has no record)
-        move(
+        self.move(
             rec, "running" if grant.mode == "gpu" else grant.mode, lease=grant.lease, card=grant.card,
             reason=grant.reason, position=None, restarting=False,
             wait_ended=why if grant.mode == "cpu" and why in WAIT_ENDED else None,

@@ -51,7 +51,7 @@ def make_manager(backend, tmp_path) -> QuotaManager:
 
 def add_kernel(manager: QuotaManager, kernel_id: str, pid: int | None) -> None:
     rec = manager.record(kernel_id, "python3", "python")
-    rec.state, rec.pid = "running", pid
+    manager.update(rec, pid=pid)  # (the sampler measures a kernel by its process, whatever its state)
 
 
 @pytest.fixture

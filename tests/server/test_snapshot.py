@@ -41,7 +41,7 @@ def test_a_reader_after_a_change_gets_a_snapshot_that_holds_it(manager):
         assert [k["kernel_id"] for k in snap.kernels] == ["k1"] and snap.kernel("k1")["state"] == "running"
         assert snap.reservations["cards"][0]["reserved_mib"] == 1536  # the ledger of the same moment
         assert [e["kind"] for e in snap.events] == ["reserved"]
-        manager.records["k1"].pid = 4242  # any field of a record, not only the ones announced
+        manager.update(manager.records["k1"], pid=4242)  # any field of a record, not only the ones announced
         assert (await snapshots.latest()).kernel("k1")["pid"] == 4242
         unchanged = await snapshots.latest()
         assert await snapshots.latest() is unchanged  # nothing changed: the same snapshot, not a new build
@@ -64,7 +64,7 @@ def test_each_tick_gives_one_snapshot_whose_parts_are_of_one_moment(manager):
     async def case():
         snapshots = Snapshots(manager, judged=lambda: {"k1": "near_quota"})
         await manager.admit("k1", "python3", "python")
-        manager.records["k1"].pid = os.getpid()  # (a real process: the sampler walks process trees)
+        manager.update(manager.records["k1"], pid=os.getpid())  # (a real process: the sampler walks process trees)
         manager.backend.fake.add_process(os.getpid(), 1400)
         sampler = Sampler(manager)
         before = await snapshots.latest()
@@ -109,7 +109,7 @@ def test_a_ledger_that_fails_keeps_the_last_reading_and_says_why_there_is_no_hos
             raise LedgerError("the broker is not answering")
 
         manager.ledger.call = down
-        manager.records["k1"].pid = 1
+        manager.update(manager.records["k1"], pid=1)
         snap = await snapshots.latest()
         assert snap.host is None and snap.host_error == "the broker is not answering"
         assert snap.reservations["cards"][0]["reserved_mib"] == 1536  # what it read last
