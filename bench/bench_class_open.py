@@ -5,13 +5,15 @@ burst through a proxy does (POST /api/sessions, then each kernel's websocket and
 `jupyter server` with the extension and a simulated card with room for all. For each notebook: its request's time
 in the client's queue, its request to the server's answer (the kernel listed, its grant decided), and its answer to
 the first cell's result. The server's own events give each grant's time. Warm kernels on and off, side by side in
-one run (`--warm N` for the warm server's pool). Prints the medians and the first and last grant, from the first
+one run (`--warm N` for the warm server's pool; `--warm-imports torch`: a third server whose warm kernels have
+imported PyTorch, GpuShareApp.warm_imports). Prints the medians and the first and last grant, from the first
 request.
 
     python bench/bench_class_open.py [--notebooks 32] [--connections 6] [--warm 32] [--rounds 2] [--json OUT] [--gpu]
+                                     [--warm-imports torch]
 
 ``--gpu`` (a GPU machine): the real cards through NVML, 2 GiB quotas, and after the first cell a first GPU operation
-(``torch.ones(1, device='cuda')``, PyTorch's import included: warm_imports takes no GPU framework): open -> its
+(``torch.ones(1, device='cuda')``, PyTorch's import included, unless a warm kernel imported it ahead): open -> its
 answer too.
 """
 
@@ -27,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 from _report import report
 from bench_warm_start import HEADERS, open_and_run, stop, warm_and_cold
 from tornado.httpclient import AsyncHTTPClient
@@ -34,7 +37,12 @@ from tornado.httpclient import AsyncHTTPClient
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from servers import SimulatedServer, wait_until  # noqa: E402
 
-GPU_OP = "import torch; torch.ones(1, device='cuda').sum().item()"  # a first GPU operation (--gpu)
+# A first GPU operation (--gpu), and the kernel's word that PyTorch is capped at its quota (a notebook whose cap
+# did not hold, as PyTorch imported warm might not, fails the run)
+GPU_OP = (
+    "import torch, _gpushare_report as r; torch.ones(1, device='cuda').sum().item(); "
+    "t = r.STATE['frameworks'].get('torch', {}); assert t.get('capped'), t; t['limit_mib']"
+)
 
 
 async def a_class(server: SimulatedServer, count: int, connections: int, tag: str, gpu: str | None = None) -> dict:
@@ -61,30 +69,45 @@ async def a_class(server: SimulatedServer, count: int, connections: int, tag: st
     return {"students": students, "grants_s": grants, "all_done_s": all_done}
 
 
+def warmed(server: SimulatedServer, name: str) -> int:
+    """How many of the server's kernels are warm: started, and (warm-imports) PyTorch's library loaded."""
+    kernels = server.kernel_processes()
+    if name != "warm-imports":
+        return len(kernels)
+    loaded = 0
+    for kernel in kernels:
+        try:
+            loaded += any("libtorch" in m.path for m in kernel.memory_maps())
+        except psutil.Error:
+            pass
+    return loaded
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--notebooks", type=int, default=32)
     ap.add_argument("--connections", type=int, default=6)
     ap.add_argument("--warm", type=int, default=32, help="the warm server's warm_kernels")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warm-imports", help="a third server, whose warm kernels import these (comma-separated)")
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--gpu", action="store_true", help="on the real cards (NVML), 2 GiB quotas, and a first GPU "
                     "operation after the first cell")  # fmt: skip
     args = ap.parse_args()
     gpu = GPU_OP if args.gpu else None
     if args.gpu:
-        servers = warm_and_cold(args.warm, "nvml", "--GpuShareApp.default_quota=2GiB")
+        servers = warm_and_cold(args.warm, "nvml", "--GpuShareApp.default_quota=2GiB", warm_imports=args.warm_imports)
     else:
-        servers = warm_and_cold(args.warm, "80GiB")
+        servers = warm_and_cold(args.warm, "80GiB", warm_imports=args.warm_imports)
     figures: dict = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "cpus": os.cpu_count(),
                      "notebooks": args.notebooks, "connections": args.connections, "warm_kernels": args.warm,
-                     "runs": {"warm": [], "cold": []}}  # fmt: skip
+                     "warm_imports": args.warm_imports, "runs": {name: [] for name in servers}}  # fmt: skip
     try:
         for r in range(args.rounds):
-            for name in ("warm", "cold") if r % 2 == 0 else ("cold", "warm"):
+            for name in list(servers) if r % 2 == 0 else list(servers)[::-1]:
                 server = servers[name]
-                if name == "warm":
-                    wait_until(lambda s=server: len(s.kernel_processes()) >= args.warm, 600, "the warm pool to fill")
+                if name != "cold":
+                    wait_until(lambda s=server, n=name: warmed(s, n) >= args.warm, 600, "the warm pool to fill")
                 time.sleep(2.0)
                 run = asyncio.run(a_class(server, args.notebooks, args.connections, f"r{r}-{name}", gpu))
                 students = run["students"]

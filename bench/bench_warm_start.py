@@ -74,16 +74,24 @@ async def round_of(server: SimulatedServer, count: int, tag: str) -> list[float]
     return [seconds for seconds, _, _ in opened]
 
 
-def warm_and_cold(warm_kernels: int, card: str, *settings: str) -> dict[str, SimulatedServer]:
-    """Two real servers on a simulated ``card`` with 1 GiB quotas, side by side: "warm" keeps ``warm_kernels``, "cold"
-    none. ``settings`` (``--GpuShareApp.x=y``) replace those; ``card`` "nvml": the real cards instead."""
+def warm_and_cold(
+    warm_kernels: int, card: str, *settings: str, warm_imports: str | None = None
+) -> dict[str, SimulatedServer]:
+    """Real servers on a simulated ``card`` with 1 GiB quotas, side by side: "warm" keeps ``warm_kernels``, "cold"
+    none; with ``warm_imports`` (e.g. "torch"), a third, "warm-imports", keeps as many with those imported.
+    ``settings`` (``--GpuShareApp.x=y``) replace those; ``card`` "nvml": the real cards instead."""
     tmp = Path(tempfile.mkdtemp(prefix="gpushare-warm-bench-"))
     cards = ["--GpuShareApp.gpu_backend=nvml"] if card == "nvml" else [f"--GpuShareApp.simulated_cards={card}"]
+    kinds: list[tuple[str, int, list[str]]] = [("warm", warm_kernels, []), ("cold", 0, [])]
+    if warm_imports:
+        imports = [f"--GpuShareApp.warm_imports={name}" for name in warm_imports.split(",")]
+        kinds.append(("warm-imports", warm_kernels, imports))
     servers = {}
-    for name, count in (("warm", warm_kernels), ("cold", 0)):
+    for name, count, own in kinds:
         (tmp / name).mkdir()
         servers[name] = SimulatedServer(
             tmp / name, *cards, "--GpuShareApp.default_quota=1GiB", f"--GpuShareApp.warm_kernels={count}", *settings,
+            *own,
         ).wait_ready()  # fmt: skip
     return servers
 

@@ -130,3 +130,9 @@ async def stdout_of(client, msg_id: str) -> str:
             out += msg["content"]["text"]
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             return out
+
+
+def mapped(pid: int, library: str) -> bool:
+    """Whether a process has a shared library (a framework's code ran in it)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return library in f.read()

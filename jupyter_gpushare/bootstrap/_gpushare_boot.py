@@ -358,12 +358,17 @@ def install() -> bool:
 
 def _warm_imports() -> None:
     """A warm kernel imports what the admin listed (GpuShareApp.warm_imports) before its notebook opens; a module
-    that fails is said on stderr (the server's log) and left out. A GPU framework is refused (_gpushare_wait)."""
+    that fails is said on stderr (the server's log) and left out. A GPU framework is refused, but PyTorch's code
+    runs and waits, kept, for the notebook's import (_gpushare_wait.WARM_FIRST)."""
     import importlib
+
+    import _gpushare_wait
 
     for name in filter(None, os.environ.pop(env.WARM_IMPORTS, "").split(",")):
         try:
             importlib.import_module(name)
+        except _gpushare_wait.WarmKept:
+            pass
         except BaseException as e:  # (a module's own SystemExit too: the kernel starts without it)
             sys.stderr.write(f"jupyter-gpushare: a warm kernel could not import {name!r} (GpuShareApp.warm_imports): "
                              f"{type(e).__name__}: {e}\n")  # fmt: skip

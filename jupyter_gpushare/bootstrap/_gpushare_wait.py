@@ -54,6 +54,10 @@ WAITS = ("torch", "tensorflow", "jax", "cupy", "numba.cuda", "pycuda")
 # most half the host's CPUs import at once so, beside the kernels that compute: 24 imports at once slowed the first
 # wave of a class by 7.3 s on the H100 host, bench/README.md).
 IMPORTS_FIRST = {"torch": (2, 11), "tensorflow": (2, 21)}
+# Imported in a warm kernel (GpuShareApp.warm_imports, policy.WARM_FRAMEWORKS), before any notebook has it: the code
+# runs then, and the module is kept (not in sys.modules) for the notebook's own import, which waits for the grant and
+# sets the caps as any. One of IMPORTS_FIRST whose import pulls in no framework that waits (TensorFlow's pulls in JAX).
+WARM_FIRST = ("torch",)
 # The names the sidebar and the docs use (words.ts says "PyTorch", not "torch").
 NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow", "jax": "JAX", "cupy": "CuPy", "numba.cuda": "Numba",
          "pycuda": "PyCUDA"}  # fmt: skip
@@ -446,6 +450,21 @@ class WarmImport(ImportError):
     stops_import = True
 
 
+class WarmKept(ImportError):
+    """A framework's code ran in a warm kernel (``WARM_FIRST``): the module is kept for the notebook's own import."""
+
+    stops_import = True
+
+
+def _keep_for_the_notebook(module) -> None:
+    """After a warm kernel ran a framework's code: the import ends here, and the loader keeps the module for the
+    notebook's import (_gpushare_boot's ``keep``), whose wait and caps come at the hand-over."""
+    raise WarmKept(
+        f"jupyter-gpushare: {module.__name__}'s code ran in this warm kernel; its import completes, with the GPU "
+        "and caps, once a notebook opens the kernel."
+    )
+
+
 def wait_for_gpu(module):
     """A framework's pre-import hook: return once the kernel holds its grant. An interrupt raises KeyboardInterrupt
     here: the import fails, the kernel stays in line, and the next import waits again. A wait that ends without a
@@ -455,6 +474,8 @@ def wait_for_gpu(module):
     returns."""
     name = module.__name__
     if os.environ.get(env.MODE) == "warm":
+        if name in WARM_FIRST and _imports_first(module):
+            return _keep_for_the_notebook
         raise WarmImport(
             f"jupyter-gpushare: a warm kernel imports no GPU framework ({name}) before a notebook opens it: its "
             "import waits for the notebook's GPU and caps."

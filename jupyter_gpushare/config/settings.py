@@ -13,7 +13,6 @@ it is not an application (the server extension is ``app.GpuShareExtension``).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +24,6 @@ from ..core.levels import REQUIRED_CHOICES
 from ..core.policy import (
     DEFAULT_MIN_QUOTA_MIB,
     FRAMEWORKS,
-    GPU_IMPORTS,
     IDLE_ACTIONS,
     LINE_CPU,
     LINE_PLACES,
@@ -40,6 +38,7 @@ from ..core.policy import (
     Size,
     format_mib,
     parse_size,
+    warm_import_problem,
 )
 from .broker_place import BrokerPlace, checked
 
@@ -324,8 +323,9 @@ class GpuShareApp(BrokerPlace):
         Unicode(),
         default_value=[],
         config=True,
-        help="Modules a warm kernel imports ahead of time, e.g. ['numpy', 'pandas']; not a GPU framework (its import "
-        "waits for the kernel's GPU). One that fails is named in the server's log and left out. Default: [].",
+        help="Modules a warm kernel imports ahead of time, e.g. ['numpy', 'torch']. Of the GPU frameworks only PyTorch "
+        "(2.11+): its code runs, touching no GPU; the notebook's `import torch` waits for its GPU and sets the cap as "
+        "any. One that fails is named in the server's log and left out. Default: [].",
     )
 
     quota_from_history = Bool(
@@ -455,13 +455,8 @@ class GpuShareApp(BrokerPlace):
     @validate("warm_imports")
     def _valid_warm_imports(self, proposal: Any) -> list[str]:
         for name in proposal["value"]:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", name):
-                raise TraitError(f"GpuShareApp.warm_imports: {name!r} is not a module's name; use e.g. 'numpy'.")
-            if name.partition(".")[0] in GPU_IMPORTS or name in GPU_IMPORTS:
-                raise TraitError(
-                    f"GpuShareApp.warm_imports: {name!r} is a GPU framework: its import waits for the kernel's GPU, "
-                    "which a warm kernel has not got. Remove it (a kernel imports it while it waits in line)."
-                )
+            if (problem := warm_import_problem(name)) is not None:
+                raise TraitError(f"GpuShareApp.warm_imports: {problem}")
         return list(proposal["value"])
 
     @validate("near_quota_threshold")

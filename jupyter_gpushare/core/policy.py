@@ -440,6 +440,24 @@ FRAMEWORKS = ("cupy", "jax", "tensorflow", "torch")  # what the bootstrap caps a
 # What a warm kernel may not import before its hand-over (GpuShareApp.warm_imports): the bootstrap's WAITS (their import
 # waits for the kernel's GPU and caps) and Keras, which imports one of them.
 GPU_IMPORTS = ("torch", "tensorflow", "jax", "cupy", "numba.cuda", "pycuda", "keras")
+# Of those, what a warm kernel imports all the same (the bootstrap's WARM_FIRST): its code runs, touching no GPU, and
+# its module is kept for the notebook's own import, which waits for the GPU and sets the caps then.
+WARM_FRAMEWORKS = ("torch",)
+
+
+def warm_import_problem(name: object) -> str | None:
+    """Why a warm kernel may not import ``name`` (GpuShareApp.warm_imports), or None."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", name):
+        return f"{name!r} is not a module's name; use e.g. 'numpy'."
+    if name not in WARM_FRAMEWORKS and (name.partition(".")[0] in GPU_IMPORTS or name in GPU_IMPORTS):
+        return (
+            f"{name!r} is a GPU framework: its import waits for the kernel's GPU, which a warm kernel has not got. "
+            "Remove it (a kernel imports it while it waits in line); of the GPU frameworks, only "
+            f"{', '.join(WARM_FRAMEWORKS)} may be imported warm."
+        )
+    return None
+
+
 MAX_WARM_KERNELS = 32  # GpuShareApp.warm_kernels, per kernelspec
 
 

@@ -7,7 +7,8 @@ kernel manager class and its provisioner (ours), except that it is nobody's yet:
 - it holds no GPU reservation and has no record in the registry; its card is hidden and closed to its cgroup
   (``GPUSHARE_MODE=warm``); it runs at idle CPU priority (host/priority.py), so starting and refilling the pool costs
   the kernels that compute nothing;
-- it has run its kernelspec's start-up and imported ``warm_imports`` (never a GPU framework: the bootstrap refuses);
+- it has run its kernelspec's start-up and imported ``warm_imports`` (of the GPU frameworks, only PyTorch's code runs:
+  the notebook's own import waits for the GPU; _gpushare_wait.WARM_FIRST);
 - its ports are its own, and held (the provisioner's ``hold_ports``).
 
 When a notebook's kernel is launched, the provisioner takes a warm kernel of its kernelspec (``take``) and checks that

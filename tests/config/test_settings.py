@@ -161,7 +161,7 @@ def test_a_bad_value_is_refused_where_it_is_read_with_its_name(tmp_path, monkeyp
     [
         ("warm_kernels", -1, "GpuShareApp.warm_kernels: -1 is not a number of warm kernels; use 0 to 32"),
         ("warm_kernels", 10_000, "GpuShareApp.warm_kernels: 10000 is not a number of warm kernels"),
-        ("warm_imports", ["torch"], "GpuShareApp.warm_imports: 'torch' is a GPU framework"),
+        ("warm_imports", ["jax"], "GpuShareApp.warm_imports: 'jax' is a GPU framework"),
         ("warm_imports", ["numba.cuda"], "GpuShareApp.warm_imports: 'numba.cuda' is a GPU framework"),
         ("warm_imports", ["tensorflow.keras"], "GpuShareApp.warm_imports: 'tensorflow.keras' is a GPU framework"),
         ("warm_imports", ["numpy; import os"], "GpuShareApp.warm_imports: 'numpy; import os' is not a module's name"),
@@ -180,11 +180,23 @@ def test_warm_imports_take_modules_that_are_not_gpu_frameworks():
     ]
 
 
-def test_gpu_imports_are_the_bootstraps_waits_and_keras():
-    from jupyter_gpushare.core.policy import GPU_IMPORTS
+def test_warm_imports_take_pytorch_alone_of_the_gpu_frameworks():
+    assert GpuShareApp(warm_imports=["numpy", "torch"]).warm_imports == ["numpy", "torch"]
+    with pytest.raises(TraitError, match="only torch may be imported warm"):
+        GpuShareApp(warm_imports=["torch.cuda"])
+
+
+def _bootstraps(name: str) -> tuple:
     from jupyter_gpushare.launch.kernel_env import BOOTSTRAP_DIR
 
-    waits = next(
-        line for line in (BOOTSTRAP_DIR / "_gpushare_wait.py").read_text().splitlines() if line.startswith("WAITS")
+    line = next(
+        line for line in (BOOTSTRAP_DIR / "_gpushare_wait.py").read_text().splitlines() if line.startswith(f"{name} =")
     )
-    assert set(GPU_IMPORTS) == {*eval(waits.split("=", 1)[1].split("#")[0]), "keras"}
+    return eval(line.split("=", 1)[1].split("#")[0])
+
+
+def test_gpu_imports_are_the_bootstraps_waits_and_keras_and_warm_ones_its_warm_first():
+    from jupyter_gpushare.core.policy import GPU_IMPORTS, WARM_FRAMEWORKS
+
+    assert set(GPU_IMPORTS) == {*_bootstraps("WAITS"), "keras"}
+    assert WARM_FRAMEWORKS == _bootstraps("WARM_FIRST")

@@ -14,7 +14,7 @@ import os
 
 import pytest
 from jupyter_client.session import Session
-from kernels import cell_result, send_cell, stream_until
+from kernels import cell_result, mapped, send_cell, stream_until
 from test_waiting import _state, _true, full_card, standin_pid
 
 NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow"}  # as the sidebar says them (_gpushare_wait.NAMES)
@@ -41,11 +41,6 @@ async def reply_of(ws, msg_id: str, streams: list | None = None) -> dict:
             reply = msg["content"]
         idle = idle or (msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle")
     return reply
-
-
-def mapped(pid: int, library: str) -> bool:
-    with open(f"/proc/{pid}/maps") as f:
-        return library in f.read()
 
 
 async def first_in_line(gpushare, jp_serverapp, kernel_ws, framework: str, code: str | None = None):

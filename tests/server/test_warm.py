@@ -11,7 +11,8 @@ import os
 import signal
 
 import pytest
-from kernels import run_cell
+from jupyter_client.session import Session
+from kernels import cell_result, mapped, run_cell, send_cell, stream_until
 from test_waiting import _state, full_card, standin_pid
 
 from jupyter_gpushare.host import priority
@@ -200,14 +201,43 @@ async def test_warm_imports_are_imported_before_the_hand_over_and_a_bad_one_is_n
     assert "could not import 'no_such_module_of_ours' (GpuShareApp.warm_imports)" in capfd.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "gpushare_config",
+    [{"warm_imports": ["torch"], "warm_kernels": 1, "default_quota": "4GiB", "queue_timeout": 120}],
+    indirect=True,
+)
+async def test_pytorch_imported_warm_runs_its_code_before_the_hand_over_and_waits_for_the_gpu_after(
+    gpushare, jp_serverapp, kernel_ws
+):
+    """PyTorch's code runs in the warm kernel, no notebook's yet (its library is mapped); the notebook's own
+    ``import torch`` takes that module, waits in line for the GPU as any, and sets its cap at the grant."""
+    pytest.importorskip("torch")
+    sessions = await full_card(gpushare)
+    (pid,) = await warm_pids(gpushare, jp_serverapp, count=1)
+    await gpushare.wait_for(lambda: asyncio.sleep(0, mapped(pid, "libtorch_cpu")), what="PyTorch's code, warm")
+    _, kid = await gpushare.open_notebook("warm-torch.ipynb")
+    assert standin_pid(jp_serverapp, kid) == pid and await gpushare.state_of(kid) == "queued"
+    imported = "import sys; 'torch' in sys.modules, 'torch._C' in sys.modules"
+    assert await run_cell(kernel_ws, kid, imported) == "(False, True)"  # its code ran; the import waits for it
+    session = Session()
+    ws = await kernel_ws(kid, session.session)
+    cell = send_cell(ws, session, "import torch, os; float(torch.ones(3).sum()), os.environ['GPUSHARE_QUOTA_MIB']")
+    await stream_until(ws, cell, "PyTorch waits for this kernel's GPU: #1 in line")
+    await gpushare.close_notebook(sessions[0])
+    assert await cell_result(ws, kid, cell) == "(3.0, '4096')"
+    capped = "import _gpushare_report as r; 'torch' in r.STATE['frameworks']"
+    assert await run_cell(kernel_ws, kid, capped) == "True"  # its hooks ran, after the grant
+    ws.close()
+
+
 async def test_a_warm_kernel_refuses_a_gpu_framework_and_the_server_stop_ends_the_pool(gpushare, jp_serverapp):
     warm = await warm_pids(gpushare, jp_serverapp)
     pool = pool_of(jp_serverapp)
     km = pool.ready["python3"][0].km
     out = await run_in_kernel_km(
-        km, "import sys\ntry:\n    import torch\nexcept ImportError as e:\n    print(e)\nprint('torch' in sys.modules)"
+        km, "import sys\ntry:\n    import jax\nexcept ImportError as e:\n    print(e)\nprint('jax' in sys.modules)"
     )
-    assert "a warm kernel imports no GPU framework (torch)" in out and out.endswith("False\n")
+    assert "a warm kernel imports no GPU framework (jax)" in out and out.endswith("False\n")
     await pool.stop()
     await gpushare.wait_for(
         lambda: asyncio.sleep(0, not any(os.path.exists(f"/proc/{pid}") for pid in warm)), what="the pool's end"
