@@ -29,12 +29,34 @@ FOLDER_MARKERS = {
     "launch": "kernel",  # real kernels and the real programs that start them (jupyter execute, papermill, …)
 }
 SERVER_FIXTURES = {"jp_serverapp", "jp_fetch", "gpushare"}  # a real jupyter-server in the test's process
+# The slowest files, longest first (CI's durations, 2026-11-29: 300-600 s, 180-370 s, 130-250 s, 180 s, 140-200 s,
+# 85-140 s, 120 s, 140 s): in the README's parallel run they start first, one per process, and the short ones fill
+# in around them. In collection order they came last (pytest-xdist orders files by their count of tests, and these
+# have few), so the run's end waited on them alone.
+SLOWEST_FIRST = (
+    "ui/test_ui.py",
+    "launch/test_jupyter_server_suite.py",
+    "launch/test_nbclient_suite.py",
+    "server/test_proxy.py",
+    "test_bench_study.py",
+    "ui/test_notebook7.py",
+    "host/test_hub.py",
+    "launch/test_batch_clients.py",
+)
+
+
+def pytest_configure(config):
+    """Keep the collection's order (SLOWEST_FIRST) when pytest-xdist hands files out (``--dist loadfile``)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items):
     """``browser`` and ``kernel`` by folder (FOLDER_MARKERS), ``root`` for tests skipped unless run as root (Unix
     users, cgroups, mounts, namespaces), ``server`` for tests that run a jupyter-server in their process."""
     tests = Path(__file__).resolve().parent
+    first = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: first.get(item.path.resolve().relative_to(tests).as_posix(), len(first)))
     for item in items:
         folder = item.path.resolve().relative_to(tests).parts[0]
         if folder in FOLDER_MARKERS:
