@@ -121,6 +121,8 @@ def main() -> None:
                     "open_to_gpu_op_median_s": round(statistics.median(to_gpu), 3) if to_gpu else None,
                     "open_to_gpu_op_max_s": round(max(to_gpu), 3) if to_gpu else None,
                 })  # fmt: skip
+                if args.json:  # each run kept as it comes (a run cut short by a time limit keeps the ones done)
+                    Path(args.json).write_text(json.dumps(figures, indent=1))
     finally:
         stop(servers)
     report(figures, args.json)
