@@ -492,7 +492,7 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         "run_s_max": run_times[-1] if run_times else None,
         "wave1_grant_to_done_median_s": round(waves[0][len(waves[0]) // 2], 2) if waves[0] else None,
         "later_grant_to_done_median_s": round(waves[1][len(waves[1]) // 2], 2) if waves[1] else None,
-        "first_grant_s": min((j.admitted for j in ok if j.admitted is not None), default=None),
+        "first_grant_s": round(min((j.admitted for j in ok if j.admitted is not None), default=0.0), 3),
         "warm_kernels": args.warm if scenario in EXTENSION else 0,
         "max_concurrent_processes": max((s["processes"] for s in monitor.timeline), default=None),
         "peak_card_used_mib": max((s["used_mib"] for s in monitor.timeline), default=None),
