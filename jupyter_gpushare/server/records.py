@@ -77,8 +77,8 @@ class Grant:
 
 
 # What changed of a kernel, as a person would notice it: listed or gone from the registry, one of its record's
-# notable fields (registry.NOTABLE), an event said of it, the enforcer's judgment of it (near or over quota, idle), a move of its quota
-# under way.
+# notable fields (registry.NOTABLE), an event said of it, the enforcer's judgment of it (near or over quota, idle), a
+# move of its quota under way.
 ChangeKind = Literal[
     "listed", "gone", "state", "quota", "pending_quota", "position", "parked", "event", "judgment", "move"
 ]

@@ -9,6 +9,7 @@ state, quota or place, an event) to ``on_change``, and keeps the last 500 events
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ NOTABLE: dict[str, ChangeKind] = {
     "parked": "parked",
 }
 
+FIELDS = frozenset(f.name for f in dataclasses.fields(KernelRecord))
 WAIT_ENDED = ("refused-timeout", "cancelled")  # a kernel that ran while it waited, whose wait ended so
 SAID_BY_PROGRAM = ("queued", "refused", "cancelled")  # a program's own lines say these (batch.py), not its log
 
@@ -78,7 +80,10 @@ class KernelRegistry:
 
     def _set(self, rec: KernelRecord, fields: dict[str, Any]) -> None:
         """The one place a record changes, field by field in the order given; each change a person would notice
-        (KernelRecord.NOTABLE) is said once all are made."""
+        (NOTABLE) is said once all are made."""
+        unknown = fields.keys() - FIELDS
+        if unknown:
+            raise TypeError(f"a kernel's record has no field {', '.join(sorted(unknown))}")
         said = [name for name, value in fields.items() if name in NOTABLE and getattr(rec, name) != value]
         for name, value in fields.items():
             object.__setattr__(rec, name, value)  # (the record is frozen to everyone else)
