@@ -16,6 +16,7 @@ from kernels import cell_result, mapped, run_cell, send_cell, stream_until
 from test_waiting import _state, full_card, standin_pid
 
 from jupyter_gpushare.host import priority
+from jupyter_gpushare.server import warm as warm_pool
 
 # What the kernel reports of itself: where it runs, its environment, its import path and %cd's history
 ITSELF = (
@@ -228,6 +229,31 @@ async def test_pytorch_imported_warm_runs_its_code_before_the_hand_over_and_wait
     capped = "import _gpushare_report as r; 'torch' in r.STATE['frameworks']"
     assert await run_cell(kernel_ws, kid, capped) == "True"  # its hooks ran, after the grant
     ws.close()
+
+
+async def test_the_pool_starts_as_many_kernels_at_once_as_it_may(gpushare, jp_serverapp, monkeypatch):
+    """Half the CPUs at once (warm.fill_at_once): on a 16-core host, 32 kernels filled one at a time took minutes."""
+    pool = pool_of(jp_serverapp)
+    await warm_pids(gpushare, jp_serverapp)
+    empty(pool)
+    monkeypatch.setattr(warm_pool, "fill_at_once", lambda: 2)
+    starting, most = 0, 0
+    start = pool._start
+
+    async def counted(name: str):
+        nonlocal starting, most
+        starting += 1
+        most = max(most, starting)
+        try:
+            return await start(name)
+        finally:
+            starting -= 1
+
+    monkeypatch.setattr(pool, "_start", counted)
+    pool.count = 2
+    pool.start()
+    assert len(await warm_pids(gpushare, jp_serverapp, anew=False)) == 2
+    assert most == 2
 
 
 async def test_a_warm_kernel_refuses_a_gpu_framework_and_the_server_stop_ends_the_pool(gpushare, jp_serverapp):
