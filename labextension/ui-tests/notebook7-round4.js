@@ -1,0 +1,174 @@
+// Notebook 7, issue 47's round 4 (run by tests/ui/test_notebook7.py), on a card that two notebooks fill:
+// - a held cell's outcome reaches the page after a reload: a notebook in line runs its GPU cell, the student
+//   reloads while it waits, then the card has room; the new page shows what the cell printed and its number;
+// - a wait that ends says why in one line in the cell: another notebook's GPU cell waits, its wait is stopped, and
+//   the cell shows the reason alone, without the frames of the extension's own code.
+// Prints one JSON line; exits non-zero on failure.
+const { chromium } = require('playwright-core');
+
+const NOT_OURS = /Cannot read properties of undefined \(reading 'schema'\)/; // (notebook7-check.js says why)
+const HELD = "import torch\nprint('ran after the wait')";
+
+function notebook(source) {
+  return {
+    cells: [
+      {
+        cell_type: 'code',
+        source,
+        metadata: {},
+        outputs: [],
+        execution_count: null
+      }
+    ],
+    metadata: {
+      kernelspec: {
+        name: 'python3',
+        display_name: 'Python 3',
+        language: 'python'
+      }
+    },
+    nbformat: 4,
+    nbformat_minor: 5
+  };
+}
+
+async function until(what, fn, timeout = 60000) {
+  const end = Date.now() + timeout;
+  for (;;) {
+    const value = await fn();
+    if (value) {
+      return value;
+    }
+    if (Date.now() > end) {
+      throw new Error(`timed out waiting for ${what}`);
+    }
+    await new Promise(r => setTimeout(r, 250));
+  }
+}
+
+async function main() {
+  const [url, executablePath] = process.argv.slice(2);
+  const base = new URL(url).origin;
+  const browser = await chromium.launch({
+    executablePath,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking']
+  });
+  const errors = [];
+  const newPage = async () => {
+    const page = await browser.newPage();
+    page.on(
+      'pageerror',
+      e => NOT_OURS.test(String(e)) || errors.push(`pageerror: ${e.stack || e}`)
+    );
+    return page;
+  };
+  const page = await newPage();
+  const api = page.request;
+  const kernelOf = async path =>
+    (await (await api.get(`${base}/api/gpushare/kernels`)).json()).kernels.find(
+      k => k.path === path
+    ) || null;
+  const openAt = async (p, path) => {
+    await p.goto(`${base}/notebooks/${path}`);
+    await p.waitForFunction(
+      () =>
+        !!window.jupyterapp &&
+        window.jupyterapp.commands.hasCommand('gpushare:open-panel'),
+      null,
+      { timeout: 60000 }
+    );
+    return p.locator('.jp-NotebookPanel .jp-CodeCell').first();
+  };
+  const runFirstCell = async (p, cell) => {
+    await cell.locator('.jp-InputArea-editor').click();
+    await p.evaluate(() => {
+      void window.jupyterapp.commands.execute('notebook:run-cell'); // (it ends when the cell does)
+    });
+  };
+
+  for (const [path, source] of [
+    ['f1.ipynb', 'x = 1'],
+    ['f2.ipynb', 'x = 2'],
+    ['held.ipynb', HELD],
+    ['ends.ipynb', 'import torch']
+  ]) {
+    await api.put(`${base}/api/contents/${path}`, {
+      data: { type: 'notebook', format: 'json', content: notebook(source) }
+    });
+  }
+  const fillers = [];
+  for (const path of ['f1.ipynb', 'f2.ipynb']) {
+    const r = await api.post(`${base}/api/sessions`, {
+      data: { path, type: 'notebook', name: path, kernel: { name: 'python3' } }
+    });
+    fillers.push((await r.json()).id);
+  }
+
+  // 1. The held cell, and a reload while it waits
+  let cell = await openAt(page, 'held.ipynb');
+  await until(
+    'held.ipynb in line',
+    async () => (await kernelOf('held.ipynb'))?.state === 'queued'
+  );
+  await runFirstCell(page, cell);
+  await until(
+    'the server to say which cell waits',
+    async () => (await kernelOf('held.ipynb'))?.held_cell
+  );
+  await page.reload();
+  cell = await openAt(page, 'held.ipynb');
+  const prompt = cell.locator('.jp-InputPrompt');
+  const waitingPrompt = await until('[*] on the reloaded page', async () => {
+    const text = (await prompt.textContent()) || '';
+    return text.includes('*') && text;
+  });
+  await api.delete(`${base}/api/sessions/${fillers[0]}`);
+  const output = cell.locator('.jp-OutputArea');
+  const heldOutput = await until('the held cell output', async () => {
+    const text = (await output.textContent()) || '';
+    return text.includes('ran after the wait') && text;
+  });
+  const endedPrompt = await until('the cell to end', async () => {
+    const text = (await prompt.textContent()) || '';
+    return !text.includes('*') && /\d/.test(text) && text;
+  });
+
+  // 2. A wait that ends: another notebook's GPU cell waits (the card is full again), and its wait is stopped
+  const other = await newPage();
+  const waiting = await openAt(other, 'ends.ipynb');
+  const rec = await until('ends.ipynb in line', async () => {
+    const k = await kernelOf('ends.ipynb');
+    return k?.state === 'queued' && k;
+  });
+  await runFirstCell(other, waiting);
+  await until(
+    'the server to say which cell waits',
+    async () => (await kernelOf('ends.ipynb'))?.held_cell
+  );
+  await api.delete(`${base}/api/gpushare/kernels/${rec.kernel_id}`); // stop waiting
+  const error = waiting.locator(
+    '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
+  );
+  const ended = await until('the reason in the cell', async () => {
+    const texts = await error.allTextContents();
+    return texts.some(t => t.includes('GpuWaitEnded')) && texts;
+  });
+  await browser.close();
+  console.log(
+    JSON.stringify({
+      errors,
+      held: {
+        waiting_prompt: waitingPrompt,
+        output: heldOutput,
+        prompt: endedPrompt
+      },
+      ended: ended.filter(t => t.includes('GpuWaitEnded'))
+    })
+  );
+  process.exit(errors.length ? 1 : 0);
+}
+
+main().catch(e => {
+  console.error(e);
+  process.exit(2);
+});
