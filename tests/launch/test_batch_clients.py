@@ -179,10 +179,11 @@ def test_on_a_host_without_a_gpu_the_kernel_starts_without_one_and_says_why(user
 
 
 @contextlib.contextmanager
-def a_full_card(tmp_path: Path, env: dict, ledger: Path) -> Iterator[None]:
-    """A 4 GiB card of which another `jupyter execute`'s kernel holds 3 GiB (+ its context) while this runs."""
+def a_full_card(tmp_path: Path, env: dict, ledger: Path, **settings) -> Iterator[None]:
+    """A 4 GiB card of which another `jupyter execute`'s kernel holds 3 GiB (+ its context) while this runs;
+    ``settings`` (a broker's socket, where ``ledger`` is the broker's) too."""
     write_config(tmp_path, gpu_backend="simulated", simulated_cards="4GiB", default_quota="3GiB", card_headroom="0MiB",
-                 ledger_path=str(ledger))  # fmt: skip
+                 ledger_path=str(ledger), **settings)  # fmt: skip
     holder_nb = nbformat.v4.new_notebook()
     holder_nb.cells.append(nbformat.v4.new_code_cell("import time; time.sleep(600)"))
     nbformat.write(holder_nb, tmp_path / "holder.ipynb")
@@ -339,6 +340,46 @@ def test_jupyter_console_whose_kernel_waited_ends_cleanly(user):
     assert console.exitstatus == 0, said
     assert "Traceback" not in said and "Exception ignored" not in said and "Event loop is closed" not in said, said
     assert Ledger(ledger).leases() == []
+
+
+@needs_root
+@pytest.mark.timeout(400)
+def test_papermill_through_a_broker_ends_as_soon_as_its_notebook_after_a_wait_and_a_refusal_in_one_line(user):
+    """Through the host's broker (issue 47, item 5): papermill that waited in line ends as soon as its notebook did,
+    as one that did not wait, with nothing said at exit. It idled about 25 s (the broker's watch, held by its client
+    as it exited) and printed 'ERROR | KeyboardInterrupt'. Refused by a rule, it says why in one line."""
+    if not shutil.which("papermill"):
+        pytest.skip("papermill is not installed (it is in the test extra)")
+    tmp_path, env, _ = user
+    (tmp_path / "broker").mkdir()
+    card = {"gpu_backend": "simulated", "simulated_cards": "4GiB", "default_quota": "3GiB"}
+    broker = Broker(tmp_path / "broker", gpu=card, limits={})
+    broker.start()
+    papermill = ["papermill", "-k", "python3", "nb.ipynb", "out.ipynb"]
+    try:
+        with a_full_card(tmp_path, env, Path(broker.ledger), broker_socket=broker.socket):
+            client = {**card, "card_headroom": "0MiB", "context_reserve": "512MiB", "broker_socket": broker.socket}
+            write_config(tmp_path, **client, on_full="reject")
+            _one_line(run(env, *papermill, cwd=tmp_path), "refused", "No GPU has room")
+            write_config(tmp_path, **client)
+            err = tmp_path / "waiter.err"
+            with open(err, "w") as f:
+                job = subprocess.Popen(papermill, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=f)
+            wait_until(lambda: Ledger(broker.ledger).waiters(), timeout=120, what="papermill in line")
+        freed = time.monotonic()  # (the holder ended as the card's block ended)
+        assert job.wait(120) == 0, err.read_text()
+        after_wait = time.monotonic() - freed
+        said = err.read_text()
+        assert shown(tmp_path / "out.ipynb") == "gpu 3072"
+        t0 = time.monotonic()
+        plain = run(env, *papermill, cwd=tmp_path)  # the same job, the card free: nothing to wait for
+        assert plain.returncode == 0, plain.stderr
+        alone = time.monotonic() - t0
+    finally:
+        broker.stop()
+    assert "KeyboardInterrupt" not in said and "Traceback" not in said and "Exception ignored" not in said, said
+    # its grant comes within a reap of the holder's end (0.5 s here); then it runs as the job that did not wait
+    assert after_wait < alone + 10, (after_wait, alone)
 
 
 @needs_root
