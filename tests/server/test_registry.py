@@ -17,7 +17,9 @@ from jupyter_gpushare.server.registry import KernelRegistry
 @pytest.fixture
 def registry_and_said():
     said: list = []
-    registry = KernelRegistry("alice", [], lambda kid, what: said.append((kid, what)), logging.getLogger(), lambda: True)
+    registry = KernelRegistry(
+        "alice", [], lambda kid, what: said.append((kid, what)), logging.getLogger(), lambda: True
+    )
     return registry, said
 
 
