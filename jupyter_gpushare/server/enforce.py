@@ -30,15 +30,15 @@ from typing import Any, Callable, Protocol
 
 from ..core.overuse import CardRoom, Excess, OverUseJudge, Verdict, card_room, over_use
 from ..core.policy import EnforcePolicy, format_mib
+from ..ledger.leases import Lease
 from .life import Judged as Judgment
 from .parking import Parking
 from .records import ChangeKind, KernelRecord, Tells
 from .sampler import KernelUsage, UsageSnapshot
 from .snapshot import ServerSnapshot
 
-Judged = dict[
-    str, tuple[Any, KernelUsage, dict[str, int]]
-]  # (Judgment: the API's Kernel.state the policies give, life.JUDGED) kernel id -> (record, usage, card uuid -> MiB)
+# (Judgment: the API's Kernel.state the policies give, life.JUDGED) kernel id -> (its lease, usage, card uuid -> MiB)
+Judged = dict[str, tuple[Lease, KernelUsage, dict[str, int]]]
 ACTIVE_WINDOW_S = 5.0  # a process's last SM sample is believed if this recent; else the reading's time (never sooner)
 
 
@@ -114,16 +114,16 @@ class Enforcer:
                 for p in usage.processes:
                     uuid = uuids.get(p.card_index, "")
                     used[uuid] = used.get(uuid, 0) + (p.used_mib or 0)
-                judged[kid] = (rec, usage, used)
+                judged[kid] = (rec.lease, usage, used)
             idle_for, execution = self._idle_for(kid, usage, w, now)
-            idle = self._idle(kid, rec, usage, w, now, idle_for, execution)
+            idle = self._idle(kid, rec.lease, usage, w, now, idle_for, execution)
             if idle:
                 states[kid] = idle
             parking.consider(rec, usage, idle_for, last.frameworks.get(kid) or (), execution=execution)
         parking.decide(self._line_needs(last))
         excesses = self._excesses(snap, last, judged, uuids)
-        for kid, (rec, usage, _) in judged.items():
-            state = self._quota(kid, rec, usage, excesses.get(kid))
+        for kid, (lease, usage, _) in judged.items():
+            state = self._quota(kid, lease, usage, excesses.get(kid))
             if state:
                 states[kid] = state  # over/near quota shows before idle
         for verdict in self.judge.judge(now, list(excesses.values()), present=judged):
@@ -147,15 +147,14 @@ class Enforcer:
         reserved_on = {c.get("uuid"): c.get("reserved_mib") or 0 for c in last.reservations.get("cards", ())}
         for uuid, card in snap.cards.items():
             seen = [
-                (kid, rec.lease.reserved_mib, used.get(uuid, 0))
-                for kid, (rec, _usage, used) in judged.items()
-                if rec.lease.card_uuid == uuid
+                (kid, lease.reserved_mib, used.get(uuid, 0))
+                for kid, (lease, _usage, used) in judged.items()
+                if lease.card_uuid == uuid
             ]
             unseen = max(0, reserved_on.get(uuid, 0) - sum(reserved for _, reserved, _ in seen))
             rooms[uuid] = card_room(card.free_mib, card.used_mib, seen, unseen)
         out = {}
-        for kid, (rec, usage, used) in judged.items():
-            lease = rec.lease
+        for kid, (lease, usage, used) in judged.items():
             over = over_use(lease.reserved_mib, lease.card_uuid, used)
             if not over:
                 continue
@@ -165,10 +164,10 @@ class Enforcer:
             out[kid] = Excess(kid, lease.card_uuid, lease.reserved_mib, over, stolen, processes, usage.pid, shared)
         return out
 
-    def _quota(self, kid: str, rec: Any, usage: KernelUsage, excess: Excess | None) -> Judgment | None:
-        used, limit = usage.used_mib or 0, rec.lease.reserved_mib
+    def _quota(self, kid: str, lease: Lease, usage: KernelUsage, excess: Excess | None) -> Judgment | None:
+        used, limit = usage.used_mib or 0, lease.reserved_mib
         w = self._watch[kid]
-        figures = self._figures(rec, usage)
+        figures = self._figures(lease, usage)
         if excess is not None:
             if not w.over_warned:
                 w.over_warned = True
@@ -199,11 +198,11 @@ class Enforcer:
         return None
 
     @staticmethod
-    def _figures(rec: Any, usage: KernelUsage) -> dict[str, Any]:
+    def _figures(lease: Lease, usage: KernelUsage) -> dict[str, Any]:
         return {
             "used_mib": usage.used_mib,
-            "reserved_mib": rec.lease.reserved_mib,
-            "quota_mib": rec.lease.quota_mib,
+            "reserved_mib": lease.reserved_mib,
+            "quota_mib": lease.quota_mib,
             "pids": [p.pid for p in usage.processes],
         }
 
@@ -238,15 +237,15 @@ class Enforcer:
             "shutdown": f"It will be shut down if it stays over for {grace}.",
         }[action]
 
-    def _act_on(self, verdict: Verdict, rec: Any) -> None:
+    def _act_on(self, verdict: Verdict, lease: Lease) -> None:
         w = self._watch.get(verdict.kernel_id)
         if w is not None and w.acting:  # a restart still under way: the judge asks again if it is still needed
             return
         excess = verdict.excess
         figures = {
             "used_mib": excess.used_mib,
-            "reserved_mib": rec.lease.reserved_mib,
-            "quota_mib": rec.lease.quota_mib,
+            "reserved_mib": lease.reserved_mib,
+            "quota_mib": lease.quota_mib,
             "pids": sorted({pid for pid, _card, _mib in excess.processes}),
             "over_s": verdict.over_s if verdict.why == "grace" else None,
             "why": verdict.why,
@@ -310,7 +309,7 @@ class Enforcer:
     def _idle(
         self,
         kid: str,
-        rec: Any,
+        lease: Lease,
         usage: KernelUsage,
         w: _Watch,
         now: float,
@@ -322,9 +321,9 @@ class Enforcer:
         if idle_for < self.policy.idle_timeout_s:
             w.idle_warned_at = None
             return None
-        figures = {
+        figures: dict[str, Any] = {
             "idle_s": round(idle_for, 1),
-            "reserved_mib": rec.lease.reserved_mib,
+            "reserved_mib": lease.reserved_mib,
             "used_mib": usage.used_mib,
             "execution_state": execution,
         }
@@ -338,7 +337,7 @@ class Enforcer:
             self.manager.event(
                 "idle",
                 kid,
-                f"The kernel holds {format_mib(rec.lease.reserved_mib)} of GPU memory and has not used the GPU or run "
+                f"The kernel holds {format_mib(lease.reserved_mib)} of GPU memory and has not used the GPU or run "
                 f"anything for {_duration(idle_for)}.{then} Shut it down when you are done to give the memory back.",
                 **figures,
             )
