@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -48,23 +49,33 @@ class ServerProcess:
     proc: subprocess.Popen | None = None
 
     def launch(self, log_dir: Path, args: list[str], settings: dict[str, str], **popen) -> None:
-        """Start it with ``args`` and ``--GpuShareApp.<k>=<v>`` for each setting."""
+        """Start it with ``args`` and ``--GpuShareApp.<k>=<v>`` for each setting, on a free port and that port only:
+        a port taken meanwhile (by a kernel of a test beside this one) fails its start, and ``wait_ready`` starts it
+        again on another. (With Jupyter's port retries it took the next port, and this asked a kernel's ZMQ socket
+        on its own: BadStatusLine, seen in CI.)"""
+        self._launched = (log_dir, args, settings, popen)
         self.port = free_port()
         self.log = open(Path(log_dir) / f"{self.name}-{self.port}.log", "w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_server", f"--port={self.port}", f"--IdentityProvider.token={TOKEN}",
-             "--ServerApp.open_browser=False", *args, *(f"--GpuShareApp.{k}={v}" for k, v in settings.items())],
+            [sys.executable, "-m", "jupyter_server", f"--port={self.port}", "--ServerApp.port_retries=0",
+             f"--IdentityProvider.token={TOKEN}", "--ServerApp.open_browser=False", *args,
+             *(f"--GpuShareApp.{k}={v}" for k, v in settings.items())],
             stdout=self.log, stderr=subprocess.STDOUT, **popen,
         )  # fmt: skip
 
     def wait_ready(self, timeout: float = 90):
         def ready() -> bool:
             if self.proc.poll() is not None:
-                raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{self.output()}")
+                said = self.output()
+                if f"The port {self.port} is already in use" not in said:
+                    raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{said}")
+                self.log.close()
+                self.launch(*self._launched[:3], **self._launched[3])
+                return False
             try:
                 self.call("GET", "api/status")
                 return True
-            except (urllib.error.URLError, ConnectionError):
+            except (urllib.error.URLError, ConnectionError, http.client.HTTPException):
                 return False
 
         wait_until(ready, timeout, f"{self.name} to answer")
