@@ -2,7 +2,8 @@
 // - a held cell's outcome reaches the page after a reload: a notebook in line runs its GPU cell, the student
 //   reloads while it waits, then the card has room; the new page shows what the cell printed and its number;
 // - a wait that ends says why in one line in the cell: another notebook's GPU cell waits, its wait is stopped, and
-//   the cell shows the reason alone, without the frames of the extension's own code.
+//   the cell shows the reason alone, without the frames of the extension's own code;
+// - push, not polls: a waiting notebook's page left alone asks the server for nothing of ours.
 // Prints one JSON line; exits non-zero on failure.
 const { chromium } = require('playwright-core');
 
@@ -153,6 +154,26 @@ async function main() {
     const texts = await error.allTextContents();
     return texts.some(t => t.includes('GpuWaitEnded')) && texts;
   });
+
+  // 3. Push, not polls: the page of a notebook that waits, left alone for 30 s, asks the server for nothing of ours
+  // (a waiting kernel's changes come on the event bus; the page asked every 3 s)
+  const idle = await newPage();
+  await api.put(`${base}/api/contents/idle.ipynb`, {
+    data: { type: 'notebook', format: 'json', content: notebook('x = 3') }
+  });
+  await openAt(idle, 'idle.ipynb');
+  await until(
+    'idle.ipynb in line',
+    async () => (await kernelOf('idle.ipynb'))?.state === 'queued'
+  );
+  await idle.waitForTimeout(3000);
+  const asked = [];
+  idle.on('request', r => {
+    if (r.url().includes('/api/gpushare/')) {
+      asked.push(r.url());
+    }
+  });
+  await idle.waitForTimeout(30000);
   await browser.close();
   console.log(
     JSON.stringify({
@@ -162,7 +183,8 @@ async function main() {
         output: heldOutput,
         prompt: endedPrompt
       },
-      ended: ended.filter(t => t.includes('GpuWaitEnded'))
+      ended: ended.filter(t => t.includes('GpuWaitEnded')),
+      idle_requests: asked
     })
   );
   process.exit(errors.length ? 1 : 0);

@@ -151,9 +151,9 @@ def _answers(port: int) -> bool:
 
 
 def test_notebook7_shows_a_held_cells_outcome_after_a_reload_and_a_wait_that_ends_in_one_line(tmp_path):
-    """Issue 47, items 3 and 4, in Notebook 7 (notebook7-round4.js): a page reloaded while its GPU cell waits shows
-    the cell waiting, then its output and number once it ran; a cell whose wait is stopped shows the reason in one
-    line, without the frames of the extension's code."""
+    """Issue 47, items 3, 4 and 6, in Notebook 7 (notebook7-round4.js): a page reloaded while its GPU cell waits
+    shows the cell waiting, then its output and number once it ran; a cell whose wait is stopped shows the reason in
+    one line, without the frames of the extension's code; a waiting notebook's page left alone polls nothing."""
     pytest.importorskip("torch")
     out, server_log = _check(tmp_path, "notebook7-round4.js")
     assert out.returncode == 0, out.stdout + out.stderr + server_log[-3000:]
@@ -165,3 +165,4 @@ def test_notebook7_shows_a_held_cells_outcome_after_a_reload_and_a_wait_that_end
     (ended,) = result["ended"]
     assert "this cell did not run: Stopped waiting for a GPU" in ended, ended
     assert "_gpushare" not in ended and "File " not in ended and len(ended.strip().splitlines()) <= 2, ended
+    assert len(result["idle_requests"]) <= 1, result["idle_requests"]  # (it asked every 3 s: 10 in 30 s)
