@@ -186,9 +186,15 @@ async function teacherTakesOut(page, waitingPage) {
     timeout: 30000
   });
   const entry = host.locator('.jp-gpushare-host-queue li').first();
-  await entry.getByRole('button', { name: /^Take out: / }).click();
+  const entryText = (await entry.textContent()) || '';
+  const takeOut = entry.getByRole('button', { name: /^Take out: / });
+  const buttonName = await takeOut.evaluate(
+    b => b.getAttribute('aria-label') || b.textContent
+  );
+  await takeOut.click();
   const dialog = page.locator('.jp-Dialog');
   await dialog.waitFor({ timeout: 10000 });
+  const dialogText = (await dialog.textContent()) || '';
   const focused = await page.evaluate(() => document.activeElement.textContent);
   await dialog.locator('input').fill('the lab is over for today');
   await dialog.locator('button', { hasText: 'Take out' }).click();
@@ -205,6 +211,9 @@ async function teacherTakesOut(page, waitingPage) {
     await waitingPage.waitForTimeout(250);
   }
   return {
+    entry: entryText,
+    button: buttonName,
+    dialog: dialogText,
     dialog_focus: focused,
     told: await told.first().textContent(),
     state

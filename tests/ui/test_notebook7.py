@@ -103,6 +103,9 @@ def test_notebook7_page_activates_the_extension_and_its_kernel_gets_a_quota(tmp_
     # The teacher takes the waiting kernel out of the line from the host view; its student's page says who and why
     teacher = result["teacher"]
     assert teacher["dialog_focus"] == "Cancel", teacher
+    # the teacher's line names the kernel's notebook: its entry, its button's accessible name and its dialog (issue
+    # 47, item 2: every entry read "your python3 kernel", and the buttons were told apart by position only)
+    assert all("nb3.ipynb" in teacher[key] for key in ("entry", "button", "dialog")), teacher
     assert re.fullmatch(r"nb3\.ipynb: .+ took it out of the line: the lab is over for today\..*", teacher["told"]), (
         teacher
     )
