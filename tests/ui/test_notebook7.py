@@ -169,3 +169,16 @@ def test_notebook7_shows_a_held_cells_outcome_after_a_reload_and_a_wait_that_end
     assert "this cell did not run: Stopped waiting for a GPU" in ended, ended
     assert "_gpushare" not in ended and "File " not in ended and len(ended.strip().splitlines()) <= 2, ended
     assert len(result["idle_requests"]) <= 1, result["idle_requests"]  # (it asked every 3 s: 10 in 30 s)
+
+
+def test_notebook7_runs_a_parked_notebooks_cpu_cell_at_once(tmp_path):
+    """Issue 47, item 1, in Notebook 7 (notebook7-parked.js): a parked notebook's cell run from its page answers at
+    once, its variables kept, while its kernel waits in line for its GPU (a full card); the cell says so. It waited
+    for the GPU with no word (67 s in the walk that found it)."""
+    (tmp_path / "nb.ipynb").write_text(json.dumps(NOTEBOOK))
+    out, server_log = _check(tmp_path, "notebook7-parked.js", "--GpuShareApp.park_after=0")
+    assert out.returncode == 0, out.stdout + out.stderr + server_log[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["errors"] == [], result
+    assert result["answered_s"] < 10 and result["state_then"] in ("parked", "queued"), result
+    assert "this kernel was parked" in result["printed"] and "CPU work runs at once" in result["printed"], result
