@@ -60,10 +60,11 @@ export class QueuedBanner extends Widget {
     this._fit();
   }
 
+  private readonly _button = document.createElement('button');
+
   private _render(k: IKernel): void {
     // the same sentence as the panel's and the status bar's tooltip: the server's judgment, worded once
     const status = statusOf(k);
-    this.node.replaceChildren();
     const text = document.createElement('span');
     text.className = 'jp-gpushare-banner-text';
     text.textContent = status.detail;
@@ -87,7 +88,9 @@ export class QueuedBanner extends Widget {
     };
     this.node.dataset.severity = status.severity;
     const name = this.actions.nameOf(k);
-    const button = document.createElement('button');
+    // the same button element across renders: a re-render while it has the focus, or while a dialog it opened is
+    // up (the dialog gives the focus back to it), keeps the focus where the student left it
+    const button = this._button;
     if (k.state === 'queued') {
       button.className =
         'jp-Button jp-mod-styled jp-mod-reject jp-gpushare-banner-stop';
@@ -101,7 +104,15 @@ export class QueuedBanner extends Widget {
       button.setAttribute('aria-label', say('ui.join.label', { name }));
       button.onclick = () => void this.actions.joinAgain(k);
     }
-    this.node.append(text, button);
+    const old = this.node.querySelector('.jp-gpushare-banner-text');
+    if (old) {
+      old.replaceWith(text);
+    } else {
+      this.node.prepend(text);
+    }
+    if (button.parentNode !== this.node) {
+      this.node.append(button);
+    }
   }
 
   protected onResize(msg: Widget.ResizeMessage): void {
