@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
+from _kernels import kernels_with
 from _report import report
 from bench_warm_start import HEADERS, open_and_run, stop, warm_and_cold
 from tornado.httpclient import AsyncHTTPClient
@@ -71,16 +71,7 @@ async def a_class(server: SimulatedServer, count: int, connections: int, tag: st
 
 def warmed(server: SimulatedServer, name: str) -> int:
     """How many of the server's kernels are warm: started, and (warm-imports) PyTorch's library loaded."""
-    kernels = server.kernel_processes()
-    if name != "warm-imports":
-        return len(kernels)
-    loaded = 0
-    for kernel in kernels:
-        try:
-            loaded += any("libtorch" in m.path for m in kernel.memory_maps())
-        except psutil.Error:
-            pass
-    return loaded
+    return kernels_with(server.proc.pid, "libtorch" if name == "warm-imports" else None)
 
 
 def main() -> None:

@@ -43,6 +43,8 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _kernels import kernels_with  # noqa: E402
 from jobs import job_code  # noqa: E402
 
 TOKEN = "study-" + uuid.uuid4().hex[:8]
@@ -160,24 +162,10 @@ class Server:
 
     async def wait_warm(self, count: int, library: str | None, timeout: float = 600) -> None:
         """Until the server's warm pool holds ``count`` kernels (with ``library``, e.g. libtorch, loaded in each)."""
-        import psutil
-
-        def warm() -> int:
-            n = 0
-            for child in psutil.Process(self.proc.pid).children():
-                try:
-                    if "ipykernel" in " ".join(child.cmdline()) and (
-                        library is None or any(library in m.path for m in child.memory_maps())
-                    ):
-                        n += 1
-                except psutil.Error:
-                    pass
-            return n
-
         deadline = time.monotonic() + timeout
-        while warm() < count:
+        while kernels_with(self.proc.pid, library) < count:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the warm pool did not fill: {warm()} of {count}")
+                raise RuntimeError(f"the warm pool did not fill: {kernels_with(self.proc.pid, library)} of {count}")
             await asyncio.sleep(0.5)
 
     async def wait_ready(self, timeout: float = 90) -> None:

@@ -1,22 +1,12 @@
 // Notebook 7 with line_place = 'first-use' (run by tests/ui/test_notebook7.py): a notebook's page shows its kernel
 // holding no GPU yet (the toolbar's indicator and the panel say "GPU at first use"), a CPU cell leaves it so, and
 // its first GPU import asks: the kernel then holds its reservation, in the same process. Prints one JSON line.
-const { chromium } = require('playwright-core');
-
-const NOT_OURS = /Cannot read properties of undefined \(reading 'schema'\)/; // (notebook7-check.js says why)
+const { launch } = require('./notebook7-lib');
 
 async function main() {
   const [url, executablePath] = process.argv.slice(2);
-  const browser = await chromium.launch({
-    executablePath,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking']
-  });
-  const page = await browser.newPage();
-  const errors = [];
-  page.on(
-    'pageerror',
-    e => NOT_OURS.test(String(e)) || errors.push(`pageerror: ${e.stack || e}`)
-  );
+  const { browser, errors, newPage } = await launch(executablePath);
+  const page = await newPage();
   await page.goto(url);
   await page.waitForFunction(
     () =>

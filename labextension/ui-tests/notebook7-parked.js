@@ -2,37 +2,13 @@
 // kernel used 1 GiB of the (simulated) card and was parked; two other notebooks then took the card; a cell run from
 // the page answers at once, with the kernel's variables, says in one line that the GPU comes back, while the kernel
 // waits in line for its GPU; once one of the others leaves, the kernel is back. Prints one JSON line.
-const { chromium } = require('playwright-core');
-
-const NOT_OURS = /Cannot read properties of undefined \(reading 'schema'\)/; // (notebook7-check.js says why)
-
-async function until(what, fn, timeout = 60000) {
-  const end = Date.now() + timeout;
-  for (;;) {
-    const value = await fn();
-    if (value) {
-      return value;
-    }
-    if (Date.now() > end) {
-      throw new Error(`timed out waiting for ${what}`);
-    }
-    await new Promise(r => setTimeout(r, 250));
-  }
-}
+const { launch, until } = require('./notebook7-lib');
 
 async function main() {
   const [url, executablePath] = process.argv.slice(2);
   const base = new URL(url).origin;
-  const browser = await chromium.launch({
-    executablePath,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking']
-  });
-  const page = await browser.newPage();
-  const errors = [];
-  page.on(
-    'pageerror',
-    e => NOT_OURS.test(String(e)) || errors.push(`pageerror: ${e.stack || e}`)
-  );
+  const { browser, errors, newPage } = await launch(executablePath);
+  const page = await newPage();
   const api = page.request;
   const kernelOf = async path =>
     (await (await api.get(`${base}/api/gpushare/kernels`)).json()).kernels.find(

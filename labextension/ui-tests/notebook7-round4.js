@@ -5,9 +5,8 @@
 //   the cell shows the reason alone, without the frames of the extension's own code;
 // - push, not polls: a waiting notebook's page left alone asks the server for nothing of ours.
 // Prints one JSON line; exits non-zero on failure.
-const { chromium } = require('playwright-core');
+const { launch, until } = require('./notebook7-lib');
 
-const NOT_OURS = /Cannot read properties of undefined \(reading 'schema'\)/; // (notebook7-check.js says why)
 const HELD = "import torch\nprint('ran after the wait')";
 
 function notebook(source) {
@@ -33,36 +32,10 @@ function notebook(source) {
   };
 }
 
-async function until(what, fn, timeout = 60000) {
-  const end = Date.now() + timeout;
-  for (;;) {
-    const value = await fn();
-    if (value) {
-      return value;
-    }
-    if (Date.now() > end) {
-      throw new Error(`timed out waiting for ${what}`);
-    }
-    await new Promise(r => setTimeout(r, 250));
-  }
-}
-
 async function main() {
   const [url, executablePath] = process.argv.slice(2);
   const base = new URL(url).origin;
-  const browser = await chromium.launch({
-    executablePath,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking']
-  });
-  const errors = [];
-  const newPage = async () => {
-    const page = await browser.newPage();
-    page.on(
-      'pageerror',
-      e => NOT_OURS.test(String(e)) || errors.push(`pageerror: ${e.stack || e}`)
-    );
-    return page;
-  };
+  const { browser, errors, newPage } = await launch(executablePath);
   const page = await newPage();
   const api = page.request;
   const kernelOf = async path =>
