@@ -60,7 +60,7 @@ class ServerProcess:
             [sys.executable, "-m", "jupyter_server", f"--port={self.port}", "--ServerApp.port_retries=0",
              f"--IdentityProvider.token={TOKEN}", "--ServerApp.open_browser=False", *args,
              *(f"--GpuShareApp.{k}={v}" for k, v in settings.items())],
-            stdout=self.log, stderr=subprocess.STDOUT, **popen,
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, **popen,
         )  # fmt: skip
 
     def wait_ready(self, timeout: float = 90):

@@ -21,7 +21,7 @@ from ..ledger.ledger import LedgerError, Waiting
 from .manager import QuotaManager, build_manager, use_in_process
 from .records import Change, Changes, KernelRecord
 from .sampler import Readings
-from .seam.internals import has_session, pending_kernel_ids
+from .seam.internals import has_session, pending_kernel_ids, stop_cleanly_on_sigint
 from .seam.refusals import quiet_refusals
 from .services import Services
 from .state import SCHEMA_FILE, STATE_SCHEMA
@@ -389,6 +389,7 @@ class GpuShareExtension(ExtensionApp):
 
     async def _start_jupyter_server_extension(self, serverapp) -> None:
         self._start_reconciling()
+        stop_cleanly_on_sigint(serverapp, self.log)
         self.settings["gpushare_sampler"].loop = asyncio.get_running_loop()
 
     async def _reconcile_forever(self) -> None:

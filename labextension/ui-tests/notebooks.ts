@@ -62,3 +62,18 @@ export async function panelSpills(page: Page): Promise<string[]> {
     return out;
   });
 }
+
+/** Run a command and wait for it to end. Its result stays in the page: a widget's reference chain is too long for
+ * Playwright to bring back (CI stop 53 failed on reopening a notebook). */
+export async function run(
+  page: Page,
+  command: string,
+  args: any = {}
+): Promise<void> {
+  await page.evaluate(
+    async ([c, a]) => {
+      await (window as any).jupyterapp.commands.execute(c, a);
+    },
+    [command, args] as const
+  );
+}

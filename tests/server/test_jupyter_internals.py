@@ -28,6 +28,9 @@ fail CI loudly.
 - ``SessionManager``'s ``session`` table and its ``kernel_id`` column (``has_session``): whether a notebook uses a
   kernel, read synchronously where the line decides a grant (the public ``cursor`` is the way in; the table is
   jupyter_server's own).
+- ``ServerApp._signal_stop`` (``stop_cleanly_on_sigint``): where the server has no terminal, SIGINT (JupyterHub's
+  first stop signal) stops it as SIGTERM does, with its cleanup, instead of Python's KeyboardInterrupt without one
+  (tests/server/test_server_process.py shows the reservations given back).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import inspect
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.multikernelmanager import AsyncMultiKernelManager
 from jupyter_core import utils
+from jupyter_server.serverapp import ServerApp
 from jupyter_server.services.kernels import handlers
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
@@ -58,6 +62,8 @@ def test_the_private_names_we_rely_on_are_still_there():
     assert hasattr(utils, "_loop") and hasattr(utils._loop, "set")
     assert "transport_encryption" in inspect.getsource(AsyncMappingKernelManager._kernel_start_kwargs)
     assert handlers._kernel_id_regex == KERNEL_ID
+    assert list(inspect.signature(ServerApp._signal_stop).parameters) == ["self", "sig", "frame"]
+    assert "isatty" in inspect.getsource(ServerApp.init_signal)  # (SIGINT is left to Python's default without one)
 
 
 async def test_the_session_table_we_read_is_still_there(jp_serverapp):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -146,6 +148,41 @@ def test_sigkill_server_keeps_live_kernels_and_reclaims_dead_ones(tmp_path):
         assert ("reclaimed", lives) in [(e["kind"], e["kernel_id"]) for e in events]
     finally:
         second.stop()
+
+
+def test_sigint_with_no_terminal_shuts_the_kernels_down_and_gives_their_reservations_back(tmp_path):
+    """JupyterHub stops a server with SIGINT, and the server has no terminal: Jupyter left that signal to Python's
+    KeyboardInterrupt, which exits without the server's cleanup, and each kernel's reservation stayed in the ledger
+    until the broker reaped it. Now the server stops as on SIGTERM. The control: a server killed with SIGKILL leaves
+    its kernel's lease in the ledger, read as the file is, with nobody reaping."""
+
+    def leases() -> list[str]:
+        with contextlib.closing(sqlite3.connect(tmp_path / "ledger.sqlite")) as db:
+            return [row[0] for row in db.execute("SELECT kernel_id FROM leases")]
+
+    def start_kernel() -> tuple[Server, str, int]:
+        server = Server(tmp_path).wait_ready()
+        kid = server.call("POST", "api/kernels", {"name": "python3"})["id"]
+        pid = next(k["pid"] for k in server.call("GET", "api/gpushare/kernels")["kernels"] if k["kernel_id"] == kid)
+        assert leases() == [kid] and running(pid)
+        return server, kid, pid
+
+    killed, kid, _ = start_kernel()
+    try:
+        killed.proc.send_signal(signal.SIGKILL)
+        killed.proc.wait(10)
+        assert leases() == [kid]  # the control: nothing gave it back
+    finally:
+        killed.stop()
+    server, kid, pid = start_kernel()  # (its start reclaimed the dead server's lease)
+    try:
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(30) == 0, server.output()
+        assert leases() == [], server.output()
+        assert not running(pid)
+        assert "SIGINT: the server stops" in server.output()
+    finally:
+        server.stop()
 
 
 def test_nbclient_kernels_get_quotas_outside_the_server(tmp_path):

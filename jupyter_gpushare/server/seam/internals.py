@@ -6,6 +6,8 @@ one: checked against jupyter_client 8.x, jupyter_server 2.x and jupyter_core 5.x
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 from typing import Any
 
 # jupyter_server's pattern for a kernel id in its routes (``handlers._kernel_id_regex``): the restart route we
@@ -80,3 +82,25 @@ def fresh_event_loop() -> None:
         utils._loop.set(loop)
     except (ImportError, AttributeError):  # another jupyter_core: it asks asyncio, which now has this one
         pass
+
+
+def stop_cleanly_on_sigint(serverapp: Any, log: Any) -> bool:
+    """jupyter_server handles SIGINT only where its stdin is a terminal (``ServerApp.init_signal``). Elsewhere Python's
+    default raises KeyboardInterrupt out of the loop ("Interrupted..."), and the server exits without its cleanup:
+    its kernels are not shut down, and their GPU reservations wait for the broker's reap. JupyterHub stops a server
+    with SIGINT, with no terminal (``LocalProcessSpawner.stop``; its own ``_handle_sigint`` override is installed
+    only with a terminal). So where the default handler is in place, the first SIGINT stops the server as SIGTERM
+    does (``ServerApp._signal_stop``); a second one exits at once, as before. Returns whether it was installed."""
+    in_main = threading.current_thread() is threading.main_thread()
+    if not in_main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return False
+    stop = serverapp._signal_stop
+
+    def on_sigint(sig: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        log.warning("jupyter-gpushare: SIGINT: the server stops, shutting its kernels down so that their GPU "
+                    "reservations are given back (SIGINT again to exit at once)")  # fmt: skip
+        stop(sig, frame)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    return True

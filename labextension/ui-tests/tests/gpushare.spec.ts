@@ -3,7 +3,7 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 
-import { notebook, panelSpills, waitForLab } from '../notebooks';
+import { notebook, panelSpills, run, waitForLab } from '../notebooks';
 
 // A real JupyterLab (start-lab.sh): one simulated 10 GiB card, 3 GiB quotas + 512 MiB context reserve per
 // kernel, so nb1 and nb2 fit (7 GiB) and nb3 waits in the queue. Kernels on the simulated card say what they
@@ -18,13 +18,6 @@ const OUT = process.env.GPUSHARE_UPDATE_DOCS
 const IMG = OUT ?? path.join(REPO, 'docs', 'img');
 const RESULTS = OUT ?? path.join(REPO, 'bench', 'results');
 const AXE = require.resolve('axe-core/axe.min.js');
-
-async function run(page: Page, command: string, args: any = {}): Promise<any> {
-  return page.evaluate(
-    ([c, a]) => (window as any).jupyterapp.commands.execute(c, a),
-    [command, args] as const
-  );
-}
 
 /** Start a command without waiting for it to end (running a cell of a kernel that waits ends when it has run). */
 async function start(page: Page, command: string): Promise<void> {

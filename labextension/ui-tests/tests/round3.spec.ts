@@ -1,6 +1,6 @@
 import { expect, Page, test } from '@playwright/test';
 
-import { notebook, panelSpills, waitForLab } from '../notebooks';
+import { notebook, panelSpills, run, waitForLab } from '../notebooks';
 
 // Names a person reads, toasts that follow their state, and dialogs whose Enter is safe (issue 32), in a real
 // JupyterLab (start-lab.sh: one simulated 10 GiB card, 3 GiB quotas + 512 MiB context reserve: two notebooks
@@ -12,13 +12,6 @@ const panel = (page: Page) => page.locator('#jp-gpushare');
 const kernelItems = (page: Page) => panel(page).locator('.jp-gpushare-kernel');
 const toasts = (page: Page) => page.locator('.Toastify__toast');
 const dialog = (page: Page) => page.locator('.jp-Dialog');
-
-async function run(page: Page, command: string, args: any = {}): Promise<any> {
-  return page.evaluate(
-    ([c, a]) => (window as any).jupyterapp.commands.execute(c, a),
-    [command, args] as const
-  );
-}
 
 async function open(page: Page, path: string): Promise<void> {
   await run(page, 'docmanager:open', { path, factory: 'Notebook' });
@@ -49,13 +42,23 @@ async function stateOf(page: Page, path: string): Promise<any> {
 test.describe.configure({ mode: 'serial' });
 
 test.beforeAll(async ({ request }) => {
-  // A clean slate: no kernel of an earlier spec holds the card
-  for (const s of await (await request.get('/api/sessions')).json()) {
-    await request.delete(`/api/sessions/${s.id}`);
-  }
-  for (const k of await (await request.get('/api/kernels')).json()) {
-    await request.delete(`/api/kernels/${k.id}`);
-  }
+  // A clean slate: no kernel of an earlier spec holds the card. A page of a spec that failed may still be closing
+  // and ask for a kernel once more, so this asks until the server has none left.
+  await expect
+    .poll(
+      async () => {
+        for (const s of await (await request.get('/api/sessions')).json()) {
+          await request.delete(`/api/sessions/${s.id}`);
+        }
+        for (const k of await (await request.get('/api/kernels')).json()) {
+          await request.delete(`/api/kernels/${k.id}`);
+        }
+        const state = await (await request.get('/api/gpushare/state')).json();
+        return state.kernels.length;
+      },
+      { timeout: 60000, intervals: [500, 1000, 2000] }
+    )
+    .toBe(0);
   for (const dir of ['r3', 'r3/week2']) {
     await request.put(`/api/contents/${dir}`, { data: { type: 'directory' } });
   }
