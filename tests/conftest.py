@@ -192,6 +192,23 @@ def kernel_ws(jp_http_port, jp_base_url, jp_auth_header):
     return connect
 
 
+@pytest.fixture
+def skip_time(monkeypatch):
+    """Steps the monotonic time of the server in this process forward: its line, parking and enforcer read time
+    through server/clock.py's SYSTEM, so a wait for one of their timers (a kernel nobody wants, a wait nobody
+    watches) costs a test no real time. ``skip_time(s)`` moves it ``s`` seconds on; the wall clock stays real (the
+    ledger's deadlines and Jupyter's activity times are on it)."""
+    from jupyter_gpushare.server.clock import SYSTEM
+
+    skipped = [0.0]
+    monkeypatch.setattr(SYSTEM, "mono", lambda: time.monotonic() + skipped[0])
+
+    def skip(seconds: float) -> None:
+        skipped[0] += seconds
+
+    return skip
+
+
 def broker_in_process(tmp_path, cards: str = "10GiB"):
     """A broker set up with its ledger open, on simulated ``cards``, without its socket."""
     from traitlets.config import Config

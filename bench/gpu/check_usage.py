@@ -169,7 +169,7 @@ async def main(path: str) -> int:
             rows = {}
             for name in "AB":
                 rec = manager.records[kids[name]]
-                view = kernel_view(rec.to_dict(), snap, enforcer.states.get(rec.kernel_id))
+                view = kernel_view(rec.to_dict(time.time()), snap, enforcer.states.get(rec.kernel_id))
                 pids = tree(rec.pid)
                 truth = {p: m for p, m in truth_all.items() if p in pids}
                 rows[name] = {

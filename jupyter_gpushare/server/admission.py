@@ -154,7 +154,7 @@ def answer(
         return _refused(got, request)
     if policy.on_full == "queue":
         return Queue(got)
-    message = full_message(quota, got, policy.context_reserve_mib, waited=None)
+    message = full_message(quota, got, policy.context_reserve_mib, None)
     figures = {"need_mib": got.need_mib, "free_mib": got.free_mib}
     if policy.on_full == "cpu":
         return Start(Grant("cpu", reason=message + " This kernel was started without a GPU."), "no-gpu-full", figures)

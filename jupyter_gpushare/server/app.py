@@ -291,7 +291,7 @@ class GpuShareExtension(ExtensionApp):
         from .snapshot import Snapshots
 
         settings = self.gpushare
-        enforcer = Enforcer(manager, self.server.kernel_manager, enforcing, log=self.log, on_change=services.changes)
+        enforcer = Enforcer(manager, self.server.kernel_manager, enforcing, self.log, manager.clock, services.changes)
         snapshots = Snapshots(manager, judged=lambda: enforcer.states, log=self.log)
         services.changes.listen(snapshots.changed)
         loop = self._server_loop()

@@ -29,15 +29,15 @@ def holding(processes: Sequence) -> list[int]:
 
 class CardWord:
     """The card's word for parking, read from the sampler's readings (each one asked for, none older than the
-    question)."""
+    question). Its times are the sampler's, on the system's clock, not the server's injected one (clock.py)."""
 
     def __init__(self, readings: Readings) -> None:
         self.readings = readings
 
-    async def in_use(self, kernel_id: str, since: float, pids: list[int], used_mib: int) -> tuple[list[int], int]:
-        """The kernel's processes on the card and what they use, from a reading taken after ``since`` (its caches
-        given back, ``time.time()``); ``pids`` and ``used_mib`` if no such reading comes within TRIMMED_READ_S."""
-        reading = await self.readings.fresh(since, TRIMMED_READ_S)
+    async def in_use(self, kernel_id: str, pids: list[int], used_mib: int) -> tuple[list[int], int]:
+        """The kernel's processes on the card and what they use, from a reading taken after this call (its caches
+        given back); ``pids`` and ``used_mib`` if no such reading comes within TRIMMED_READ_S."""
+        reading = await self.readings.fresh(time.time(), TRIMMED_READ_S)
         usage = reading.kernels.get(kernel_id) if reading is not None else None
         if usage is None:
             return pids, used_mib

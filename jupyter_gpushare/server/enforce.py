@@ -24,13 +24,13 @@ import inspect
 import logging
 import os
 import signal
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from ..core.overuse import CardRoom, Excess, OverUseJudge, Verdict, card_room, over_use
 from ..core.policy import EnforcePolicy, format_mib
 from ..ledger.leases import Lease
+from .clock import SYSTEM, Clock
 from .life import Judged as Judgment
 from .parking import Parking
 from .records import ChangeKind, KernelRecord, Tells
@@ -74,7 +74,7 @@ class Enforcer:
         kernel_manager: Any,
         policy: EnforcePolicy,
         log: logging.Logger | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM,
         on_change: Callable[[str | None, ChangeKind], None] | None = None,
     ) -> None:
         """``on_change``: told of each kernel whose judged state (near or over quota, idle) changes."""
@@ -94,7 +94,7 @@ class Enforcer:
         the host's line of the server's ``last`` snapshot. Returns whether any kernel is over its reservation (the
         sampler then reads the driver more often)."""
         last = last or ServerSnapshot()
-        now = self.clock()
+        now = self.clock.wall()
         states: dict[str, Judgment] = {}
         judged: Judged = {}
         uuids = {c.index: uuid for uuid, c in snap.cards.items()}

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -25,6 +24,7 @@ from ..ledger.file import LedgerError
 from ..ledger.leases import Lease, Waiting
 from ..ledger.queue import Request
 from ..ledger.reservations import Reservations
+from .clock import SYSTEM, Clock
 from .ledger_worker import LedgerWorker
 from .records import Grant, KernelRecord, QuotaUnavailable, Tells, Writes, full_message, rule_figures
 from .room_watch import RoomWatch
@@ -65,11 +65,11 @@ class ServerQueue:
 
     The ledger decides who is granted (``choose_card``); this decides, at each tick, which waits to ask it about
     and which end now: cancelled (its owner stopped it, or it was shut down), past its deadline (the ledger's), unwatched (no
-    client connected for ``unwatched_s``), or the server is closing. ``clock`` is monotonic: a change of the wall
-    clock neither ends nor prolongs a wait.
+    client connected for ``unwatched_s``), or the server is closing. Its deadlines are on the monotonic clock: a
+    change of the wall clock neither ends nor prolongs a wait.
     """
 
-    def __init__(self, unwatched_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, unwatched_s: float = 0.0, clock: Clock = SYSTEM):
         self.unwatched_s = unwatched_s
         self.clock = clock
         self.waits: dict[str, Wait] = {}
@@ -83,7 +83,7 @@ class ServerQueue:
             return old
         if old is not None:
             self.end(old.kernel_id, "cancelled", "it asked for another quota")
-        now = self.clock()
+        now = self.clock.mono()
         wait = Wait(request, now, asyncio.get_running_loop().create_future())
         self.waits[request.kernel_id] = wait
         return wait
@@ -93,7 +93,9 @@ class ServerQueue:
         deadline a waiter (its joining plus the ledger's policy's queue_timeout; none where there is no limit),
         read here and never computed again."""
         wait.last = got
-        wait.deadline = math.inf if got.gives_up_at is None else self.clock() + (got.gives_up_at - time.time())
+        wait.deadline = (
+            math.inf if got.gives_up_at is None else self.clock.mono() + (got.gives_up_at - self.clock.wall())
+        )
 
     def end(self, kernel_id: str, ending: str, why: str = "") -> Wait | None:
         """Mark a wait as ending (the next ``due`` reports it); None if the kernel is not in line."""
@@ -109,7 +111,7 @@ class ServerQueue:
     def due(self, watchers: Callable[[str], int | None] = lambda kernel_id: None) -> tuple[list[Wait], list[Wait]]:
         """(waits to ask the ledger about now, waits that end now). ``watchers(kernel_id)``: how many clients are
         connected to the kernel, None where that does not apply (a kernel started by nbclient is its client)."""
-        now = self.clock()
+        now = self.clock.mono()
         ask: list[Wait] = []
         ending: list[Wait] = []
         for wait in list(self.waits.values()):
@@ -156,9 +158,10 @@ class Line:
         starts: KernelStarts,
         unwatched_s: float,
         log: logging.Logger,
+        clock: Clock = SYSTEM,
     ) -> None:
-        self.kernels, self.ledger, self.starts, self.log = kernels, ledger, starts, log
-        self.queue = ServerQueue(unwatched_s)
+        self.kernels, self.ledger, self.starts, self.log, self.clock = kernels, ledger, starts, log, clock
+        self.queue = ServerQueue(unwatched_s, clock)
         self._serving: asyncio.Future | None = None  # the task that serves the line while anyone waits
         self._room = asyncio.Event()  # set when this server frees room: the line is served at once
         self.turns = 0  # the line's turns begun (each asks the ledger for every kernel in line, and answers)
@@ -197,7 +200,7 @@ class Line:
         """A kernel the ledger answered with a place in line joins this server's waits (or keeps its place)."""
         self.leave(request.kernel_id, "it asked for another quota")
         self.queue.answered(self.queue.join(request), got)
-        self.kernels.move(rec, "queued", queued_since=time.time(), wait_ended=None)
+        self.kernels.move(rec, "queued", queued_since=self.clock.wall(), wait_ended=None)
         self._update(rec, got)
         self.kernels.event(
             "queued",
@@ -299,7 +302,7 @@ class Line:
                 wait.stepped_out = False
                 self.log.info("jupyter-gpushare: kernel %s is wanted again and joins the line", wait.kernel_id)
             return True
-        now = time.monotonic()
+        now = self.clock.mono()
         if wait.unwanted_since is None:
             wait.unwanted_since = now
         elif now - wait.unwanted_since >= UNWANTED_S and not wait.stepped_out:
@@ -330,7 +333,8 @@ class Line:
             return
         if isinstance(got, Lease):
             self.queue.leave(wait.kernel_id)
-            waited = round(time.time() - (rec.queued_since or time.time()))
+            now = self.clock.wall()
+            waited = round(now - (rec.queued_since or now))
             self.kernels.event("admitted", wait.kernel_id, f"Admitted after waiting {waited} s.", waited_s=waited)
             wait.result.set_result(
                 self.kernels.settle(rec, Grant("gpu", lease=got, card=self.kernels.card(got.card_uuid)))
@@ -383,10 +387,10 @@ class Line:
         runs = self.starts.holds and rec is not None and wait.ending in ("timeout", "cancelled")
         if wait.ending == "timeout":
             shown = got or wait.last or Waiting(wait.kernel_id, 1, 0, 0, 0)
-            waited = rec.queued_since if rec else None
-            message = full_message(wait.request.quota, shown, self.kernels.policy.context_reserve_mib, waited=waited)
-            figures: dict[str, Any] = {"need_mib": shown.need_mib, "free_mib": shown.free_mib,
-                       "waited_s": round(time.time() - waited) if waited else None}  # fmt: skip
+            since = rec.queued_since if rec else None
+            waited = round(self.clock.wall() - since) if since else None
+            message = full_message(wait.request.quota, shown, self.kernels.policy.context_reserve_mib, waited)
+            figures: dict[str, Any] = {"need_mib": shown.need_mib, "free_mib": shown.free_mib, "waited_s": waited}
             if runs:
                 assert rec is not None
                 wait.result.set_result(

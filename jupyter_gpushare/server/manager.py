@@ -30,6 +30,7 @@ from ..host.reports import remove_reports, report_dir
 from ..ledger.ledger import Lease, LedgerError, ProcessRef, Request, Waiting
 from ..ledger.reservations import Reservations
 from . import admission
+from .clock import SYSTEM, Clock
 from .holding import Holding
 from .learning import Learning
 from .ledger_worker import LedgerWorker
@@ -64,6 +65,7 @@ class QuotaManager:
         cgroups: KernelCgroups | None = None,
         parking: ParkRules | None = None,
         services: Services | None = None,
+        clock: Clock = SYSTEM,
     ):
         """``broker``: reserve through the host's broker (broker/) instead of the ledger file; ``history``: quotas learned from
         earlier runs (history.py); ``cards``: the backend's, when the caller has just listed them; ``unwatched_s``: a
@@ -71,12 +73,14 @@ class QuotaManager:
         kernels' cgroups (cgroups.py; None: none, kernels are tracked by their process tree); ``parking``: the rules for
         parking idle kernels (parking.py; None: the defaults); ``services``: how this process starts kernels, where
         its sampler's readings are, who hears of each change a person would notice (a kernel's state, quota or place
-        in line, a kernel listed or gone, an event) and the watchdog (services.py; None: a program's, with none)."""
+        in line, a kernel listed or gone, an event) and the watchdog (services.py; None: a program's, with none);
+        ``clock``: the one clock of the line, parking and the enforcer (clock.py; a test steps its own)."""
         self.policy = policy
         self.backend = backend
         self.log = log or logging.getLogger("jupyter_gpushare")
         self.user = getpass.getuser()
         self.services = services or Services()
+        self.clock = clock
         # Blocking work that is not the ledger's (kernels' reports, their cgroups, parks and resumes). Not the
         # loop's default executor: a forked child inherits that one without its threads, and would wait on it
         # forever. A park or resume holds a thread for its driver call (about 1 s): two threads made the parks of
@@ -88,7 +92,7 @@ class QuotaManager:
         self.cards: list[Card] = list_cards(backend) if cards is None else cards
         # The kernels' records and events: the registry's, which every part reads through the manager
         self.registry = KernelRegistry(
-            self.user, self.cards, self.services.changes, self.log, lambda: self.services.starts.holds
+            self.user, self.cards, self.services.changes, self.log, lambda: self.services.starts.holds, clock
         )
         self.records, self.version, self.events = self.registry.records, self.registry.version, self.registry.events
         self.record, self.forget, self.event = self.registry.record, self.registry.forget, self.registry.event
@@ -103,12 +107,12 @@ class QuotaManager:
             self.services.watchdog,
         )  # fmt: skip
         self.ledger = LedgerWorker(ledger_path, broker, self.log, self._reclaimed)
-        self.line = Line(self, self.ledger, self.services.starts, unwatched_s, self.log)
+        self.line = Line(self, self.ledger, self.services.starts, unwatched_s, self.log, clock)
         self.learning = Learning(
             history or HistoryRules(), policy, self.ledger, self.user, self.blocking, self.log, self.registry
         )
         parts = (self.ledger, self.line, self.holding, self.services)
-        self.parking = Parking(self, parts, checkpointer_for(backend), parking or ParkRules(), self.blocking)
+        self.parking = Parking(self, parts, checkpointer_for(backend), parking or ParkRules(), self.blocking, clock)
         self.quotas = QuotaChanges(self, self.line.room_freed)
         self.teacher = Teacher(self, self.ledger, self.line, self.parking, self.services.starts)
         self.line.on_change = self.teacher.soon  # a ruling reaches this server as the broker says it

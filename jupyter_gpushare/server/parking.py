@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
@@ -40,6 +39,7 @@ from ..host.gpu import Card
 from ..ledger.ledger import Lease, LedgerError, Request, Waiting
 from ..ledger.reservations import Reservations
 from .card_word import CardWord, holding
+from .clock import SYSTEM, Clock
 from .holding import Holding
 from .kernel_word import why_not_parked
 from .ledger_worker import LedgerWorker
@@ -83,12 +83,16 @@ class Parking:
         checkpointer: Checkpointer,
         rules: ParkRules,
         blocking: Callable[..., Awaitable[Any]],
+        clock: Clock = SYSTEM,
     ) -> None:
         """``parts``: the host's ledger, this server's line, its kernels' cgroups and cards (a kernel that stands by
         has its card closed), and its services (how it tells a kernel, and the sampler's readings)."""
         self.kernels, self.checkpointer, self.rules, self._blocking = kernels, checkpointer, rules, blocking
         self.ledger, self.line, self.holding, self.services = parts
-        self.card = CardWord(self.services.readings)  # (its word on what is held and free, not the driver's)
+        self.clock = clock
+        self.card = CardWord(
+            self.services.readings
+        )  # (on the sampler's clock, the system's: its readings' times)  # (its word on what is held and free, not the driver's)
         self._moving: dict[str, asyncio.Future] = {}  # kernels being parked or resumed: the move's task
         self._failed: dict[str, int | None] = {}  # kernels whose park failed: the process it failed for
         self._touched: dict[str, float] = {}  # (monotonic) a cell sent to the kernel, or its resume: its idle clock
@@ -126,7 +130,7 @@ class Parking:
 
     def given_back_gib_h(self, now: float | None = None) -> float:
         """Reservations given back by parking, in GiB-hours, the kernels parked now included."""
-        now = time.time() if now is None else now
+        now = self.clock.wall() if now is None else now
         live = sum(p.reserved_mib * (now - p.since) for p in (r.parked for r in self.parked()) if p)
         return (self.given_back_mib_s + live) / 1024 / 3600
 
@@ -182,13 +186,13 @@ class Parking:
             or not set(frameworks) <= set(self.rules.frameworks)
         ):
             return
-        touched = time.monotonic() - self._touched.get(kid, -math.inf)
+        touched = self.clock.mono() - self._touched.get(kid, -math.inf)
         wait = self.rules.after_s - min(idle_for, touched)
         if wait > 0:  # not idle long enough yet: when it will be, if nothing runs meanwhile
             self._soonest = min(self._soonest, wait)
             return
         used = usage.used_mib or 0
-        if self._not_until.get(kid, -math.inf) > time.monotonic():  # (the budget, a thread, a port: _may_park)
+        if self._not_until.get(kid, -math.inf) > self.clock.mono():  # (the budget, a thread, a port: _may_park)
             return
         pids = holding(usage.processes)
         self._candidates.append((idle_for, rec, pids, used, usage.pid))
@@ -211,7 +215,7 @@ class Parking:
             or not self.services.starts.can_stand_by(kid)  # no pipe to ask through
         ):
             return False
-        wait = self.rules.after_s - (time.time() - lease.created)
+        wait = self.rules.after_s - (self.clock.wall() - lease.created)
         if wait > 0:
             self._soonest = min(self._soonest, wait)
             return True  # (not a park either: it would be the same kernel, sooner)
@@ -221,7 +225,7 @@ class Parking:
     def touch(self, kernel_id: str) -> None:
         """A cell goes to the kernel now (seam/connection.py), or it came back: it is not idle, whatever the last reading
         said (a reading can predate the cell; a park must never freeze a running cell)."""
-        self._touched[kernel_id] = time.monotonic()
+        self._touched[kernel_id] = self.clock.mono()
 
     def decide(self, need_mib: int) -> None:
         """Park as many of this reading's candidates as the line needs: ``need_mib``, what the kernels in line need
@@ -231,7 +235,7 @@ class Parking:
         last turn (at most SETTLE_S ago: the line is granting them), count as room coming."""
         candidates, self._candidates = self._candidates, []
         soonest, self._soonest = self._soonest, math.inf
-        now = time.monotonic()
+        now = self.clock.mono()
         done = self.line.turns_done  # a turn begun after the move is done: its room was granted, or is free
         self._settling = [(until, mib, turn) for until, mib, turn in self._settling if until > now and done <= turn]
         coming = sum(self._parking.values()) + sum(self._standing.values()) + sum(m for _, m, _ in self._settling)
@@ -310,7 +314,7 @@ class Parking:
             self.kernels.event(
                 "release-pending", kernel_id, f"Its reservation will be given back once the ledger works: {e}"
             )
-        held_s = round(time.time() - lease.created)
+        held_s = round(self.clock.wall() - lease.created)
         self.stood_by_count += 1
         self._room_freed(lease.reserved_mib)
         self.kernels.event(
@@ -324,7 +328,7 @@ class Parking:
         """A move gave ``mib`` back to the line just now: the line is served at once, and the room counts as coming
         until a turn of it begun after now is done."""
         self.line.room_freed()
-        self._settling.append((time.monotonic() + SETTLE_S, mib, self.line.turns))
+        self._settling.append((self.clock.mono() + SETTLE_S, mib, self.line.turns))
 
     async def _park(
         self, rec: KernelRecord, pids: list[int], used_mib: int, pid: int | None, asked: bool = False
@@ -341,24 +345,24 @@ class Parking:
     ) -> str | None:
         kid, lease, card = rec.kernel_id, rec.lease, rec.card
         assert lease is not None
-        t0 = time.monotonic()
+        t0 = self.clock.mono()
         why_not = None if asked else await why_not_parked(self.services.starts, kid, self.rules.frameworks)
         if why_not is not None:
-            self._not_until[kid] = time.monotonic() + NOT_NOW_S
+            self._not_until[kid] = self.clock.mono() + NOT_NOW_S
             self.kernels.log.info("jupyter-gpushare: kernel %s is not parked: %s", kid, why_not)
             return why_not
         trimmed = await self.services.starts.trim(kid)  # its frameworks give their caches back: only what is in use
         if trimmed is None:  # (it said it may be parked a moment ago: a cell runs now, or it hangs)
-            self._not_until[kid] = time.monotonic() + NOT_NOW_S
+            self._not_until[kid] = self.clock.mono() + NOT_NOW_S
             return "it did not answer the request to give its cached GPU memory back (a cell runs, or it hangs)"
         # moves, as the card shows it now (a reading from before the kernel's last cell would park what it held then:
         # a cell that had just filled the card had nothing of it moved, and its reservation went to the line)
-        pids, used_mib = await self.card.in_use(kid, time.time(), pids, used_mib)
+        pids, used_mib = await self.card.in_use(kid, pids, used_mib)
         budget = self.rules.host_budget_mib
         try:  # the host's one budget, in the ledger (the broker's, where there is one), before any state moves
             await self.ledger.run(self.ledger.must, lambda ledger: ledger.park(kid, used_mib, budget))
         except (PolicyError, LedgerError) as e:
-            self._not_until[kid] = time.monotonic() + NOT_NOW_S
+            self._not_until[kid] = self.clock.mono() + NOT_NOW_S
             self.kernels.log.info("jupyter-gpushare: kernel %s is not parked: %s", kid, e)
             return str(e)
         try:
@@ -372,7 +376,7 @@ class Parking:
             self._unpark(kid)
             self.kernels.event("park-failed", kid, f"It could not be parked, and runs on: {e}", reason=str(e))
             return str(e)
-        seconds = round(time.monotonic() - t0, 2)
+        seconds = round(self.clock.mono() - t0, 2)
         self.seconds["park"] = [*self.seconds["park"][-49:], seconds]
         try:  # the reservation goes back as it is (its notebook's history and reports stay: the kernel runs on)
             await self.ledger.on(lambda ledger: ledger.release(kid))
@@ -383,7 +387,7 @@ class Parking:
             self.kernels.event("park-failed", kid, f"It could not be parked, and runs on: {e}", reason=str(e))
             return str(e)
         parked = Parked(lease.card_uuid, lease.card_index, tuple(pids), used_mib, lease.quota_mib,
-                        lease.reserved_mib, time.time(), seconds)  # fmt: skip
+                        lease.reserved_mib, self.clock.wall(), seconds)  # fmt: skip
         self.kernels.move(rec, "parked", lease=None, card=card, parked=parked)
         self._room_freed(lease.reserved_mib)
         self.services.starts.tell(kid, {"parked": {"parked_mib": used_mib}})  # its next demand brings it back
@@ -407,7 +411,7 @@ class Parking:
         if moving is not None:
             return moving
         rec = self.kernels.records.get(kernel_id)
-        if rec is None or rec.parked is None or (retry and self._again.get(kernel_id, (0.0,))[0] > time.monotonic()):
+        if rec is None or rec.parked is None or (retry and self._again.get(kernel_id, (0.0,))[0] > self.clock.mono()):
             done: asyncio.Future = asyncio.get_running_loop().create_future()
             done.set_result(None)
             return done
@@ -418,7 +422,7 @@ class Parking:
         await self.resume(kernel_id)
 
     async def _resume(self, rec: KernelRecord, parked: Parked) -> None:
-        kid, t0 = rec.kernel_id, time.monotonic()
+        kid, t0 = rec.kernel_id, self.clock.mono()
         request = Request(kid, Size(mib=parked.quota_mib), self.kernels.user, rec.kernel_name, rec.path or "")
         home = parked.card_uuid  # (its GPU state comes back on its own card)
         try:
@@ -435,7 +439,7 @@ class Parking:
         except (QuotaUnavailable, PolicyError, Exception) as e:  # noqa: BLE001 (it stays parked, and says why)
             self._stays_parked(rec, parked, "resume-waited-out", reason=str(e))
             return
-        waited = round(time.monotonic() - t0, 2)
+        waited = round(self.clock.mono() - t0, 2)
         free = await self.card.short(parked.card_uuid, parked.parked_mib)
         if free is not None:  # the ledger agrees, the card does not: no restore without the room (it stays parked)
             await self.ledger.on(lambda ledger: ledger.release(kid))
@@ -451,9 +455,9 @@ class Parking:
             self._unpark(kid)
             self.kernels.end_kernel(kid)
             return
-        seconds = round(time.monotonic() - t0 - waited, 2)
+        seconds = round(self.clock.mono() - t0 - waited, 2)
         self.seconds["resume"] = [*self.seconds["resume"][-49:], seconds]
-        self.given_back_mib_s += parked.reserved_mib * (time.time() - parked.since)
+        self.given_back_mib_s += parked.reserved_mib * (self.clock.wall() - parked.since)
         self.kernels.update(rec, parked=None)
         self._again.pop(kid, None)
         self._unpark(kid)
@@ -474,7 +478,7 @@ class Parking:
         figures["again_s"] = ASK_AGAIN_S
         message = render(f"event.{code}", figures)
         said = self._again.get(rec.kernel_id, (0.0, None))[1]
-        self._again[rec.kernel_id] = (time.monotonic() + ASK_AGAIN_S, message)
+        self._again[rec.kernel_id] = (self.clock.mono() + ASK_AGAIN_S, message)
         if message != said:
             self.services.starts.tell(rec.kernel_id, {"parked": {"parked_mib": parked.parked_mib, "why": message}})
             self.kernels.event(code, rec.kernel_id, message, **figures)
@@ -483,7 +487,7 @@ class Parking:
         """The kernel is gone or restarts: its parked state went with its process."""
         rec = self.kernels.records.get(kernel_id)
         if rec is not None and rec.parked is not None:
-            self.given_back_mib_s += rec.parked.reserved_mib * (time.time() - rec.parked.since)
+            self.given_back_mib_s += rec.parked.reserved_mib * (self.clock.wall() - rec.parked.since)
             self.kernels.update(rec, parked=None)
             self._unpark(kernel_id)
         self._not_until.pop(kernel_id, None)

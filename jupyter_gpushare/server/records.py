@@ -34,9 +34,9 @@ class QuotaUnavailable(web.HTTPError):
         return self.message
 
 
-def full_message(quota: Size, got: Waiting, reserve_mib: int, waited: float | None) -> str:
+def full_message(quota: Size, got: Waiting, reserve_mib: int, waited_s: float | None) -> str:
     """Why no card has room for a kernel of ``quota``, with the figures and what to do (``reserve_mib``: the CUDA
-    context reserve; ``waited``: when it started waiting, if it queued)."""
+    context reserve; ``waited_s``: how long it waited, if it queued)."""
     if got.reason:  # nothing is granted for now, whatever room there is
         return got.reason
     reserve = format_mib(reserve_mib)
@@ -50,8 +50,8 @@ def full_message(quota: Size, got: Waiting, reserve_mib: int, waited: float | No
             f" Processes that hold no reservation (a script in a terminal, a program started outside a notebook) "
             f"use {format_mib(got.outside_mib)} of the GPU memory: it counts as taken until they exit."
         )
-    if waited:
-        text += f" It waited {time.time() - waited:.0f} s in the queue, as long as kernels may wait here."
+    if waited_s:
+        text += f" It waited {waited_s:.0f} s in the queue, as long as kernels may wait here."
     elif got.ahead:
         text += f" {got.ahead} kernel(s) are already waiting for a GPU."
     return f"{text} {WHAT_TO_DO}"
@@ -151,7 +151,7 @@ class KernelRecord:
     need_mib: int | None = None
     free_mib: int | None = None
     reason: str | None = None
-    since: float = field(default_factory=time.time)
+    since: float = field(default_factory=time.time)  # (the registry's clock gives it)
     queued_since: float | None = None
     wait_until: float | None = None  # (time.time) when a queued start gives up; None: it waits without limit
     likely_at: float | None = None  # (time.time) when a queued kernel is likely granted (ledger/estimate.py); None
@@ -180,7 +180,7 @@ class KernelRecord:
     def pending_quota_mib(self) -> int | None:
         return self.mib_of(self.pending_quota)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, now: float) -> dict[str, Any]:
         lease = self.lease
         return {
             "kernel_id": self.kernel_id,
@@ -201,10 +201,8 @@ class KernelRecord:
             "position": self.position,
             "need_mib": self.need_mib,
             "free_mib": self.free_mib,
-            "waited_s": round(time.time() - self.queued_since, 1) if self.queued_since else None,
-            "wait_left_s": round(max(0.0, self.wait_until - time.time()))
-            if self.wait_until and self.queued_since
-            else None,
+            "waited_s": round(now - self.queued_since, 1) if self.queued_since else None,
+            "wait_left_s": round(max(0.0, self.wait_until - now)) if self.wait_until and self.queued_since else None,
             "gives_up_at": round(self.wait_until) if self.wait_until and self.queued_since else None,
             "likely_at": round(self.likely_at) if self.likely_at and self.queued_since else None,
             "wait_ended": self.wait_ended,

@@ -11,13 +11,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core.policy import format_mib
 from ..host.gpu import Card
 from . import life
+from .clock import SYSTEM, Clock
 from .records import ChangeKind, Grant, KernelRecord, KernelState, Version
 
 # The fields of a record whose change a person would notice, each said as its change (records.Change).
@@ -44,9 +44,11 @@ class KernelRegistry:
         on_change: Callable[[str | None, ChangeKind], None],
         log: logging.Logger,
         holds_starts: Callable[[], bool],
+        clock: Clock = SYSTEM,
     ) -> None:
-        """``holds_starts``: whether this process is a Jupyter server (a program says some events itself)."""
-        self.user, self.cards, self.log = user, cards, log
+        """``holds_starts``: whether this process is a Jupyter server (a program says some events itself); ``clock``:
+        the parts' one clock (clock.py), for when a kernel was listed and when each event was said."""
+        self.user, self.cards, self.log, self.clock = user, cards, log, clock
         self.records: dict[str, KernelRecord] = {}
         self.version = Version()  # every assignment to a record of this registry
         self.events: collections.deque[dict] = collections.deque(maxlen=500)
@@ -61,6 +63,7 @@ class KernelRegistry:
                 kernel_name,
                 language,
                 self.user,
+                since=self.clock.wall(),
                 largest_mib=max((c.total_mib for c in self.cards), default=0),
             )
             self._on_change(kernel_id, "listed")
@@ -105,7 +108,14 @@ class KernelRegistry:
         rec = self.records.get(kernel_id) if kernel_id else None
         path = figures.pop("path", None) or (rec.path if rec else None)
         self.events.append(
-            {"time": time.time(), "kind": kind, "kernel_id": kernel_id, "path": path, "message": message, **figures}
+            {
+                "time": self.clock.wall(),
+                "kind": kind,
+                "kernel_id": kernel_id,
+                "path": path,
+                "message": message,
+                **figures,
+            }
         )
         self._on_change(kernel_id, "event")
         if logged and (self._holds_starts() or kind not in SAID_BY_PROGRAM):

@@ -31,6 +31,7 @@ from ..ledger.file import LedgerError
 from ..ledger.ledger import Lease, Waiter
 from ..ledger.reservations import Reservations
 from ..ledger.view import host_view
+from .clock import Clock
 from .holding import Holding
 from .learning import Learning
 from .ledger_worker import LedgerWorker
@@ -59,6 +60,7 @@ class Registry(Protocol):
     holding: Holding
     learning: Learning
     parking: Parking
+    clock: Clock
 
     def blocking(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]: ...
     def latest_samples(self) -> Sequence[DeviceSample]: ...
@@ -109,7 +111,11 @@ async def read_kernel_reports(manager: Registry, kernel_ids: Sequence[str]) -> d
 
 
 def reservations(
-    manager: Registry, reading: LedgerReading, reports: Mapping[str, Any], records: Sequence[Mapping[str, Any]]
+    manager: Registry,
+    reading: LedgerReading,
+    reports: Mapping[str, Any],
+    records: Sequence[Mapping[str, Any]],
+    now: float,
 ) -> dict[str, Any]:
     """The server's reservations in the API's shape (views.server_view): cards with what is reserved on them, its
     kernels (``records``, as KernelRecord.to_dict() took them) with their frameworks, the host's line, the ledger
@@ -125,7 +131,7 @@ def reservations(
         "ledger": ledger,
         "enforcement": manager.holding.enforcement(manager.policy.required_level),
         **server_view(
-            manager.cards, manager.policy, reading.leases, reading.waiters, reading.outside, records, reports
+            manager.cards, manager.policy, reading.leases, reading.waiters, reading.outside, records, reports, now
         ),
     }
 
@@ -134,7 +140,8 @@ async def take_snapshot(manager: Registry) -> dict[str, Any]:
     """Cards with their reservations, ``manager``'s kernels and the host-wide queue, read now (QuotaManager.snapshot,
     for programs and tests; a server's handlers read ``Snapshots``)."""
     reading, reports = await asyncio.gather(read_ledger(manager), read_kernel_reports(manager, list(manager.records)))
-    return reservations(manager, reading, reports, [rec.to_dict() for rec in list(manager.records.values())])
+    now = manager.clock.wall()
+    return reservations(manager, reading, reports, [rec.to_dict(now) for rec in list(manager.records.values())], now)
 
 
 @dataclass(frozen=True)
@@ -276,7 +283,8 @@ class Snapshots:
         manager = self.manager
         # What is in memory is taken first, at once: the registry as it is at this build's version (a reply to a
         # request made after a change shows the change, not what came of it meanwhile).
-        records = [rec.to_dict() for rec in list(manager.records.values())]
+        now = manager.clock.wall()
+        records = [rec.to_dict(now) for rec in list(manager.records.values())]
         usage, judged, events = self._usage, MappingProxyType(dict(self._judged())), tuple(manager.events)
         parking = MappingProxyType(manager.parking.view())
         moves_s = MappingProxyType({move: took[-1] for move, took in manager.parking.seconds.items() if took})
@@ -296,7 +304,7 @@ class Snapshots:
         elif isinstance(reading, BaseException):
             raise reading
         self._reading = reading
-        held = reservations(manager, reading, self._reports, records)
+        held = reservations(manager, reading, self._reports, records, now)
         kernels = []
         for rec in held["kernels"]:
             view = kernel_view(rec, usage, judged.get(rec["kernel_id"]))

@@ -3,7 +3,6 @@ and the server's own view of the host (``server_view``). The host view any calle
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -74,10 +73,11 @@ def server_view(
     outside: Mapping[str, int] | None,
     records: Sequence[Mapping[str, Any]],
     reports: Mapping[str, Any],
+    now: float,
 ) -> dict[str, Any]:
     """A server's cards (with what every lease it may see reserves on them, and what processes without a lease
     use), its own kernels (``records``, KernelRecord.to_dict(), with their frameworks' reports), and the host's
-    line, in which only its own kernels are named."""
+    line, in which only its own kernels are named (``now``: the time the line's waits are read at)."""
     mine = {r["kernel_id"] for r in records}
     rows = []
     for card in cards:
@@ -99,7 +99,7 @@ def server_view(
             "mine": w.kernel_id in mine,
             "quota_mib": quota_mib,
             "need_mib": None if quota_mib is None else quota_mib + policy.context_reserve_mib,
-            "waited_s": round(time.time() - w.created, 1),
+            "waited_s": round(now - w.created, 1),
         })  # fmt: skip
     kernels = [{**r, "frameworks": (reports.get(r["kernel_id"]) or {}).get("frameworks")} for r in records]
     return {"cards": rows, "kernels": kernels, "queue": queue}

@@ -7,9 +7,9 @@ test_ledger.py, and through a real server in test_waiting.py.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
+from clocks import SteppedClock
 
 from jupyter_gpushare.core.policy import CardView, Policy, PolicyError, Size
 from jupyter_gpushare.core.words import render
@@ -119,25 +119,17 @@ def test_a_user_may_have_only_so_many_kernels_in_line():
     check_waiting("alice", 500, Policy(max_waiting=0))  # 0: no cap
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def request(kid: str, gib: float = 4) -> Request:
     return Request(kid, Size(mib=int(gib * GIB)), "alice", "python3")
 
 
 async def test_a_wait_ends_at_its_timeout_by_the_monotonic_clock():
-    clock = Clock()
+    clock = SteppedClock()
     line = ServerQueue(clock=clock)
-    line.answered(line.join(request("a")), Waiting("a", 1, 4096, 0, 0, gives_up_at=time.time() + 60))
-    clock.now = 59.9
+    line.answered(line.join(request("a")), Waiting("a", 1, 4096, 0, 0, gives_up_at=clock.wall() + 60))
+    clock.elapsed = 59.9
     assert [w.kernel_id for w in line.due()[0]] == ["a"]
-    clock.now = 60
+    clock.elapsed = 60
     ask, ending = line.due()
     assert ask == [] and [(w.kernel_id, w.ending) for w in ending] == [("a", "timeout")]
 
@@ -145,22 +137,22 @@ async def test_a_wait_ends_at_its_timeout_by_the_monotonic_clock():
 async def test_a_wait_ends_at_the_ledgers_deadline_not_at_a_second_one():
     """The host's line (a broker's policy, say) may give up sooner than this server's own setting: the wait ends
     at the ledger's deadline, read from its answer; without one it has no end of its own."""
-    clock = Clock()
+    clock = SteppedClock()
     line = ServerQueue(clock=clock)
     wait = line.join(request("a"))
-    line.answered(wait, Waiting("a", 1, 4096, 0, 0, gives_up_at=time.time() + 30))
-    clock.now = 29
+    line.answered(wait, Waiting("a", 1, 4096, 0, 0, gives_up_at=clock.wall() + 30))
+    clock.elapsed = 29
     assert [w.kernel_id for w in line.due()[0]] == ["a"]
-    clock.now = 30.5
+    clock.elapsed = 30.5
     assert [(w.kernel_id, w.ending) for w in line.due()[1]] == [("a", "timeout")]
     other = line.join(request("b"))
     line.answered(other, Waiting("b", 1, 4096, 0, 0, gives_up_at=None))
-    clock.now = 1e9
+    clock.elapsed = 1e9
     assert [w.kernel_id for w in line.due()[0]] == ["b"]
 
 
 async def test_joining_again_keeps_the_place_unless_the_quota_changed():
-    line = ServerQueue(clock=Clock())
+    line = ServerQueue(clock=SteppedClock())
     first = line.join(request("a"))
     assert line.join(request("a")) is first  # a restart or a reload while it waits
     other = line.join(request("a", gib=6))
@@ -169,7 +161,7 @@ async def test_joining_again_keeps_the_place_unless_the_quota_changed():
 
 
 async def test_a_cancelled_wait_ends_at_the_next_tick_and_says_why():
-    line = ServerQueue(clock=Clock())
+    line = ServerQueue(clock=SteppedClock())
     line.join(request("a"))
     line.join(request("b"))
     assert line.end("a", "cancelled", "its owner stopped it").why == "its owner stopped it"
@@ -179,28 +171,28 @@ async def test_a_cancelled_wait_ends_at_the_next_tick_and_says_why():
 
 
 async def test_a_wait_no_client_watches_ends_after_the_unwatched_timeout():
-    clock = Clock()
+    clock = SteppedClock()
     line = ServerQueue(unwatched_s=30, clock=clock)
     line.join(request("a"))
     watchers = {"a": 0}
     line.due(watchers.get)  # unwatched from now
-    clock.now = 20
+    clock.elapsed = 20
     watchers["a"] = 1  # a page reloaded: it watches again
     line.due(watchers.get)
     watchers["a"] = 0
-    clock.now = 45  # unwatched again from here: the count starts anew
+    clock.elapsed = 45  # unwatched again from here: the count starts anew
     assert line.due(watchers.get)[1] == []
-    clock.now = 76
+    clock.elapsed = 76
     ask, ending = line.due(watchers.get)
     assert [(w.kernel_id, w.ending) for w in ending] == [("a", "unwatched")]
     # Kernels whose clients are not known here (nbclient's) are never unwatched.
     line.join(request("b"))
-    clock.now = 600  # within b's timeout, long past the unwatched one
+    clock.elapsed = 600  # within b's timeout, long past the unwatched one
     assert [w.kernel_id for w in line.due(lambda kid: None)[0]] == ["b"]
 
 
 async def test_closing_ends_every_wait():
-    line = ServerQueue(clock=Clock())
+    line = ServerQueue(clock=SteppedClock())
     for kid in "abc":
         line.join(request(kid))
     line.closing = True
@@ -211,7 +203,7 @@ async def test_closing_ends_every_wait():
 
 def test_waits_carry_a_future_of_the_running_loop():
     async def main():
-        line = ServerQueue(clock=Clock())
+        line = ServerQueue(clock=SteppedClock())
         wait = line.join(request("a"))
         assert not wait.result.done()
         return wait.result.get_loop() is asyncio.get_running_loop()

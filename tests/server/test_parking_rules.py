@@ -7,20 +7,23 @@ import asyncio
 import time
 from types import SimpleNamespace
 
+from clocks import SteppedClock
+
 from jupyter_gpushare.core.policy import ParkRules
 from jupyter_gpushare.host.checkpoint import Unavailable
+from jupyter_gpushare.server.clock import SYSTEM
 from jupyter_gpushare.server.parking import Parking
 from jupyter_gpushare.server.sampler import Readings
 
 
-def _parking() -> Parking:
+def _parking(clock=SYSTEM) -> Parking:
     async def blocking(fn, *args):
         return fn(*args)
 
     rules = ParkRules(after_s=5.0, frameworks=("torch",))
     services = SimpleNamespace(readings=Readings())  # (no move is made here: no ledger, line or holding is used)
     parts = (None, None, None, services)
-    return Parking(SimpleNamespace(records={}), parts, Unavailable("not in this test"), rules, blocking)
+    return Parking(SimpleNamespace(records={}), parts, Unavailable("not in this test"), rules, blocking, clock)
 
 
 def _kernel(kid: str = "k1"):
@@ -47,6 +50,21 @@ def test_a_kernel_sent_a_cell_or_just_resumed_is_not_a_candidate_whatever_the_la
     parking.touch("k1")
     parking.consider(rec, usage, 60.0, ["torch"])
     assert parking._candidates == []
+
+
+def test_a_touched_kernel_counts_as_idle_again_after_park_after_of_the_parts_clock():
+    """The idle time since a cell was sent is kept on the clock the manager gives its parts (server/clock.py), so
+    stepping that clock, and nothing else, makes the kernel a candidate."""
+    clock = SteppedClock()
+    parking = _parking(clock)
+    rec, usage = _kernel()
+    parking.touch("k1")
+    clock.step(4.9)
+    parking.consider(rec, usage, 60.0, ["torch"])
+    assert parking._candidates == []
+    clock.step(0.2)
+    parking.consider(rec, usage, 60.0, ["torch"])
+    assert [c[1].kernel_id for c in parking._candidates] == ["k1"]
 
 
 def _waiting_line_parking(after_s: float) -> Parking:

@@ -181,7 +181,7 @@ def test_a_gpu_in_mig_mode_is_its_mig_instances(tmp_path, tree, caplog):
         root, child = tree
         grant = asyncio.run(manager.admit("k1", "python3", "python", Size(mib=16384)))
         assert grant.card.uuid == "MIG-GPU-fake-0-2"  # best fit: too big for the 10 GiB instance
-        assert manager.records["k1"].to_dict()["card"]["label"] == "GPU 0 MIG 3"  # what the sidebar shows
+        assert manager.records["k1"].to_dict(0.0)["card"]["label"] == "GPU 0 MIG 3"  # what the sidebar shows
         add_kernel(manager, "k1", root)
         fake.add_process(child, 800, card=0, slot=2, utilization=30)
         fake.add_process(os.getpid(), 500, card=0, slot=0)  # someone else, on the other instance

@@ -207,14 +207,22 @@ class TestUnwatched:
     def gpushare_config(self, gpushare_config):
         return {**gpushare_config, "queue_unwatched_timeout": 120.0}
 
-    async def test_a_waiting_kernel_no_client_watches_leaves_the_line(self, gpushare, jp_serverapp, kernel_ws):
+    async def test_a_waiting_kernel_no_client_watches_leaves_the_line(
+        self, gpushare, jp_serverapp, kernel_ws, skip_time
+    ):
         sessions = await full_card(gpushare)
         orphan = await gpushare.start_kernel()  # POST /api/kernels, and nobody connects
         _, watched = await gpushare.open_notebook("watched.ipynb")
         ws = await kernel_ws(watched, Session().session)
-        # The setting's 3 s from here on: a websocket can take longer than that to open on a loaded 2-core host
+        # The setting's 3 s from here on (a websocket can take longer than that to open on a loaded 2-core host), on
+        # the line's clock, stepped 0.5 s each look: the watched kernel, whose page is open, stays in line meanwhile
         jp_serverapp.web_app.settings["gpushare_manager"].line.queue.unwatched_s = 3.0
-        left = await gpushare.wait_for(lambda: _event(gpushare, orphan, "cancelled"), what="the orphan to leave")
+
+        async def left_line():
+            skip_time(0.5)
+            return await _event(gpushare, orphan, "cancelled")
+
+        left = await gpushare.wait_for(left_line, what="the orphan to leave")
         assert "no notebook or program was connected to this kernel for 3 s" in left["message"]
         assert left["code"] == "cancelled-unwatched" and event_words(left["code"], left["params"]) == (
             "Stopped waiting for a GPU: nothing was connected to it for 3 s."
@@ -226,16 +234,22 @@ class TestUnwatched:
         ws.close()
 
 
-async def test_no_reservation_goes_to_a_kernel_without_a_notebook_or_a_client(gpushare, jp_serverapp, ledger_file):
+async def test_no_reservation_goes_to_a_kernel_without_a_notebook_or_a_client(
+    gpushare, jp_serverapp, ledger_file, skip_time
+):
     sessions = await full_card(gpushare)
     nobody = await gpushare.start_kernel()  # in line first, but nothing wants it
     _, wanted = await gpushare.open_notebook("wanted.ipynb")
-    # The kernel nobody wants steps out of the host's line after line.UNWANTED_S (3 s), so that it holds up
-    # no one: the notebook's kernel behind it is admitted as soon as room is freed.
+    # The kernel nobody wants steps out of the host's line after line.UNWANTED_S (3 s of the line's clock, stepped
+    # 0.5 s each look), so that it holds up no one: the notebook's kernel behind it is admitted as soon as room is
+    # freed.
     ledger = Ledger(ledger_file)
-    await gpushare.wait_for(
-        lambda: _true([w.kernel_id for w in ledger.waiters()] == [wanted]), what="the unwanted one out of the line"
-    )
+
+    async def only_the_wanted_one_waits():
+        skip_time(0.5)
+        return [w.kernel_id for w in ledger.waiters()] == [wanted]
+
+    await gpushare.wait_for(only_the_wanted_one_waits, what="the unwanted one out of the line")
     await gpushare.close_notebook(sessions[0])
     await gpushare.wait_for(
         lambda: _state(gpushare, wanted, "running"), timeout=10, what="the notebook's kernel admitted"
