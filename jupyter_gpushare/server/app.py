@@ -292,7 +292,9 @@ class GpuShareExtension(ExtensionApp):
 
         settings = self.gpushare
         enforcer = Enforcer(manager, self.server.kernel_manager, enforcing, self.log, manager.clock, services.changes)
-        snapshots = Snapshots(manager, judged=lambda: enforcer.states, log=self.log)
+        snapshots = Snapshots(
+            manager, judged=lambda: enforcer.states, log=self.log, on_reports=manager.learning.saw_reports
+        )
         services.changes.listen(snapshots.changed)
         loop = self._server_loop()
 

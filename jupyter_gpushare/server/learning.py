@@ -8,7 +8,7 @@ worker; a kernel's own figures (its allocators' peaks, an out-of-memory error) c
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Callable, Protocol
 
 from ..core.history import HistoryRules, Run, history_key, learned_quota, lookup, need_of, retry_quota_mib
@@ -23,7 +23,9 @@ from .sampler import KernelUsage
 
 
 class Registry(Tells, Writes, Protocol):
-    """What learning needs of the kernels' registry: to note what it learned on a record, and to say it."""
+    """What learning needs of the kernels' registry: its records, to note what it learned on one, and to say it."""
+
+    records: dict[str, KernelRecord]
 
 
 class Learning:
@@ -88,6 +90,14 @@ class Learning:
         await self.ledger.quietly(
             f"record_peak({kernel_id})", lambda ledger: ledger.record_peak(kernel_id, key, run, self.rules)
         )
+
+    def saw_reports(self, reports: Mapping[str, Any]) -> None:
+        """The kernels' reports, as a snapshot read them (Snapshots.on_reports): an out-of-memory error one tells is
+        noted (``at_oom``)."""
+        for kernel_id, report in reports.items():
+            rec = self.kernels.records.get(kernel_id)
+            if rec is not None:
+                self.at_oom(rec, (report or {}).get("oom"))
 
     def at_oom(self, rec: KernelRecord, framework: str | None) -> None:
         """A kernel's report says a framework ran out of memory: offer the quota to restart with (the sidebar's

@@ -8,7 +8,8 @@ enforcer read that and nothing else of the server's state, so every part of one 
 handler that answers a request made after a change waits for the snapshot that holds it (``latest``): a reply
 never shows a state older than its request.
 
-Reading a kernel's report is also where an out-of-memory error it reports is noticed (Learning.at_oom).
+A build only reads. What it reads of the kernels' reports goes to ``on_reports`` after it (the registry notes an
+out-of-memory error one tells: Learning.saw_reports), and the change that makes brings the next build.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from ..ledger.reservations import Reservations
 from ..ledger.view import host_view
 from .clock import Clock
 from .holding import Holding
-from .learning import Learning
 from .ledger_worker import LedgerWorker
 from .parking import Parking
 from .records import Change, KernelRecord, Version
@@ -47,7 +47,7 @@ EMPTY: Mapping = MappingProxyType({})
 
 class Registry(Protocol):
     """What a snapshot reads of the kernels' registry (QuotaManager): everything a view shows, read, never written
-    (but for an out-of-memory error a kernel's report tells, which ``learning`` notes)."""
+    (an out-of-memory error a kernel's report tells goes to ``Snapshots.on_reports``, after the build)."""
 
     user: str
     policy: Policy
@@ -58,7 +58,6 @@ class Registry(Protocol):
     backend: GpuBackend
     ledger: LedgerWorker
     holding: Holding
-    learning: Learning
     parking: Parking
     clock: Clock
 
@@ -95,19 +94,13 @@ async def read_ledger(manager: Registry) -> LedgerReading:
 
 
 async def read_kernel_reports(manager: Registry, kernel_ids: Sequence[str]) -> dict[str, Any]:
-    """The kernels' own word on their frameworks' caps (off the ledger's thread), noticing an out-of-memory error
-    a kernel reports (Learning.at_oom)."""
+    """The kernels' own word on their frameworks' caps and errors (off the ledger's thread)."""
 
     def read() -> dict[str, Any]:
         directory = report_dir()
         return {kid: read_reports(directory, kid) for kid in kernel_ids}
 
-    reports = await manager.blocking(read)
-    for kid, report in reports.items():
-        rec = manager.records.get(kid)
-        if rec is not None:
-            manager.learning.at_oom(rec, (report or {}).get("oom"))
-    return reports
+    return await manager.blocking(read)
 
 
 def reservations(
@@ -195,10 +188,15 @@ class Snapshots:
     soon after each change of the kernels' registry (``changed``), one build at a time."""
 
     def __init__(
-        self, manager: Registry, judged: Callable[[], Mapping[str, str]] = dict, log: logging.Logger | None = None
+        self,
+        manager: Registry,
+        judged: Callable[[], Mapping[str, str]] = dict,
+        log: logging.Logger | None = None,
+        on_reports: Callable[[Mapping[str, Any]], None] = lambda reports: None,
     ):
-        """``manager``: the kernels' registry (QuotaManager); ``judged``: the enforcer's judgments now."""
-        self.manager, self._judged = manager, judged
+        """``manager``: the kernels' registry (QuotaManager); ``judged``: the enforcer's judgments now;
+        ``on_reports``: told of the kernels' reports each time a build has read them anew, after it."""
+        self.manager, self._judged, self._on_reports = manager, judged, on_reports
         self.log = log or logging.getLogger("jupyter_gpushare")
         self.current = ServerSnapshot(config=MappingProxyType(config_view(manager.policy)))
         self._usage = UsageSnapshot()
@@ -274,12 +272,16 @@ class Snapshots:
             self._again = False
             version = self._building_for = self._version()  # what changes after this is for the next build
             try:
-                await self._build()
+                fresh = await self._build()
             except Exception:  # the last snapshot stays; the next tick tries again
                 self.log.exception("jupyter-gpushare: the server's snapshot could not be built")
+                fresh = None
             self._built_for = version
+            if fresh is not None:  # (what it changes is said, and brings the next build)
+                self._on_reports(fresh)
 
-    async def _build(self) -> None:
+    async def _build(self) -> Mapping[str, Any] | None:
+        """Build the snapshot of the registry as it is now; the kernels' reports, where it read them anew."""
         manager = self.manager
         # What is in memory is taken first, at once: the registry as it is at this build's version (a reply to a
         # request made after a change shows the change, not what came of it meanwhile).
@@ -293,10 +295,12 @@ class Snapshots:
         reading, reports = await asyncio.gather(
             read_ledger(manager), read_kernel_reports(manager, ids) if due else _nothing(), return_exceptions=True
         )
+        fresh = None
         if isinstance(reports, BaseException):
             self.log.warning("jupyter-gpushare: the kernels' reports could not be read: %r", reports)
         elif reports is not None:
-            self._reports, self._reports_at = reports, time.monotonic()
+            fresh = self._reports = reports
+            self._reports_at = time.monotonic()
         if isinstance(reading, LedgerError):  # the broker is down: what it said last, and why the host view is missing
             reading = LedgerReading(
                 self._reading.leases, self._reading.waiters, self._reading.outside, None, str(reading)
@@ -323,6 +327,7 @@ class Snapshots:
             host=reading.host,
             host_error=reading.host_error,
         )
+        return fresh
 
 
 async def _nothing() -> None:

@@ -7,6 +7,7 @@ A real QuotaManager on a simulated card, a real SQLite ledger, the real sampler 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 
@@ -14,6 +15,7 @@ import pytest
 
 from jupyter_gpushare.core.policy import Policy, Size
 from jupyter_gpushare.host.gpu import SimulatedBackend
+from jupyter_gpushare.host.reports import report_dir
 from jupyter_gpushare.ledger.file import LedgerError
 from jupyter_gpushare.server.manager import QuotaManager
 from jupyter_gpushare.server.sampler import Sampler
@@ -136,5 +138,31 @@ def test_a_stopped_owner_builds_nothing_more_and_answers_with_what_it_has(manage
         assert await snapshots.latest() is last
         await asyncio.sleep(0.2)
         assert snapshots.current is last
+
+    run(case())
+
+
+def test_a_build_only_reads_and_an_oom_a_report_tells_is_noted_by_whoever_hears_the_reports(
+    manager, tmp_path, monkeypatch
+):
+    """A kernel's report says PyTorch ran out of memory. Building the snapshot changes no record (it noted the OOM
+    on the record while it read, before); the reports go to ``on_reports`` after the build, and the server wires
+    them to the registry's learning, whose change brings the next build."""
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    directory = report_dir()
+    with open(os.path.join(directory, f"k1.{os.getpid()}.json"), "w") as f:
+        json.dump({"pid": os.getpid(), "root": True, "time": time.time(), "frameworks": {}, "oom": "torch"}, f)
+
+    async def case():
+        await manager.admit("k1", "python3", "python")
+        heard = []
+        snap = await Snapshots(manager, on_reports=heard.append).latest()
+        assert snap.kernel("k1")["oom"] is None and manager.records["k1"].oom is None  # read, nothing written
+        assert heard and heard[0]["k1"]["oom"] == "torch"
+
+        snapshots = Snapshots(manager, on_reports=manager.learning.saw_reports)
+        await snapshots.latest()
+        assert manager.records["k1"].oom == "torch"
+        assert (await snapshots.latest()).kernel("k1")["oom"] == {"framework": "torch", "retry_quota_mib": 1536}
 
     run(case())

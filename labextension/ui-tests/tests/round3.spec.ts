@@ -519,3 +519,93 @@ test("a held cell's outcome reaches the page after a reload", async ({
     timeout: 30000
   });
 });
+
+test("a parked notebook's CPU cell answers at once, and says in one line that its GPU comes back", async ({
+  page
+}) => {
+  // Issue 47, item 1, in JupyterLab (Notebook 7: notebook7-parked.js). The notebook's kernel used 1 GiB and was
+  // parked; two others then took the card. A cell run from its page answers at once, with the kernel's variables,
+  // while the kernel waits in line for its GPU; once one of the others leaves, the kernel is back. It waited for the
+  // GPU with no word (67 s in the walk that found it).
+  await page.goto('/lab/workspaces/parked-cell');
+  await waitForLab(page);
+  for (const s of await (await page.request.get('/api/sessions')).json()) {
+    await page.request.delete(`/api/sessions/${s.id}`);
+  }
+  for (const k of await (await page.request.get('/api/kernels')).json()) {
+    await page.request.delete(`/api/kernels/${k.id}`);
+  }
+  for (const name of ['r3/parked.ipynb', 'r3/f1.ipynb', 'r3/f2.ipynb']) {
+    await page.request.put(`/api/contents/${name}`, {
+      data: { type: 'notebook', format: 'json', content: notebook('x = 1') }
+    });
+  }
+  await open(page, 'r3/parked.ipynb');
+  await expect
+    .poll(async () => (await stateOf(page, 'r3/parked.ipynb'))?.state, {
+      timeout: 60000
+    })
+    .toBe('running');
+  await runIn(
+    page,
+    'r3/parked.ipynb',
+    "import gpushare_simulate; gpushare_simulate.use('1GiB'); kept = 7"
+  );
+  const { kernel_id } = await stateOf(page, 'r3/parked.ipynb');
+  const parked = await page.request.post(
+    `/api/gpushare/kernels/${kernel_id}/park`
+  );
+  expect(parked.ok(), await parked.text()).toBe(true);
+  await expect
+    .poll(async () => (await stateOf(page, 'r3/parked.ipynb'))?.state)
+    .toBe('parked');
+  const fillers: string[] = [];
+  for (const path of ['r3/f1.ipynb', 'r3/f2.ipynb']) {
+    const r = await page.request.post('/api/sessions', {
+      data: { path, type: 'notebook', name: path, kernel: { name: 'python3' } }
+    });
+    fillers.push((await r.json()).id);
+  }
+  await expect
+    .poll(
+      async () => {
+        const state = await (
+          await page.request.get('/api/gpushare/state')
+        ).json();
+        return state.kernels.filter((k: any) => k.state === 'running').length;
+      },
+      { timeout: 60000 }
+    )
+    .toBe(2);
+
+  // The student's next cell, from the page: its CPU work runs at once, and it says why the GPU is not there yet
+  const cell = page
+    .locator('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell')
+    .first();
+  await cell.click();
+  await page.evaluate(() => {
+    const nb = (window as any).jupyterapp.shell.currentWidget;
+    nb.content.activeCell.model.sharedModel.setSource('print(kept + 1)');
+    void (window as any).jupyterapp.commands.execute('notebook:run-cell'); // (it ends when the cell does)
+  });
+  const sent = Date.now();
+  const output = cell.locator('.jp-OutputArea');
+  await expect(output).toContainText(/(^|\n)8(\n|$)/, { timeout: 10000 });
+  expect(Date.now() - sent).toBeLessThan(10000);
+  await expect(output).toContainText('this kernel was parked');
+  await expect(output).toContainText('CPU work runs at once');
+  expect(['parked', 'queued']).toContain(
+    (await stateOf(page, 'r3/parked.ipynb'))?.state
+  );
+
+  // Room on the card: the kernel is back, with what it held
+  await page.request.delete(`/api/sessions/${fillers[0]}`);
+  await expect
+    .poll(async () => (await stateOf(page, 'r3/parked.ipynb'))?.state, {
+      timeout: 60000
+    })
+    .toBe('running');
+  await expect(cell.locator('.jp-InputPrompt')).not.toContainText('*', {
+    timeout: 30000
+  });
+});
