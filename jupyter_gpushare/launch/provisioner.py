@@ -30,7 +30,7 @@ from ..core.addresses import PROVISIONER_NAME
 from ..core.policy import PolicyError, Size, format_mib, parse_size
 from ..host import priority
 from ..host.reports import remove_reports, report_dir
-from ..server.manager import QuotaManager, process_manager, use_in_process
+from ..server.manager import process_manager, use_in_process
 from ..server.records import Grant, QuotaUnavailable
 from ..server.seam.internals import forget_pending
 from .batch import (
@@ -45,6 +45,7 @@ from .batch import (
 )
 from .held import HeldStart, standin_command
 from .kernel_env import drop_inherited, kernel_env
+from .port import KernelPort
 from .ports import HeldPorts, close
 from .warm_start import WarmStarts
 
@@ -80,7 +81,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
     _admitting: asyncio.Future | None = None
     _launched: tuple[list[str], dict[str, str]] = ([], {})  # the command and environment it was launched with
 
-    def _manager(self) -> QuotaManager:
+    def _manager(self) -> KernelPort:
         manager = process_manager()
         if manager is None:  # outside a Jupyter server (nbclient, papermill, `jupyter execute`)
             manager = program_manager(self.config, self.log, self._who)
@@ -99,7 +100,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         manager.update(rec, path=self._notebook_path((kwargs.get("env") or {}).get("JPY_SESSION_NAME")) or rec.path)
         keep = self._grant is not None and self._grant.mode == "gpu" and rec.lease is not None
         if keep and rec.pending_quota is not None:  # a restart for a new quota keeps the reservation, resized
-            await manager.quotas.apply(self.kernel_id)
+            await manager.apply_quota(self.kernel_id)
             self._grant.lease = rec.lease  # type: ignore[union-attr]  # (kept above)
         if not keep:
             if self._grant is not None and self._grant.mode == "gpu":
@@ -146,7 +147,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         return await other.pre_launch(**kwargs)
 
     async def _admit(
-        self, manager: QuotaManager, language: str, requested: Size | None, first_use: bool = False
+        self, manager: KernelPort, language: str, requested: Size | None, first_use: bool = False
     ) -> Grant:
         """The kernel's grant. In a server a kernel in line is admitted later (``_admit_held``), and with
         ``first_use`` a Python kernel may be told to ask at its first GPU use (line_place, ``_asked``); outside a
@@ -174,7 +175,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         assert grant is not None
         rec = manager.records.get(self.kernel_id)
         peak = rec.learned_peak_mib if rec else None
-        most, learns = await manager.max_quota_mib(grant), manager.learning.rules.enabled
+        most, learns = await manager.max_quota_mib(grant), manager.learns
         return kernel_env(grant, self.kernel_id, self._python, base, report_dir(), most, peak, learns)
 
     @property
@@ -199,7 +200,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
             _check_command(cmd, kwargs.get("env"))  # a kernelspec that cannot start is an error now, as Jupyter says
             # Its cgroups (cgroups.py), entered before it runs: none of its card while it waits (and none without
             # a GPU). The stand-in enters them, then becomes the kernel.
-            groups, broker = self._manager().holding.groups(self.kernel_id, None if waits else self._grant)
+            groups, broker = self._manager().cgroups(self.kernel_id, None if waits else self._grant)
             if held is not None:  # in line, it runs now and its grant comes through a pipe; granted, it keeps one
                 kwargs = held.command(kwargs)
             if groups or broker:
@@ -248,7 +249,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
     def _wanted(self, held: HeldStart) -> None:
         """The kernel says it is wanted (a cell or a comm message of any client): parked, it comes back."""
         if held is self._held:
-            self._manager().parking.resume(self.kernel_id)
+            self._manager().resume(self.kernel_id)
 
     async def stand_by(self) -> str:
         """Give back the GPU this kernel holds and has not used, while others wait (parking.py decides when): the
@@ -267,7 +268,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         """The kernel agreed to stand by: the server gives its reservation to the line (parking.py); it asks again
         at its next GPU use."""
         try:
-            await self._manager().parking.stood_by(self.kernel_id)
+            await self._manager().stood_by(self.kernel_id)
         finally:
             if held is self._held:
                 self._grant, self._admitting = Grant("standby"), None
@@ -276,7 +277,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         """Wait for the held kernel's grant, then turn its stand-in into the kernel; or, if its wait ends without
         one, have the server shut it down (the manager said why, in an event)."""
         manager = self._manager()
-        granted = asyncio.ensure_future(manager.line.granted(self.kernel_id))
+        granted = asyncio.ensure_future(manager.granted(self.kernel_id))
         try:
             self.describe_wait()  # (and again at each answer of the ledger: the line tells, ServerStarts.on_wait)
             self._grant = await granted
@@ -299,7 +300,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         if self.pid:  # granted, or runs on without a GPU: at normal priority again, before it hears (host/priority.py)
             await manager.blocking(priority.restore, self.pid)
         try:
-            await manager.holding.open_cards(self.kernel_id, self._grant)
+            await manager.open_cards(self.kernel_id, self._grant)
             await held.release(await self._kernel_env(held.env), keep=self._may_stand_by)
         except Exception:
             self.log.exception("jupyter-gpushare: kernel %s could not be given its GPU after its wait", self.kernel_id)
@@ -327,9 +328,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
             await asyncio.sleep(0.05)
         else:
             return "busy"
-        said = await manager.services.starts.ask(
-            self.kernel_id, "__import__('_gpushare_wait').can_rejoin()", JOIN_ASK_S
-        )
+        said = await manager.ask(self.kernel_id, "__import__('_gpushare_wait').can_rejoin()", JOIN_ASK_S)
         if said is None:
             return "busy"
         said = said.strip("'\"")
@@ -401,11 +400,6 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
             self._watching_death = True
 
     @property
-    def parking(self) -> Any:
-        """The server's parking (parking.py), which brings this kernel back if it is parked."""
-        return self._manager().parking
-
-    @property
     def held(self) -> HeldStart | None:
         """The kernel's pipes while it waits for its grant, and after it for a Python kernel of a server under
         'start' (it may be asked to stand by); None when it has none, or once they are closed."""
@@ -446,7 +440,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         if manager is None:
             return  # a program whose settings were refused (``_manager``): nothing was reserved
         async with manager.cleaning():
-            await manager.holding.end(self.kernel_id, restart)
+            await manager.end_groups(self.kernel_id, restart)
             if self._warm:  # (nothing reserved; what its bootstrap reported goes)
                 close(self._ports)
                 self._ports = ()

@@ -13,11 +13,11 @@ from typing import Any
 from ..bootstrap._gpushare_env import WARM_IMPORTS
 from ..host import priority
 from ..host.reports import report_dir
-from ..server.manager import QuotaManager
 from ..server.records import Grant, QuotaUnavailable
 from ..server.warm import ANSWER_S, WARM_MARK, WarmKernel
 from .held import HeldStart
 from .kernel_env import GRANT_VARIABLES, drop_inherited, kernel_env
+from .port import KernelPort
 from .ports import HeldPorts
 
 
@@ -37,7 +37,7 @@ class WarmStarts(HeldPorts):
     _held: HeldStart | None
     _launched: tuple[list[str], dict[str, str]]
 
-    def _manager(self) -> QuotaManager:
+    def _manager(self) -> KernelPort:
         raise NotImplementedError
 
     @property
@@ -115,7 +115,7 @@ class WarmStarts(HeldPorts):
             pool.discard(warm)
             return None
         try:
-            await manager.holding.adopt(theirs.kernel_id, self.kernel_id, grant)
+            await manager.adopt(theirs.kernel_id, self.kernel_id, grant)
         except (OSError, QuotaUnavailable) as e:
             self.log.warning("jupyter-gpushare: a warm kernel's cgroup could not be its own (%s): %s starts fresh", e,
                              self._who)  # fmt: skip

@@ -168,6 +168,39 @@ class QuotaManager:
         """Shut down a kernel whose wait ended without a grant (its session too), as its server does."""
         self.services.starts.end_kernel(kernel_id)
 
+    # -- the provisioner's port (launch/port.py): the parts it may not reach itself ----------------------------
+
+    @property
+    def learns(self) -> bool:
+        return self.learning.rules.enabled
+
+    async def granted(self, kernel_id: str) -> Grant:
+        return await self.line.granted(kernel_id)
+
+    async def apply_quota(self, kernel_id: str) -> None:
+        await self.quotas.apply(kernel_id)
+
+    def cgroups(self, kernel_id: str, grant: Grant | None) -> tuple[list[str], tuple[str, str] | None]:
+        return self.holding.groups(kernel_id, grant)
+
+    async def open_cards(self, kernel_id: str, grant: Grant) -> None:
+        await self.holding.open_cards(kernel_id, grant)
+
+    async def adopt(self, warm_id: str, kernel_id: str, grant: Grant) -> None:
+        await self.holding.adopt(warm_id, kernel_id, grant)
+
+    async def end_groups(self, kernel_id: str, restart: bool) -> None:
+        await self.holding.end(kernel_id, restart)
+
+    def resume(self, kernel_id: str) -> asyncio.Future:
+        return self.parking.resume(kernel_id)
+
+    async def stood_by(self, kernel_id: str) -> None:
+        await self.parking.stood_by(kernel_id)
+
+    async def ask(self, kernel_id: str, expression: str, timeout: float) -> str | None:
+        return await self.services.starts.ask(kernel_id, expression, timeout)
+
     # -- admission -----------------------------------------------------------------------------
 
     async def admit(
