@@ -1,11 +1,14 @@
-"""A clock a test steps (server/clock.py's ``Clock``): its wall and monotonic times move together, by ``step``."""
+"""A clock a test steps (server/clock.py's ``Clock``): its wall and monotonic times move together, by ``step``. Its
+wall time starts at the real one, so what the ledger and the sampler stamp (on the system's clock) reads as recent."""
 
 from __future__ import annotations
 
+import time
+
 
 class SteppedClock:
-    def __init__(self, wall: float = 1_800_000_000.0) -> None:
-        self.start = wall
+    def __init__(self) -> None:
+        self.start = time.time()
         self.elapsed = 0.0  # seconds stepped so far
 
     def wall(self) -> float:

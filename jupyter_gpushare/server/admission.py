@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
 from ..core.levels import check_required
 from ..core.policy import CardView, Policy, PolicyError, Size
@@ -60,11 +60,12 @@ class Cards:
 @dataclass(frozen=True)
 class Start:
     """The kernel starts now with ``grant``; without a GPU (``cpu``), ``why`` is the code of its 'no-gpu' event,
-    with ``figures``."""
+    with ``figures``. ``waited_s``: it was granted after that long in line (line.py), said first."""
 
     grant: Grant
     why: str = "no-gpu-ledger"
     figures: Mapping[str, Any] = field(default_factory=lambda: NO_FIGURES)
+    waited_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class Queue:
 class Refusal:
     """The kernel does not start: ``message`` says why and what to do, ``code`` (words.CATALOGUE's ``event.<code>``)
     with ``figures`` names the rule; ``status`` is the HTTP status of the start's error; with ``keep`` a kernel that
-    was restarting stays listed as 'failed'."""
+    was restarting stays listed as 'failed'. ``kind``: the event's, 'cancelled' for a wait its owner stopped."""
 
     message: str
     status: int = 503
@@ -86,9 +87,10 @@ class Refusal:
     keep: bool = False
     figures: Mapping[str, Any] = field(default_factory=lambda: NO_FIGURES)
     cause: PolicyError | None = field(default=None, compare=False)  # the rule's own error, where one refused
+    kind: str = "refused"
 
 
-Outcome = Start | Queue | Refusal
+Outcome = Union[Start, Queue, Refusal]  # (not ``|``: a union of classes at run time needs Python 3.10)
 
 
 @dataclass(frozen=True)

@@ -391,8 +391,8 @@ class GpuShareExtension(ExtensionApp):
 
     async def _start_jupyter_server_extension(self, serverapp) -> None:
         self._start_reconciling()
-        stop_cleanly_on_sigint(serverapp, self.log)
         self.settings["gpushare_sampler"].loop = asyncio.get_running_loop()
+        stop_cleanly_on_sigint(serverapp, self.log)
 
     async def _reconcile_forever(self) -> None:
         manager = self.settings["gpushare_manager"]

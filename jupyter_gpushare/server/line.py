@@ -16,7 +16,7 @@ import contextlib
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from ..core.policy import Policy, PolicyError, format_mib
 from ..host.gpu import Card
@@ -24,6 +24,7 @@ from ..ledger.file import LedgerError
 from ..ledger.leases import Lease, Waiting
 from ..ledger.queue import Request
 from ..ledger.reservations import Reservations
+from .admission import Refusal, Start
 from .clock import SYSTEM, Clock
 from .ledger_worker import LedgerWorker
 from .records import Grant, KernelRecord, QuotaUnavailable, Tells, Writes, full_message, rule_figures
@@ -132,14 +133,15 @@ class ServerQueue:
 
 
 class Registry(Tells, Writes, Protocol):
-    """What the line needs of the kernels' registry (QuotaManager): their records, and what becomes of each."""
+    """What the line needs of the kernels' registry (QuotaManager): their records, and to apply what a wait came to
+    (``conclude``: the line says the outcome, the registry alone changes the record and says it)."""
 
     policy: Policy
     records: dict[str, KernelRecord]
 
-    def settle(self, rec: KernelRecord, grant: Grant, why: str = ..., **figures: Any) -> Grant: ...
-    def refuse(self, kernel_id: str, message: str, status: int = ..., keep: bool = ..., kind: str = ...,
-               code: str | None = ..., **figures: Any) -> QuotaUnavailable: ...  # fmt: skip
+    def conclude(
+        self, kernel_id: str, outcome: Start | Refusal, rec: KernelRecord | None = ...
+    ) -> Grant | QuotaUnavailable: ...
     def keeps(self, rec: KernelRecord | None) -> bool: ...
     def card(self, uuid: str) -> Card | None: ...
     def reserve(self, ledger: Reservations, request: Request, wait: bool, home: str | None) -> Lease | Waiting: ...
@@ -335,10 +337,8 @@ class Line:
             self.queue.leave(wait.kernel_id)
             now = self.clock.wall()
             waited = round(now - (rec.queued_since or now))
-            self.kernels.event("admitted", wait.kernel_id, f"Admitted after waiting {waited} s.", waited_s=waited)
-            wait.result.set_result(
-                self.kernels.settle(rec, Grant("gpu", lease=got, card=self.kernels.card(got.card_uuid)))
-            )
+            grant = Grant("gpu", lease=got, card=self.kernels.card(got.card_uuid))
+            self._conclude(wait, Start(grant, waited_s=waited), rec)
         elif isinstance(got, LedgerError):
             # The broker is down, the disk is full: a kernel keeps its place and is asked for again at the next turn
             # (until its wait's own timeout); the line's outage is said once per wait, not ended by it.
@@ -361,9 +361,8 @@ class Line:
         elif isinstance(got, Exception):
             self.queue.leave(wait.kernel_id)
             status, rule = (400, rule_figures(got)) if isinstance(got, PolicyError) else (503, {})
-            wait.result.set_exception(
-                self.kernels.refuse(wait.kernel_id, str(got), status=status, keep=self.kernels.keeps(rec), **rule)
-            )
+            code = rule.pop("code", None)
+            self._conclude(wait, Refusal(str(got), status, code, self.kernels.keeps(rec), rule), rec)
         elif got.expired:
             self.queue.end(wait.kernel_id, "timeout")
             self.kernels.update(rec, need_mib=got.need_mib, free_mib=got.free_mib)
@@ -385,37 +384,37 @@ class Line:
         self._cancel_wait(wait.kernel_id)
         rec = self.kernels.records.get(wait.kernel_id)
         runs = self.starts.holds and rec is not None and wait.ending in ("timeout", "cancelled")
+        outcome: Start | Refusal
         if wait.ending == "timeout":
             shown = got or wait.last or Waiting(wait.kernel_id, 1, 0, 0, 0)
             since = rec.queued_since if rec else None
             waited = round(self.clock.wall() - since) if since else None
             message = full_message(wait.request.quota, shown, self.kernels.policy.context_reserve_mib, waited)
-            figures: dict[str, Any] = {"need_mib": shown.need_mib, "free_mib": shown.free_mib, "waited_s": waited}
-            if runs:
-                assert rec is not None
-                wait.result.set_result(
-                    self.kernels.settle(rec, Grant("cpu", reason=message), "refused-timeout", **figures)
-                )
-                return
-            error = self.kernels.refuse(
-                wait.kernel_id, message, keep=self.kernels.keeps(rec), code="refused-timeout", **figures
+            figures = {"need_mib": shown.need_mib, "free_mib": shown.free_mib, "waited_s": waited}
+            outcome = (
+                Start(Grant("cpu", reason=message), "refused-timeout", figures)
+                if runs
+                else Refusal(message, code="refused-timeout", keep=self.kernels.keeps(rec), figures=figures)
             )
         elif wait.ending == "unwatched":
-            error = self.kernels.refuse(
-                wait.kernel_id,
+            outcome = Refusal(
                 f"Stopped waiting for a GPU: no notebook or program was connected to this kernel for "
                 f"{self.queue.unwatched_s:.0f} s, so it was shut down before it could hold memory for no one. "
                 "Open the notebook and run a cell to start it again.",
-                status=409, keep=False, kind="cancelled", code="cancelled-unwatched",
-                unwatched_s=round(self.queue.unwatched_s),
+                status=409, kind="cancelled", code="cancelled-unwatched",
+                figures={"unwatched_s": round(self.queue.unwatched_s)},
             )  # fmt: skip
         elif wait.ending == "closing":
-            error = self.kernels.refuse(wait.kernel_id, "Stopped waiting for a GPU: the Jupyter server is shutting down.", status=409, code="refused-closing")  # fmt: skip
+            outcome = Refusal("Stopped waiting for a GPU: the Jupyter server is shutting down.", 409, "refused-closing")
         else:
             why = f"Stopped waiting for a GPU: {wait.why or 'the start was cancelled'}."
-            if runs:
-                assert rec is not None
-                wait.result.set_result(self.kernels.settle(rec, Grant("cpu", reason=why), "cancelled"))
-                return
-            error = self.kernels.refuse(wait.kernel_id, why, status=409, kind="cancelled")
-        wait.result.set_exception(error)
+            outcome = Start(Grant("cpu", reason=why), "cancelled") if runs else Refusal(why, 409, kind="cancelled")
+        self._conclude(wait, outcome, rec)
+
+    def _conclude(self, wait: Wait, outcome: Start | Refusal, rec: KernelRecord | None) -> None:
+        """The line's outcome for a kernel whose wait is over, which the registry applies; its start hears it."""
+        got = self.kernels.conclude(wait.kernel_id, outcome, rec)
+        if isinstance(got, QuotaUnavailable):
+            wait.result.set_exception(got)
+        else:
+            wait.result.set_result(got)

@@ -97,6 +97,7 @@ class QuotaManager:
         self.records, self.version, self.events = self.registry.records, self.registry.version, self.registry.events
         self.record, self.forget, self.event = self.registry.record, self.registry.forget, self.registry.event
         self.update, self.move = self.registry.update, self.registry.move
+        self.conclude, self.refuse, self.keeps = self.registry.conclude, self.registry.refuse, self.registry.keeps
         self.settle, self.usage_targets, self.card = (
             self.registry.settle,
             self.registry.usage_targets,
@@ -278,19 +279,12 @@ class QuotaManager:
 
     def _carry_out(self, rec: KernelRecord, outcome: admission.Start | admission.Refusal) -> Grant:
         """What admission decided for a start: its grant (settled), or its refusal (raised)."""
-        if isinstance(outcome, admission.Refusal):
-            raise self.refuse(
-                rec.kernel_id, outcome.message, status=outcome.status, keep=outcome.keep, code=outcome.code,
-                **outcome.figures,
-            ) from outcome.cause  # fmt: skip
-        if outcome.grant.mode == "gpu":
+        if isinstance(outcome, admission.Start) and outcome.grant.mode == "gpu":
             self.line.leave(rec.kernel_id, "it was admitted")
-        return self.settle(rec, outcome.grant, outcome.why, **outcome.figures)
-
-    def keeps(self, rec: KernelRecord | None) -> bool:
-        """Whether a refused kernel stays listed as 'failed' (a restart of a kernel nbclient holds); a kernel a
-        Jupyter server lists is shut down instead."""
-        return rec is not None and not self.holds_starts and rec.pid is not None
+        got = self.conclude(rec.kernel_id, outcome, rec)
+        if isinstance(got, QuotaUnavailable):
+            raise got from getattr(outcome, "cause", None)
+        return got
 
     async def remember_peak(self, kernel_id: str) -> None:
         """Record the peak of a kernel's process as it shuts down or restarts (Learning.at_stop)."""
@@ -311,32 +305,6 @@ class QuotaManager:
         outside = ledger.outside(self.latest_samples())
         cards = [c for c in self.cards if c.uuid == home] if home else self.cards
         return ledger.reserve(request, self.policy, cards, wait, outside=outside)
-
-    def refuse(
-        self,
-        kernel_id: str,
-        message: str,
-        status: int = 503,
-        keep: bool = False,
-        kind: str = "refused",
-        code: str | None = None,
-        **figures: Any,
-    ) -> QuotaUnavailable:
-        """Record why a kernel will not start and return the error to raise. Its record is forgotten, or with
-        ``keep`` (a restart that was refused: the kernel is down now) kept as 'failed' with the reason. The event
-        is 'refused', or 'cancelled' for a wait its owner stopped; ``code`` (words.CATALOGUE's ``event.<code>``,
-        with ``figures``) says which refusal, where the sidebar words it itself (else the kind, with the
-        English ``message``)."""
-        rec = self.records.get(kernel_id) if keep else self.forget(kernel_id)
-        if rec is not None and keep:
-            self.move(
-                rec, "failed", lease=None, card=None, position=None, restarting=False,
-                reason=f"The kernel could not start again: {message} Shut it down, or start it with another quota.",
-            )  # fmt: skip
-        if code is not None:
-            figures["code"] = code
-        self.event(kind, kernel_id, message, path=rec.path if rec else None, **figures)
-        return QuotaUnavailable(message, status=status, code=code)
 
     async def stop_admitting(self) -> None:
         """The server is shutting down: refuse new starts and end every wait in line (their kernels are shut down

@@ -90,9 +90,8 @@ class Parking:
         self.kernels, self.checkpointer, self.rules, self._blocking = kernels, checkpointer, rules, blocking
         self.ledger, self.line, self.holding, self.services = parts
         self.clock = clock
-        self.card = CardWord(
-            self.services.readings
-        )  # (on the sampler's clock, the system's: its readings' times)  # (its word on what is held and free, not the driver's)
+        # the card's word on what is held and free, not the driver's (on the sampler's clock: its readings' times)
+        self.card = CardWord(self.services.readings)
         self._moving: dict[str, asyncio.Future] = {}  # kernels being parked or resumed: the move's task
         self._failed: dict[str, int | None] = {}  # kernels whose park failed: the process it failed for
         self._touched: dict[str, float] = {}  # (monotonic) a cell sent to the kernel, or its resume: its idle clock

@@ -50,7 +50,7 @@ def full_message(quota: Size, got: Waiting, reserve_mib: int, waited_s: float | 
             f" Processes that hold no reservation (a script in a terminal, a program started outside a notebook) "
             f"use {format_mib(got.outside_mib)} of the GPU memory: it counts as taken until they exit."
         )
-    if waited_s:
+    if waited_s is not None:
         text += f" It waited {waited_s:.0f} s in the queue, as long as kernels may wait here."
     elif got.ahead:
         text += f" {got.ahead} kernel(s) are already waiting for a GPU."

@@ -17,8 +17,9 @@ from typing import Any
 from ..core.policy import format_mib
 from ..host.gpu import Card
 from . import life
+from .admission import Refusal, Start
 from .clock import SYSTEM, Clock
-from .records import ChangeKind, Grant, KernelRecord, KernelState, Version
+from .records import ChangeKind, Grant, KernelRecord, KernelState, QuotaUnavailable, Version
 
 # The fields of a record whose change a person would notice, each said as its change (records.Change).
 NOTABLE: dict[str, ChangeKind] = {
@@ -142,6 +143,57 @@ class KernelRegistry:
         elif grant.mode == "cpu":
             self.event("no-gpu", rec.kernel_id, grant.reason or "", code=why, **figures)
         return grant
+
+    def conclude(
+        self, kernel_id: str, outcome: Start | Refusal, rec: KernelRecord | None = None
+    ) -> Grant | QuotaUnavailable:
+        """What a kernel's start came to, at once (admission.py) or after a wait in line (the line's outcome,
+        line.py), applied to its record and said: its grant, settled (a start after a wait says first how long it
+        waited), or the error its refusal is raised as. A start is settled on ``rec``, the record its caller held
+        (one forgotten meanwhile, by a shut-down during the start, all the same: the start goes on, and its clean-up
+        gives the reservation back)."""
+        if isinstance(outcome, Refusal):
+            return self.refuse(
+                kernel_id, outcome.message, status=outcome.status, keep=outcome.keep, kind=outcome.kind,
+                code=outcome.code, **outcome.figures,
+            )  # fmt: skip
+        rec = rec or self.records.get(kernel_id)
+        assert rec is not None, f"a start of {kernel_id} settled without its record"
+        if outcome.waited_s is not None:
+            waited = outcome.waited_s
+            self.event("admitted", kernel_id, f"Admitted after waiting {waited} s.", waited_s=waited)
+        return self.settle(rec, outcome.grant, outcome.why, **outcome.figures)
+
+    def refuse(
+        self,
+        kernel_id: str,
+        message: str,
+        status: int = 503,
+        keep: bool = False,
+        kind: str = "refused",
+        code: str | None = None,
+        **figures: Any,
+    ) -> QuotaUnavailable:
+        """Record why a kernel will not start and return the error to raise. Its record is forgotten, or with
+        ``keep`` (a restart that was refused: the kernel is down now) kept as 'failed' with the reason. The event
+        is 'refused', or 'cancelled' for a wait its owner stopped; ``code`` (words.CATALOGUE's ``event.<code>``,
+        with ``figures``) says which refusal, where the sidebar words it itself (else the kind, with the
+        English ``message``)."""
+        rec = self.records.get(kernel_id) if keep else self.forget(kernel_id)
+        if rec is not None and keep:
+            self.move(
+                rec, "failed", lease=None, card=None, position=None, restarting=False,
+                reason=f"The kernel could not start again: {message} Shut it down, or start it with another quota.",
+            )  # fmt: skip
+        if code is not None:
+            figures["code"] = code
+        self.event(kind, kernel_id, message, path=rec.path if rec else None, **figures)
+        return QuotaUnavailable(message, status=status, code=code)
+
+    def keeps(self, rec: KernelRecord | None) -> bool:
+        """Whether a refused kernel stays listed as 'failed' (a restart of a kernel nbclient holds); a kernel a
+        Jupyter server lists is shut down instead."""
+        return rec is not None and not self._holds_starts() and rec.pid is not None
 
     def usage_targets(self) -> list[tuple[str, int | None, str | None]]:
         """(kernel id, root pid, card uuid) of every kernel record; safe to call from any thread."""

@@ -278,7 +278,10 @@ class Snapshots:
                 fresh = None
             self._built_for = version
             if fresh is not None:  # (what it changes is said, and brings the next build)
-                self._on_reports(fresh)
+                try:
+                    self._on_reports(fresh)
+                except Exception:  # noqa: BLE001 (the snapshot stands; the next reading tells again)
+                    self.log.exception("jupyter-gpushare: the kernels' reports could not be taken in")
 
     async def _build(self) -> Mapping[str, Any] | None:
         """Build the snapshot of the registry as it is now; the kernels' reports, where it read them anew."""

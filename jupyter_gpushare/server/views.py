@@ -99,7 +99,7 @@ def server_view(
             "mine": w.kernel_id in mine,
             "quota_mib": quota_mib,
             "need_mib": None if quota_mib is None else quota_mib + policy.context_reserve_mib,
-            "waited_s": round(now - w.created, 1),
+            "waited_s": round(max(0.0, now - w.created), 1),  # (one that joined during the read: 0)
         })  # fmt: skip
     kernels = [{**r, "frameworks": (reports.get(r["kernel_id"]) or {}).get("frameworks")} for r in records]
     return {"cards": rows, "kernels": kernels, "queue": queue}

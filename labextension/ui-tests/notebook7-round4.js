@@ -117,7 +117,8 @@ async function main() {
   await runFirstCell(other, waiting);
   await until(
     'the server to say which cell waits',
-    async () => (await kernelOf('ends.ipynb'))?.held_cell
+    async () => (await kernelOf('ends.ipynb'))?.held_cell,
+    180000 // (the kernel imports PyTorch before its cell waits: over 60 s on a loaded 2-core CI machine)
   );
   await api.delete(`${base}/api/gpushare/kernels/${rec.kernel_id}`); // stop waiting
   const error = waiting.locator(

@@ -608,4 +608,7 @@ test("a parked notebook's CPU cell answers at once, and says in one line that it
   await expect(cell.locator('.jp-InputPrompt')).not.toContainText('*', {
     timeout: 30000
   });
+  for (const s of await (await page.request.get('/api/sessions')).json()) {
+    await page.request.delete(`/api/sessions/${s.id}`);
+  }
 });
