@@ -47,6 +47,7 @@ class ServerProcess:
 
     name = "server"
     proc: subprocess.Popen | None = None
+    command: tuple[str, ...] = ("-m", "jupyter_server")  # (after the interpreter)
 
     def launch(self, log_dir: Path, args: list[str], settings: dict[str, str], **popen) -> None:
         """Start it with ``args`` and ``--GpuShareApp.<k>=<v>`` for each setting, on a free port and that port only:
@@ -57,7 +58,7 @@ class ServerProcess:
         self.port = free_port()
         self.log = open(Path(log_dir) / f"{self.name}-{self.port}.log", "w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_server", f"--port={self.port}", "--ServerApp.port_retries=0",
+            [sys.executable, *self.command, f"--port={self.port}", "--ServerApp.port_retries=0",
              f"--IdentityProvider.token={TOKEN}", "--ServerApp.open_browser=False", *args,
              *(f"--GpuShareApp.{k}={v}" for k, v in settings.items())],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, **popen,

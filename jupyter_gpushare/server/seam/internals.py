@@ -90,7 +90,8 @@ def stop_cleanly_on_sigint(serverapp: Any, log: Any) -> bool:
     its kernels are not shut down, and their GPU reservations wait for the broker's reap. JupyterHub stops a server
     with SIGINT, with no terminal (``LocalProcessSpawner.stop``; its own ``_handle_sigint`` override is installed
     only with a terminal). So where the default handler is in place, the first SIGINT stops the server as SIGTERM
-    does (``ServerApp._signal_stop``); a second one exits at once, as before. Returns whether it was installed."""
+    does (``ServerApp._signal_stop``); a second one exits at once, as before. A SIGINT ignored from the start (a
+    server started in the background of a script) stays ignored. Returns whether the handler was installed."""
     in_main = threading.current_thread() is threading.main_thread()
     if not in_main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return False
