@@ -555,7 +555,7 @@ def _wait(name: str, until=None, said: str | None = None) -> str | None:
         if now != said:  # (the first time with how to stop; again only when the place changes)
             if said is None:
                 _tell_cell()
-            first = " CPU cells ran meanwhile; interrupt the kernel to stop waiting (it keeps its place)."
+            first = " Other cells run on the CPU meanwhile. Interrupt the kernel to stop this cell; the kernel keeps its place."
             sys.stdout.write(now + (first if said is None else "") + "\n")  # (not red in the cell: no error)
             sys.stdout.flush()
             said = now

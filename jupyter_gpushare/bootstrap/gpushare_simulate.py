@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import types
 
 import _gpushare_env as env
 
@@ -39,7 +41,11 @@ _cached = {"mib": 0, "used": 0}  # this process's simulated allocator cache, and
 
 def use(size: object, cached: object = 0) -> None:
     """Say that this process uses ``size`` of its simulated card ('1.5GiB', '512MiB', or MiB as an int), and keeps
-    ``cached`` more in an allocator's cache (given back by ``trim``)."""
+    ``cached`` more in an allocator's cache (given back by ``trim``). In a kernel in line this is its first GPU use:
+    the cell waits for the grant, saying its place, as ``import torch`` does, and goes on once the card is its."""
+    waiting = sys.modules.get("_gpushare_wait")
+    if os.environ.get(env.SIMULATED) != "1" and os.environ.get(env.MODE) == "queued" and waiting is not None:
+        waiting.wait_for_gpu(types.SimpleNamespace(__name__=__name__))  # (GpuWaitEnded if its wait ends without)
     if os.environ.get(env.SIMULATED) != "1":
         raise RuntimeError("gpushare_simulate works only in a kernel on a simulated card; this one is not.")
     mib, kept = _mib(size), _mib(cached)

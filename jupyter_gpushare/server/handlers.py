@@ -18,7 +18,7 @@ from tornado import web
 
 from ..broker.client import BrokerSaidNo
 from ..core.policy import PolicyError
-from ..core.words import render
+from ..core.words import FRAMEWORKS, render
 from ..ledger.ledger import LedgerError
 from ..ledger.notices import ACTIONS, WHY, WHY_MAX, NoSuchKernel
 from .manager import QuotaManager
@@ -163,7 +163,8 @@ def join_refusal(said: str) -> PolicyError:
     """Why a kernel cannot join the line again in place (its provisioner's ``join_again`` said ``said``)."""
     code, params = "join-cannot", {}
     if said.startswith("imported:"):
-        code, params = "join-needs-restart", {"frameworks": ", ".join(said.split(":", 1)[1].split(","))}
+        names = said.split(":", 1)[1].split(",")  # (the kernel's modules: shown by their names, PyTorch not torch)
+        code, params = "join-needs-restart", {"frameworks": ", ".join(FRAMEWORKS.get(n, n) for n in names)}
     elif said == "busy":
         code = "join-busy"
     return PolicyError(render(f"policy.{code}", params), code, **params)

@@ -570,7 +570,7 @@ function uiCatalogue(trans: Bundle): { [code: string]: string } {
     ),
     'ui.join.button': __('Join again'),
     'ui.join.failed': __('Could not join the line again'),
-    'ui.join.label': __('Join the line for a GPU again for {name}'),
+    'ui.join.label': __('Join again: {name} joins the line for a GPU'),
     'ui.stop.failed': __('Could not stop waiting'),
     'ui.restart.failed': __('{name} did not restart: {message}'),
     'ui.caption': __('GPU memory quotas'),

@@ -298,6 +298,23 @@ async def test_a_kernel_whose_wait_is_stopped_runs_on_without_a_gpu_and_says_why
     ws.close()
 
 
+async def test_the_simulated_cards_use_in_a_kernel_in_line_waits_for_the_grant_as_a_framework_does(gpushare, kernel_ws):
+    """On the simulated card of the quick start, ``gpushare_simulate.use`` is a kernel's GPU use: in a kernel in line
+    it waits for the grant, saying its place, and goes on, as ``import torch`` does. It failed at once instead ("works
+    only in a kernel on a simulated card; this one is not", with the extension's frames: an outside walk found it)."""
+    sessions = await full_card(gpushare)
+    _, kid = await gpushare.open_notebook("simulated.ipynb")
+    session = Session()
+    ws = await kernel_ws(kid, session.session)
+    cell = send_cell(ws, session, "import gpushare_simulate; gpushare_simulate.use('1GiB'); x = 41; x + 1")
+    said = await stream_until(ws, cell, "#1 in line")
+    assert "waits for this kernel's GPU" in said and "the kernel keeps its place" in said, said
+    await gpushare.close_notebook(sessions[0])
+    assert await cell_result(ws, kid, cell) == "42"
+    assert await gpushare.state_of(kid) == "running"
+    ws.close()
+
+
 async def test_a_page_reloaded_while_a_cell_waits_reads_the_kernel_busy_not_unknown(gpushare, jp_serverapp, kernel_ws):
     """A page reloaded while a cell waits for the GPU opens a new websocket to a busy kernel: its kernel_info request
     waits behind the cell, and jupyter_server does not nudge a busy kernel, so the page read "Unknown · waits…" until
@@ -378,9 +395,9 @@ async def test_join_again_in_place_keeps_the_process_and_its_variables(
     refusal = json.loads(e.value.response.body)
     assert e.value.code == 409 and (refusal["code"], refusal["params"]) == (
         "join-needs-restart",
-        {"frameworks": "torch"},
+        {"frameworks": "PyTorch"},  # (its name, as everywhere else, not its module's)
     )
-    assert refusal["message"].startswith("torch ran in this kernel without a GPU, so only a restart can give it one")
+    assert refusal["message"].startswith("PyTorch ran in this kernel without a GPU, so only a restart can give it one")
     # A kernel that says anything else (its student controls it) is read as "cannot": nothing of it reaches the words
     hostile = "import _gpushare_wait; _gpushare_wait.can_rejoin = lambda: 'imported:<b>x</b>' * 1000"
     await run_in_kernel(jp_serverapp, ran, hostile)

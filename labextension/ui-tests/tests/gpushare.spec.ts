@@ -550,7 +550,7 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   const joinAgain = () =>
     banner(page)
       .getByRole('button', {
-        name: 'Join the line for a GPU again for nb1.ipynb'
+        name: 'Join again: nb1.ipynb joins the line for a GPU'
       })
       .click();
   await joinAgain();
