@@ -148,6 +148,8 @@ def _take(message: dict) -> None:
                 parked["asked"] = _tell("resume")
             elif before is not None and isinstance(parked.get("why"), str) and _state["cell"]:
                 _not_back(parked["why"])  # a resume did not happen, and a cell that wants the kernel runs
+            elif before is not None and _state["cell"] and _new_place(before, parked):
+                _say_place(parked["position"])  # it waits in line to come back, and a cell runs: where it stands
             _state["wanted"] = False
         if isinstance(back, dict):
             _state["parked"] = None
@@ -290,6 +292,19 @@ def _not_back(why: str) -> None:
         f"jupyter-gpushare: its GPU state did not come back. {why[:400]} To give up instead, restart the kernel (its "
         "variables are lost).\n"
     )
+    sys.stdout.flush()
+
+
+def _new_place(before: dict, parked: dict) -> bool:
+    position = parked.get("position")
+    return isinstance(position, int) and not isinstance(position, bool) and position != before.get("position")
+
+
+def _say_place(position: int) -> None:
+    """A parked kernel waits in line to come back while a cell runs: the cell says its place, once each time it
+    changes (its CPU work ran on meanwhile). Written from the pipe's thread, so ipykernel puts it in the running
+    cell. (Called with ``_cond`` held.)"""
+    sys.stdout.write(f"jupyter-gpushare: its GPU state comes back when the card has room: #{position} in line.\n")
     sys.stdout.flush()
 
 

@@ -100,7 +100,7 @@ test('names, toasts and dialogs a student can read and trust', async ({
       characterData: true
     });
   });
-  await page.goto('/lab');
+  await page.goto('/lab?reset'); // (an earlier spec that failed may have left its notebooks in the workspace)
   await waitForLab(page);
   await run(page, 'gpushare:open-panel');
 
@@ -578,14 +578,17 @@ test("a parked notebook's CPU cell answers at once, and says in one line that it
     )
     .toBe(2);
 
-  // The student's next cell, from the page: its CPU work runs at once, and it says why the GPU is not there yet
+  // The student's next cell, from the page: its CPU work runs at once, and it says why the GPU is not there yet,
+  // and its place in line once the server gives it (the cell runs 3 s)
   const cell = page
     .locator('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell')
     .first();
   await cell.click();
   await page.evaluate(() => {
     const nb = (window as any).jupyterapp.shell.currentWidget;
-    nb.content.activeCell.model.sharedModel.setSource('print(kept + 1)');
+    nb.content.activeCell.model.sharedModel.setSource(
+      'import time; time.sleep(3); print(kept + 1)'
+    );
     void (window as any).jupyterapp.commands.execute('notebook:run-cell'); // (it ends when the cell does)
   });
   const sent = Date.now();
@@ -594,6 +597,10 @@ test("a parked notebook's CPU cell answers at once, and says in one line that it
   expect(Date.now() - sent).toBeLessThan(10000);
   await expect(output).toContainText('this kernel was parked');
   await expect(output).toContainText('CPU work runs at once');
+  // while the cell ran, its kernel's place in line to come back
+  await expect(output).toContainText(
+    'its GPU state comes back when the card has room: #1 in line'
+  );
   expect(['parked', 'queued']).toContain(
     (await stateOf(page, 'r3/parked.ipynb'))?.state
   );
