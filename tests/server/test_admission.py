@@ -224,7 +224,10 @@ class TestDeath:
         assert await gpushare.kernel(kid) is None
         assert kid not in jp_serverapp.kernel_manager.list_kernel_ids()
         kinds = [(e["kind"], e["message"]) for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == kid]
-        assert ("released", "Released 4.5 GiB (died past its restart limit).") in kinds
+        # (released by Jupyter's word that it died, or by the reconcile that found it gone, whichever came first on
+        # a loaded machine: CI saw the second once)
+        assert {("released", "Released 4.5 GiB (died past its restart limit)."),
+                ("released", "Released 4.5 GiB (gone from the server).")} & set(kinds), kinds  # fmt: skip
 
 
 async def _is_zero(gpushare):

@@ -569,7 +569,7 @@ test('a student’s day: queued with a banner, a cell run while waiting, admissi
   await joinAgain();
   await expect(dialog).toContainText('Restart in line for a GPU?');
   await expect(dialog).toContainText(
-    'torch ran in this kernel without a GPU, so only a restart can give it one'
+    'PyTorch ran in this kernel without a GPU, so only a restart can give it one'
   );
   await dialog.locator('button', { hasText: 'Restart in line' }).click();
   await expect(status(page)).toHaveText('GPU #1 in line');
