@@ -39,4 +39,11 @@ async function until(what, fn, timeout = 60000) {
   }
 }
 
-module.exports = { NOT_OURS, launch, until };
+/** The server's record of the kernel of the notebook at ``path`` (GET /api/gpushare/kernels), or null. */
+async function kernelAt(api, base, path) {
+  const kernels = (await (await api.get(`${base}/api/gpushare/kernels`)).json())
+    .kernels;
+  return kernels.find(k => k.path === path) || null;
+}
+
+module.exports = { NOT_OURS, kernelAt, launch, until };

@@ -2,7 +2,7 @@
 // kernel used 1 GiB of the (simulated) card and was parked; two other notebooks then took the card; a cell run from
 // the page answers at once, with the kernel's variables, says in one line that the GPU comes back, while the kernel
 // waits in line for its GPU; once one of the others leaves, the kernel is back. Prints one JSON line.
-const { launch, until } = require('./notebook7-lib');
+const { kernelAt, launch, until } = require('./notebook7-lib');
 
 async function main() {
   const [url, executablePath] = process.argv.slice(2);
@@ -10,10 +10,7 @@ async function main() {
   const { browser, errors, newPage } = await launch(executablePath);
   const page = await newPage();
   const api = page.request;
-  const kernelOf = async path =>
-    (await (await api.get(`${base}/api/gpushare/kernels`)).json()).kernels.find(
-      k => k.path === path
-    ) || null;
+  const kernelOf = path => kernelAt(api, base, path);
   const run = code =>
     page.evaluate(async code => {
       const kernel =

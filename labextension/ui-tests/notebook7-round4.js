@@ -5,7 +5,7 @@
 //   the cell shows the reason alone, without the frames of the extension's own code;
 // - push, not polls: a waiting notebook's page left alone asks the server for nothing of ours.
 // Prints one JSON line; exits non-zero on failure.
-const { launch, until } = require('./notebook7-lib');
+const { kernelAt, launch, until } = require('./notebook7-lib');
 
 const HELD = "import torch\nprint('ran after the wait')";
 
@@ -38,10 +38,7 @@ async function main() {
   const { browser, errors, newPage } = await launch(executablePath);
   const page = await newPage();
   const api = page.request;
-  const kernelOf = async path =>
-    (await (await api.get(`${base}/api/gpushare/kernels`)).json()).kernels.find(
-      k => k.path === path
-    ) || null;
+  const kernelOf = path => kernelAt(api, base, path);
   const openAt = async (p, path) => {
     await p.goto(`${base}/notebooks/${path}`);
     await p.waitForFunction(
