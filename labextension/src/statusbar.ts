@@ -1,4 +1,4 @@
-import type { ISessionContext } from '@jupyterlab/apputils';
+import type { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { GpuShareModel } from './model';
@@ -47,7 +47,6 @@ export class GpuStatusItem extends Widget {
   }
 
   update(): void {
-    this._follow(this.tracker.widget?.sessionContext ?? null);
     const k = this.tracker.currentKernel;
     const text = statusText(k, {
       backend: this.model.snapshot.state?.backend,
@@ -71,23 +70,32 @@ export class GpuStatusItem extends Widget {
   }
 
   /**
-   * JupyterLab renders its own kernel status again when the kernel's status changes (it may not be there yet when
-   * ours changes): mark it then too, not only at our next change (which the event bus may not bring for a while).
+   * JupyterLab renders its own kernel status again, into a new element at times, when the kernel's status changes
+   * (it may not be there yet when ours changes, and React renders after its signals): mark it whenever the status
+   * bar's content changes while a note is shown, not only at our next change.
    */
-  private _follow(context: ISessionContext | null): void {
-    if (context === this._followed) {
-      return;
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    const bar = this.node.closest('.jp-StatusBar-Widget');
+    if (bar) {
+      this._watch.observe(bar, {
+        childList: true,
+        subtree: true,
+        characterData: true
+      });
     }
-    this._followed?.statusChanged.disconnect(this._soon, this);
-    this._followed = context;
-    context?.statusChanged.connect(this._soon, this);
   }
 
-  private _soon(): void {
-    requestAnimationFrame(() => this.update()); // after React has rendered the new status
+  protected onBeforeDetach(msg: Message): void {
+    this._watch.disconnect();
+    super.onBeforeDetach(msg);
   }
 
-  private _followed: ISessionContext | null = null;
+  private _watch = new MutationObserver(() => {
+    if (document.body.dataset.gpushareNote !== undefined) {
+      this._markKernelStatus();
+    }
+  });
 
   /**
    * Find JupyterLab's own kernel status in the status bar ("Python 3 (ipykernel) | Idle": it has no id or class of
