@@ -2,15 +2,15 @@
 
 The API sends a kernel's status and each event as a **code with parameters** (numbers: sizes in whole MiB
 under names ending ``_mib``, times in seconds under names ending ``_s``, a place in line, a share in %), with
-plain English for logs, the CLI and older clients: a status's ``label`` and ``detail`` rendered from this
-catalogue, an event's own, longer ``message``. The sidebar
+plain English for logs, the CLI and older clients, rendered from this catalogue: a status's ``label`` and
+``detail``, an event's ``message`` (``event.<code>``: every event has one, and a server's event is said by it
+alone, in the log, the API and a notification alike). The sidebar
 words the same codes through JupyterLab's translator (``labextension/src/words.ts``, whose English must match
 this catalogue: ``tests/server/test_contract.py`` checks it), so a translation changes every place at once.
 
 A template names its parameters in braces, ``{need_mib}``. A part in square brackets is said only when every
-parameter inside it is known: ``"needs {need_mib}[; {free_mib} unreserved now]"``. ``{reason}`` and
-``{message}`` carry text the server could not code yet (an admission refusal's reason, an error), said as is;
-an event without a template of its own is said by its ``message``.
+parameter inside it is known: ``"needs {need_mib}[; {free_mib} unreserved now]"``. ``{reason}`` (and ``{why}``,
+``{learned_from}``) carry text the server could not code yet (an admission refusal's reason, an error), said as is.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ CATALOGUE: dict[str, str] = {
     "event.resume-no-room": "Still parked: {free_mib} free on its card, {parked_mib} needed (used outside the line). "
     "Retried while a cell runs.",
     "event.resume-failed": "Its GPU state could not be brought back ({reason}); the kernel was shut down.",
-    "event.cancelled": "Stopped waiting for a GPU.",
-    "event.refused": "Not started: {message}",
+    "event.cancelled": "Stopped waiting for a GPU[ ({why})].",
+    "event.refused": "Not started: {reason}",
     "event.refused-no-room": "Not started: it needs {need_mib}, and the most unreserved on any card is {free_mib}.",
     "event.refused-timeout": "Stopped waiting[ after {waited_s}]: it needs {need_mib}, and the most unreserved on any "
     "card is {free_mib}.",
@@ -99,7 +99,7 @@ CATALOGUE: dict[str, str] = {
     "and the admin requires {required}.",
     "event.refused-taken-out": "No GPU: {by} took it out of the line[: {why}]. It may join again in {wait_s}.",
     "event.refused-user-max-total": "Not started: your kernels hold {held_mib} of your {limit_mib}; it asks for {quota_mib}.",
-    "event.no-gpu-none": "Started without a GPU: this server has none.",
+    "event.no-gpu-none": "Started without a GPU: this server has none[ ({reason})].",
     "event.no-gpu-ledger": "Started without a GPU: no GPU memory can be reserved now. The GPU panel says why.",
     "event.no-gpu-full": "Started without a GPU: it needs {need_mib}, and the most unreserved on any card is {free_mib}.",
     "event.action-failed-interrupt": "Could not interrupt it; the server log says why.",
@@ -111,7 +111,20 @@ CATALOGUE: dict[str, str] = {
     "a larger quota.",
     "event.over-quota": "Uses {used_mib}, more than its {reserved_mib} reservation: free memory or ask for a larger "
     "quota.",
+    # (and what the policy does if it stays over: enforce.py)
+    "event.over-quota-then-protect": "Uses {used_mib}, over its {reserved_mib} reservation: what holds the excess is "
+    "stopped in {grace_s}. Free memory.",
+    "event.over-quota-then-interrupt": "Uses {used_mib}, over its {reserved_mib} reservation: it is interrupted if "
+    "still over in {grace_s}.",
+    "event.over-quota-then-restart": "Uses {used_mib}, over its {reserved_mib} reservation: it is restarted if still "
+    "over in {grace_s}.",
+    "event.over-quota-then-shutdown": "Uses {used_mib}, over its {reserved_mib} reservation: it is shut down if "
+    "still over in {grace_s}.",
+    "event.over-quota-then-theft": "Uses {used_mib}: {stolen_mib} of it other kernels had reserved, so it is "
+    "stopped at once.",
     "event.idle": "Holds {reserved_mib} of GPU memory unused for {idle_s}: shut it down when you are done.",
+    "event.idle-then-shutdown": "Holds {reserved_mib} of GPU memory unused for {idle_s}: it is shut down in "
+    "{delay_s} unless it runs something.",
     "event.out-of-memory": "{framework} ran out of GPU memory at quota {quota_mib}: restart with {retry_mib} to run "
     "it with more.",
     "event.quota-requested": "Quota {quota_mib} requested; it applies at the next restart.",
@@ -139,6 +152,12 @@ CATALOGUE: dict[str, str] = {
     "others.",
     "event.group-ended": "{processes} processes it had started were still running and were ended with it.",
     "event.group-ended.one": "{processes} process it had started was still running and was ended with it.",
+    # events only the panel, the log and the CLI say
+    "event.reserved": "{reserved_mib} on {card}.",
+    "event.released": "Released {reserved_mib} ({why}).",
+    "event.reclaimed": "Reclaimed {reserved_mib} of a kernel this server no longer has.",
+    "event.release-pending": "Its reservation will be given back once the ledger works: {reason}",
+    "event.learned": "Quota {quota} learned from earlier runs ({learned_from}).",
     # a rule's refusal, said in the quota dialog (policy.PolicyError's code and figures)
     "policy.quota-below-min": "A quota of {quota_mib}[ ({share_pct}% of a card)] is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.",
     "policy.quota-above-max": "A quota[ of {quota_mib}][ ({share_pct}% of a card)] is more than the largest a kernel may have here ({most_mib}). Ask for at most {most_mib}.",

@@ -119,7 +119,8 @@ def plan(request: StartRequest, cards: Cards, policy: Policy) -> Plan:
         message = "The Jupyter server is shutting down; start the kernel again once it is back."
         return Plan(quota, source, Refusal(message, code="refused-closing"))
     if not cards.cards:
-        return Plan(quota, source, Start(Grant("cpu", reason=f"No GPU: {cards.no_gpu_reason}"), "no-gpu-none"))
+        none = cards.no_gpu_reason
+        return Plan(quota, source, Start(Grant("cpu", reason=f"No GPU: {none}"), "no-gpu-none", {"reason": none}))
     try:
         check_required(cards.level, policy.required_level, cards.missing)
     except PolicyError as e:

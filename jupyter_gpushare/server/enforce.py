@@ -27,8 +27,10 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from traitlets import TraitError
+
 from ..core.overuse import CardRoom, Excess, OverUseJudge, Verdict, card_room, over_use
-from ..core.policy import EnforcePolicy, format_mib
+from ..core.policy import EnforcePolicy
 from ..ledger.leases import Lease
 from .clock import SYSTEM, Clock
 from .life import Judged as Judgment
@@ -53,8 +55,14 @@ class _Watch:
     acting: bool = False
 
 
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+def _last_activity(kernel: Any) -> float:
+    """When Jupyter last saw the kernel do anything (time.time; 0: not known). Its trait is unset, and raises, while
+    the kernel's start finishes (seen in a class of 60: the reading's callback failed on it)."""
+    try:
+        last = kernel.last_activity
+    except (AttributeError, TraitError):
+        return 0.0
+    return last.timestamp() if hasattr(last, "timestamp") else 0.0
 
 
 class Registry(Tells, Protocol):
@@ -171,27 +179,14 @@ class Enforcer:
         if excess is not None:
             if not w.over_warned:
                 w.over_warned = True
-                self.manager.event(
-                    "over-quota",
-                    kid,
-                    f"The kernel's processes use {format_mib(used)} of GPU memory, more than its reservation of "
-                    f"{format_mib(limit)}. {self._consequence(excess)}",
-                    **figures,
-                )
+                self.manager.event("over-quota", kid, **figures, **self._consequence(excess))
             return "over_quota"
         if kid not in self.judge.episodes():
             w.over_warned = False  # a new episode is said again
         if self.policy.near_ratio and used >= self.policy.near_ratio * limit:
             if not w.near_warned:
                 w.near_warned = True
-                self.manager.event(
-                    "near-quota",
-                    kid,
-                    f"The kernel's processes use {format_mib(used)} of its {format_mib(limit)} reservation "
-                    f"({100 * used / limit:.0f}%). Free memory (del tensors, empty caches) or ask for a larger quota.",
-                    share_pct=round(100 * used / limit),
-                    **figures,
-                )
+                self.manager.event("near-quota", kid, share_pct=round(100 * used / limit), **figures)
             return "near_quota"
         if used < 0.95 * self.policy.near_ratio * limit:  # a little hysteresis against flapping warnings
             w.near_warned = False
@@ -216,26 +211,16 @@ class Enforcer:
             usage is not None and (usage.used_by_others_mib or 0) > 0
         )
 
-    def _consequence(self, excess: Excess) -> str:
+    def _consequence(self, excess: Excess) -> dict[str, Any]:
+        """What the policy does if the kernel stays over, as the over-quota event's code and figures (words.py):
+        nothing (notify; or protect, alone on its card), the excess stopped, or the kernel interrupted, restarted or
+        shut down after the grace; at once where it took memory others have reserved."""
         action = self.policy.over_action
-        grace = f"{self.policy.over_grace_s:.0f} s"
         if excess.stolen_mib and action != "notify":
-            return (
-                f"{format_mib(excess.stolen_mib)} of it is memory other kernels on its card have reserved, so it is "
-                "stopped at once: the processes that hold it, or else the kernel."
-            )
-        if action == "protect" and not excess.shared:
-            action = "notify"
-        return {
-            "notify": "Other kernels on the card may run out of memory; what it uses beyond its reservation is "
-            "counted as taken, so new kernels wait.",
-            "protect": f"If it stays over for {grace}, the processes that hold the excess are stopped, or the kernel "
-            "is interrupted, and restarted if that frees nothing, to protect the other kernels on its card. If it "
-            "takes memory they have reserved, that happens at once.",
-            "interrupt": f"It will be interrupted if it stays over for {grace}.",
-            "restart": f"It will be restarted if it stays over for {grace}.",
-            "shutdown": f"It will be shut down if it stays over for {grace}.",
-        }[action]
+            return {"code": "over-quota-then-theft", "stolen_mib": excess.stolen_mib}
+        if action == "notify" or (action == "protect" and not excess.shared):
+            return {}
+        return {"code": f"over-quota-then-{action}", "grace_s": round(self.policy.over_grace_s)}
 
     def _act_on(self, verdict: Verdict, lease: Lease) -> None:
         w = self._watch.get(verdict.kernel_id)
@@ -251,19 +236,14 @@ class Enforcer:
             "why": verdict.why,
             "stolen_mib": excess.stolen_mib or None,
         }
-        why = {
-            "theft": f"it took {format_mib(excess.stolen_mib)} that other kernels on its card have reserved",
-            "escalate": "it stayed over its reservation after the interrupt",
-            "grace": f"over quota for {verdict.over_s:.0f} s",
-        }[verdict.why]
         if verdict.why == "theft" and verdict.action in ("stop", "restart"):
             figures["code"] = f"over-quota-{verdict.action}-theft"
         if verdict.action == "stop":
-            self._stop(verdict, why, figures)
+            self._stop(verdict, figures)
         else:
-            self._act(verdict.kernel_id, verdict.action, why, figures, now=verdict.why != "grace")
+            self._act(verdict.kernel_id, verdict.action, figures, now=verdict.why != "grace")
 
-    def _stop(self, verdict: Verdict, why: str, figures: dict) -> None:
+    def _stop(self, verdict: Verdict, figures: dict) -> None:
         """End the kernel's child processes that hold its excess; the kernel runs on."""
         ended = []
         for pid in verdict.pids:
@@ -273,13 +253,7 @@ class Enforcer:
             except OSError as e:  # gone meanwhile
                 self.log.debug("jupyter-gpushare: stopping process %s of kernel %s: %s", pid, verdict.kernel_id, e)
         self.manager.event(
-            "over-quota-stop",
-            verdict.kernel_id,
-            f"Ended {len(ended)} process(es) the kernel started ({ended}): {why}. The kernel runs on.",
-            action="stop",
-            processes=len(ended),
-            stopped=ended,
-            **figures,
+            "over-quota-stop", verdict.kernel_id, action="stop", processes=len(ended), stopped=ended, **figures
         )
 
     # -- idle ------------------------------------------------------------------------------------
@@ -302,9 +276,7 @@ class Enforcer:
         elif (usage.utilization or 0) > 0:  # used since the last reading: until the driver's last sample that saw it
             at = usage.active_at  # (a time the driver's clock puts outside this reading's window is not believed)
             w.gpu_active_at = max(w.gpu_active_at, at if at is not None and now - ACTIVE_WINDOW_S <= at <= now else now)
-        last = getattr(kernel, "last_activity", None)
-        last_ts = last.timestamp() if last is not None and hasattr(last, "timestamp") else 0.0
-        return now - max(last_ts, w.gpu_active_at, w.started), execution
+        return now - max(_last_activity(kernel), w.gpu_active_at, w.started), execution
 
     def _idle(
         self,
@@ -329,24 +301,18 @@ class Enforcer:
         }
         if w.idle_warned_at is None:
             w.idle_warned_at = now
-            then = (
-                f" It will be shut down in {self.policy.idle_shutdown_delay_s:.0f} s unless it runs something."
+            then: dict[str, Any] = (
+                {"code": "idle-then-shutdown", "delay_s": round(self.policy.idle_shutdown_delay_s)}
                 if self.policy.idle_action == "shutdown"
-                else ""
+                else {}
             )
-            self.manager.event(
-                "idle",
-                kid,
-                f"The kernel holds {format_mib(lease.reserved_mib)} of GPU memory and has not used the GPU or run "
-                f"anything for {_duration(idle_for)}.{then} Shut it down when you are done to give the memory back.",
-                **figures,
-            )
+            self.manager.event("idle", kid, **figures, **then)
         elif (
             self.policy.idle_action == "shutdown"
             and now - w.idle_warned_at >= self.policy.idle_shutdown_delay_s
             and not w.acting
         ):
-            self._act(kid, "shutdown", f"idle for {idle_for:.0f} s", figures, kind="idle-shutdown")
+            self._act(kid, "shutdown", figures, kind="idle-shutdown")
         return "idle"
 
     def _kernel(self, kid: str) -> Any:
@@ -357,27 +323,19 @@ class Enforcer:
 
     # -- actions -----------------------------------------------------------------------------------
 
-    def _act(self, kid: str, action: str, why: str, figures: dict, kind: str | None = None, now: bool = False) -> None:
+    def _act(self, kid: str, action: str, figures: dict, kind: str | None = None, now: bool = False) -> None:
         kind = kind or f"over-quota-{action}"
         w = self._watch.get(kid)
         if action == "notify":
-            self.manager.event(
-                kind,
-                kid,
-                f"Over its reservation ({why}). Free memory or ask for a larger quota: a neighbour may run out of memory, "
-                "and new kernels wait for what it holds beyond its reservation.",
-                action=action,
-                **figures,
-            )
+            self.manager.event(kind, kid, action=action, **figures)
             return
         if w is not None:
             w.acting = True
-        task = asyncio.ensure_future(self._run_action(kid, action, why, figures, kind, now))
+        task = asyncio.ensure_future(self._run_action(kid, action, figures, kind, now))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_action(self, kid: str, action: str, why: str, figures: dict, kind: str, now: bool) -> None:
-        verb = {"interrupt": "Interrupted", "restart": "Restarted", "shutdown": "Shut down"}[action]
+    async def _run_action(self, kid: str, action: str, figures: dict, kind: str, now: bool) -> None:
         km = self.kernel_manager
         try:
             if action == "interrupt":
@@ -387,13 +345,10 @@ class Enforcer:
                 result = call(kid, now=now)
             if inspect.isawaitable(result):
                 await result
-            self.manager.event(kind, kid, f"{verb} the kernel: {why}.", action=action, **figures)
+            self.manager.event(kind, kid, action=action, **figures)
         except Exception as e:
             self.log.warning("jupyter-gpushare: %s of kernel %s failed: %s", action, kid, e)
-            self.manager.event(
-                "action-failed", kid, f"Could not {action} the kernel ({why}): {e}", code=f"action-failed-{action}",
-                action=action, **figures,
-            )  # fmt: skip
+            self.manager.event("action-failed", kid, action=action, **{**figures, "code": f"action-failed-{action}"})
         finally:
             w = self._watch.get(kid)
             if w is not None:

@@ -102,14 +102,7 @@ class Holding:
         if not restart:
             self._allocation.pop(kernel_id, None)
         if killed:
-            processes, were = ("process", "was") if killed == 1 else ("processes", "were")
-            self._event(
-                "group-ended",
-                kernel_id,
-                f"{killed} {processes} the kernel had started {were} still running after it "
-                f"{'restarted' if restart else 'shut down'}, and {were} ended.",
-                processes=killed,
-            )
+            self._event("group-ended", kernel_id, processes=killed)
 
     # -- the level ----------------------------------------------------------------------------------
 

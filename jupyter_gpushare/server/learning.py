@@ -13,7 +13,6 @@ from typing import Any, Callable, Protocol
 
 from ..core.history import HistoryRules, Run, history_key, learned_quota, lookup, need_of, retry_quota_mib
 from ..core.policy import CardView, Policy, Size, format_mib
-from ..core.words import FRAMEWORKS
 from ..host.gpu import Card
 from ..host.reports import report_dir, run_figures
 from ..ledger.ledger import LedgerError
@@ -108,8 +107,5 @@ class Learning:
         retry = min(retry_quota_mib(rec.lease.quota_mib), most)
         self.kernels.update(rec, oom=framework, retry_quota_mib=retry)
         self.kernels.event(
-            "out-of-memory", rec.kernel_id,
-            f"{FRAMEWORKS.get(framework, framework)} ran out of memory at a quota of {format_mib(rec.lease.quota_mib)}; restart with "
-            f"{format_mib(retry)} to run it with more.",
-            framework=framework, quota_mib=rec.lease.quota_mib, retry_mib=retry,
-        )  # fmt: skip
+            "out-of-memory", rec.kernel_id, framework=framework, quota_mib=rec.lease.quota_mib, retry_mib=retry
+        )

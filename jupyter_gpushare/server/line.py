@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from ..core.policy import Policy, PolicyError, format_mib
+from ..core.policy import Policy, PolicyError
 from ..host.gpu import Card
 from ..ledger.file import LedgerError
 from ..ledger.leases import Lease, Waiting
@@ -204,13 +204,7 @@ class Line:
         self.queue.answered(self.queue.join(request), got)
         self.kernels.move(rec, "queued", queued_since=self.clock.wall(), wait_ended=None)
         self._update(rec, got)
-        self.kernels.event(
-            "queued",
-            request.kernel_id,
-            got.reason or f"Waiting for {format_mib(got.need_mib)} of GPU memory; position {got.position}.",
-            position=got.position,
-            need_mib=got.need_mib,
-        )
+        self.kernels.event("queued", request.kernel_id, position=got.position, need_mib=got.need_mib)
         if self._serving is None or self._serving.done():
             self._serving = asyncio.ensure_future(self._serve())
         self._ensure_watch()

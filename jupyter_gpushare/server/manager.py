@@ -21,7 +21,7 @@ from ..broker.protocol import is_tcp
 from ..config.settings import GpuShareApp
 from ..core.addresses import BrokerAt
 from ..core.history import HistoryRules
-from ..core.policy import CardView, ParkRules, Policy, PolicyError, Size, format_mib
+from ..core.policy import CardView, ParkRules, Policy, PolicyError, Size
 from ..host.cgroups import KernelCgroups
 from ..host.checkpoint import checkpointer_for
 from ..host.gpu import Card, DeviceSample, GpuBackend, list_cards, open_backend
@@ -147,9 +147,7 @@ class QuotaManager:
 
     def _reclaimed(self, leases: Sequence[Lease]) -> None:
         for lease in leases:
-            self.event(
-                "reclaimed", lease.kernel_id, f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel that is gone."
-            )
+            self.event("reclaimed", lease.kernel_id, reserved_mib=lease.reserved_mib)
 
     def latest_samples(self) -> Sequence[DeviceSample]:
         """The driver's last per-process reading, for what processes that hold no reservation use (none outside a
@@ -247,7 +245,7 @@ class QuotaManager:
             return self._carry_out(rec, admission.no_ledger(self.ledger.error))
         quota, learned_from = await self.learning.at_start(rec, planned.quota, cards.views())
         if learned_from:
-            self.event("learned", kernel_id, f"Quota {quota} learned from earlier runs ({learned_from}).")
+            self.event("learned", kernel_id, quota=str(quota), learned_from=learned_from)
         refused = admission.check(quota, ask, cards, self.policy)
         if refused is not None:
             return self._carry_out(rec, refused)
@@ -312,8 +310,10 @@ class QuotaManager:
         self.closing = True
         self.line.close()
 
-    def cancel_start(self, kernel_id: str, why: str = "its owner stopped it") -> KernelRecord:
-        """Stop a queued kernel's wait: its start is refused with a 'cancelled' event (and the server shuts it down)."""
+    def cancel_start(self, kernel_id: str, why: str = "you chose Stop waiting") -> KernelRecord:
+        """Stop a queued kernel's wait: its start is refused with a 'cancelled' event (and the server shuts it down).
+        ``why`` is read by the kernel's user (its notebook, its status): the banner's *Stop waiting*, or the same
+        request from a script, is hers ("its owner stopped it" was read as someone else's act)."""
         rec = self.records[kernel_id]
         if not self.line.cancel(kernel_id, why):
             raise PolicyError(
@@ -364,18 +364,13 @@ class QuotaManager:
             lease = await self.ledger.on(lambda ledger: ledger.release(kernel_id))
         except LedgerError as e:  # a full disk: the kernel goes all the same; reconcile gives its room back later
             lease = None
-            self.event("release-pending", kernel_id, f"Its reservation will be given back once the ledger works: {e}")
+            self.event("release-pending", kernel_id, reason=str(e))
         await self.blocking(remove_reports, report_dir(), kernel_id)
         if lease is not None:
             self.line.room_freed()
-            self.event(
-                "released",
-                kernel_id,
-                f"Released {format_mib(lease.reserved_mib)} ({why}).",
-                reserved_mib=lease.reserved_mib,
-            )
+            self.event("released", kernel_id, reserved_mib=lease.reserved_mib, why=why)
         elif rec is not None and rec.state == "queued":
-            self.event("cancelled", kernel_id, f"Stopped waiting for a GPU ({why}).", path=rec.path, logged=not said)
+            self.event("cancelled", kernel_id, logged=not said, path=rec.path, why=why)
         self.close_if_done()
 
     def end_at_exit(self, kernel_id: str) -> None:
@@ -391,12 +386,7 @@ class QuotaManager:
             self.log.warning("jupyter-gpushare: kernel %s's reservation was not given back at exit: %s", kernel_id, e)
             return
         if lease is not None:  # (nobody of this program waits any more: the line's loop is closed, not told)
-            self.event(
-                "released",
-                kernel_id,
-                f"Released {format_mib(lease.reserved_mib)} (its program exited).",
-                reserved_mib=lease.reserved_mib,
-            )
+            self.event("released", kernel_id, reserved_mib=lease.reserved_mib, why="its program exited")
 
     async def reconcile(self, known: set[str] | None = None) -> None:
         """Release this process's leases for kernels it no longer has, and reclaim the dead. Raises LedgerError
@@ -410,11 +400,7 @@ class QuotaManager:
                     await self.release(kernel_id, "gone from the server")
         keep = set(self.records)
         for lease in await self.ledger.on(lambda ledger: ledger.release_owned_except(keep)) or []:
-            self.event(
-                "reclaimed",
-                lease.kernel_id,
-                f"Reclaimed {format_mib(lease.reserved_mib)} of a kernel this server no longer has.",
-            )
+            self.event("reclaimed", lease.kernel_id, reserved_mib=lease.reserved_mib)
         self._reclaimed(await self.ledger.on(lambda ledger: ledger.reap()) or [])
         await self.teacher.take()
 

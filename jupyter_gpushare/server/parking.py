@@ -310,18 +310,11 @@ class Parking:
         try:
             await self.ledger.on(lambda ledger: ledger.release(kernel_id))
         except Exception as e:  # noqa: BLE001 (a full disk, the broker down: reconcile gives its room back later)
-            self.kernels.event(
-                "release-pending", kernel_id, f"Its reservation will be given back once the ledger works: {e}"
-            )
+            self.kernels.event("release-pending", kernel_id, reason=str(e))
         held_s = round(self.clock.wall() - lease.created)
         self.stood_by_count += 1
         self._room_freed(lease.reserved_mib)
-        self.kernels.event(
-            "stood-by", kernel_id,
-            f"Gave its {format_mib(lease.reserved_mib)} reservation to the line: it had not used the GPU in the "
-            f"{held_s} s it held it while others waited. It runs on; its next GPU use asks for a GPU again.",
-            reserved_mib=lease.reserved_mib, held_s=held_s,
-        )  # fmt: skip
+        self.kernels.event("stood-by", kernel_id, reserved_mib=lease.reserved_mib, held_s=held_s)
 
     def _room_freed(self, mib: int) -> None:
         """A move gave ``mib`` back to the line just now: the line is served at once, and the room counts as coming
@@ -373,7 +366,7 @@ class Parking:
         except CheckpointError as e:
             self._failed[kid] = pid
             self._unpark(kid)
-            self.kernels.event("park-failed", kid, f"It could not be parked, and runs on: {e}", reason=str(e))
+            self.kernels.event("park-failed", kid, reason=str(e))
             return str(e)
         seconds = round(self.clock.mono() - t0, 2)
         self.seconds["park"] = [*self.seconds["park"][-49:], seconds]
@@ -383,7 +376,7 @@ class Parking:
             await self._blocking(self.checkpointer.resume, pids) if pids else None
             self._failed[kid] = pid
             self._unpark(kid)
-            self.kernels.event("park-failed", kid, f"It could not be parked, and runs on: {e}", reason=str(e))
+            self.kernels.event("park-failed", kid, reason=str(e))
             return str(e)
         parked = Parked(lease.card_uuid, lease.card_index, tuple(pids), used_mib, lease.quota_mib,
                         lease.reserved_mib, self.clock.wall(), seconds)  # fmt: skip
@@ -391,10 +384,8 @@ class Parking:
         self._room_freed(lease.reserved_mib)
         self.services.starts.tell(kid, {"parked": {"parked_mib": used_mib}})  # its next demand brings it back
         self.kernels.event(
-            "parked", kid,
-            f"Parked after {format_mib(used_mib)} of GPU state moved to host memory in {seconds} s; its "
-            f"{format_mib(lease.reserved_mib)} reservation went to the line. Its next cell brings it back.",
-            parked_mib=used_mib, reserved_mib=lease.reserved_mib, park_s=seconds, trimmed=trimmed or [], **steps,
+            "parked", kid, parked_mib=used_mib, reserved_mib=lease.reserved_mib, park_s=seconds, trimmed=trimmed or [],
+            **steps,
         )  # fmt: skip
         return None
 
@@ -449,7 +440,7 @@ class Parking:
         try:
             steps = await self._blocking(self.checkpointer.resume, list(parked.pids)) if parked.pids else {}
         except CheckpointError as e:
-            self.kernels.event("resume-failed", kid, f"Its GPU state could not be brought back: {e}", reason=str(e))
+            self.kernels.event("resume-failed", kid, reason=str(e))
             self.kernels.update(rec, parked=None)
             self._unpark(kid)
             self.kernels.end_kernel(kid)
@@ -464,10 +455,7 @@ class Parking:
         self.touch(kid)  # its cell runs next: its idle clock starts again
         self.kernels.settle(rec, Grant("gpu", lease=lease, card=self.kernels.card(lease.card_uuid)))
         await self.kernels.attach(kid, rec.pid)
-        self.kernels.event(
-            "resumed", kid, f"Back on its GPU after {waited} s in line; its state came back in {seconds} s.",
-            waited_s=waited, resume_s=seconds, **steps,
-        )  # fmt: skip
+        self.kernels.event("resumed", kid, waited_s=waited, resume_s=seconds, **steps)
 
     def _stays_parked(self, rec: KernelRecord, parked: Parked, code: str, **figures: Any) -> None:
         """A resume that did not happen: parked again (no lease: a grant of the line's went back), told so, and why:
@@ -480,7 +468,7 @@ class Parking:
         self._again[rec.kernel_id] = (self.clock.mono() + ASK_AGAIN_S, message)
         if message != said:
             self.services.starts.tell(rec.kernel_id, {"parked": {"parked_mib": parked.parked_mib, "why": message}})
-            self.kernels.event(code, rec.kernel_id, message, **figures)
+            self.kernels.event(code, rec.kernel_id, **figures)
 
     def forget(self, kernel_id: str) -> None:
         """The kernel is gone or restarts: its parked state went with its process."""

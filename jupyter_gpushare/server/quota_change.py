@@ -79,12 +79,9 @@ class QuotaChanges:
         k.update(
             rec, pending_quota=quota
         )  # exactly what the server took, applied as it is at the restart (or first use)
-        if rec.state == "standby":  # nothing reserved yet: its first GPU use asks for it (manager.admit)
-            when, code = "at the first GPU use, without a restart", "quota-at-first-use"
-        else:
-            when, code = "at the next restart", "quota-requested"
-        said = f"Quota {quota} requested; it applies {when}."
-        k.event("quota-requested", kernel_id, said, code=code, quota_mib=rec.pending_quota_mib())
+        # nothing reserved yet in standby: its first GPU use asks for it (manager.admit); else at the next restart
+        code = "quota-at-first-use" if rec.state == "standby" else "quota-requested"
+        k.event("quota-requested", kernel_id, code=code, quota_mib=rec.pending_quota_mib())
         return rec
 
     async def apply(self, kernel_id: str) -> None:
@@ -102,15 +99,12 @@ class QuotaChanges:
         try:
             k.update(rec, lease=await self._resize(kernel_id, asked_mib) or lease)
         except (PolicyError, LedgerError) as e:
-            k.event("quota-kept", kernel_id, f"Quota {quota} was not applied; it keeps {rec.quota}: {e}",
-                    quota_mib=asked_mib, kept_mib=lease.quota_mib, why=str(e))  # fmt: skip
+            k.event("quota-kept", kernel_id, quota_mib=asked_mib, kept_mib=lease.quota_mib, why=str(e))
             return
         k.update(rec, quota=quota, quota_source="requested")
         applied = rec.lease
         assert applied is not None
-        k.event("quota-applied", kernel_id, f"Restarted with its new quota, {format_mib(applied.quota_mib)} "
-                f"({format_mib(applied.reserved_mib)} reserved).", quota_mib=applied.quota_mib,
-                reserved_mib=applied.reserved_mib)  # fmt: skip
+        k.event("quota-applied", kernel_id, quota_mib=applied.quota_mib, reserved_mib=applied.reserved_mib)
         self.room_freed()
 
     async def _resize(self, kernel_id: str, quota_mib: int) -> Lease | None:

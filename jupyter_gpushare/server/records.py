@@ -229,7 +229,7 @@ class Tells(Protocol):
     """What each part of a server needs to say of a kernel: the registry's event (QuotaManager.event), which the
     student's sidebar and the log hear. Each part's own ``Registry`` protocol adds what else it reads."""
 
-    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None: ...
+    def event(self, kind: str, kernel_id: str | None, logged: bool = True, **figures: Any) -> None: ...
 
 
 class Writes(Protocol):

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..core.policy import format_mib
+from ..core.words import CATALOGUE, render
 from ..host.gpu import Card
 from . import life
 from .admission import Refusal, Start
@@ -102,12 +102,19 @@ class KernelRegistry:
             self._on_change(kernel_id, "gone")
         return rec
 
-    def event(self, kind: str, kernel_id: str | None, message: str, logged: bool = True, **figures: Any) -> None:
+    def event(self, kind: str, kernel_id: str | None, logged: bool = True, **figures: Any) -> None:
         """Record an event for the API (``/api/gpushare/events``) and (unless not ``logged``) the log, with the
         figures behind it and the kernel's notebook (``path``), so that a notification can name it even once the
-        kernel is gone."""
+        kernel is gone. Its English is the catalogue's ``event.<code>`` (``code``: which of its kind; else the kind)
+        with its figures, written once (core/words.py): the log, the API and the sidebar say the same."""
         rec = self.records.get(kernel_id) if kernel_id else None
         path = figures.pop("path", None) or (rec.path if rec else None)
+        code = f"event.{figures.get('code') or kind}"
+        if code not in CATALOGUE:  # (a bug of ours: test_contract checks each code the server gives)
+            if life.strict():
+                raise KeyError(f"{code} is not in core/words.py's catalogue")
+            self.log.error("jupyter-gpushare: %s is not in the catalogue of words", code)
+        message = render(code, figures)
         self.events.append(
             {
                 "time": self.clock.wall(),
@@ -133,15 +140,10 @@ class KernelRegistry:
             wait_ended=why if grant.mode == "cpu" and why in WAIT_ENDED else None,
         )  # fmt: skip
         if grant.mode == "gpu" and grant.lease:
-            self.event(
-                "reserved",
-                rec.kernel_id,
-                f"{format_mib(grant.lease.reserved_mib)} on "
-                f"{grant.card.label if grant.card else f'GPU {grant.lease.card_index}'}.",
-                reserved_mib=grant.lease.reserved_mib,
-            )
+            card = grant.card.label if grant.card else f"GPU {grant.lease.card_index}"
+            self.event("reserved", rec.kernel_id, reserved_mib=grant.lease.reserved_mib, card=card)
         elif grant.mode == "cpu":
-            self.event("no-gpu", rec.kernel_id, grant.reason or "", code=why, **figures)
+            self.event("no-gpu", rec.kernel_id, code=why, **figures)
         return grant
 
     def conclude(
@@ -161,7 +163,7 @@ class KernelRegistry:
         assert rec is not None, f"a start of {kernel_id} settled without its record"
         if outcome.waited_s is not None:
             waited = outcome.waited_s
-            self.event("admitted", kernel_id, f"Admitted after waiting {waited} s.", waited_s=waited)
+            self.event("admitted", kernel_id, waited_s=waited)
         return self.settle(rec, outcome.grant, outcome.why, **outcome.figures)
 
     def refuse(
@@ -177,8 +179,7 @@ class KernelRegistry:
         """Record why a kernel will not start and return the error to raise. Its record is forgotten, or with
         ``keep`` (a restart that was refused: the kernel is down now) kept as 'failed' with the reason. The event
         is 'refused', or 'cancelled' for a wait its owner stopped; ``code`` (words.CATALOGUE's ``event.<code>``,
-        with ``figures``) says which refusal, where the sidebar words it itself (else the kind, with the
-        English ``message``)."""
+        with ``figures``) says which refusal (else the kind's words, with ``message`` as its reason)."""
         rec = self.records.get(kernel_id) if keep else self.forget(kernel_id)
         if rec is not None and keep:
             self.move(
@@ -187,7 +188,8 @@ class KernelRegistry:
             )  # fmt: skip
         if code is not None:
             figures["code"] = code
-        self.event(kind, kernel_id, message, path=rec.path if rec else None, **figures)
+        figures.setdefault("reason", message)
+        self.event(kind, kernel_id, path=rec.path if rec else None, **figures)
         return QuotaUnavailable(message, status=status, code=code)
 
     def keeps(self, rec: KernelRecord | None) -> bool:

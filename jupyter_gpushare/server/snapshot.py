@@ -244,8 +244,13 @@ class Snapshots:
         """The current snapshot, once it holds every change made before this call (a build is awaited if not)."""
         wanted = self._version()
         while self._built_for < wanted and not self._stopped:
-            await asyncio.shield(self._kick(again=self._building_for < wanted))
-        return self.current
+            build = self._kick(again=self._building_for < wanted)
+            try:
+                await asyncio.shield(build)
+            except asyncio.CancelledError:
+                if not (self._stopped and build.cancelled()):
+                    raise  # (the reader itself was cancelled)
+        return self.current  # (the server stopped meanwhile: the last one, not an error for each reader)
 
     def stop(self) -> None:
         """The server is stopping: no more builds (the manager's ledger closes after this)."""

@@ -117,5 +117,4 @@ class Teacher:
             elif await self.starts.restart(kid):  # (a park that failed said why in its own event)
                 how = "restarted"
         code = f"teacher-{n.action}" + (f"-{how}" if how else "")
-        kernels.event(f"teacher-{n.action}", kid, said + (f" ({how})" if how else ""), code=code, by=n.by,
-                      why=n.why or None)  # fmt: skip
+        kernels.event(f"teacher-{n.action}", kid, code=code, by=n.by, why=n.why or None)

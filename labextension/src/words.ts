@@ -103,8 +103,8 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'event.resume-failed': __(
       'Its GPU state could not be brought back ({reason}); the kernel was shut down.'
     ),
-    'event.cancelled': __('Stopped waiting for a GPU.'),
-    'event.refused': __('Not started: {message}'),
+    'event.cancelled': __('Stopped waiting for a GPU[ ({why})].'),
+    'event.refused': __('Not started: {reason}'),
     'event.refused-no-room': __(
       'Not started: it needs {need_mib}, and the most unreserved on any card is {free_mib}.'
     ),
@@ -144,7 +144,9 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'event.refused-user-max-total': __(
       'Not started: your kernels hold {held_mib} of your {limit_mib}; it asks for {quota_mib}.'
     ),
-    'event.no-gpu-none': __('Started without a GPU: this server has none.'),
+    'event.no-gpu-none': __(
+      'Started without a GPU: this server has none[ ({reason})].'
+    ),
     'event.no-gpu-ledger': __(
       'Started without a GPU: no GPU memory can be reserved now. The GPU panel says why.'
     ),
@@ -172,8 +174,26 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     'event.over-quota': __(
       'Uses {used_mib}, more than its {reserved_mib} reservation: free memory or ask for a larger quota.'
     ),
+    'event.over-quota-then-protect': __(
+      'Uses {used_mib}, over its {reserved_mib} reservation: what holds the excess is stopped in {grace_s}. Free memory.'
+    ),
+    'event.over-quota-then-interrupt': __(
+      'Uses {used_mib}, over its {reserved_mib} reservation: it is interrupted if still over in {grace_s}.'
+    ),
+    'event.over-quota-then-restart': __(
+      'Uses {used_mib}, over its {reserved_mib} reservation: it is restarted if still over in {grace_s}.'
+    ),
+    'event.over-quota-then-shutdown': __(
+      'Uses {used_mib}, over its {reserved_mib} reservation: it is shut down if still over in {grace_s}.'
+    ),
+    'event.over-quota-then-theft': __(
+      'Uses {used_mib}: {stolen_mib} of it other kernels had reserved, so it is stopped at once.'
+    ),
     'event.idle': __(
       'Holds {reserved_mib} of GPU memory unused for {idle_s}: shut it down when you are done.'
+    ),
+    'event.idle-then-shutdown': __(
+      'Holds {reserved_mib} of GPU memory unused for {idle_s}: it is shut down in {delay_s} unless it runs something.'
     ),
     'event.out-of-memory': __(
       '{framework} ran out of GPU memory at quota {quota_mib}: restart with {retry_mib} to run it with more.'
@@ -225,6 +245,17 @@ function catalogue(trans: Bundle): { [code: string]: string } {
     ),
     'event.group-ended.one': __(
       '{processes} process it had started was still running and was ended with it.'
+    ),
+    'event.reserved': __('{reserved_mib} on {card}.'),
+    'event.released': __('Released {reserved_mib} ({why}).'),
+    'event.reclaimed': __(
+      'Reclaimed {reserved_mib} of a kernel this server no longer has.'
+    ),
+    'event.release-pending': __(
+      'Its reservation will be given back once the ledger works: {reason}'
+    ),
+    'event.learned': __(
+      'Quota {quota} learned from earlier runs ({learned_from}).'
     ),
     'policy.quota-below-min': __(
       'A quota of {quota_mib}[ ({share_pct}% of a card)] is less than the smallest a kernel may have here ({least_mib}). Ask for at least {least_mib}.'

@@ -143,7 +143,7 @@ test('notifications: the notebook, then what happened, worded from the code', ()
   );
   assert.equal(
     eventText(
-      event({ code: 'refused', params: { message: 'No GPU has room.' } }),
+      event({ code: 'refused', params: { reason: 'No GPU has room.' } }),
       'nb3.ipynb'
     ),
     'nb3.ipynb: Not started: No GPU has room.'

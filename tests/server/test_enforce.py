@@ -45,7 +45,8 @@ class TestOverQuotaRestart:
         )
         warning = next(e for e in await events_of(gpushare, kid) if e["kind"] == "over-quota")
         assert warning["used_mib"] == 3000 and warning["reserved_mib"] == 2560 and warning["pids"] == [before["pid"]]
-        assert "restarted if it stays over for 1 s" in warning["message"]
+        assert warning["message"] == "Uses 2.9 GiB, over its 2.5 GiB reservation: it is restarted if still over in 1 s."
+        assert warning["code"] == "over-quota-then-restart" and warning["grace_s"] == 1
         assert action["over_s"] >= 1.0 and action["action"] == "restart" and action["time"] - warning["time"] >= 1.0
         after = await gpushare.kernel(kid)
         assert after["pid"] != before["pid"] and after["reserved_mib"] == 2560  # restarted, reservation kept
@@ -100,10 +101,7 @@ class TestProtect:
         )
         assert restarted["time"] - interrupted["time"] >= 1.0
         warning = next(e for e in await events_of(gpushare, kid) if e["kind"] == "over-quota")
-        assert (
-            "If it stays over for 1 s, the processes that hold the excess are stopped, or the kernel is interrupted, "
-            "and restarted if that frees nothing" in warning["message"]
-        )
+        assert "what holds the excess is stopped in 1 s" in warning["message"], warning
         state = await gpushare.get("state")
         (event,) = [e for e in state["events"] if e["kind"] == "over-quota-restart" and e["kernel_id"] == kid]
         assert event["severity"] == "warning" and event["params"]["used_mib"] >= 3000
@@ -135,7 +133,11 @@ class TestIdle:
         rec = await gpushare.wait_for(lambda: _state(gpushare, kid, "idle"), what="idle")
         assert rec["used_mib"] == 800
         warning = await _event(gpushare, kid, "idle")
-        assert warning["idle_s"] >= 1.5 and warning["reserved_mib"] == 2560 and "not used the GPU" in warning["message"]
+        assert (
+            warning["idle_s"] >= 1.5
+            and warning["reserved_mib"] == 2560
+            and "of GPU memory unused for" in warning["message"]
+        )
 
         # A cell that runs for a while, with 0% GPU, is not idle (execution_state busy).
         client = jp_serverapp.kernel_manager.get_kernel(kid).client()
@@ -170,6 +172,8 @@ class TestIdleShutdown:
         assert kid not in jp_serverapp.kernel_manager.list_kernel_ids()
         kinds = [e["kind"] for e in await events_of(gpushare, kid)]
         assert kinds.index("idle") < kinds.index("idle-shutdown") and "released" in kinds
+        warning = await _event(gpushare, kid, "idle")  # it says what comes next
+        assert warning["code"] == "idle-then-shutdown" and "unless it runs something" in warning["message"], warning
 
 
 async def _gone(gpushare, kid):
@@ -253,7 +257,7 @@ class TestTheft:
         kinds = [e["kind"] for e in await events_of(gpushare, kid)]
         assert "over-quota" in kinds and not [k for k in kinds if k.startswith("over-quota-")]
         warning = next(e for e in await events_of(gpushare, kid) if e["kind"] == "over-quota")
-        assert "If it stays over for 30 s" in warning["message"]
+        assert "what holds the excess is stopped in 30 s" in warning["message"], warning
         assert (await gpushare.kernel(neighbour))["pid"] == neighbour_pid
         assert not [e for e in await events_of(gpushare, neighbour) if e["kind"].startswith("over")]
 

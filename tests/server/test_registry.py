@@ -10,6 +10,7 @@ import logging
 import pytest
 
 from jupyter_gpushare.core.policy import Size
+from jupyter_gpushare.core.words import render
 from jupyter_gpushare.server.life import IllegalMove
 from jupyter_gpushare.server.registry import KernelRegistry
 
@@ -63,3 +64,25 @@ def test_a_move_the_kernels_life_does_not_allow_raises_under_the_tests(registry_
     with pytest.raises(IllegalMove, match="running without a lease"):
         registry.move(rec, "running")
     assert rec.state == "starting"
+
+
+def test_an_events_english_is_the_catalogues_written_once(registry_and_said, caplog):
+    """An event is a code and its figures; its English, in the log, the API and the sidebar alike, is rendered from
+    the catalogue (core/words.py), never written at the call site. A code without words is a bug: it raises under
+    the tests, and in a server it is logged and said by its code."""
+    registry, said = registry_and_said
+    registry.update(registry.record("k1", "python3", "python"), path="week1/a.ipynb")
+    with caplog.at_level(logging.INFO):
+        registry.event("released", "k1", reserved_mib=3584, why="shut down")
+        registry.event("no-gpu", "k1", code="no-gpu-full", need_mib=4096, free_mib=1024)
+    released, no_gpu = registry.events
+    assert released["message"] == "Released 3.5 GiB (shut down)." and released["path"] == "week1/a.ipynb"
+    assert (
+        no_gpu["message"]
+        == render("event.no-gpu-full", no_gpu)
+        == ("Started without a GPU: it needs 4 GiB, and the most unreserved on any card is 1 GiB.")
+    )
+    assert "gpushare released k1: Released 3.5 GiB (shut down)." in caplog.text
+    assert said[-1] == ("k1", "event")
+    with pytest.raises(KeyError, match="event.not-a-code is not in"):
+        registry.event("not-a-code", "k1")

@@ -14,6 +14,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
 
 from jupyter_gpushare.core.policy import EnforcePolicy, Policy, Size
 from jupyter_gpushare.host.gpu import FakeNvml, NoGpuBackend, SimulatedBackend
@@ -149,6 +150,10 @@ def test_the_idle_clock_starts_at_the_drivers_last_sample_of_use_not_at_the_read
         now = time.time()
         idle_for, _ = enforcer._idle_for("k1", usage, _Watch(pid=root, started=now - 60), now)
         assert idle_for == pytest.approx(idle_s, abs=0.5)
+    # a kernel whose start is finishing: Jupyter's activity trait is unset and raises (TraitError), and is not known
+    starting = Enforcer(manager, SimpleNamespace(get_kernel=lambda kid: ServerKernelManager()), EnforcePolicy())
+    now = time.time()
+    assert starting._idle_for("k1", usage, _Watch(pid=root, started=now - 60), now)[0] == pytest.approx(0, abs=0.5)
 
 
 def test_unsupported_and_unreported_fields_are_null_not_zero(sim, tree):

@@ -51,6 +51,26 @@ def test_a_reader_after_a_change_gets_a_snapshot_that_holds_it(manager):
     run(case())
 
 
+def test_readers_waiting_for_a_build_when_the_server_stops_get_the_last_snapshot(manager):
+    """The server stops while requests wait for a build (a class's pollers): each gets the last snapshot, not a
+    CancelledError that jupyter_server logs as an uncaught exception per request."""
+
+    async def case():
+        snapshots = Snapshots(manager)
+        last = await snapshots.latest()
+        manager.update(manager.record("k1", "python3", "python"), pid=4242)  # a change: the readers wait for it
+        readers = [asyncio.ensure_future(snapshots.latest()) for _ in range(3)]
+        await asyncio.sleep(0)  # the build starts, and waits for the ledger
+        snapshots.stop()
+        assert await asyncio.gather(*readers) == [last] * 3
+        reader = asyncio.ensure_future(snapshots.latest())  # a reader that is cancelled itself is cancelled
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+
+    run(case())
+
+
 def test_a_reader_that_comes_while_the_first_build_runs_gets_that_build(manager):
     async def case():
         snapshots = Snapshots(manager)
@@ -90,7 +110,7 @@ def test_changes_close_together_are_built_into_few_snapshots(manager):
         await snapshots.latest()
         first = snapshots.current.seq
         for i in range(100):
-            manager.event("note", None, f"change {i}")
+            manager.event("released", None, reserved_mib=i, why="a test")
             snapshots.changed(None)
         deadline = time.monotonic() + 10
         while len(snapshots.current.events) < 100 and time.monotonic() < deadline:

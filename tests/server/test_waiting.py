@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import sys
 import time
 
@@ -223,7 +224,7 @@ class TestUnwatched:
             return await _event(gpushare, orphan, "cancelled")
 
         left = await gpushare.wait_for(left_line, what="the orphan to leave")
-        assert "no notebook or program was connected to this kernel for 3 s" in left["message"]
+        assert left["message"] == "Stopped waiting for a GPU: nothing was connected to it for 3 s."
         assert left["code"] == "cancelled-unwatched" and event_words(left["code"], left["params"]) == (
             "Stopped waiting for a GPU: nothing was connected to it for 3 s."
         )
@@ -286,7 +287,7 @@ async def test_a_kernel_whose_wait_is_stopped_runs_on_without_a_gpu_and_says_why
     again = "import torch, os; kept, os.environ['GPUSHARE_MODE'], os.getpid()"
     assert await result_after_error(ws, kid, session, again) == f"('mine', 'cpu', {pid})"  # on the CPU, state kept
     rec = await gpushare.kernel(kid)
-    assert rec["state"] == "cpu" and rec["reason"].startswith("Stopped waiting for a GPU")
+    assert rec["state"] == "cpu" and rec["reason"] == "Stopped waiting for a GPU: you chose Stop waiting."
     assert rec["wait_ended"] == "cancelled"
     assert [e for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == kid][-1]["code"] == "cancelled"
     said = next(k for k in (await gpushare.get("state"))["kernels"] if k["kernel_id"] == kid)["status"]
@@ -333,6 +334,34 @@ async def test_a_page_reloaded_while_a_cell_waits_reads_the_kernel_busy_not_unkn
         "iopub", "status", {"execution_state": "busy"},
     ), message  # fmt: skip
     reloaded.close()
+
+
+async def test_a_page_that_leaves_while_its_websocket_opens_leaves_no_traceback(
+    gpushare, jp_serverapp, jp_http_port, jp_base_url, jp_auth_header, kernel_ws, caplog
+):
+    """A page closed while its websocket waits for the kernel's first answer (a kernel slow to answer: here its
+    process is stopped): jupyter_server's handler went on with the handshake of a client that had left, and logged a
+    traceback ("'NoneType' object has no attribute 'kernel_ws_protocol'", seen in class runs). The connection now
+    ends there, quietly, and the kernel takes websockets as before."""
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    _, kid = await gpushare.open_notebook("leaves.ipynb")  # a kernel that runs; its page is not open yet
+    pid = standin_pid(jp_serverapp, kid)
+    os.kill(pid, signal.SIGSTOP)  # it answers nothing until it goes on (its first answer opens each websocket)
+    try:
+        url = f"ws://localhost:{jp_http_port}{jp_base_url}api/kernels/{kid}/channels?session_id={Session().session}"
+        with pytest.raises(HTTPClientError):  # the page leaves before the handshake completes (a timeout)
+            await websocket_connect(HTTPRequest(url, headers=jp_auth_header, request_timeout=1.5))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await asyncio.sleep(3)  # the kernel answers the kernel_info it was sent, and the handler goes on with nobody
+    said = [r.getMessage() for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert not said, said
+    again = await kernel_ws(kid, Session().session)
+    session = Session()
+    assert await cell_result(again, kid, send_cell(again, session, "6 * 7")) == "42"
+    again.close()
 
 
 async def test_join_again_in_place_keeps_the_process_and_its_variables(

@@ -22,6 +22,7 @@ import asyncio
 from typing import Any
 
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
+from tornado import web
 from tornado.websocket import WebSocketClosedError
 
 KEPT_MAX = 1000  # messages held for one kernel (all its websockets); past it the client is told to reconnect later
@@ -44,11 +45,16 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
     _closed = False
     _joining: asyncio.Future | None = None
     _holds = (0, 0)  # what this connection counts in _held_for: messages, bytes
+    _left = False  # the client closed its websocket (disconnect)
 
     async def prepare(self) -> None:
         held = held_start(self.kernel_manager)
         if held is None:
-            return await super().prepare()
+            await super().prepare()  # (waits for the kernel's first answer)
+            if self._left:  # the page left meanwhile: jupyter_server's handler would shake hands with nobody, and
+                # fail on the connection its on_close dropped (a traceback in the log); end the request here
+                raise web.HTTPError(499, reason="Client Closed Request")
+            return
         await self._register_session()
         self.session.key = self.kernel_manager.session.key
         self._held, self._kept = held, []
@@ -130,6 +136,7 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
         self._holds = (0, 0)
 
     def disconnect(self) -> None:  # type: ignore[override]  # (synchronous in ZMQChannelsWebsocketConnection)
+        self._left = True
         kept, self._kept = self._kept, None
         if kept is not None:
             self._let_go()

@@ -22,9 +22,19 @@ async function runIn(page: Page, path: string, code: string): Promise<void> {
   await page.evaluate(
     async ([p, c]) => {
       const app = (window as any).jupyterapp;
-      const session = [...app.serviceManager.sessions.running()].find(
-        (s: any) => s.path === p
-      );
+      const sessions = app.serviceManager.sessions;
+      let session: any;
+      for (let i = 0; i < 60 && !session; i++) {
+        // the page's list of sessions lags the server's: ask it again until the notebook's is there
+        await sessions.refreshRunning();
+        session = [...sessions.running()].find((s: any) => s.path === p);
+        if (!session) {
+          await new Promise(resolve => setTimeout(resolve, 500));
+        }
+      }
+      if (!session) {
+        throw new Error(`no session of ${p} in 30 s`);
+      }
       const kernel = app.serviceManager.sessions.connectTo({
         model: session
       }).kernel;
