@@ -78,7 +78,7 @@ def test_labextension_is_installed():
     assert meta["jupyterlab"]["_build"]["load"].startswith("static/remoteEntry.")
 
 
-@pytest.mark.timeout(900)  # the whole spec: about 3 minutes on 2 cores
+@pytest.mark.timeout(1500)  # the whole spec: 5-10 minutes on a loaded 2-core CI machine
 def test_browser():
     """Real JupyterLab + system Chromium, a student's day (labextension/ui-tests/tests/gpushare.spec.ts,
     described in docs/ui.md): queued banner and a cell run while waiting, admission, quota limits, over quota said
@@ -100,7 +100,7 @@ def test_browser():
             "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1",
             "CI": os.environ.get("CI", "1"),
         }
-        r = subprocess.run([*jlpm, "playwright", "test"], cwd=UI, env=env, capture_output=True, text=True, timeout=900)
+        r = subprocess.run([*jlpm, "playwright", "test"], cwd=UI, env=env, capture_output=True, text=True, timeout=1500)
     out = r.stdout[-8000:] + r.stderr[-4000:]
     assert r.returncode == 0, out
     assert " passed" in r.stdout, out
