@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -54,6 +55,28 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# What a failed browser run says: Playwright's own lines, what the page showed where a test failed, and the server's
+# timeline (its extension's events, kernels started, restarted and shut down, warnings and errors): the log's tail
+# alone is the next spec's (CI stop 54 failed in a spec whose server log was gone from it).
+TIMELINE = re.compile(r"GpuShareExtension|Kernel (started|restarted|shutdown)|Traceback|Error|\[[WE] ")
+
+
+def _playwright(jlpm: list[str], args: list[str], cwd: Path, env: dict, timeout: float) -> tuple[int, str, str]:
+    """Run Playwright's tests: its exit code, its own output, and what to say if it failed."""
+    r = subprocess.run([*jlpm, "playwright", "test", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=timeout)  # fmt: skip
+    lines = (r.stdout + r.stderr).splitlines()
+    own = "\n".join(line for line in lines if not line.startswith("[WebServer]"))
+    timeline = "\n".join(line[:240] for line in lines if line.startswith("[WebServer]") and TIMELINE.search(line))
+    pages = [
+        f"--- {p.parent.name}:\n{p.read_text()[:3000]}" for p in sorted(cwd.glob("test-results/*/error-context.md"))
+    ]
+    said = "\n".join(
+        [own[-6000:], "--- what the page showed:", *pages[:2], "--- the server's timeline:", timeline[-8000:]]
+    )
+    return r.returncode, r.stdout, said
 
 
 def test_typescript_unit_tests():
@@ -100,10 +123,9 @@ def test_browser():
             "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1",
             "CI": os.environ.get("CI", "1"),
         }
-        r = subprocess.run([*jlpm, "playwright", "test"], cwd=UI, env=env, capture_output=True, text=True, timeout=1500)
-    out = r.stdout[-8000:] + r.stderr[-4000:]
-    assert r.returncode == 0, out
-    assert " passed" in r.stdout, out
+        rc, stdout, said = _playwright(jlpm, [], UI, env, 1500)
+    assert rc == 0, said
+    assert " passed" in stdout, said
 
 
 @pytest.mark.timeout(600)
@@ -124,13 +146,9 @@ def test_browser_with_other_settings(config):
             **os.environ, "GPUSHARE_UI_PORT": str(_free_port()), "GPUSHARE_UI_ROOT": root, "PYTHON": sys.executable,
             "CHROMIUM": CHROMIUM, "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1", "CI": os.environ.get("CI", "1"),
         }  # fmt: skip
-        r = subprocess.run(
-            [*jlpm, "playwright", "test", "--config", config],
-            cwd=UI, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-    out = r.stdout[-8000:] + r.stderr[-4000:]
-    assert r.returncode == 0, out
-    assert " passed" in r.stdout, out
+        rc, stdout, said = _playwright(jlpm, ["--config", config], UI, env, 600)
+    assert rc == 0, said
+    assert " passed" in stdout, said
 
 
 # -- the host view through a broker: a student's page and an admin's page ------------------------------
@@ -257,17 +275,9 @@ def test_host_view_through_a_broker(broker_host, ui_tests_dir):
         "CI": os.environ.get("CI", "1"),
     }
     jlpm = _need_node()
-    r = subprocess.run(
-        [*jlpm, "playwright", "test", "--config", "playwright-host.config.js"],
-        cwd=ui_tests_dir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    out = r.stdout[-8000:] + r.stderr[-4000:]
-    assert r.returncode == 0, out
-    assert "3 passed" in r.stdout, out
+    rc, stdout, said = _playwright(jlpm, ["--config", "playwright-host.config.js"], Path(ui_tests_dir), env, 600)
+    assert rc == 0, said
+    assert "3 passed" in stdout, said
     # The admin took other's waiting kernel out of the line (host.spec.ts): other's own server said so, with who
     # and why, and the kernel runs on without a GPU.
     told = wait_until(
