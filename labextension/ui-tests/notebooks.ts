@@ -1,4 +1,5 @@
-import type { Page } from '@playwright/test';
+import { expect, type Page, type TestInfo } from '@playwright/test';
+import * as fs from 'fs';
 
 /** A one-cell Python notebook of ``source`` (a string, or its lines), as the contents API takes it. */
 export function notebook(source: string | string[]) {
@@ -33,6 +34,32 @@ export async function waitForLab(page: Page): Promise<void> {
     return !!app && app.commands.hasCommand('gpushare:open-panel');
   });
   await page.waitForSelector('#jupyterlab-splash', { state: 'detached' });
+}
+
+/** Reload once the server holds the page's layout with every notebook of ``paths`` open: JupyterLab saves its
+ * workspace a while after a change, and a reload before that restores fewer (CI run 45: 8 of 10 under load). */
+export async function reloadWithLayout(
+  page: Page,
+  paths: string[]
+): Promise<void> {
+  const workspace = await page.evaluate(
+    () =>
+      JSON.parse(document.getElementById('jupyter-config-data')!.textContent!)
+        .workspace as string
+  );
+  await expect
+    .poll(
+      async () => {
+        const saved = await (
+          await page.request.get(`/lab/api/workspaces/${workspace}`)
+        ).json();
+        return paths.filter(p => !(`notebook:${p}` in (saved.data ?? {})));
+      },
+      { timeout: 60000, message: 'notebooks not yet in the saved layout' }
+    )
+    .toEqual([]);
+  await page.reload();
+  await waitForLab(page);
 }
 
 /**
@@ -76,4 +103,19 @@ export async function run(
     },
     [command, args] as const
   );
+}
+
+/** After a test that failed, what its page showed (its text), beside its other results: the browser run's report
+ * says it (tests/ui/test_ui.py), where a screenshot is out of reach. */
+export async function keepPageText(
+  page: Page,
+  testInfo: TestInfo
+): Promise<void> {
+  if (testInfo.status === testInfo.expectedStatus) {
+    return;
+  }
+  const text = await page
+    .evaluate(() => document.body.innerText)
+    .catch(e => `(the page's text could not be read: ${e})`);
+  fs.writeFileSync(testInfo.outputPath('page.txt'), text.slice(-20000));
 }

@@ -58,25 +58,55 @@ def _free_port() -> int:
 
 
 # What a failed browser run says: Playwright's own lines, what the page showed where a test failed, and the server's
-# timeline (its extension's events, kernels started, restarted and shut down, warnings and errors): the log's tail
-# alone is the next spec's (CI stop 54 failed in a spec whose server log was gone from it).
+# timeline while it ran (its extension's events, kernels started, restarted and shut down, warnings and errors): the
+# log's tail alone is the next spec's (CI stop 54 failed in a spec whose server log was gone from it).
 TIMELINE = re.compile(r"GpuShareExtension|Kernel (started|restarted|shutdown)|Traceback|Error|\[[WE] ")
+STAMP = re.compile(r"^\[WebServer\] \[\w (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 
 
 def _playwright(jlpm: list[str], args: list[str], cwd: Path, env: dict, timeout: float) -> tuple[int, str, str]:
     """Run Playwright's tests: its exit code, its own output, and what to say if it failed."""
-    r = subprocess.run([*jlpm, "playwright", "test", *args], cwd=cwd, env=env, capture_output=True, text=True,
+    report = cwd / "test-results" / "report.json"
+    report.unlink(missing_ok=True)
+    r = subprocess.run([*jlpm, "playwright", "test", "--reporter=list,json", *args], cwd=cwd,
+                       env={**env, "PLAYWRIGHT_JSON_OUTPUT_FILE": str(report)}, capture_output=True, text=True,
                        timeout=timeout)  # fmt: skip
     lines = (r.stdout + r.stderr).splitlines()
     own = "\n".join(line for line in lines if not line.startswith("[WebServer]"))
-    timeline = "\n".join(line[:240] for line in lines if line.startswith("[WebServer]") and TIMELINE.search(line))
-    pages = [
-        f"--- {p.parent.name}:\n{p.read_text()[:3000]}" for p in sorted(cwd.glob("test-results/*/error-context.md"))
+    windows = _failed_windows(report)
+    timeline = [
+        line[:240]
+        for line in lines
+        if TIMELINE.search(line)
+        and (m := STAMP.match(line))
+        and (not windows or any(a <= m.group(1) <= b for a, b in windows))
     ]
-    said = "\n".join(
-        [own[-6000:], "--- what the page showed:", *pages[:2], "--- the server's timeline:", timeline[-8000:]]
-    )
+    pages = [f"--- {p.parent.name}:\n{p.read_text()[-4000:]}" for p in sorted(cwd.glob("test-results/*/page.txt"))]
+    said = "\n".join([own[-6000:], "--- what the page showed:", *pages[:2],
+                      "--- the server's timeline while the failed tests ran:", "\n".join(timeline)[-10000:]])  # fmt: skip
     return r.returncode, r.stdout, said
+
+
+def _failed_windows(report: Path) -> list[tuple[str, str]]:
+    """The times (the server log's local "YYYY-MM-DD HH:MM:SS") from each failed test's start to its end."""
+    import datetime
+
+    try:
+        suites = json.loads(report.read_text())["suites"]
+    except (OSError, ValueError, KeyError):
+        return []
+    out, todo = [], list(suites)
+    while todo:
+        suite = todo.pop()
+        todo += suite.get("suites", [])
+        for spec in suite.get("specs", []):
+            for test in spec.get("tests", []):
+                for result in test.get("results", []):
+                    if result.get("status") in ("failed", "timedOut", "interrupted"):
+                        start = datetime.datetime.fromisoformat(result["startTime"].replace("Z", "+00:00")).astimezone()
+                        end = start + datetime.timedelta(milliseconds=result.get("duration", 0) + 1000)
+                        out.append((f"{start:%Y-%m-%d %H:%M:%S}", f"{end:%Y-%m-%d %H:%M:%S}"))
+    return out
 
 
 def test_typescript_unit_tests():

@@ -1,6 +1,6 @@
 import { expect, test } from '@playwright/test';
 
-import { notebook, waitForLab } from '../notebooks';
+import { keepPageText, notebook, waitForLab } from '../notebooks';
 
 // The over-quota policy interrupts a kernel 2 s over its reservation (playwright-enforce.config.js): the
 // interrupted cell says why, with the figures and what to do, where the student sees the KeyboardInterrupt.
@@ -13,6 +13,8 @@ const SOURCE = [
   'finally:\n',
   "    gpushare_simulate.use('0.5GiB')"
 ];
+
+test.afterEach(async ({ page }, testInfo) => keepPageText(page, testInfo));
 
 test('an interrupted cell says why in its output', async ({
   page,

@@ -1,6 +1,6 @@
 import { expect, test } from '@playwright/test';
 
-import { notebook, waitForLab } from '../notebooks';
+import { keepPageText, notebook, waitForLab } from '../notebooks';
 
 // line_place = 'first-use' (playwright-first-use.config.js), on the 10 GiB simulated card where two 3.5 GiB
 // reservations fit: a notebook holds no GPU until its first GPU import. Its card in the sidebar and the status
@@ -11,6 +11,8 @@ const SOURCE = [
   ['import os\n', 'kept = 41\n', 'os.getpid()'],
   ['import torch\n', 'kept + 1, os.environ["GPUSHARE_QUOTA_MIB"], os.getpid()']
 ];
+
+test.afterEach(async ({ page }, testInfo) => keepPageText(page, testInfo));
 
 test('a notebook asks for its GPU at its first GPU import', async ({
   page,

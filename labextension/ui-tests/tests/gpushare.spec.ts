@@ -3,7 +3,14 @@ import * as fs from 'fs';
 import * as os from 'os';
 import * as path from 'path';
 
-import { notebook, panelSpills, run, waitForLab } from '../notebooks';
+import {
+  keepPageText,
+  notebook,
+  panelSpills,
+  reloadWithLayout,
+  run,
+  waitForLab
+} from '../notebooks';
 
 // A real JupyterLab (start-lab.sh): one simulated 10 GiB card, 3 GiB quotas + 512 MiB context reserve per
 // kernel, so nb1 and nb2 fit (7 GiB) and nb3 waits in the queue. Kernels on the simulated card say what they
@@ -95,6 +102,7 @@ async function hideToasts(page: Page) {
 const figures: Record<string, unknown> = {};
 
 test.describe.configure({ mode: 'serial' });
+test.afterEach(async ({ page }, testInfo) => keepPageText(page, testInfo));
 
 test.beforeAll(async ({ request }) => {
   const cells: Record<string, string> = {
@@ -799,8 +807,7 @@ test('eight notebooks waiting in one page: the page stays usable, reloads add no
 
   // Three reloads: each notebook finds its own kernel again; nothing new waits.
   for (let i = 0; i < 3; i++) {
-    await page.reload();
-    await waitForLab(page);
+    await reloadWithLayout(page, names);
     await expect(page.locator('.jp-NotebookPanel')).toHaveCount(10);
     await expect(banner(page)).toBeVisible();
   }

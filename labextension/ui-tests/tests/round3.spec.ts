@@ -1,6 +1,12 @@
 import { expect, Page, test } from '@playwright/test';
 
-import { notebook, panelSpills, run, waitForLab } from '../notebooks';
+import {
+  keepPageText,
+  notebook,
+  panelSpills,
+  run,
+  waitForLab
+} from '../notebooks';
 
 // Names a person reads, toasts that follow their state, and dialogs whose Enter is safe (issue 32), in a real
 // JupyterLab (start-lab.sh: one simulated 10 GiB card, 3 GiB quotas + 512 MiB context reserve: two notebooks
@@ -50,6 +56,7 @@ async function stateOf(page: Page, path: string): Promise<any> {
 }
 
 test.describe.configure({ mode: 'serial' });
+test.afterEach(async ({ page }, testInfo) => keepPageText(page, testInfo));
 
 test.beforeAll(async ({ request }) => {
   // A clean slate: no kernel of an earlier spec holds the card. A page of a spec that failed may still be closing
