@@ -1,0 +1,55 @@
+"""Where a class's time over its ideal goes, wave by wave, from the harness's result files (issue 48).
+
+    python bench/study/waves.py bench/results/class_start-h200-2026-11-29-run*.json
+
+One line per run (every run, not the best): its all ok; its share of the ideal (waves × the median grant → done of
+all jobs, over all ok); the grants of wave 1; each job's grant → done; and the hand-off, from the k-th job's end to
+the grant of the k-th kernel that waited (the room a job leaves goes to the next in line: its client's DELETE, the
+kernel's exit, the release and the grant).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+
+
+def waves(result: dict) -> dict | None:
+    """The figures of one run's result; None where it has no per-job grants (or not every job was ok)."""
+    ok = sorted((j for j in result.get("per_job", ()) if j["status"] == "ok" and j.get("admitted") is not None),
+                key=lambda j: j["admitted"])  # fmt: skip
+    if not ok or not result.get("all_ok_s"):
+        return None
+    fit, grants = result["fit"], [j["admitted"] for j in ok]
+    ends = sorted(j["finished"] for j in ok)
+    runs = [j["finished"] - j["admitted"] for j in ok]
+    handoffs = [grants[fit + k] - ends[k] for k in range(len(ok) - fit)]
+    median = statistics.median(runs)
+    return {
+        "all_ok_s": result["all_ok_s"],
+        "of_ideal": math.ceil(result["jobs"] / fit) * median / result["all_ok_s"],
+        "wave1_grants_s": (grants[0], grants[min(fit, len(grants)) - 1]),
+        "run_s": (min(runs), median, max(runs)),
+        "handoff_s": (statistics.median(handoffs), max(handoffs)) if handoffs else None,
+    }
+
+
+def main(files: list[str]) -> None:
+    for name in files:
+        run = json.load(open(name))
+        for result in run["results"]:
+            w = waves(result)
+            label = f"{name.rsplit('/', 1)[-1]}: {run.get('class', '?')}, {run.get('arm', '?')}"
+            if w is None:
+                print(f"{label}: no per-job grants")
+                continue
+            hand = "–" if w["handoff_s"] is None else "{:.2f} s median, {:.2f} s at most".format(*w["handoff_s"])
+            print(f"{label}: all ok {w['all_ok_s']:.1f} s, {w['of_ideal']:.1%} of ideal; wave 1 granted "
+                  "{:.2f}–{:.2f} s; grant → done {:.1f} / {:.1f} / {:.1f} s; hand-off {}".format(
+                      *w["wave1_grants_s"], *w["run_s"], hand))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
