@@ -428,6 +428,9 @@ def _ask() -> bool:
 
 
 def _said(module: str, place: dict | None) -> str:
+    """The line a waiting cell prints, again each time it changes: its place, its need and its times, never the
+    card's unreserved room, which changes with every neighbour's allocation (the banner and the sidebar show it as it
+    is; a printed line would keep a stale figure)."""
     name = NAMES.get(module, module)
     if not place:
         return f"jupyter-gpushare: {name} waits for this kernel's GPU (in line)."
@@ -436,8 +439,6 @@ def _said(module: str, place: dict | None) -> str:
         figures.append(f"#{place['position']} in line")
     if isinstance(place.get("need_mib"), int):
         figures.append(f"needs {_size(place['need_mib'])}")
-    if isinstance(place.get("free_mib"), int):
-        figures.append(f"{_size(place['free_mib'])} unreserved")
     for key, words in (("likely_at", "likely granted by"), ("gives_up_at", "gives up at")):
         if isinstance(place.get(key), int):
             figures.append(f"{words} {time.strftime('%H:%M', time.localtime(place[key]))}")

@@ -370,7 +370,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         what the kernel itself hears (its cell that waits for the GPU says it)."""
         km, rec = self.parent, self._manager().records.get(self.kernel_id)
         if rec is not None and rec.state == "queued" and self._held is not None and not done:
-            self._held.progress({"position": rec.position, "need_mib": rec.need_mib, "free_mib": rec.free_mib,
+            self._held.progress({"position": rec.position, "need_mib": rec.need_mib,
                                  "likely_at": rec.likely_at and round(rec.likely_at),
                                  "gives_up_at": rec.wait_until and round(rec.wait_until)})  # fmt: skip
         if km is None or not hasattr(km, "execution_state"):

@@ -518,3 +518,14 @@ def test_a_waiting_cells_code_hashes_as_the_sidebar_hashes_it():
     wait = boot_module("_gpushare_wait")
     cases = {"": "811c9dc5", "import torch": "8c1b558e", 'x = "é→🙂"\nprint(x)': "3b9b98f8"}
     assert {code: wait.code_hash(code) for code in cases} == cases
+
+
+def test_a_waiting_cells_line_changes_with_its_place_not_with_the_cards_room():
+    """The walk of issue 47: a held cell's line said "128 MiB unreserved" while the banner said 1.1 GiB. The line is
+    printed again only when it changes, so it says what stays true until then: no unreserved room in it."""
+    wait = boot_module("_gpushare_wait")
+    place = {"position": 2, "need_mib": 4608, "gives_up_at": 1_800_000_000}
+    before, after = (wait._said("torch", {**place, "free_mib": mib}) for mib in (128, 1126))
+    assert before == after and "unreserved" not in before
+    assert before.startswith("jupyter-gpushare: PyTorch waits for this kernel's GPU: #2 in line, needs 4.5 GiB, gives")
+    assert wait._said("torch", {**place, "position": 1}) != before
