@@ -34,6 +34,11 @@ def test_jupyter_servers_kernel_and_session_tests_give_the_same_results_with_our
         return without, ours
 
     without, ours = both_ways()
+    if min(without["counts"].get("passed", 0), ours["counts"].get("passed", 0)) <= 50:
+        # a run that ended midway: the suite's own teardown hung past its timeout under CI's load, without us (CI
+        # run 46: shutdown_all waiting in jupyter_core's thread; no summary, so no outcomes): both again, once
+        print(f"a run ended midway:\n{without['tail']}\n{ours['tail']}")
+        without, ours = both_ways()
     assert without["counts"].get("passed", 0) > 50, without["tail"]
     assert ours["ledger_used"], "the suite's kernels did not go through our provisioner"
     # a difference counts when it repeats: the test run again on its own, twice each way (some of the suite's
