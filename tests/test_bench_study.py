@@ -122,3 +122,22 @@ def test_gaps_splits_the_time_over_the_ideal_along_the_last_jobs_path():
     out = subprocess.run([sys.executable, str(HARNESS.with_name("gaps.py")), str(root / "results" / "study" /
                           "study-idle4x-importfirst-after-h100-2026-11-27-run9.json")], capture_output=True, text=True)  # fmt: skip
     assert out.returncode == 0 and "14.36" in out.stdout, out.stdout + out.stderr
+
+
+def test_waves_says_where_a_class_loses_its_ideal_between_waves():
+    """bench/study/waves.py on a recorded 2x class (H200, run 9): the share of the ideal is waves x the median grant
+    -> done over all ok, and the hand-off pairs the k-th end with the grant of the k-th kernel that waited."""
+    sys.path.insert(0, str(HARNESS.parent))
+    try:
+        import waves
+    finally:
+        sys.path.remove(str(HARNESS.parent))
+    name = HARNESS.parent.parent / "results" / "class_start-h200-2026-11-29-run9.json"
+    result = json.loads(name.read_text())["results"][0]
+    w = waves.waves(result)
+    assert w["of_ideal"] == pytest.approx(0.921, abs=0.001) and w["run_s"][1] == pytest.approx(33.84, abs=0.01)
+    ok = [j for j in result["per_job"] if j["status"] == "ok"]
+    assert len(ok) == 44 and w["handoff_s"][0] == pytest.approx(2.49, abs=0.01) and w["delete_s"] is None
+    assert waves.waves({**result, "per_job": []}) is None  # (a run of the code before without grants, say)
+    out = subprocess.run([sys.executable, str(HARNESS.with_name("waves.py")), str(name)], capture_output=True, text=True)
+    assert out.returncode == 0 and "92.1% of ideal" in out.stdout and "hand-off 2.49 s median" in out.stdout, out

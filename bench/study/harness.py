@@ -200,6 +200,7 @@ class Job:
     requested: float = 0.0
     admitted: float | None = None
     finished: float | None = None
+    deleted: float | None = None  # its kernel's DELETE answered (jupyter_server: once the kernel is shut down)
     kernel_id: str | None = None
     pid: int | None = None
     status: str = "pending"  # ok | failed | refused
@@ -239,7 +240,8 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
     deadline = time.monotonic() + timeout
     start = time.time() - t0
     reply = await run_cell(server, ws, session, code, job, t0, deadline)
-    await granted_at(server, job, t0)  # (before a parked kernel's resume is granted too)
+    if idle is not None:
+        await granted_at(server, job, t0)  # (before a parked kernel's resume is granted too)
     if idle is not None and job.status == "pending" and reply and reply.get("status") == "ok":
         job.first_s, job.first_done = job.job_s, time.time() - t0
         job.job_s = None
@@ -253,10 +255,13 @@ async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float
             job.again_wait_s = round(job.first_output - job.again, 2)
     ws.close()
     job.finished = time.time() - t0
-    try:  # the job is over: its kernel goes, as the study's container did
+    try:  # the job is over: its kernel goes, as the study's container did (first: the room goes to the next)
         await server.call("DELETE", f"api/kernels/{job.kernel_id}")
     except (HTTPClientError, OSError):
         pass  # a kernel that died is already gone
+    job.deleted = time.time() - t0
+    if idle is None:  # (the figures after the room is given back: their request no longer delays the next grant)
+        await granted_at(server, job, t0)
     job.run_s = round(job.finished - start, 2)
     if job.status == "pending":
         job.status = "ok" if reply and reply.get("status") == "ok" and job.job_s is not None else "failed"

@@ -5,7 +5,8 @@
 One line per run (every run, not the best): its all ok; its share of the ideal (waves × the median grant → done of
 all jobs, over all ok); the grants of wave 1; each job's grant → done; and the hand-off, from the k-th job's end to
 the grant of the k-th kernel that waited (the room a job leaves goes to the next in line: its client's DELETE, the
-kernel's exit, the release and the grant).
+kernel's exit, the release and the grant); and, where the run has it, from a job's end to its kernel's DELETE
+answered (jupyter_server answers once the kernel is shut down and its room released).
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ def waves(result: dict) -> dict | None:
     runs = [j["finished"] - j["admitted"] for j in ok]
     handoffs = [grants[fit + k] - ends[k] for k in range(len(ok) - fit)]
     median = statistics.median(runs)
+    shutdowns = [j["deleted"] - j["finished"] for j in ok if j.get("deleted") is not None]
     return {
         "all_ok_s": result["all_ok_s"],
         "of_ideal": math.ceil(result["jobs"] / fit) * median / result["all_ok_s"],
         "wave1_grants_s": (grants[0], grants[min(fit, len(grants)) - 1]),
         "run_s": (min(runs), median, max(runs)),
         "handoff_s": (statistics.median(handoffs), max(handoffs)) if handoffs else None,
+        "delete_s": (statistics.median(shutdowns), max(shutdowns)) if shutdowns else None,
     }
 
 
@@ -46,6 +49,8 @@ def main(files: list[str]) -> None:
                 print(f"{label}: no per-job grants")
                 continue
             hand = "–" if w["handoff_s"] is None else "{:.2f} s median, {:.2f} s at most".format(*w["handoff_s"])
+            if w["delete_s"] is not None:
+                hand += "; end → DELETE answered {:.2f} s median, {:.2f} s at most".format(*w["delete_s"])
             print(f"{label}: all ok {w['all_ok_s']:.1f} s, {w['of_ideal']:.1%} of ideal; wave 1 granted "
                   "{:.2f}–{:.2f} s; grant → done {:.1f} / {:.1f} / {:.1f} s; hand-off {}".format(
                       *w["wave1_grants_s"], *w["run_s"], hand))  # fmt: skip
