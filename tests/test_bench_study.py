@@ -139,5 +139,7 @@ def test_waves_says_where_a_class_loses_its_ideal_between_waves():
     ok = [j for j in result["per_job"] if j["status"] == "ok"]
     assert len(ok) == 44 and w["handoff_s"][0] == pytest.approx(2.49, abs=0.01) and w["delete_s"] is None
     assert waves.waves({**result, "per_job": []}) is None  # (a run of the code before without grants, say)
-    out = subprocess.run([sys.executable, str(HARNESS.with_name("waves.py")), str(name)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(HARNESS.with_name("waves.py")), str(name)], capture_output=True, text=True
+    )
     assert out.returncode == 0 and "92.1% of ideal" in out.stdout and "hand-off 2.49 s median" in out.stdout, out
