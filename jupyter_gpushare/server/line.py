@@ -281,9 +281,7 @@ class Line:
             self.end_wait(wait)
         for wait in ask:  # each on its own ledger job, answered at once: a read of the ledger (a snapshot's, a
             # request's) waits for one reserve, not a whole turn (60 kernels on 2 cores: 25 s for GET /kernels)
-            if wait.result.done() or wait.kernel_id not in self.kernels.records:  # ended meanwhile: nothing to ask
-                if self.queue.waits.get(wait.kernel_id) is wait:  # (not a wait of its own that came since)
-                    self.queue.leave(wait.kernel_id)
+            if self._ended(wait):  # meanwhile: nothing to ask
                 continue
             try:
                 home = self.kernels.card_home(wait.kernel_id)  # (read here, on the IOLoop)
@@ -318,11 +316,19 @@ class Line:
         except (LedgerError, PolicyError) as e:
             return e
 
+    def _ended(self, wait: Wait) -> bool:
+        """Whether ``wait`` ended (granted, cancelled, or its kernel gone): it then leaves the line, unless its kernel
+        has a wait of its own that came since."""
+        if not wait.result.done() and wait.kernel_id in self.kernels.records:
+            return False
+        if self.queue.waits.get(wait.kernel_id) is wait:
+            self.queue.leave(wait.kernel_id)
+        return True
+
     def _answer(self, wait: Wait, got: Lease | Waiting | Exception) -> None:
         """What the ledger said of a kernel in line."""
         rec = self.kernels.records.get(wait.kernel_id)
-        if wait.result.done() or rec is None:
-            self.queue.leave(wait.kernel_id)
+        if self._ended(wait) or rec is None:
             return
         if isinstance(got, Lease):
             self.queue.leave(wait.kernel_id)

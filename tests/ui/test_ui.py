@@ -14,6 +14,7 @@ JupyterLab (labextension/ui-tests/host-tests/).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import re
@@ -89,8 +90,6 @@ def _playwright(jlpm: list[str], args: list[str], cwd: Path, env: dict, timeout:
 
 def _failed_windows(report: Path) -> list[tuple[str, str]]:
     """The times (the server log's local "YYYY-MM-DD HH:MM:SS") from each failed test's start to its end."""
-    import datetime
-
     try:
         suites = json.loads(report.read_text())["suites"]
     except (OSError, ValueError, KeyError):
