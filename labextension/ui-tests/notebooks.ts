@@ -90,6 +90,20 @@ export async function panelSpills(page: Page): Promise<string[]> {
   });
 }
 
+/** The current notebook's page holds its kernel, connected: a cell run before that is cleared without running
+ * (JupyterLab's CodeCell.execute with no kernel; CI stop 54, a loaded machine, the server's kernel already waiting). */
+export async function kernelConnected(page: Page): Promise<void> {
+  await page.waitForFunction(
+    () => {
+      const kernel = (window as any).jupyterapp.shell.currentWidget
+        ?.sessionContext?.session?.kernel;
+      return kernel?.connectionStatus === 'connected';
+    },
+    undefined,
+    { timeout: 60000 }
+  );
+}
+
 /** Run a command and wait for it to end. Its result stays in the page: a widget's reference chain is too long for
  * Playwright to bring back (CI stop 53 failed on reopening a notebook). */
 export async function run(

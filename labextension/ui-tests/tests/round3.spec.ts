@@ -1,6 +1,7 @@
 import { expect, Page, test } from '@playwright/test';
 
 import {
+  kernelConnected,
   keepPageText,
   notebook,
   panelSpills,
@@ -503,6 +504,7 @@ test("a held cell's outcome reaches the page after a reload", async ({
   const cell = page
     .locator('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell')
     .first();
+  await kernelConnected(page);
   await cell.click();
   await page.evaluate(() => {
     void (window as any).jupyterapp.commands.execute('notebook:run-cell'); // (it ends when the cell does)
@@ -600,6 +602,7 @@ test("a parked notebook's CPU cell answers at once, and says in one line that it
   const cell = page
     .locator('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell')
     .first();
+  await kernelConnected(page);
   await cell.click();
   await page.evaluate(() => {
     const nb = (window as any).jupyterapp.shell.currentWidget;
