@@ -6,6 +6,8 @@ at the broker ends at once when its server (or a terminal job) closes: the progr
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,8 +15,6 @@ import pytest
 from multiuser import Broker
 
 from jupyter_gpushare.broker.client import BrokerLedger
-from jupyter_gpushare.core.policy import Size
-from jupyter_gpushare.ledger.ledger import Lease, Request
 from jupyter_gpushare.server import line
 
 
@@ -30,13 +30,32 @@ def gpushare_config(gpushare_config, broker):
     return {**gpushare_config, "broker_socket": broker.socket, "default_quota": "4GiB", "queue_timeout": 120}
 
 
+# Another server of this host: its own process (the broker tells servers apart by process, and a server releases
+# what its own process holds for kernels it no longer has). It holds 9 GiB until a line on stdin, then releases.
+OTHER_SERVER = """
+import sys
+from jupyter_gpushare.broker.client import BrokerLedger
+from jupyter_gpushare.core.policy import Size
+from jupyter_gpushare.ledger.ledger import Lease, Request
+other = BrokerLedger(sys.argv[1])
+held = other.reserve(Request("other-server-kernel", Size(mib=9 * 1024), "someone", "python3"))
+print("held" if isinstance(held, Lease) else f"not held: {held!r}", flush=True)
+sys.stdin.readline()
+other.release("other-server-kernel")
+print("released", flush=True)
+sys.stdin.readline()
+"""
+
+
 async def test_a_release_by_another_server_grants_the_next_in_line_at_once(gpushare, jp_serverapp, broker, monkeypatch):
     # The line's own poll is slowed to 30 s: only the broker's word can grant the waiting kernel within seconds
     monkeypatch.setattr(line, "PUSHED_POLL_S", 30.0)
-    other = BrokerLedger(broker.socket)  # another server of this host
+    other = subprocess.Popen(
+        [sys.executable, "-c", OTHER_SERVER, broker.socket], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert other.stdin is not None and other.stdout is not None
     try:
-        held = other.reserve(Request("other-server-kernel", Size(mib=9 * 1024), "someone", "python3"))
-        assert isinstance(held, Lease)
+        assert await asyncio.to_thread(other.stdout.readline) == "held\n"
         _, waiting = await gpushare.open_notebook("next.ipynb")
         assert await gpushare.state_of(waiting) == "queued"
         # the first answers of the ledger, and the watch held at the broker (after its first count)
@@ -44,11 +63,14 @@ async def test_a_release_by_another_server_grants_the_next_in_line_at_once(gpush
         await gpushare.wait_for(lambda: _live(watch), what="the server to watch the broker")
         await asyncio.sleep(1.0)  # past the line's last short poll (QUEUE_POLL_S): it waits 30 s now
         released = time.monotonic()
-        other.release("other-server-kernel")
+        other.stdin.write("\n")
+        other.stdin.flush()
+        assert await asyncio.to_thread(other.stdout.readline) == "released\n"
         await gpushare.wait_for(lambda: _running(gpushare, waiting), timeout=20, what="the grant")
         took = time.monotonic() - released
     finally:
-        other.close()
+        other.kill()
+        other.wait()
     assert took < 15.0, f"granted {took:.2f} s after another server's release: not pushed (the poll is 30 s)"
 
 
