@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from jupyter_server.serverapp import ServerApp
 
 from jupyter_gpushare.server.manager import process_manager, use_in_process
 
-pytest_plugins = ("pytest_jupyter.jupyter_server",)
+# ci_cpu (bench/): with GPUSHARE_CPU_LOG set, each test's wall time and CPU go to that file (.ci/run sums them)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+pytest_plugins = ("pytest_jupyter.jupyter_server", "ci_cpu")
 
 # A kernel record's move the life table does not know is a bug: in the tests (and the servers they start) it
 # raises, where a real server logs it and goes on (server/life.py).

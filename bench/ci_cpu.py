@@ -1,0 +1,76 @@
+"""Where CI's time goes: each test's wall time and the CPU it and its processes used, then the sums per file.
+
+    GPUSHARE_CPU_LOG=/tmp/cpu.jsonl PYTHONPATH=bench python -m pytest -p ci_cpu -n 4 --dist loadfile -m "not alone"
+    python bench/ci_cpu.py /tmp/cpu.jsonl          # per file: CPU seconds, wall seconds, worker; the totals
+
+On CI's 2 cores the suite is bound by CPU, not by waiting: the whole run takes about the CPU all tests use over the
+cores, plus what the last worker does alone. A test's CPU is its worker's own and that of the processes it started
+and waited for (a server's kernels, a browser through Playwright), from getrusage: a process not waited for (one
+killed and left) is not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from collections import defaultdict
+
+import pytest
+
+
+def _cpu() -> tuple[float, float]:
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    path = os.environ.get("GPUSHARE_CPU_LOG")
+    wall, (own, children) = time.monotonic(), _cpu()
+    yield
+    if not path:
+        return
+    own_after, children_after = _cpu()
+    row = {
+        "test": item.nodeid,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        "start": time.time() - (time.monotonic() - wall),
+        "wall_s": round(time.monotonic() - wall, 2),
+        "cpu_s": round(own_after - own, 2),
+        "children_cpu_s": round(children_after - children, 2),
+    }
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def main() -> int:
+    rows = [json.loads(line) for line in open(sys.argv[1])]
+    files: dict[str, dict] = defaultdict(lambda: {"cpu": 0.0, "wall": 0.0, "tests": 0, "worker": ""})
+    for r in rows:
+        f = files[r["test"].split("::")[0]]
+        f["cpu"] += r["cpu_s"] + r["children_cpu_s"]
+        f["wall"] += r["wall_s"]
+        f["tests"] += 1
+        f["worker"] = r["worker"]
+    total_cpu = sum(f["cpu"] for f in files.values())
+    span = max(r["start"] + r["wall_s"] for r in rows) - min(r["start"] for r in rows)
+    print(f"{len(rows)} tests, {total_cpu:.0f} CPU s in all over {span:.0f} s of wall time")
+    print(f"{'CPU s':>8} {'share':>6} {'wall s':>8} {'tests':>5}  worker  file")
+    for name, f in sorted(files.items(), key=lambda kv: -kv[1]["cpu"]):
+        share = f["cpu"] / total_cpu if total_cpu else 0
+        print(f"{f['cpu']:8.0f} {share:6.1%} {f['wall']:8.0f} {f['tests']:5d}  {f['worker']:6}  {name}")
+    by_worker: dict[str, float] = defaultdict(float)
+    for r in rows:
+        by_worker[r["worker"]] = max(by_worker[r["worker"]], r["start"] + r["wall_s"])
+    first = min(r["start"] for r in rows)
+    print(
+        "each worker's last test ended at: " + ", ".join(f"{w} {t - first:.0f} s" for w, t in sorted(by_worker.items()))
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
