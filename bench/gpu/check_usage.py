@@ -10,7 +10,7 @@ Three kernels share the card (quota QUOTA_MIB + reserve RESERVE_MIB each):
   B: CuPy allocates 512 MiB, and a child process of B (started from the kernel) allocates
      768 MiB with PyTorch;
   C: lifts its PyTorch cap and allocates 4 GiB, past its reservation.
-Checks: the per-kernel figures the API serves (kernel_view of the sampler snapshot) equal NVML's
+Checks: the per-kernel figures the API serves (KernelView of the sampler snapshot) equal NVML's
 per-process figures summed over each kernel's process tree (psutil), B's child included; the card's
 split (kernels / others) adds up; C is detected and restarted (over_quota_grace = 0) within two
 sampling intervals of its allocation. GPUSHARE_CHECK_SMOKE=1 runs the plumbing on a simulated card.
@@ -40,7 +40,7 @@ from jupyter_gpushare.host.gpu import SimulatedBackend  # noqa: E402
 from jupyter_gpushare.host.gpu.nvml import NvmlBackend  # noqa: E402
 from jupyter_gpushare.server.enforce import Enforcer  # noqa: E402
 from jupyter_gpushare.server.sampler import Sampler  # noqa: E402
-from jupyter_gpushare.server.views import kernel_view  # noqa: E402
+from jupyter_gpushare.server.views import KernelView  # noqa: E402
 
 QUOTA_MIB, RESERVE_MIB = 2048, 1024
 INTERVAL_S = 0.5
@@ -169,7 +169,8 @@ async def main(path: str) -> int:
             rows = {}
             for name in "AB":
                 rec = manager.records[kids[name]]
-                view = kernel_view(rec.to_dict(time.time()), snap, enforcer.states.get(rec.kernel_id))
+                judged = enforcer.states.get(rec.kernel_id)
+                view = KernelView(rec, time.time(), usage=snap.kernels.get(rec.kernel_id), judged=judged).to_json()
                 pids = tree(rec.pid)
                 truth = {p: m for p, m in truth_all.items() if p in pids}
                 rows[name] = {

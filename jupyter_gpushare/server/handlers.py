@@ -56,7 +56,7 @@ class GpuShareHandler(RefusalErrors, APIHandler):
         view = (await self.snapshot()).kernel(kernel_id)
         if view is None:
             raise web.HTTPError(404, f"No kernel {kernel_id} holds or waits for a GPU quota on this server.")
-        return dict(view)
+        return view.to_json()
 
     def json_body(self) -> dict:
         """The request body as a JSON object, or a 400 that says what is wrong with it."""

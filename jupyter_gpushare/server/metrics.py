@@ -88,13 +88,15 @@ class GpuShareCollector(Collector):
         }
         states = server.judged
         for kid, usage in snap.kernels.items():
-            kernel = server.kernel(kid) or {}
-            labels = [kid, str(kernel["card"]["index"]) if kernel.get("card") else ""]
+            kernel = server.kernel(kid)
+            rec = kernel.record if kernel else None
+            lease = rec.lease if rec else None
+            labels = [kid, str(rec.card.index) if rec and rec.card else ""]
             for key, value in (
                 ("used", usage.used_mib),
                 ("peak", usage.peak_mib),
-                ("reserved", kernel.get("reserved_mib")),
-                ("quota", kernel.get("quota_mib")),
+                ("reserved", lease.reserved_mib if lease else None),
+                ("quota", lease.quota_mib if lease else None),
             ):
                 if value is not None:
                     k[key].add_metric(labels, value * MIB)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import json
 import logging
 import time
@@ -38,7 +39,7 @@ from .ledger_worker import LedgerWorker
 from .parking import Parking
 from .records import Change, KernelRecord, Version
 from .sampler import UsageSnapshot
-from .views import card_view, config_view, kernel_view, server_view
+from .views import KernelView, card_view, config_view, server_view
 
 REPORTS_EVERY_S = 1.0  # the kernels' reports are read again at most this often while the same kernels run
 SETTLE_S = 0.05  # a change is built into a snapshot this soon (changes within it go into one)
@@ -103,16 +104,9 @@ async def read_kernel_reports(manager: Registry, kernel_ids: Sequence[str]) -> d
     return await manager.blocking(read)
 
 
-def reservations(
-    manager: Registry,
-    reading: LedgerReading,
-    reports: Mapping[str, Any],
-    records: Sequence[Mapping[str, Any]],
-    now: float,
-) -> dict[str, Any]:
-    """The server's reservations in the API's shape (views.server_view): cards with what is reserved on them, its
-    kernels (``records``, as KernelRecord.to_dict() took them) with their frameworks, the host's line, the ledger
-    and the enforcement level."""
+def reservations(manager: Registry, reading: LedgerReading, mine: set[str], now: float) -> dict[str, Any]:
+    """The server's reservations in the API's shape (views.server_view): cards with what is reserved on them, the
+    host's line (its own kernels, ``mine``, named), the ledger and the enforcement level."""
     ledger = {
         "path": None if manager.ledger.broker else manager.ledger.path,
         "broker": manager.ledger.broker.socket if manager.ledger.broker else None,
@@ -123,9 +117,7 @@ def reservations(
         **manager.backend.describe(),
         "ledger": ledger,
         "enforcement": manager.holding.enforcement(manager.policy.required_level),
-        **server_view(
-            manager.cards, manager.policy, reading.leases, reading.waiters, reading.outside, records, reports, now
-        ),
+        **server_view(manager.cards, manager.policy, reading.leases, reading.waiters, reading.outside, mine, now),
     }
 
 
@@ -134,7 +126,11 @@ async def take_snapshot(manager: Registry) -> dict[str, Any]:
     for programs and tests; a server's handlers read ``Snapshots``)."""
     reading, reports = await asyncio.gather(read_ledger(manager), read_kernel_reports(manager, list(manager.records)))
     now = manager.clock.wall()
-    return reservations(manager, reading, reports, [rec.to_dict(now) for rec in list(manager.records.values())], now)
+    records = list(manager.records.values())
+    kernels = [
+        {**rec.to_dict(now), "frameworks": (reports.get(rec.kernel_id) or {}).get("frameworks")} for rec in records
+    ]
+    return {**reservations(manager, reading, {rec.kernel_id for rec in records}, now), "kernels": kernels}
 
 
 @dataclass(frozen=True)
@@ -146,7 +142,7 @@ class ServerSnapshot:
     reservations: Mapping[str, Any] = field(
         default_factory=lambda: EMPTY
     )  # reservations(): the cards and what is reserved on them, the line, …
-    kernels: tuple[Mapping[str, Any], ...] = ()  # each kernel's view: record, measured use, judged state, held
+    kernels: tuple[KernelView, ...] = ()  # each kernel's view: record, frameworks, measured use, judged state, held
     judged: Mapping[str, str] = field(
         default_factory=lambda: EMPTY
     )  # the enforcer's judgments (kernel id -> near_quota | over_quota | idle)
@@ -159,22 +155,22 @@ class ServerSnapshot:
     host: Mapping[str, Any] | None = None  # what this server's user may see of the host (ledger/view.py)
     host_error: str | None = None  # why ``host`` could not be read (the broker is down)
 
-    def kernel(self, kernel_id: str) -> Mapping[str, Any] | None:
+    def kernel(self, kernel_id: str) -> KernelView | None:
         return self._by_id.get(kernel_id)
 
     @cached_property
-    def _by_id(self) -> Mapping[str, Mapping[str, Any]]:
-        return {k["kernel_id"]: k for k in self.kernels}
+    def _by_id(self) -> Mapping[str, KernelView]:
+        return {k.kernel_id: k for k in self.kernels}
 
     @cached_property
     def frameworks(self) -> Mapping[str, Any]:
         """Each kernel's frameworks, as its reports said."""
-        return {k["kernel_id"]: k.get("frameworks") for k in self.kernels}
+        return {k.kernel_id: k.frameworks for k in self.kernels}
 
     @cached_property
     def kernels_body(self) -> str:
         """GET /api/gpushare/kernels, encoded once per snapshot (pollers)."""
-        return json.dumps({"kernels": list(self.kernels)})
+        return json.dumps({"kernels": [k.to_json() for k in self.kernels]})
 
     def cards(self) -> dict[str, Any]:
         """GET /api/gpushare/cards: the cards with their reservations and measured use."""
@@ -294,11 +290,11 @@ class Snapshots:
         # What is in memory is taken first, at once: the registry as it is at this build's version (a reply to a
         # request made after a change shows the change, not what came of it meanwhile).
         now = manager.clock.wall()
-        records = [rec.to_dict(now) for rec in list(manager.records.values())]
+        records = [copy.copy(rec) for rec in list(manager.records.values())]  # (frozen: the fields as they are now)
         usage, judged, events = self._usage, MappingProxyType(dict(self._judged())), tuple(manager.events)
         parking = MappingProxyType(manager.parking.view())
         moves_s = MappingProxyType({move: took[-1] for move, took in manager.parking.seconds.items() if took})
-        ids = [rec["kernel_id"] for rec in records]
+        ids = [rec.kernel_id for rec in records]
         due = set(ids) != set(self._reports) or time.monotonic() - self._reports_at >= REPORTS_EVERY_S
         reading, reports = await asyncio.gather(
             read_ledger(manager), read_kernel_reports(manager, ids) if due else _nothing(), return_exceptions=True
@@ -316,12 +312,20 @@ class Snapshots:
         elif isinstance(reading, BaseException):
             raise reading
         self._reading = reading
-        held = reservations(manager, reading, self._reports, records, now)
+        held = reservations(manager, reading, set(ids), now)
         kernels = []
-        for rec in held["kernels"]:
-            view = kernel_view(rec, usage, judged.get(rec["kernel_id"]))
-            view["held"] = manager.holding.held(rec["kernel_id"], view["frameworks"])
-            kernels.append(view)
+        for rec in records:
+            frameworks = (self._reports.get(rec.kernel_id) or {}).get("frameworks")
+            kernels.append(
+                KernelView(
+                    rec,
+                    now,
+                    frameworks,
+                    usage.kernels.get(rec.kernel_id),
+                    judged.get(rec.kernel_id),
+                    manager.holding.held(rec.kernel_id, frameworks),
+                )
+            )
         self.current = ServerSnapshot(
             seq=self.current.seq + 1,
             usage=usage,

@@ -28,6 +28,7 @@ from typing import Any
 from ..core.words import SEVERITY, render
 from ..ledger.view import card_segments
 from .life import JUDGED, STATES
+from .views import KernelView
 
 STATE_SCHEMA = "https://jupyter-gpushare.org/events/state-changed/v1"
 SCHEMA_FILE = Path(__file__).parent / "events" / "state-changed.yaml"
@@ -82,7 +83,7 @@ def kernel_status(k: Mapping[str, Any]) -> dict[str, Any]:
 
 def build_state(
     quota: Mapping[str, Any],
-    kernels: Sequence[Mapping[str, Any]],
+    kernels: Sequence[KernelView],
     usage_cards: Mapping[str, Mapping[str, Any]],
     paths: Mapping[str, str],
     events: Iterable[Mapping[str, Any]],
@@ -95,7 +96,7 @@ def build_state(
     events."""
     views = []
     for k in kernels:
-        view = {**k, "path": paths.get(k["kernel_id"], k.get("path"))}
+        view = {**k.to_json(), "path": paths.get(k.kernel_id, k.record.path)}
         view["status"] = kernel_status(view)
         views.append(view)
     cards = []

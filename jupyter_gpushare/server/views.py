@@ -4,33 +4,63 @@ and the server's own view of the host (``server_view``). The host view any calle
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ..core.policy import Policy, Size
 from ..host.gpu import Card
 from ..ledger.ledger import Lease, Waiter
 from ..ledger.view import card_row
-from .sampler import UsageSnapshot
+from .records import KernelRecord
+from .sampler import KernelUsage, UsageSnapshot
 
 # -- the REST API's kernels and cards, with the sampler's measurement -----------------------------------
 
 
-def kernel_view(rec: Mapping[str, Any], snap: UsageSnapshot, policy_state: str | None = None) -> dict[str, Any]:
-    """A kernel record (``KernelRecord.to_dict()``, with its ``frameworks`` where its reports were read, as
-    ``server_view`` gives it) with the measured use and the policy state."""
-    usage = snap.kernels.get(rec["kernel_id"])
-    view = {
-        **rec,
-        "frameworks": rec.get("frameworks"),
-        "used_mib": usage.used_mib if usage else None,
-        "peak_mib": usage.peak_mib if usage else None,
-        "utilization": usage.utilization if usage else None,
-        "processes": [p.to_dict() for p in usage.processes] if usage else [],
-        "history": [list(p) for p in usage.history] if usage else [],
-    }
-    if rec.get("state") == "running" and policy_state:
-        view["state"] = policy_state
-    return view
+@dataclass(frozen=True)
+class KernelView:
+    """One kernel of one snapshot, typed: its record as it was then (a copy: the registry goes on changing the
+    live one), the time it was read at, its frameworks' own word (its reports), what the sampler measured of it, the
+    enforcer's judgment of it and how it is held. The parts of the server read these; the API's JSON is made of
+    them by ``to_json``, for the handlers alone."""
+
+    record: KernelRecord
+    now: float
+    frameworks: Mapping[str, Any] | None = None
+    usage: KernelUsage | None = None
+    judged: str | None = None  # life.JUDGED: near_quota, over_quota or idle (a running kernel's only)
+    held: Mapping[str, Any] | None = None  # Holding.held: how it is held, level by level
+
+    @property
+    def kernel_id(self) -> str:
+        return self.record.kernel_id
+
+    @property
+    def state(self) -> str:
+        """Its record's state; a running kernel's as the enforcer judged it, where it did."""
+        return self.judged if self.record.state == "running" and self.judged else self.record.state
+
+    def to_json(self) -> dict[str, Any]:
+        """The API's kernel (openapi.yaml's ``Kernel``): its record's figures, its frameworks, the measured use
+        (null where not measured), its state as judged, and how it is held. Made once per view; each call has a
+        copy of its own (a handler adds to it)."""
+        return dict(self._json)
+
+    @cached_property
+    def _json(self) -> dict[str, Any]:
+        usage = self.usage
+        return {
+            **self.record.to_dict(self.now),
+            "state": self.state,
+            "frameworks": None if self.frameworks is None else dict(self.frameworks),
+            "used_mib": usage.used_mib if usage else None,
+            "peak_mib": usage.peak_mib if usage else None,
+            "utilization": usage.utilization if usage else None,
+            "processes": [p.to_dict() for p in usage.processes] if usage else [],
+            "history": [list(p) for p in usage.history] if usage else [],
+            "held": None if self.held is None else dict(self.held),
+        }
 
 
 def card_view(card: Mapping[str, Any], snap: UsageSnapshot) -> dict[str, Any]:
@@ -71,14 +101,12 @@ def server_view(
     leases: Sequence[Lease],
     waiters: Sequence[Waiter],
     outside: Mapping[str, int] | None,
-    records: Sequence[Mapping[str, Any]],
-    reports: Mapping[str, Any],
+    mine: set[str],
     now: float,
 ) -> dict[str, Any]:
     """A server's cards (with what every lease it may see reserves on them, and what processes without a lease
-    use), its own kernels (``records``, KernelRecord.to_dict(), with their frameworks' reports), and the host's
-    line, in which only its own kernels are named (``now``: the time the line's waits are read at)."""
-    mine = {r["kernel_id"] for r in records}
+    use) and the host's line, in which only its own kernels (``mine``) are named (``now``: the time the line's
+    waits are read at)."""
     rows = []
     for card in cards:
         on_card = [lease for lease in leases if lease.card_uuid == card.uuid]  # (through a broker: others' too)
@@ -101,5 +129,4 @@ def server_view(
             "need_mib": None if quota_mib is None else quota_mib + policy.context_reserve_mib,
             "waited_s": round(max(0.0, now - w.created), 1),  # (one that joined during the read: 0)
         })  # fmt: skip
-    kernels = [{**r, "frameworks": (reports.get(r["kernel_id"]) or {}).get("frameworks")} for r in records]
-    return {"cards": rows, "kernels": kernels, "queue": queue}
+    return {"cards": rows, "queue": queue}

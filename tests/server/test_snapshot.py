@@ -40,11 +40,12 @@ def test_a_reader_after_a_change_gets_a_snapshot_that_holds_it(manager):
         assert (await snapshots.latest()).kernels == ()
         await manager.admit("k1", "python3", "python")
         snap = await snapshots.latest()  # no tick since: the change alone makes a new one
-        assert [k["kernel_id"] for k in snap.kernels] == ["k1"] and snap.kernel("k1")["state"] == "running"
+        assert [k.kernel_id for k in snap.kernels] == ["k1"] and snap.kernel("k1").state == "running"
         assert snap.reservations["cards"][0]["reserved_mib"] == 1536  # the ledger of the same moment
         assert [e["kind"] for e in snap.events] == ["reserved"]
         manager.update(manager.records["k1"], pid=4242)  # any field of a record, not only the ones announced
-        assert (await snapshots.latest()).kernel("k1")["pid"] == 4242
+        assert (await snapshots.latest()).kernel("k1").record.pid == 4242
+        assert snap.kernel("k1").record.pid is None and snap.kernel("k1").to_json()["pid"] is None  # of its moment
         unchanged = await snapshots.latest()
         assert await snapshots.latest() is unchanged  # nothing changed: the same snapshot, not a new build
 
@@ -94,10 +95,10 @@ def test_each_tick_gives_one_snapshot_whose_parts_are_of_one_moment(manager):
         snapshots.tick(usage)
         snap = await _next(snapshots, before)
         assert snap.usage is usage and snap.seq == before.seq + 1
-        kernel = snap.kernel("k1")
+        kernel = snap.kernel("k1").to_json()
         assert kernel["used_mib"] == usage.kernels["k1"].used_mib == 1400
         assert kernel["state"] == "near_quota" and snap.judged == {"k1": "near_quota"}  # the judgment of that tick
-        mine = sum(k["reserved_mib"] for k in snap.kernels)
+        mine = sum(k.record.lease.reserved_mib for k in snap.kernels if k.record.lease)
         assert snap.reservations["cards"][0]["reserved_mib"] == mine == 1536
         assert snap.cards()["cards"][0]["used_by_kernels_mib"] == 1400 and snap.host["kernels"][0]["kernel_id"] == "k1"
 
@@ -177,12 +178,13 @@ def test_a_build_only_reads_and_an_oom_a_report_tells_is_noted_by_whoever_hears_
         await manager.admit("k1", "python3", "python")
         heard = []
         snap = await Snapshots(manager, on_reports=heard.append).latest()
-        assert snap.kernel("k1")["oom"] is None and manager.records["k1"].oom is None  # read, nothing written
+        assert snap.kernel("k1").record.oom is None and manager.records["k1"].oom is None  # read, nothing written
         assert heard and heard[0]["k1"]["oom"] == "torch"
 
         snapshots = Snapshots(manager, on_reports=manager.learning.saw_reports)
         await snapshots.latest()
         assert manager.records["k1"].oom == "torch"
-        assert (await snapshots.latest()).kernel("k1")["oom"] == {"framework": "torch", "retry_quota_mib": 1536}
+        view = (await snapshots.latest()).kernel("k1")
+        assert view.to_json()["oom"] == {"framework": "torch", "retry_quota_mib": 1536}
 
     run(case())
