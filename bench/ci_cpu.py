@@ -1,6 +1,6 @@
 """Where CI's time goes: each test's wall time and the CPU it and its processes used, then the sums per file.
 
-    GPUSHARE_CPU_LOG=/tmp/cpu.jsonl PYTHONPATH=bench python -m pytest -p ci_cpu -n 4 --dist loadfile -m "not alone"
+    CI_CPU_LOG=/tmp/cpu.jsonl python -m pytest -n 4 --dist loadfile -m "not alone"   # (tests/conftest.py loads it)
     python bench/ci_cpu.py /tmp/cpu.jsonl [--top N]   # per file: CPU seconds, wall seconds, worker; the totals
 
 On CI's 2 cores the suite is bound by CPU, not by waiting: the whole run takes about the CPU all tests use over the
@@ -29,7 +29,7 @@ def _cpu() -> tuple[float, float]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    path = os.environ.get("GPUSHARE_CPU_LOG")
+    path = os.environ.get("CI_CPU_LOG")  # (not GPUSHARE_*: the kernels' environment of ours is managed by name)
     wall, (own, children) = time.monotonic(), _cpu()
     yield
     if not path:
@@ -49,7 +49,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("log", help="the JSON lines GPUSHARE_CPU_LOG named")
+    ap.add_argument("log", help="the JSON lines CI_CPU_LOG named")
     ap.add_argument("--top", type=int, default=None, help="only the N files that used the most CPU")
     args = ap.parse_args()
     rows = [json.loads(line) for line in open(args.log)]
@@ -62,7 +62,9 @@ def main() -> int:
         f["worker"] = r["worker"]
     total_cpu = sum(f["cpu"] for f in files.values())
     span = max(r["start"] + r["wall_s"] for r in rows) - min(r["start"] for r in rows)
-    print(f"{len(rows)} tests, {total_cpu:.0f} CPU s in all over {span:.0f} s of wall time")
+    print(
+        f"{len(rows)} tests, {total_cpu:.0f} CPU s in all, {span:.0f} s from the first test's start to the last's end"
+    )
     print(f"{'CPU s':>8} {'share':>6} {'wall s':>8} {'tests':>5}  worker  file")
     for name, f in sorted(files.items(), key=lambda kv: -kv[1]["cpu"])[: args.top]:
         share = f["cpu"] / total_cpu if total_cpu else 0

@@ -15,7 +15,7 @@ from jupyter_server.serverapp import ServerApp
 
 from jupyter_gpushare.server.manager import process_manager, use_in_process
 
-# ci_cpu (bench/): with GPUSHARE_CPU_LOG set, each test's wall time and CPU go to that file (.ci/run sums them)
+# ci_cpu (bench/): with CI_CPU_LOG set, each test's wall time and CPU go to that file (.ci/run sums them)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 pytest_plugins = ("pytest_jupyter.jupyter_server", "ci_cpu")
 

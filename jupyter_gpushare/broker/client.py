@@ -154,10 +154,11 @@ class BrokerLedger:
                 sock.close()
 
     def _exchange(self, op: str, args: dict) -> dict:
-        if self._sock is None:  # closed from another thread meanwhile (``close``)
+        sock, file = self._sock, self._file  # (``close`` from another thread may drop them at any point: CI run 50)
+        if sock is None or file is None:
             raise ConnectionResetError("the connection was closed")
-        self._sock.sendall(json.dumps({"op": op, "args": args}).encode() + b"\n")
-        line = self._file.readline(MAX_REPLY)  # (the broker's answers may be long; requests are capped on its side)
+        sock.sendall(json.dumps({"op": op, "args": args}).encode() + b"\n")
+        line = file.readline(MAX_REPLY)  # (the broker's answers may be long; requests are capped on its side)
         if not line:
             raise ConnectionResetError("the broker closed the connection")
         if not line.endswith(b"\n"):
@@ -303,11 +304,13 @@ class BrokerLedger:
         try:
             if self._sock is None:
                 self._connect()
-            assert self._sock is not None
-            self._sock.settimeout(self.timeout + wait_s)
+            sock = self._sock  # (closed from another thread meanwhile: None, or its calls raise OSError)
+            if sock is None:
+                raise ConnectionResetError("the connection was closed")
+            sock.settimeout(self.timeout + wait_s)
             reply = self._exchange("watch", {"since": since, "wait_s": wait_s})
-            if self._sock is not None:
-                self._sock.settimeout(self.timeout)
+            with contextlib.suppress(OSError):
+                sock.settimeout(self.timeout)
         except (OSError, ValueError, _Refused) as e:
             self._drop()
             raise LedgerError(str(e) if isinstance(e, _Refused) else self._down_message(e)) from e

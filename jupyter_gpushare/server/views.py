@@ -18,7 +18,7 @@ from .sampler import KernelUsage, UsageSnapshot
 # -- the REST API's kernels and cards, with the sampler's measurement -----------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class KernelView:
     """One kernel of one snapshot, typed: its record as it was then (a copy: the registry goes on changing the
     live one), the time it was read at, its frameworks' own word (its reports), what the sampler measured of it, the

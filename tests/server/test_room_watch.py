@@ -15,6 +15,7 @@ import pytest
 from multiuser import Broker
 
 from jupyter_gpushare.broker.client import BrokerLedger
+from jupyter_gpushare.ledger.ledger import LedgerError
 from jupyter_gpushare.server import line
 
 
@@ -50,27 +51,31 @@ sys.stdin.readline()
 async def test_a_release_by_another_server_grants_the_next_in_line_at_once(gpushare, jp_serverapp, broker, monkeypatch):
     # The line's own poll is slowed to 30 s: only the broker's word can grant the waiting kernel within seconds
     monkeypatch.setattr(line, "PUSHED_POLL_S", 30.0)
-    other = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", OTHER_SERVER, broker.socket], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert other.stdin is not None and other.stdout is not None
-    try:
-        assert await asyncio.to_thread(other.stdout.readline) == "held\n"
-        _, waiting = await gpushare.open_notebook("next.ipynb")
-        assert await gpushare.state_of(waiting) == "queued"
-        # the first answers of the ledger, and the watch held at the broker (after its first count)
-        watch = jp_serverapp.web_app.settings["gpushare_manager"].line._watch
-        await gpushare.wait_for(lambda: _live(watch), what="the server to watch the broker")
-        await asyncio.sleep(1.0)  # past the line's last short poll (QUEUE_POLL_S): it waits 30 s now
-        released = time.monotonic()
-        other.stdin.write("\n")
-        other.stdin.flush()
-        assert await asyncio.to_thread(other.stdout.readline) == "released\n"
-        await gpushare.wait_for(lambda: _running(gpushare, waiting), timeout=20, what="the grant")
-        took = time.monotonic() - released
-    finally:
-        other.kill()
-        other.wait()
+    ) as other:
+        assert other.stdin is not None and other.stdout is not None
+        out = other.stdout
+
+        async def said() -> str:  # its next line (a minute at most: a broker that does not answer fails here)
+            return await asyncio.wait_for(asyncio.to_thread(out.readline), 60)
+
+        try:
+            assert await said() == "held\n"
+            _, waiting = await gpushare.open_notebook("next.ipynb")
+            assert await gpushare.state_of(waiting) == "queued"
+            # the first answers of the ledger, and the watch held at the broker (after its first count)
+            watch = jp_serverapp.web_app.settings["gpushare_manager"].line._watch
+            await gpushare.wait_for(lambda: _live(watch), what="the server to watch the broker")
+            await asyncio.sleep(1.0)  # past the line's last short poll (QUEUE_POLL_S): it waits 30 s now
+            released = time.monotonic()
+            other.stdin.write("\n")
+            other.stdin.flush()
+            assert await said() == "released\n"
+            await gpushare.wait_for(lambda: _running(gpushare, waiting), timeout=20, what="the grant")
+            took = time.monotonic() - released
+        finally:
+            other.kill()
     assert took < 15.0, f"granted {took:.2f} s after another server's release: not pushed (the poll is 30 s)"
 
 
@@ -105,3 +110,24 @@ def test_closing_a_client_ends_the_watch_it_holds_at_once(broker):
     watching.join(10)
     assert not watching.is_alive() and ended, "the watch was still held after its client closed"
     assert took < 10.0, f"close() waited {took:.1f} s for the watch's read (it is held for 25 s)"
+
+
+def test_a_close_between_a_watchs_send_and_its_read_ends_it_as_a_ledger_error(broker):
+    """The close from another thread can come after the watch has sent its request and before it reads the answer.
+    The watch must end as a LedgerError, which the room watch takes as stopped: CI run 50's papermill printed the
+    room watch thread's AttributeError traceback (the read found the connection's file already dropped)."""
+    client = BrokerLedger(broker.socket)
+    client.watch(0, 0.001)  # connected
+    sock = client._sock
+
+    class ClosedAfterSend:  # the connection's socket, closed by "another thread" right after the request went out
+        def __getattr__(self, name):
+            return getattr(sock, name)
+
+        def sendall(self, data: bytes) -> None:
+            sock.sendall(data)
+            client.close()
+
+    client._sock = ClosedAfterSend()
+    with pytest.raises(LedgerError):
+        client.watch(1, 5.0)
