@@ -104,6 +104,11 @@ async def read_kernel_reports(manager: Registry, kernel_ids: Sequence[str]) -> d
     return await manager.blocking(read)
 
 
+def frameworks_of(reports: Mapping[str, Any], kernel_id: str) -> dict[str, Any] | None:
+    """A kernel's frameworks, as its reports (``read_kernel_reports``) said; None where it said none."""
+    return (reports.get(kernel_id) or {}).get("frameworks")
+
+
 def reservations(manager: Registry, reading: LedgerReading, mine: set[str], now: float) -> dict[str, Any]:
     """The server's reservations in the API's shape (views.server_view): cards with what is reserved on them, the
     host's line (its own kernels, ``mine``, named), the ledger and the enforcement level."""
@@ -127,9 +132,7 @@ async def take_snapshot(manager: Registry) -> dict[str, Any]:
     reading, reports = await asyncio.gather(read_ledger(manager), read_kernel_reports(manager, list(manager.records)))
     now = manager.clock.wall()
     records = list(manager.records.values())
-    kernels = [
-        {**rec.to_dict(now), "frameworks": (reports.get(rec.kernel_id) or {}).get("frameworks")} for rec in records
-    ]
+    kernels = [{**rec.to_dict(now), "frameworks": frameworks_of(reports, rec.kernel_id)} for rec in records]
     return {**reservations(manager, reading, {rec.kernel_id for rec in records}, now), "kernels": kernels}
 
 
@@ -315,7 +318,7 @@ class Snapshots:
         held = reservations(manager, reading, set(ids), now)
         kernels = []
         for rec in records:
-            frameworks = (self._reports.get(rec.kernel_id) or {}).get("frameworks")
+            frameworks = frameworks_of(self._reports, rec.kernel_id)
             kernels.append(
                 KernelView(
                     rec,
