@@ -281,6 +281,7 @@ function body(host: IHostView, props: IHostSectionProps): VirtualElement[] {
               : null;
           return h.li(
             {
+              key: q.kernel_id ?? undefined, // a focused button stays with its kernel when the line moves
               className: q.mine ? `${C}-host-me` : '',
               dataset: { position: String(q.position) }
             },

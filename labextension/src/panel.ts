@@ -365,6 +365,7 @@ function renderKernel(
   );
   return h.li(
     {
+      key: k.kernel_id, // the card moves with its kernel, its opened details with it
       className: `${C}-kernel ${C}-state-${k.state}${isCurrent ? ` ${C}-current` : ''}`,
       dataset: {
         kernelId: k.kernel_id,

@@ -71,6 +71,18 @@ def _sweep(broker):
     return {u["pid"]: u for u in broker.unleased.current}
 
 
+def _what_was_seen(found: dict, **pids: int) -> str:
+    """What a sweep found, and what each process of the test was then (its user and command line), for a failure."""
+    lines = [f"found: {found}"]
+    for role, pid in pids.items():
+        try:
+            proc = psutil.Process(pid)
+            lines.append(f"{role} {pid}: {proc.username()} {proc.status()} {proc.cmdline()}")
+        except psutil.Error as e:
+            lines.append(f"{role} {pid}: {e!r}")
+    return "\n".join(lines)
+
+
 def _terminal_python(user, home) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE, text=True, **run_as(user, home))
     assert proc.stdout.readline().strip() == "ready"
@@ -134,15 +146,16 @@ def test_every_escape_is_found_counted_and_named(tmp_path, students):
         for pid, mib in ((terminal.pid, 3000), (own_pid, 2000), (off_pid, 2500)):
             fake.add_process(pid, mib)
         found = _sweep(broker)
-        assert found[terminal.pid]["user"] == BOB and "time.sleep(300)" in found[terminal.pid]["command"]
-        assert found[terminal.pid]["kernel_id"] is None
-        assert (found[own_pid]["user"], found[own_pid]["kernel_id"]) == (ALICE, own_id)
-        assert (found[off_pid]["user"], found[off_pid]["kernel_id"]) == (BOB, off_id)
-        assert {u["status"] for u in found.values()} == {"listed"}
+        seen = _what_was_seen(found, terminal=terminal.pid, own=own_pid, off=off_pid)  # (CI's one failure said no more)
+        assert found[terminal.pid]["user"] == BOB and "time.sleep(300)" in found[terminal.pid]["command"], seen
+        assert found[terminal.pid]["kernel_id"] is None, seen
+        assert (found[own_pid]["user"], found[own_pid]["kernel_id"]) == (ALICE, own_id), seen
+        assert (found[off_pid]["user"], found[off_pid]["kernel_id"]) == (BOB, off_id), seen
+        assert {u["status"] for u in found.values()} == {"listed"}, seen
         # counted as taken: 7,500 of the 10 GiB card are used without a lease, so a 4 GiB kernel (4.5) does not fit
         who = Caller(ALICE, alice.pw_uid, process=ProcessRef.me())
         got = broker.handle(who, "reserve", {"kernel_id": "k1", "mib": 4096})
-        assert "waiting" in got and got["waiting"]["outside_mib"] == 7500
+        assert "waiting" in got and got["waiting"]["outside_mib"] == 7500, (got, seen)
         # shown to admins, with the broker's judgment; a student sees nothing of them
         admin = Caller("root", 0, admin=True, process=ProcessRef.me())
         assert {u["pid"] for u in broker.handle(admin, "view", {})["unleased"]} == {terminal.pid, own_pid, off_pid}

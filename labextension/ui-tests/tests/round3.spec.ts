@@ -279,6 +279,15 @@ test('a student reads a place, a bar and one action; details are one click away;
   await expect(queued.locator('.jp-gpushare-kernel-detail')).toContainText(
     'Waiting for a GPU: #1 in line'
   );
+  // Opened details stay open while the cards move: the current notebook's card comes first, so making each
+  // notebook current in turn moves the waiting card up and down the list (CI saw them close under a student)
+  for (const path of ['r3/a.ipynb', 'r3/c.ipynb', 'r3/a.ipynb']) {
+    await open(page, path);
+    await expect(
+      kernelItems(page).first().locator('.jp-gpushare-link')
+    ).toHaveAttribute('title', `Open ${path}`);
+    await expect(queued.locator('.jp-gpushare-kernel-detail')).toBeVisible();
+  }
   // A running card: the bar of use against the reservation in sight, how the server holds it behind Details
   const running = kernelItems(page).filter({
     has: page.locator('.jp-gpushare-badge', { hasText: 'running' })
