@@ -28,13 +28,16 @@ import logging
 import os
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import ensure_async
-from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
 
 from .seam.internals import start_kwargs
+
+if TYPE_CHECKING:  # (not at run time: batch programs import this through the provisioner, and jupyter_server's
+    # kernel manager brings jupyter_events, whose jsonschema builds its IRI parsers: ~2-3 CPU s at each start)
+    from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
 
 WARM_MARK = "gpushare_warm"  # the attribute that marks a kernel manager whose kernel is warm (the provisioner reads it)
 READY_S = 60.0  # how long a warm kernel may take to answer its first kernel_info
