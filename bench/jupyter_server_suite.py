@@ -2,7 +2,13 @@
 without it: the same tests must give the same results (our contract with Jupyter).
 
     python bench/jupyter_server_suite.py OUT.json    # both ways, side by side: outcomes compared, time ratio
+    python bench/jupyter_server_suite.py --record    # the outcomes without us, kept as this version's baseline
 Used by tests/launch/test_jupyter_server_suite.py.
+
+The outcomes without us depend on jupyter_server's version and Python's, not on our code: recorded once per version
+(``--record``: bench/results/jupyter_server_suite-baseline-<version>-py<X.Y>.json), CI compares its run with us
+against them, and reruns both ways, live, only the tests that differ (``confirmed``). A version with no baseline
+runs both ways, live.
 
 The tests come from the jupyter_server sdist of the installed version (pip download: its wheel has no tests);
 their test-only dependencies go into a virtualenv that sees this environment's packages. With our provisioner, the
@@ -83,6 +89,21 @@ def run(
     }
 
 
+def baseline_path(version: str, python: str = f"{sys.version_info[0]}.{sys.version_info[1]}") -> Path:
+    return ROOT / "bench" / "results" / f"jupyter_server_suite-baseline-{version}-py{python}.json"
+
+
+def recorded() -> dict | None:
+    """The installed jupyter_server's outcomes without us, as ``--record`` kept them (a run's shape), or None."""
+    import jupyter_server
+
+    path = baseline_path(jupyter_server.__version__)
+    if not path.exists():
+        return None
+    kept = json.loads(path.read_text())
+    return {**kept, "tail": f"(the outcomes without us recorded in {path.name} on {kept['date']})"}
+
+
 def differences(without: dict, with_ours: dict) -> dict[str, tuple[str | None, str | None]]:
     """The tests whose outcome differs: name -> (without, with our provisioner)."""
     a, b = without["outcomes"], with_ours["outcomes"]
@@ -108,11 +129,16 @@ def confirmed(
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", help="JSON file for the results")
+    ap.add_argument("out", nargs="?", help="JSON file for the results (not with --record)")
     ap.add_argument("--workdir", default="/tmp/gpushare-jupyter-server-suite")
+    ap.add_argument("--record", action="store_true", help="run without us only, and keep its outcomes as the baseline")
     args = ap.parse_args()
+    if not args.record and not args.out:
+        ap.error("name the JSON file for the results, or --record a baseline")
     workdir = Path(args.workdir)
     python, src = prepare(workdir)
+    if args.record:
+        return _record(python, src, workdir)
     without = run(python, src, workdir, gpushare=False)
     ours = run(python, src, workdir, gpushare=True)
     diff = differences(without, ours)
@@ -127,6 +153,25 @@ def main() -> int:
         + "".join(f"\n  {n}: {a} -> {b}" for n, (a, b) in diff.items())
     )
     return 0 if not diff else 1
+
+
+def _record(python: Path, src: Path, workdir: Path) -> int:
+    """Run the suites without us and keep their outcomes as this jupyter_server's baseline (a run that ended
+    midway, or whose tests did not mostly pass, is not kept)."""
+    import jupyter_server
+
+    without = run(python, src, workdir, gpushare=False)
+    if without["rc"] is None or without["counts"].get("passed", 0) <= 50:
+        print(f"not recorded: the run did not finish or mostly failed:\n{without['tail']}")
+        return 1
+    path = baseline_path(jupyter_server.__version__)
+    kept = {k: without[k] for k in ("counts", "outcomes", "seconds")}
+    kept.update(
+        date=time.strftime("%Y-%m-%d"), jupyter_server=jupyter_server.__version__, python=sys.version.split()[0]
+    )
+    path.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+    print(f"recorded {without['counts']} in {without['seconds']} s: {path.relative_to(ROOT)}")
+    return 0
 
 
 if __name__ == "__main__":
