@@ -1,4 +1,4 @@
-import { expect, Page, test } from '@playwright/test';
+import { expect, Locator, Page, test } from '@playwright/test';
 
 import {
   kernelConnected,
@@ -49,6 +49,24 @@ async function runIn(page: Page, path: string, code: string): Promise<void> {
     },
     [path, code] as const
   );
+}
+
+/** Check the notifications JupyterLab's notification centre lists (``check`` gets its items), the centre open
+ * meanwhile. A toast that closes by its own time stays listed there; one the sidebar dismissed, because the state
+ * it spoke of passed, is gone: what a timer cannot tell on a loaded machine. (The centre hides the toasts.) */
+async function inCentre(
+  page: Page,
+  check: (items: Locator) => Promise<void>
+): Promise<void> {
+  await run(page, 'apputils:display-notifications');
+  const centre = page.locator('.jp-Notification-Center');
+  await expect(centre).toBeVisible();
+  try {
+    await check(centre.locator('.jp-Notification-List-Item'));
+  } finally {
+    await run(page, 'apputils:display-notifications');
+    await expect(centre).toBeHidden();
+  }
 }
 
 async function stateOf(page: Page, path: string): Promise<any> {
@@ -160,7 +178,6 @@ test('names, toasts and dialogs a student can read and trust', async ({
   } catch (e) {
     throw new Error(`${e}\nToasts seen: ${JSON.stringify(seen, null, 1)}`);
   }
-  const queuedShown = Date.now();
 
   // Stop waiting asks, and focuses Keep waiting: Enter, Enter keeps the kernel in line
   const stopWaiting = page
@@ -193,8 +210,16 @@ test('names, toasts and dialogs a student can read and trust', async ({
       timeout: 30000
     })
     .toBe('running');
-  await expect(waiting).toHaveCount(0, { timeout: 5000 });
-  expect(Date.now() - queuedShown).toBeLessThan(8000); // closed by its state, before its own 8 s
+  await expect(waiting).toHaveCount(0, { timeout: 30000 });
+  // closed by its state, not by its own 8 s: the centre lists it no more (the control: c.ipynb's GPU ready, which
+  // nothing closes while it runs, is listed)
+  const ready = /c\.ipynb: GPU ready/;
+  await inCentre(page, async items => {
+    await expect(items.filter({ hasText: ready })).toHaveCount(1);
+    await expect(
+      items.filter({ hasText: /c\.ipynb: Waiting for a GPU/ })
+    ).toHaveCount(0);
+  });
 
   // An over-quota toast (an error: on screen 20 s at most) closes as soon as the kernel is back under its
   // reservation, not minutes later
@@ -205,14 +230,18 @@ test('names, toasts and dialogs a student can read and trust', async ({
   );
   const over = toasts(page).filter({ hasText: /a\.ipynb: Uses 3\.7 GiB/ });
   await expect(over).toHaveCount(1, { timeout: 30000 });
-  const t0 = Date.now();
   await runIn(
     page,
     'r3/week2/a.ipynb',
     "import gpushare_simulate; gpushare_simulate.use('1GiB')"
   );
-  await expect(over).toHaveCount(0, { timeout: 12000 });
-  expect(Date.now() - t0).toBeLessThan(12000); // closed by its state, before its own 20 s
+  await expect(over).toHaveCount(0, { timeout: 30000 });
+  await inCentre(page, async items => {
+    await expect(items.filter({ hasText: ready })).toHaveCount(1);
+    await expect(
+      items.filter({ hasText: /a\.ipynb: Uses 3\.7 GiB/ })
+    ).toHaveCount(0); // closed by its state, not by its own 20 s
+  });
 
   // Once c.ipynb has the GPU, a.ipynb's name is its own again (no other a.ipynb left running)
   await expect(
@@ -629,8 +658,12 @@ test("a parked notebook's CPU cell answers at once, and says in one line that it
   });
   const sent = Date.now();
   const output = cell.locator('.jp-OutputArea');
-  await expect(output).toContainText(/(^|\n)8(\n|$)/, { timeout: 10000 });
-  expect(Date.now() - sent).toBeLessThan(10000);
+  // "at once" is its answer while the kernel is still parked or in line (checked below: the card stays full until a
+  // filler ends), not a time: the time is a figure
+  await expect(output).toContainText(/(^|\n)8(\n|$)/, { timeout: 60000 });
+  console.log(
+    `parked notebook's 3 s CPU cell answered in ${Date.now() - sent} ms`
+  );
   await expect(output).toContainText('this kernel was parked');
   await expect(output).toContainText('CPU work runs at once');
   // while the cell ran, its kernel's place in line to come back
