@@ -51,6 +51,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("log", help="the JSON lines CI_CPU_LOG named")
     ap.add_argument("--top", type=int, default=None, help="only the N files that used the most CPU")
+    ap.add_argument(
+        "--since", type=float, default=None, help="CI's start (epoch s): say how long came before the tests"
+    )
     args = ap.parse_args()
     rows = [json.loads(line) for line in open(args.log)]
     files: dict[str, dict] = defaultdict(lambda: {"cpu": 0.0, "wall": 0.0, "tests": 0, "worker": ""})
@@ -73,6 +76,8 @@ def main() -> int:
     for r in rows:
         by_worker[r["worker"]] = max(by_worker[r["worker"]], r["start"] + r["wall_s"])
     first = min(r["start"] for r in rows)
+    if args.since is not None:  # the install (pip, the sidebar's build) and the collection came before
+        print(f"the first test started {first - args.since:.0f} s after CI's start")
     print(
         "each worker's last test ended at: " + ", ".join(f"{w} {t - first:.0f} s" for w, t in sorted(by_worker.items()))
     )
