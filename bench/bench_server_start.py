@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+from bench_sampler import free_port  # (a bench script beside this one)
 
 OTHERS = ("jupyterlab", "notebook", "jupyter_lsp", "jupyter_server_terminals", "notebook_shim", "nbclassic")
 # the program run, with rfc3987-syntax kept from loading or not: an entry of None in sys.modules is an ImportError
@@ -42,16 +42,10 @@ WAYS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_once(ours_alone: bool, block: bool) -> tuple[float, float]:
     """(wall s, CPU s) of one server's start to its first answer."""
     with tempfile.TemporaryDirectory() as d:
-        port, env = _free_port(), None
+        port, env = free_port(), None
         if ours_alone:
             config = Path(d, "config")
             config.mkdir()
