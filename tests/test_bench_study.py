@@ -32,6 +32,8 @@ def test_study_harness_runs_jobs_through_a_real_server_and_queues_the_one_that_d
             assert "admitted" in run["events"]
             waits = sorted(j["wait_s"] for j in run["per_job"])
             assert waits[-1] >= min(j["run_s"] for j in run["per_job"])
+            # each kernel's room given back (the server's event) after its job's end, before its DELETE answered
+            assert all(j["finished"] <= j["released"] <= j["deleted"] + 0.05 for j in run["per_job"]), run["per_job"]
         else:  # numpy needs no GPU: the kernel in line ran its job at once, without waiting for the grant
             assert "admitted" not in run["events"]
         assert all(j["job_s"] is not None and j["pid"] for j in run["per_job"])
@@ -138,6 +140,12 @@ def test_waves_says_where_a_class_loses_its_ideal_between_waves():
     assert w["of_ideal"] == pytest.approx(0.921, abs=0.001) and w["run_s"][1] == pytest.approx(33.84, abs=0.01)
     ok = [j for j in result["per_job"] if j["status"] == "ok"]
     assert len(ok) == 44 and w["handoff_s"][0] == pytest.approx(2.49, abs=0.01) and w["delete_s"] is None
+    assert w["release_s"] is None and w["regrant_s"] is None  # (run 9 predates them)
+    # with releases, the hand-off splits: the k-th release pairs with the grant of the k-th kernel that waited
+    split = {**result, "per_job": [{**j, "released": j["finished"] + 1.0} for j in ok]}
+    w2 = waves.waves(split)
+    assert w2["release_s"] == pytest.approx((1.0, 1.0)) and w2["handoff_s"] == w["handoff_s"]
+    assert w2["regrant_s"] == pytest.approx((w["handoff_s"][0] - 1.0, w["handoff_s"][1] - 1.0))
     assert waves.waves({**result, "per_job": []}) is None  # (a run of the code before without grants, say)
     out = subprocess.run(
         [sys.executable, str(HARNESS.with_name("waves.py")), str(name)], capture_output=True, text=True

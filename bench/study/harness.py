@@ -464,6 +464,8 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         for later in (False, True)
     ]
     done = {j.index: j.finished for j in attempts if j.status == "ok"}
+    # when the server gave each kernel's reservation back (its event): the hand-off's middle (study/waves.py)
+    released = {e.get("kernel_id"): round(e["time"] - t0, 3) for e in events if e["kind"] == "released"}
     result = {
         "framework": framework,
         "scenario": scenario,
@@ -499,7 +501,9 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         if warmup
         else None,
         "per_job": [
-            {k: v for k, v in asdict(j).items() if k != "output"} | {"output_tail": j.output[-3:]} for j in attempts
+            {k: v for k, v in asdict(j).items() if k != "output"}
+            | {"output_tail": j.output[-3:], "released": released.get(j.kernel_id)}
+            for j in attempts
         ],
         "timeline": monitor.timeline,
     }

@@ -5,8 +5,9 @@
 One line per run (every run, not the best): its all ok; its share of the ideal (waves × the median grant → done of
 all jobs, over all ok); the grants of wave 1; each job's grant → done; and the hand-off, from the k-th job's end to
 the grant of the k-th kernel that waited (the room a job leaves goes to the next in line: its client's DELETE, the
-kernel's exit, the release and the grant); and, where the run has it, from a job's end to its kernel's DELETE
-answered (jupyter_server answers once the kernel is shut down and its room released).
+kernel's exit, the release and the grant); and, where the run has them, from a job's end to its kernel's DELETE
+answered (jupyter_server answers once the kernel is shut down and its room released), from a job's end to the
+server's release of its room (its 'released' event), and from the k-th release to the k-th grant of a kernel in line.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def waves(result: dict) -> dict | None:
     handoffs = [grants[fit + k] - ends[k] for k in range(len(ok) - fit)]
     median = statistics.median(runs)
     shutdowns = [j["deleted"] - j["finished"] for j in ok if j.get("deleted") is not None]
+    releases = sorted(j["released"] for j in ok if j.get("released") is not None)
+    freed = [j["released"] - j["finished"] for j in ok if j.get("released") is not None]
+    regrants = [grants[fit + k] - releases[k] for k in range(min(len(ok) - fit, len(releases)))]
     return {
         "all_ok_s": result["all_ok_s"],
         "of_ideal": math.ceil(result["jobs"] / fit) * median / result["all_ok_s"],
@@ -36,6 +40,8 @@ def waves(result: dict) -> dict | None:
         "run_s": (min(runs), median, max(runs)),
         "handoff_s": (statistics.median(handoffs), max(handoffs)) if handoffs else None,
         "delete_s": (statistics.median(shutdowns), max(shutdowns)) if shutdowns else None,
+        "release_s": (statistics.median(freed), max(freed)) if freed else None,
+        "regrant_s": (statistics.median(regrants), max(regrants)) if regrants else None,
     }
 
 
@@ -49,8 +55,10 @@ def main(files: list[str]) -> None:
                 print(f"{label}: no per-job grants")
                 continue
             hand = "–" if w["handoff_s"] is None else "{:.2f} s median, {:.2f} s at most".format(*w["handoff_s"])
-            if w["delete_s"] is not None:
-                hand += "; end → DELETE answered {:.2f} s median, {:.2f} s at most".format(*w["delete_s"])
+            for key, what in (("delete_s", "end → DELETE answered"), ("release_s", "end → its room released"),
+                              ("regrant_s", "a release → the next grant")):  # fmt: skip
+                if w[key] is not None:
+                    hand += "; {} {:.2f} s median, {:.2f} s at most".format(what, *w[key])
             print(f"{label}: all ok {w['all_ok_s']:.1f} s, {w['of_ideal']:.1%} of ideal; wave 1 granted "
                   "{:.2f}–{:.2f} s; grant → done {:.1f} / {:.1f} / {:.1f} s; hand-off {}".format(
                       *w["wave1_grants_s"], *w["run_s"], hand))  # fmt: skip
