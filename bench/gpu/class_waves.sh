@@ -2,10 +2,12 @@
 # A class's waves on the lent GPU machine (issue 48; bench/README.md, "A class at 1.0×, 2× and 4×"): the study's
 # PyTorch class through study/harness.py, one arm after another inside one time budget, every run kept.
 #   ARMS="cold:2 before:2 warm:2 warm:1" LIMIT=565 bash bench/gpu/class_waves.sh     (carry .whl, bench/gpu/before)
-# An arm is warm (32 warm kernels that imported PyTorch), cold (none) or before (the code of issue 48's baseline),
-# then ':' and the class's size in cards' worth of jobs (FACTOR, default 2). An arm that cannot finish in the time
-# left (under MIN seconds, default 140) is skipped and said. The code before is a copy of its sources:
+# An arm is warm (32 warm kernels that imported PyTorch), cold (none), before (the code of issue 48's baseline) or
+# then (an earlier commit of today's layout, warm as the warm arm: a change's before and after in one call), then ':'
+# and the class's size in cards' worth of jobs (FACTOR, default 2). An arm that cannot finish in the time left (under
+# MIN seconds, default 140) is skipped and said. The code before and then are copies of their sources:
 #   mkdir -p bench/gpu/before && git archive d9100ab jupyter_gpushare bench jupyter-config | tar -x -C bench/gpu/before
+#   mkdir -p bench/gpu/then && git archive COMMIT jupyter_gpushare bench jupyter-config | tar -x -C bench/gpu/then
 # Everything lands in $OUT/s, packed as $OUT/study.tgz.
 set -u
 source bench/gpu/device_env.sh || exit 1
@@ -28,7 +30,9 @@ for spec in ${ARMS:-warm cold cold warm}; do
       printf 'Metadata-Version: 2.1\nName: jupyter-gpushare\nVersion: 0.1.0\n' > $d/METADATA
       printf '[jupyter_client.kernel_provisioners]\ngpushare-provisioner = jupyter_gpushare.provisioner:GpuShareProvisioner\n' > $d/entry_points.txt
       (cd bench/gpu/before && PYTHONPATH=$PWD:/tmp/site-before:/tmp/site timeout $(( left - 5 )) python3 bench/study/harness.py $run) ;;
-    *) echo "unknown arm $arm: warm, cold or before"; continue ;;
+    then)  # today's entry point (device_env.sh), the earlier commit's sources first on the path
+      (cd bench/gpu/then && PYTHONPATH=$PWD:/tmp/site timeout $(( left - 5 )) python3 bench/study/harness.py $run --warm 32 --warm-imports torch) ;;
+    *) echo "unknown arm $arm: warm, cold, before or then"; continue ;;
   esac > $OUT/s/$name.log 2>&1
   echo "$name rc=$? $(date -u +%T)"
   python3 bench/study/waves.py $OUT/s/$name/results.json

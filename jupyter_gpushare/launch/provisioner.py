@@ -16,6 +16,7 @@ reservation (docs/jupyter-client-port-reuse.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import re
@@ -318,6 +319,9 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         that ran without the GPU keeps that) and its pipe is open. Returns "ok" (in line again, or granted at
         once), else what the kernel said instead: "imported:<names>", "busy" (it did not answer: a cell runs), or
         "cannot". QuotaUnavailable where a rule refuses it now (it runs on without a GPU, and may join later)."""
+        if self._admitting is not None and not self._admitting.done():  # its wait ended, and the kernel is being
+            with contextlib.suppress(asyncio.CancelledError):  # told so (its record says so first): once it knows
+                await asyncio.shield(self._admitting)
         manager, held = self._manager(), self._held
         rec = manager.records.get(self.kernel_id)
         if held is None or not held.open or rec is None or rec.state != "cpu" or not rec.wait_ended:

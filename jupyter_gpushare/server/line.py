@@ -34,6 +34,7 @@ from .services import KernelStarts
 QUEUE_POLL_S = 0.5
 PUSHED_POLL_S = 2.0  # while the broker says each change (room_watch.py): a heartbeat, and what no ledger says
 UNWANTED_S = 3.0  # a kernel in line that nothing wants (no session, no client) this long gives its place up
+HEARD_S = 5.0  # a turn cut short by freed room still asks each kernel not asked this long (a heartbeat, WAITER_STALE_S)
 
 
 ENDINGS = ("cancelled", "timeout", "unwatched", "closing")  # why a wait ends without a grant (Wait.ending)
@@ -55,6 +56,11 @@ class Wait:
     unwanted_since: float | None = None  # no notebook and no client wants it since then (QuotaManager.may_grant)
     stepped_out: bool = False  # its place in the host's line was given up while nothing wanted it
     ledger_down: bool = False  # the ledger (its broker, its disk) could not be asked at the last turn
+    asked: float = -math.inf  # (monotonic) when the ledger was last asked for it
+
+    def order(self) -> tuple[float, float]:
+        """Its place in a turn: by its place in the host's line as the ledger last said it, the new ones after."""
+        return (math.inf if self.last is None else self.last.position, self.since)
 
     @property
     def kernel_id(self) -> str:
@@ -276,13 +282,17 @@ class Line:
 
     async def _serve_once(self) -> None:
         ask, ending = self.queue.due(self.starts.watchers)
-        ask = [w for w in ask if self._wanted(w)]
+        ask = sorted((w for w in ask if self._wanted(w)), key=Wait.order)  # the front first: room goes to it
         for wait in ending:
             self.end_wait(wait)
         for wait in ask:  # each on its own ledger job, answered at once: a read of the ledger (a snapshot's, a
             # request's) waits for one reserve, not a whole turn (60 kernels on 2 cores: 25 s for GET /kernels)
             if self._ended(wait):  # meanwhile: nothing to ask
                 continue
+            if self._room.is_set() and self.clock.mono() - wait.asked < HEARD_S:
+                continue  # room was freed meanwhile: the next turn starts at once, from the front (a class's wave
+                # ends in a burst of releases, each of which would otherwise wait for the rest of a turn)
+            wait.asked = self.clock.mono()
             try:
                 home = self.kernels.card_home(wait.kernel_id)  # (read here, on the IOLoop)
                 got = await self.ledger.run(self._reserve_one, wait.request, home)
