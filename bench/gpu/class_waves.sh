@@ -6,8 +6,9 @@
 # then (an earlier commit of today's layout, warm as the warm arm: a change's before and after in one call), then ':'
 # and the class's size in cards' worth of jobs (FACTOR, default 2). An arm that cannot finish in the time left (under
 # MIN seconds, default 140) is skipped and said. The code before and then are copies of their sources:
-#   mkdir -p bench/gpu/before && git archive d9100ab jupyter_gpushare bench jupyter-config | tar -x -C bench/gpu/before
-#   mkdir -p bench/gpu/then && git archive COMMIT jupyter_gpushare bench jupyter-config | tar -x -C bench/gpu/then
+#   mkdir -p bench/gpu/before && git archive d9100ab jupyter_gpushare bench/study jupyter-config | tar -x -C bench/gpu/before
+#   mkdir -p bench/gpu/then && git archive COMMIT jupyter_gpushare bench/study bench/_kernels.py jupyter-config \
+#     | tar -x -C bench/gpu/then
 # Everything lands in $OUT/s, packed as $OUT/study.tgz.
 set -u
 source bench/gpu/device_env.sh || exit 1
