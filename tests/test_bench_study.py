@@ -36,6 +36,10 @@ def test_study_harness_runs_jobs_through_a_real_server_and_queues_the_one_that_d
             assert all(j["finished"] <= j["released"] <= j["deleted"] + 0.05 for j in run["per_job"]), run["per_job"]
         else:  # numpy needs no GPU: the kernel in line ran its job at once, without waiting for the grant
             assert "admitted" not in run["events"]
+            # its use of the simulated card is its first GPU operation, after its first output; wave 1's medians
+            used = [j for j in run["per_job"] if j["gpu_at"] is not None]  # (the one in line runs without the card)
+            assert len(used) >= 2 and all(j["first_output"] < j["gpu_at"] < j["finished"] for j in used), used
+            assert 0 < run["open_to_first_output_median_s"] < run["open_to_gpu_op_median_s"], run
         assert all(j["job_s"] is not None and j["pid"] for j in run["per_job"])
         assert run["reruns"] == 0 and run["all_ok_s"] >= run["run_s_max"]
     assert (tmp_path / "jobs.csv").read_text().count("\n") == 7

@@ -28,6 +28,7 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -211,11 +212,16 @@ class Job:
     peak_mib: int | None = None
     output: list[str] = field(default_factory=list)
     first_output: float | None = None  # the cell's first output (a cell held for a resume waits for it)
+    gpu_at: float | None = None  # its first GPU operation done (the job's "GPU" line; PyTorch and simulated NumPy)
     # the idle study: the first run's own time and end, when the job ran again, and how long that cell waited
     first_s: float | None = None
     first_done: float | None = None
     again: float | None = None
     again_wait_s: float | None = None
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
 
 
 async def run_job(server: Server, job: Job, code: str, t0: float, timeout: float, idle: Idle | None = None) -> None:
@@ -306,6 +312,8 @@ async def run_cell(server: Server, ws, session: str, code: str, job: Job, t0: fl
                     job.output.append(line)
                     if line.startswith("PID "):
                         job.pid = int(line.split()[1])
+                    if line.startswith("GPU ") and job.gpu_at is None:
+                        job.gpu_at = time.time() - t0
                     if line.startswith("DONE "):
                         job.job_s = float(line.split()[1])
             elif kind == "error":
@@ -464,6 +472,7 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         for later in (False, True)
     ]
     done = {j.index: j.finished for j in attempts if j.status == "ok"}
+    first_wave = [j for j in ok if j.kernel_id not in in_line and j.requested is not None]
     # when the server gave each kernel's reservation back (its event): the hand-off's middle (study/waves.py)
     released = {e.get("kernel_id"): round(e["time"] - t0, 3) for e in events if e["kind"] == "released"}
     result = {
@@ -488,6 +497,10 @@ async def run_scenario(args, nvml: Nvml | None, framework: str, scenario: str, n
         "wave1_grant_to_done_median_s": round(waves[0][len(waves[0]) // 2], 2) if waves[0] else None,
         "later_grant_to_done_median_s": round(waves[1][len(waves[1]) // 2], 2) if waves[1] else None,
         "first_grant_s": round(min((j.admitted for j in ok if j.admitted is not None), default=0.0), 3),
+        # wave 1 (no place in line): from the request of its kernel to the job's first output, as a notebook's
+        # first cell's answer, and to its first GPU operation done
+        "open_to_first_output_median_s": _median([j.first_output - j.requested for j in first_wave if j.first_output]),
+        "open_to_gpu_op_median_s": _median([j.gpu_at - j.requested for j in first_wave if j.gpu_at]),
         "warm_kernels": args.warm if scenario in EXTENSION else 0,
         "max_concurrent_processes": max((s["processes"] for s in monitor.timeline), default=None),
         "peak_card_used_mib": max((s["used_mib"] for s in monitor.timeline), default=None),

@@ -6,7 +6,8 @@ scenarios it first runs the cell TensorFlow notebooks start with, ``set_memory_g
 
 Data is generated (nothing is downloaded). A resident working set scales each job so that about
 22 fit on the card, mirroring the study's 1,205 MiB jobs on a 24 GiB card at a larger card's scale.
-The code prints ``PID <pid>`` first (so the harness can attribute NVML figures), then ``DONE <s>``.
+The code prints ``PID <pid>`` first (so the harness can attribute NVML figures, and times a first cell's answer),
+``GPU <s>`` once its first GPU operation is done (PyTorch, and NumPy on the simulated card), then ``DONE <s>``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ t0 = time.time()
 import torch
 dev = "cuda"
 x = torch.randn(60000, 1, 28, 28, device=dev)
+torch.cuda.synchronize(); print("GPU", round(time.time() - t0, 3), flush=True)  # its first GPU operation done
 y = torch.randint(0, 10, (60000,), device=dev)
 working_set = torch.ones({ws_mib} * 2**20 // 4, device=dev)  # scales the job to ~1/22 of the card
 model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(dev)
@@ -90,7 +92,7 @@ t0 = time.time()
 import numpy as np
 if os.environ.get("GPUSHARE_SIMULATED") == "1":
     import gpushare_simulate
-    gpushare_simulate.use({ws_mib}); time.sleep(1.5)
+    gpushare_simulate.use({ws_mib}); print("GPU", round(time.time() - t0, 3), flush=True); time.sleep(1.5)
 rng = np.random.default_rng(0)
 x = rng.standard_normal(({n}, 784), dtype=np.float32)
 w = rng.standard_normal((784, 10), dtype=np.float32) * 0.01

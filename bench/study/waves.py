@@ -42,6 +42,7 @@ def waves(result: dict) -> dict | None:
         "delete_s": (statistics.median(shutdowns), max(shutdowns)) if shutdowns else None,
         "release_s": (statistics.median(freed), max(freed)) if freed else None,
         "regrant_s": (statistics.median(regrants), max(regrants)) if regrants else None,
+        "open_s": (result.get("open_to_first_output_median_s"), result.get("open_to_gpu_op_median_s")),
     }
 
 
@@ -59,6 +60,10 @@ def main(files: list[str]) -> None:
                               ("regrant_s", "a release → the next grant")):  # fmt: skip
                 if w[key] is not None:
                     hand += "; {} {:.2f} s median, {:.2f} s at most".format(what, *w[key])
+            if None not in w["open_s"]:
+                hand += "; wave 1's open → first output {:.2f} s, → first GPU operation {:.2f} s (medians)".format(
+                    *w["open_s"]
+                )
             print(f"{label}: all ok {w['all_ok_s']:.1f} s, {w['of_ideal']:.1%} of ideal; wave 1 granted "
                   "{:.2f}–{:.2f} s; grant → done {:.1f} / {:.1f} / {:.1f} s; hand-off {}".format(
                       *w["wave1_grants_s"], *w["run_s"], hand))  # fmt: skip
