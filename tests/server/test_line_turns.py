@@ -14,6 +14,28 @@ from jupyter_gpushare.ledger.leases import Waiting
 from jupyter_gpushare.server.line import HEARD_S, QUEUE_POLL_S, Line, Wait
 
 
+class LedgerThread:
+    """The ledger's one thread, as the server's LedgerWorker runs it: each job in turn."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(1)
+
+    async def run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def must(self, call):
+        return call(None)
+
+
+def line_of(reserve) -> Line:
+    """A line of ten kernels (k0..k9) that anyone wants, whose reserves run ``reserve`` on the ledger's thread."""
+    kernels = SimpleNamespace(
+        records={f"k{i}": object() for i in range(10)}, card_home=lambda kid: None, reserve=reserve
+    )
+    starts = SimpleNamespace(may_grant=lambda kid: True, watchers=lambda kid: None)
+    return Line(kernels, LedgerThread(), starts, 60.0, logging.getLogger("test"))
+
+
 async def test_room_freed_during_a_turn_brings_the_next_turn_at_once():
     line = Line(SimpleNamespace(records={}), SimpleNamespace(), SimpleNamespace(), 60.0, logging.getLogger("test"))
     line.queue.waits["k1"] = SimpleNamespace()  # someone waits: the line is served
@@ -40,26 +62,14 @@ async def test_a_read_of_the_ledger_during_a_turn_waits_for_one_reserve_not_the_
     """A turn asks the ledger for each kernel in line on a job of its own: a read (a snapshot's, a request's) that
     comes meanwhile runs after the reserve under way, not after all of them. One job for the whole turn made a
     status request wait 17-25 s with 60 kernels on 2 cores (tests/server/test_class_queue.py's class)."""
-    pool = ThreadPoolExecutor(1)  # the ledger's one thread
     order: list[str] = []
-
-    class Worker:
-        async def run(self, fn, *args):
-            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
-
-        def must(self, call):
-            return call(None)
 
     def reserve(ledger, request, wait, home):
         order.append(f"reserve {request.label}")
         time.sleep(0.01)
         return "waiting"
 
-    kernels = SimpleNamespace(
-        records={f"k{i}": object() for i in range(10)}, card_home=lambda kid: None, reserve=reserve
-    )
-    starts = SimpleNamespace(may_grant=lambda kid: True, watchers=lambda kid: None)
-    line = Line(kernels, Worker(), starts, 60.0, logging.getLogger("test"))
+    line = line_of(reserve)
     loop = asyncio.get_running_loop()
     waits = [Wait(SimpleNamespace(kernel_id=f"k{i}", label=i), float(i), loop.create_future()) for i in range(10)]
     line.queue.due = lambda watchers: (waits, [])
@@ -67,38 +77,27 @@ async def test_a_read_of_the_ledger_during_a_turn_waits_for_one_reserve_not_the_
     turn = asyncio.ensure_future(line._serve_once())
     while "reserve 0" not in order:
         await asyncio.sleep(0.001)
-    await Worker().run(lambda: order.append("read"))
+    await line.ledger.run(lambda: order.append("read"))
     await turn
     assert [x for x in order if x != "read"] == [f"{what} {i}" for i in range(10) for what in ("reserve", "answer")]
     assert order.index("read") <= order.index("reserve 2"), order  # after one reserve or two, not after ten
-    pool.shutdown()
+    line.ledger.pool.shutdown()
 
 
 async def test_room_freed_during_a_turn_goes_to_the_front_at_once_not_after_the_rest_of_the_turn():
     """A class's wave ends in a burst of releases. Room freed while a turn asks the ledger for the kernels in line
     cuts the turn short: the next turn starts at once and asks the front of the line first (its place as the ledger
     last said it, not the order the kernels joined). A kernel not asked for HEARD_S is still asked (a heartbeat).
-    Measured on an H200 before: a release to the next grant 0.67 s median in a 2x class (bench/README.md)."""
-    pool = ThreadPoolExecutor(1)
+    (On an H200 this alone did not shorten a class's hand-off: its grant waited for a reading of the card, which
+    test_handoff.py keeps from coming back; bench/README.md.)"""
     asked: list[str] = []
-
-    class Worker:
-        async def run(self, fn, *args):
-            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
-
-        def must(self, call):
-            return call(None)
 
     def reserve(ledger, request, wait, home):
         asked.append(request.kernel_id)
         time.sleep(0.005)
         return "waiting"
 
-    kernels = SimpleNamespace(
-        records={f"k{i}": object() for i in range(10)}, card_home=lambda kid: None, reserve=reserve
-    )
-    starts = SimpleNamespace(may_grant=lambda kid: True, watchers=lambda kid: None)
-    line = Line(kernels, Worker(), starts, 60.0, logging.getLogger("test"))
+    line = line_of(reserve)
     loop = asyncio.get_running_loop()
     # joined k0..k9, but the host's line (another server's kernels, a teacher's move) puts k9 first, k8 second
     waits = [Wait(SimpleNamespace(kernel_id=f"k{i}"), float(i), loop.create_future()) for i in range(10)]
@@ -130,4 +129,4 @@ async def test_room_freed_during_a_turn_goes_to_the_front_at_once_not_after_the_
         line._room.clear()
         await line._serve_once()
     assert asked == ["k5", "k9", "k9", "k9"], asked  # the front at each turn, the rest only as heartbeats
-    pool.shutdown()
+    line.ledger.pool.shutdown()
