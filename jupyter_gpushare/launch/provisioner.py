@@ -16,7 +16,6 @@ reservation (docs/jupyter-client-port-reuse.md).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import os
 import re
@@ -52,6 +51,7 @@ from .warm_start import WarmStarts
 
 WAITING = "Waiting for a GPU"  # how the server's kernel model's reason begins while a kernel is in line
 JOIN_IDLE_S = 2.0  # how long a join waits for jupyter_server to hear a kernel idle (its last cell's status, late)
+HAND_OVER_S = 5.0  # how long a join waits for the kernel to be told that its wait ended (its record says so first)
 JOIN_ASK_S = 8.0  # how long an idle kernel has to agree to join the line again in place (3 s: late on a loaded host)
 STAND_BY_ASK_S = 3.0  # how long a kernel has to answer when asked to stand by (its pipe's thread answers)
 
@@ -319,11 +319,13 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         that ran without the GPU keeps that) and its pipe is open. Returns "ok" (in line again, or granted at
         once), else what the kernel said instead: "imported:<names>", "busy" (it did not answer: a cell runs), or
         "cannot". QuotaUnavailable where a rule refuses it now (it runs on without a GPU, and may join later)."""
-        if self._admitting is not None and not self._admitting.done():  # its wait ended, and the kernel is being
-            with contextlib.suppress(asyncio.CancelledError):  # told so (its record says so first): once it knows
-                await asyncio.shield(self._admitting)
-        manager, held = self._manager(), self._held
+        manager = self._manager()
         rec = manager.records.get(self.kernel_id)
+        handing = self._admitting
+        if rec is not None and rec.state == "cpu" and rec.wait_ended and handing is not None and not handing.done():
+            await asyncio.wait({handing}, timeout=HAND_OVER_S)  # its wait ended, and the kernel is being told so
+            rec = manager.records.get(self.kernel_id)  # (its record says so first): from once it knows
+        held = self._held
         if held is None or not held.open or rec is None or rec.state != "cpu" or not rec.wait_ended:
             return "cannot"
         for _ in range(int(JOIN_IDLE_S / 0.05)):  # jupyter_server's word: a cell runs (one that just ended: idle soon)

@@ -34,7 +34,6 @@ from .services import KernelStarts
 QUEUE_POLL_S = 0.5
 PUSHED_POLL_S = 2.0  # while the broker says each change (room_watch.py): a heartbeat, and what no ledger says
 UNWANTED_S = 3.0  # a kernel in line that nothing wants (no session, no client) this long gives its place up
-HEARD_S = 5.0  # a turn cut short by freed room still asks each kernel not asked this long (a heartbeat, WAITER_STALE_S)
 
 
 ENDINGS = ("cancelled", "timeout", "unwatched", "closing")  # why a wait ends without a grant (Wait.ending)
@@ -56,7 +55,7 @@ class Wait:
     unwanted_since: float | None = None  # no notebook and no client wants it since then (QuotaManager.may_grant)
     stepped_out: bool = False  # its place in the host's line was given up while nothing wanted it
     ledger_down: bool = False  # the ledger (its broker, its disk) could not be asked at the last turn
-    asked: float = -math.inf  # (monotonic) when the ledger was last asked for it
+    passed: bool = False  # the last turn passed it by: room was freed, and the next turn began at the front
 
     def order(self) -> tuple[float, float]:
         """Its place in a turn: by its place in the host's line as the ledger last said it, the new ones after."""
@@ -174,6 +173,7 @@ class Line:
         self._room = asyncio.Event()  # set when this server frees room: the line is served at once
         self.turns = 0  # the line's turns begun (each asks the ledger for every kernel in line, and answers)
         self.turns_done = 0  # the last turn done: what the ledger said in it is in the kernels' records
+        self._cut = False  # the turn under way passed kernels by (room freed meanwhile): it is not done
         self._watch: RoomWatch | None = None  # another server's release, pushed by the broker (room_watch.py)
         self._watching = False  # the watch is held while the server runs, not only while a kernel waits
         self.on_change: Callable[[], None] = lambda: None  # told at each change the broker says (a ruling too)
@@ -267,7 +267,8 @@ class Line:
                 await self._serve_once()
             except Exception:  # noqa: BLE001 (one bad turn must not leave every kernel waiting forever)
                 self.log.exception("jupyter-gpushare: serving the queue failed; trying again")
-            self.turns_done = self.turns
+            if not self._cut:
+                self.turns_done = self.turns
             poll = PUSHED_POLL_S if self._watch is not None and self._watch.live else QUEUE_POLL_S
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._room.wait(), poll)
@@ -283,16 +284,17 @@ class Line:
     async def _serve_once(self) -> None:
         ask, ending = self.queue.due(self.starts.watchers)
         ask = sorted((w for w in ask if self._wanted(w)), key=Wait.order)  # the front first: room goes to it
+        self._cut = False
         for wait in ending:
             self.end_wait(wait)
         for wait in ask:  # each on its own ledger job, answered at once: a read of the ledger (a snapshot's, a
             # request's) waits for one reserve, not a whole turn (60 kernels on 2 cores: 25 s for GET /kernels)
             if self._ended(wait):  # meanwhile: nothing to ask
                 continue
-            if self._room.is_set() and self.clock.mono() - wait.asked < HEARD_S:
-                continue  # room was freed meanwhile: the next turn starts at once, from the front (a class's wave
-                # ends in a burst of releases, each of which would otherwise wait for the rest of a turn)
-            wait.asked = self.clock.mono()
+            if self._room.is_set() and not wait.passed:  # room was freed meanwhile: the next turn starts at once,
+                wait.passed = self._cut = True  # from the front; this one is asked then (passed at most once in a
+                continue  # row, so a burst of releases delays a kernel behind the front by one turn at most)
+            wait.passed = False
             try:
                 home = self.kernels.card_home(wait.kernel_id)  # (read here, on the IOLoop)
                 got = await self.ledger.run(self._reserve_one, wait.request, home)

@@ -382,7 +382,7 @@ class QuotaManager:
         whose memory admission counts as taken: the next kernel in line then waited for the sampler's next reading
         and the line's next poll (a release to the next grant: 0.67 s median in a class on an H200)."""
         readings = self.services.readings
-        if readings.usage.seq == 0:  # (no sampler reads the cards)
+        if readings.usage.seq == 0 or self.closing or self._closed:  # (no sampler reads the cards, or no longer)
             self.line.room_freed()
             return
 
@@ -439,6 +439,8 @@ class QuotaManager:
         if self._closed:
             return
         self._closed = True
+        for task in list(self._room_reads):
+            task.cancel()
         self.line.stop()
         self.parking.checkpointer.close()
         self.ledger.close()

@@ -377,6 +377,11 @@ async def test_join_again_in_place_keeps_the_process_and_its_variables(
     ws = await kernel_ws(kid, session.session)
     pid = standin_pid(jp_serverapp, kid)
     assert await cell_result(ws, kid, send_cell(ws, session, "kept = 'mine'; kept"), timeout=15) == "'mine'"
+    join = jp_fetch("api", "gpushare", "kernels", kid, "join", method="POST", body="")
+    with pytest.raises(HTTPClientError) as e:  # still in line (a stale banner, a double click): refused at once,
+        await asyncio.wait_for(join, AT_ONCE_S)  # not held until its wait ends
+    assert e.value.code == 409 and json.loads(e.value.response.body)["code"] == "join-cannot"
+    assert await gpushare.state_of(kid) == "queued"
     await jp_fetch("api", "gpushare", "kernels", kid, method="DELETE")  # stop waiting
     await gpushare.wait_for(lambda: _state(gpushare, kid, "cpu"), what="the wait ended")
     joined = json.loads((await jp_fetch("api", "gpushare", "kernels", kid, "join", method="POST", body="")).body)
