@@ -47,7 +47,7 @@ from .protocol import (
     WatchArgs,
     decode_request,
 )
-from .room import ROOM_OPS, RoomChanges
+from .room import FREEING_OPS, ROOM_OPS, RoomChanges
 from .unleased import UnleasedPolicy
 from .watchdog import Watchdog
 
@@ -537,6 +537,8 @@ class Operations:
             raise BrokerRefused(f"{op!r} is not a request for this point of the conversation.")
         result = answer(caller, args)
         if op in ROOM_OPS and result:
+            if op in FREEING_OPS:
+                self._read_again()
             self.room.changed()
         return result
 
@@ -544,8 +546,15 @@ class Operations:
         """Wait until the line may move (room.py): the connection awaits the answer, off the ledger's time."""
         return self.room.past(args.since, args.wait_s)
 
+    def _read_again(self) -> None:
+        """Leases were given back: the last reading of the cards may still list their kernels' processes, in no
+        lease now, as use outside reservations, which admission counts as taken. The next request reads the cards
+        again, so the kernel in line is granted the room at once, not after SAMPLE_TTL_S."""
+        self._sampled_at = -SAMPLE_TTL_S
+
     def _log_reclaimed(self, gone: Sequence[Lease]) -> None:
         if gone:
+            self._read_again()
             self.room.changed()
         for lease in gone:
             self.log.info(
