@@ -44,18 +44,38 @@ def anonymous_leases(leases: Sequence[Lease]) -> list[Lease]:
     return [Lease("", uuid, index, total, 0, "", "", ANONYMOUS, None, 0.0) for (uuid, index), total in totals.items()]
 
 
-def card_row(card: Card, on_card: Sequence[Lease], policy: Policy) -> dict[str, Any]:
-    """A card with what the leases ``on_card`` reserve on it, what is left for new kernels, and whether the admin
-    lets kernels use it."""
-    reserved = sum(lease.reserved_mib for lease in on_card)
-    usable = policy.usable_mib(card.total_mib)
-    return {
-        **card.to_dict(),
-        "usable_mib": usable,
-        "reserved_mib": reserved,
-        "unreserved_mib": max(0, usable - reserved),
-        "allowed": policy.card_allowed(card.uuid, card.index),
-    }
+@dataclass(frozen=True)
+class CardRow:
+    """A card with what the leases on it reserve, what is left for new kernels, and whether the admin lets kernels
+    use it."""
+
+    card: Card
+    usable_mib: int
+    reserved_mib: int
+    allowed: bool
+
+    @classmethod
+    def of(cls, card: Card, on_card: Sequence[Lease], policy: Policy) -> CardRow:
+        """``card`` with the leases ``on_card``."""
+        reserved = sum(lease.reserved_mib for lease in on_card)
+        return cls(card, policy.usable_mib(card.total_mib), reserved, policy.card_allowed(card.uuid, card.index))
+
+    @property
+    def uuid(self) -> str:
+        return self.card.uuid
+
+    @property
+    def unreserved_mib(self) -> int:
+        return max(0, self.usable_mib - self.reserved_mib)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.card.to_dict(),
+            "usable_mib": self.usable_mib,
+            "reserved_mib": self.reserved_mib,
+            "unreserved_mib": self.unreserved_mib,
+            "allowed": self.allowed,
+        }
 
 
 def view_for(
@@ -81,7 +101,7 @@ def view_for(
     for card in cards:
         on_card = [lease for lease in leases if lease.card_uuid == card.uuid]
         own = sum(lease.reserved_mib for lease in on_card if lease.user == caller.user)
-        row = card_row(card, on_card, policy)
+        row = CardRow.of(card, on_card, policy).to_json()
         row.update(mine_reserved_mib=own, others_reserved_mib=row["reserved_mib"] - own)
         card_rows.append({**row, "segments": card_segments(row, own, by_user=True)})
     labels = {card.uuid: card.label for card in cards}

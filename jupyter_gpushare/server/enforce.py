@@ -152,7 +152,7 @@ class Enforcer:
         servers (other users', through a broker) are not seen here: what they may still allocate is guessed at
         its smallest, so no theft is imagined (the broker, which sees them all, judges them too)."""
         rooms: dict[str, CardRoom] = {}
-        reserved_on = {c.get("uuid"): c.get("reserved_mib") or 0 for c in last.reservations.get("cards", ())}
+        reserved_on = {c.uuid: c.row.reserved_mib for c in last.server.cards}
         for uuid, card in snap.cards.items():
             seen = [
                 (kid, lease.reserved_mib, used.get(uuid, 0))
@@ -205,11 +205,9 @@ class Enforcer:
     def _shared(card_uuid: str, snap: UsageSnapshot, last: ServerSnapshot) -> bool:
         """Whether other kernels hold reservations on the card (as of the ``last`` snapshot), or other processes
         use it."""
-        card = next((c for c in last.reservations.get("cards", ()) if c.get("uuid") == card_uuid), None)
+        card = last.server.card(card_uuid)
         usage = snap.cards.get(card_uuid)
-        return (card is not None and card.get("kernels", 0) > 1) or (
-            usage is not None and (usage.used_by_others_mib or 0) > 0
-        )
+        return (card is not None and card.kernels > 1) or (usage is not None and (usage.used_by_others_mib or 0) > 0)
 
     def _consequence(self, excess: Excess) -> dict[str, Any]:
         """What the policy does if the kernel stays over, as the over-quota event's code and figures (words.py):
@@ -262,9 +260,8 @@ class Enforcer:
         """What the kernels in line need beyond the free room (MiB; 0: nobody waits): this server's own kernels'
         needs as known now; another server's waiter (the last snapshot) counts as a need of at least 1 MiB."""
         needs = sum(rec.need_mib or 1 for rec in self.manager.records.values() if rec.state == "queued")
-        cards = last.reservations.get("cards", ())
-        free = sum(c.get("unreserved_mib") or 0 for c in cards if c.get("allowed", True))
-        others = any(not q.get("mine") for q in last.reservations.get("queue", ()))
+        free = sum(c.row.unreserved_mib for c in last.server.cards if c.row.allowed)
+        others = any(not q.mine for q in last.server.queue)
         return max(needs - free, 1 if others else 0)
 
     def _idle_for(self, kid: str, usage: KernelUsage, w: _Watch, now: float) -> tuple[float, str | None]:

@@ -179,7 +179,7 @@ class HostHandler(GpuShareHandler):
     async def get(self) -> None:
         snap = await self.snapshot()
         if snap.host is None:
-            error = snap.host_error or snap.reservations.get("ledger", {}).get("error")
+            error = snap.host_error or snap.server.ledger.error
             raise web.HTTPError(503, error or "No ledger is open on this server.")
         self.finish(dict(snap.host))
 
@@ -214,7 +214,7 @@ class QueueHandler(GpuShareHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.finish({"queue": (await self.snapshot()).reservations.get("queue", [])})
+        self.finish({"queue": [place.to_json() for place in (await self.snapshot()).server.queue]})
 
 
 class EventsHandler(GpuShareHandler):
@@ -248,7 +248,7 @@ class StateHandler(GpuShareHandler):
         assert self.serverapp is not None  # (a handler of the server's own app)
         sessions = await self.serverapp.session_manager.list_sessions()
         state = build_state(
-            snap.reservations,
+            snap.server,
             snap.kernels,
             {uuid: card.figures() for uuid, card in snap.usage.cards.items()},
             {s["kernel"]["id"]: s["path"] for s in sessions if s.get("kernel")},

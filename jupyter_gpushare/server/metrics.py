@@ -37,8 +37,8 @@ class GpuShareCollector(Collector):
         snapshots = self.snapshots
         if snapshots is None:
             return
-        server = snapshots.current
-        snap = server.usage
+        current = snapshots.current
+        snap = current.usage
         card_labels = ["card", "uuid"]
         g = {
             "total": _gauge("card_memory_total_bytes", "GPU memory of the card", card_labels),
@@ -53,7 +53,7 @@ class GpuShareCollector(Collector):
             "free": _gauge("card_memory_free_bytes", "Free GPU memory (NVML)", card_labels),
             "util": _gauge("card_utilization_ratio", "GPU utilisation, 0-1", card_labels),
         }
-        reserved = {c["uuid"]: c.get("reserved_mib") for c in server.reservations.get("cards", [])}
+        reserved = {c.uuid: c.row.reserved_mib for c in current.server.cards}
         for uuid, c in snap.cards.items():
             labels = [str(c.index), uuid]
             for key, value in (
@@ -86,9 +86,9 @@ class GpuShareCollector(Collector):
                 "kernel_idle", "1 when the kernel holds a reservation and has been idle past the idle timeout", klabels
             ),
         }
-        states = server.judged
+        states = current.judged
         for kid, usage in snap.kernels.items():
-            kernel = server.kernel(kid)
+            kernel = current.kernel(kid)
             rec = kernel.record if kernel else None
             lease = rec.lease if rec else None
             labels = [kid, str(rec.card.index) if rec and rec.card else ""]
@@ -112,8 +112,8 @@ class GpuShareCollector(Collector):
         a = _gauge("gpu_measured", "1 when GPU use is being measured, 0 when not (no GPU, NVML error)", [])
         a.add_metric([], 0.0 if snap.error else 1.0)
         yield a
-        if server.parking:
-            yield from _parking_gauges(server.parking, server.moves_s)
+        if current.parking:
+            yield from _parking_gauges(current.parking, current.moves_s)
 
 
 def _parking_gauges(parking: Mapping[str, Any], moves_s: Mapping[str, float]) -> Iterator[GaugeMetricFamily]:

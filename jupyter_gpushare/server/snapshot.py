@@ -39,7 +39,7 @@ from .ledger_worker import LedgerWorker
 from .parking import Parking
 from .records import Change, KernelRecord, Version
 from .sampler import UsageSnapshot
-from .views import KernelView, card_view, config_view, server_view
+from .views import KernelView, LedgerState, ServerState, card_view, cards_view, config_view, line_view
 
 REPORTS_EVERY_S = 1.0  # the kernels' reports are read again at most this often while the same kernels run
 SETTLE_S = 0.05  # a change is built into a snapshot this soon (changes within it go into one)
@@ -109,21 +109,25 @@ def frameworks_of(reports: Mapping[str, Any], kernel_id: str) -> dict[str, Any] 
     return (reports.get(kernel_id) or {}).get("frameworks")
 
 
-def reservations(manager: Registry, reading: LedgerReading, mine: set[str], now: float) -> dict[str, Any]:
-    """The server's reservations in the API's shape (views.server_view): cards with what is reserved on them, the
+def server_state(manager: Registry, reading: LedgerReading, mine: set[str], now: float) -> ServerState:
+    """What the server holds as ``reading`` of the ledger says it: its cards with what is reserved on them, the
     host's line (its own kernels, ``mine``, named), the ledger and the enforcement level."""
-    ledger = {
-        "path": None if manager.ledger.broker else manager.ledger.path,
-        "broker": manager.ledger.broker.socket if manager.ledger.broker else None,
-        "error": manager.ledger.error,
-        "replaced": manager.ledger.replaced,
-    }
-    return {
-        **manager.backend.describe(),
-        "ledger": ledger,
-        "enforcement": manager.holding.enforcement(manager.policy.required_level),
-        **server_view(manager.cards, manager.policy, reading.leases, reading.waiters, reading.outside, mine, now),
-    }
+    ledger = manager.ledger
+    backend = manager.backend
+    return ServerState(
+        backend=backend.kind,
+        simulated=backend.simulated,
+        reason=backend.reason,
+        ledger=LedgerState(
+            path=None if ledger.broker else ledger.path,
+            broker=ledger.broker.socket if ledger.broker else None,
+            error=ledger.error,
+            replaced=ledger.replaced,
+        ),
+        enforcement=MappingProxyType(manager.holding.enforcement(manager.policy.required_level)),
+        cards=cards_view(manager.cards, manager.policy, reading.leases, reading.outside),
+        queue=line_view(manager.cards, manager.policy, reading.waiters, mine, now),
+    )
 
 
 async def take_snapshot(manager: Registry) -> dict[str, Any]:
@@ -133,7 +137,7 @@ async def take_snapshot(manager: Registry) -> dict[str, Any]:
     now = manager.clock.wall()
     records = list(manager.records.values())
     kernels = [{**rec.to_dict(now), "frameworks": frameworks_of(reports, rec.kernel_id)} for rec in records]
-    return {**reservations(manager, reading, {rec.kernel_id for rec in records}, now), "kernels": kernels}
+    return {**server_state(manager, reading, {rec.kernel_id for rec in records}, now).to_json(), "kernels": kernels}
 
 
 @dataclass(frozen=True)
@@ -142,9 +146,7 @@ class ServerSnapshot:
 
     seq: int = 0
     usage: UsageSnapshot = field(default_factory=UsageSnapshot)  # the sampler's reading it was built with
-    reservations: Mapping[str, Any] = field(
-        default_factory=lambda: EMPTY
-    )  # reservations(): the cards and what is reserved on them, the line, …
+    server: ServerState = ServerState()  # the cards and what is reserved on them, the line, the ledger, …
     kernels: tuple[KernelView, ...] = ()  # each kernel's view: record, frameworks, measured use, judged state, held
     judged: Mapping[str, str] = field(
         default_factory=lambda: EMPTY
@@ -177,9 +179,10 @@ class ServerSnapshot:
 
     def cards(self) -> dict[str, Any]:
         """GET /api/gpushare/cards: the cards with their reservations and measured use."""
-        reply = {k: self.reservations.get(k) for k in ("backend", "simulated", "reason", "ledger")}
-        cards = [card_view(c, self.usage) for c in self.reservations.get("cards", ())]
-        return {**reply, "cards": cards, "sampler": self.usage.status(), "parking": dict(self.parking)}
+        server = self.server
+        held = {k: v for k, v in server.to_json().items() if k in ("backend", "simulated", "reason", "ledger")}
+        cards = [card_view(c, self.usage) for c in server.cards]
+        return {**held, "cards": cards, "sampler": self.usage.status(), "parking": dict(self.parking)}
 
 
 class Snapshots:
@@ -315,7 +318,7 @@ class Snapshots:
         elif isinstance(reading, BaseException):
             raise reading
         self._reading = reading
-        held = reservations(manager, reading, set(ids), now)
+        held = server_state(manager, reading, set(ids), now)
         kernels = []
         for rec in records:
             frameworks = frameworks_of(self._reports, rec.kernel_id)
@@ -332,7 +335,7 @@ class Snapshots:
         self.current = ServerSnapshot(
             seq=self.current.seq + 1,
             usage=usage,
-            reservations=MappingProxyType(held),
+            server=held,
             kernels=tuple(kernels),
             judged=judged,
             events=events,

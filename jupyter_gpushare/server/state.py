@@ -28,7 +28,7 @@ from typing import Any
 from ..core.words import SEVERITY, render
 from ..ledger.view import card_segments
 from .life import JUDGED, STATES
-from .views import KernelView
+from .views import KernelView, ServerState
 
 STATE_SCHEMA = "https://jupyter-gpushare.org/events/state-changed/v1"
 SCHEMA_FILE = Path(__file__).parent / "events" / "state-changed.yaml"
@@ -82,7 +82,7 @@ def kernel_status(k: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_state(
-    quota: Mapping[str, Any],
+    server: ServerState,
     kernels: Sequence[KernelView],
     usage_cards: Mapping[str, Mapping[str, Any]],
     paths: Mapping[str, str],
@@ -90,7 +90,7 @@ def build_state(
     config: Mapping[str, Any],
     sampler: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """The state: ``quota`` is the manager's snapshot (cards and reservations, queue, ledger), ``kernels`` this
+    """The state: ``server`` is what the server holds (cards and reservations, queue, ledger), ``kernels`` this
     server's kernel views (records with their measured use and judged state), ``usage_cards`` the measured
     figures per card uuid, ``paths`` the notebook of each kernel (from the sessions), ``events`` the recent
     events."""
@@ -100,18 +100,19 @@ def build_state(
         view["status"] = kernel_status(view)
         views.append(view)
     cards = []
-    for card in quota.get("cards", []):
-        on_card = [v for v in views if v.get("card") and v["card"]["uuid"] == card["uuid"]]
+    for card in server.cards:
+        on_card = [v for v in views if v.get("card") and v["card"]["uuid"] == card.uuid]
         mine = sum(v["reserved_mib"] or 0 for v in on_card)
         over = sum(max(0, (v.get("used_mib") or 0) - (v["reserved_mib"] or 0)) for v in on_card if v["reserved_mib"])
-        measured = usage_cards.get(card["uuid"], {})
-        segments = card_segments(card, mine, over_mib=over)
-        cards.append({**card, **measured, "mine_reserved_mib": mine, "segments": segments})
+        row = card.to_json()
+        segments = card_segments(row, mine, over_mib=over)
+        cards.append({**row, **usage_cards.get(card.uuid, {}), "mine_reserved_mib": mine, "segments": segments})
+    held = server.to_json()
     state = {
-        **{k: quota.get(k) for k in ("backend", "simulated", "reason", "ledger", "enforcement")},
+        **{k: held[k] for k in ("backend", "simulated", "reason", "ledger", "enforcement")},
         "cards": cards,
         "kernels": views,
-        "queue": quota.get("queue", []),
+        "queue": held["queue"],
         "events": [event_view(e) for e in list(events)[-RECENT_EVENTS:]],
         "config": dict(config),
         "sampler": dict(sampler),

@@ -41,7 +41,7 @@ def test_a_reader_after_a_change_gets_a_snapshot_that_holds_it(manager):
         await manager.admit("k1", "python3", "python")
         snap = await snapshots.latest()  # no tick since: the change alone makes a new one
         assert [k.kernel_id for k in snap.kernels] == ["k1"] and snap.kernel("k1").state == "running"
-        assert snap.reservations["cards"][0]["reserved_mib"] == 1536  # the ledger of the same moment
+        assert snap.server.cards[0].row.reserved_mib == 1536  # the ledger of the same moment
         assert [e["kind"] for e in snap.events] == ["reserved"]
         manager.update(manager.records["k1"], pid=4242)  # any field of a record, not only the ones announced
         assert (await snapshots.latest()).kernel("k1").record.pid == 4242
@@ -78,7 +78,7 @@ def test_a_reader_that_comes_while_the_first_build_runs_gets_that_build(manager)
         snapshots.tick(Sampler(manager).tick())
         await asyncio.sleep(0)  # its build starts, and waits for the ledger
         snap = await snapshots.latest()
-        assert snap.seq == 1 and snap.reservations["backend"] == "simulated"
+        assert snap.seq == 1 and snap.server.backend == "simulated"
 
     run(case())
 
@@ -99,7 +99,7 @@ def test_each_tick_gives_one_snapshot_whose_parts_are_of_one_moment(manager):
         assert kernel["used_mib"] == usage.kernels["k1"].used_mib == 1400
         assert kernel["state"] == "near_quota" and snap.judged == {"k1": "near_quota"}  # the judgment of that tick
         mine = sum(k.record.lease.reserved_mib for k in snap.kernels if k.record.lease)
-        assert snap.reservations["cards"][0]["reserved_mib"] == mine == 1536
+        assert snap.server.cards[0].row.reserved_mib == mine == 1536
         assert snap.cards()["cards"][0]["used_by_kernels_mib"] == 1400 and snap.host["kernels"][0]["kernel_id"] == "k1"
 
     run(case())
@@ -135,7 +135,7 @@ def test_a_ledger_that_fails_keeps_the_last_reading_and_says_why_there_is_no_hos
         manager.update(manager.records["k1"], pid=1)
         snap = await snapshots.latest()
         assert snap.host is None and snap.host_error == "the broker is not answering"
-        assert snap.reservations["cards"][0]["reserved_mib"] == 1536  # what it read last
+        assert snap.server.cards[0].row.reserved_mib == 1536  # what it read last
 
     run(case())
 
