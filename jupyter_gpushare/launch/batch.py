@@ -81,7 +81,7 @@ class WaitProgress:
         if last is not None and last[0] == key and now - last[1] < PROGRESS_EVERY_S:
             return
         self._said[rec.kernel_id] = (key, now)
-        left = f", at most {max(0, round(rec.wait_until - time.time()))} s more" if rec.wait_until else ""
+        left = f", at most {max(0, round(got.gives_up_at - time.time()))} s more" if got.gives_up_at else ""
         reason = f" ({got.reason})" if got.reason else ""
         _say(
             f"kernel {rec.kernel_id[:8]} ({rec.path or rec.kernel_name}) waits for a GPU: #{got.position} in line, "

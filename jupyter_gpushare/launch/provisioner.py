@@ -358,7 +358,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
             self._grant = await self._admit(manager, language, requested)
         except QuotaUnavailable as e:
             rec = manager.record(self.kernel_id, self._kernel_name, language)
-            manager.move(rec, "cpu", reason=str(e), wait_ended="cancelled")
+            manager.move(rec, "cpu", reason=str(e), wait_ended="cancelled", line=None)
             self._grant = Grant("cpu", reason=str(e))
             self._admitting = None
             await self._hand_over_grant(held)
@@ -375,17 +375,18 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         """What the server's kernel model says of a kernel in line (its ``reason``), for every Jupyter client, and
         what the kernel itself hears (its cell that waits for the GPU says it)."""
         km, rec = self.parent, self._manager().records.get(self.kernel_id)
-        if rec is not None and rec.state == "queued" and self._held is not None and not done:
-            self._held.progress({"position": rec.position, "need_mib": rec.need_mib,
-                                 "likely_at": rec.likely_at and round(rec.likely_at),
-                                 "gives_up_at": rec.wait_until and round(rec.wait_until)})  # fmt: skip
+        got = rec.line.answer if rec is not None and rec.state == "queued" and rec.line else None
+        if got is not None and self._held is not None and not done:
+            self._held.progress({"position": got.position, "need_mib": got.need_mib,
+                                 "likely_at": got.likely_at and round(got.likely_at),
+                                 "gives_up_at": got.gives_up_at and round(got.gives_up_at)})  # fmt: skip
         if km is None or not hasattr(km, "execution_state"):
             return
-        if done or rec is None or rec.state != "queued":
+        if done or got is None:
             if str(getattr(km, "reason", "")).startswith(WAITING):
                 km.reason = ""
             return
-        km.reason = f"{WAITING}: #{rec.position} in line, needs {format_mib(rec.need_mib or 0)}"
+        km.reason = f"{WAITING}: #{got.position} in line, needs {format_mib(got.need_mib)}"
 
     async def post_launch(self, **kwargs: Any) -> None:
         await super().post_launch(**kwargs)

@@ -65,6 +65,12 @@ def _last_activity(kernel: Any) -> float:
     return last.timestamp() if hasattr(last, "timestamp") else 0.0
 
 
+def _need(rec: KernelRecord) -> int:
+    """What a queued kernel needs, as the ledger last said (1 MiB before its first answer)."""
+    got = rec.line.answer if rec.line else None
+    return got.need_mib if got and got.need_mib else 1
+
+
 class Registry(Tells, Protocol):
     """What the enforcer needs of the kernels' registry (QuotaManager): the records, parking (a parked kernel that is
     busy comes back), and the student's events."""
@@ -259,7 +265,7 @@ class Enforcer:
     def _line_needs(self, last: ServerSnapshot) -> int:
         """What the kernels in line need beyond the free room (MiB; 0: nobody waits): this server's own kernels'
         needs as known now; another server's waiter (the last snapshot) counts as a need of at least 1 MiB."""
-        needs = sum(rec.need_mib or 1 for rec in self.manager.records.values() if rec.state == "queued")
+        needs = sum(_need(rec) for rec in self.manager.records.values() if rec.state == "queued")
         free = sum(c.row.unreserved_mib for c in last.server.cards if c.row.allowed)
         others = any(not q.mine for q in last.server.queue)
         return max(needs - free, 1 if others else 0)

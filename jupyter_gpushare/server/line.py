@@ -27,7 +27,7 @@ from ..ledger.reservations import Reservations
 from .admission import Refusal, Start
 from .clock import SYSTEM, Clock
 from .ledger_worker import LedgerWorker
-from .records import Grant, KernelRecord, QuotaUnavailable, Tells, Writes, full_message, rule_figures
+from .records import Grant, InLine, KernelRecord, QuotaUnavailable, Tells, Writes, full_message, rule_figures
 from .room_watch import RoomWatch
 from .services import KernelStarts
 
@@ -208,7 +208,7 @@ class Line:
         """A kernel the ledger answered with a place in line joins this server's waits (or keeps its place)."""
         self.leave(request.kernel_id, "it asked for another quota")
         self.queue.answered(self.queue.join(request), got)
-        self.kernels.move(rec, "queued", queued_since=self.clock.wall(), wait_ended=None)
+        self.kernels.move(rec, "queued", line=InLine(self.clock.wall()), wait_ended=None)
         self._update(rec, got)
         self.kernels.event("queued", request.kernel_id, position=got.position, need_mib=got.need_mib)
         if self._serving is None or self._serving.done():
@@ -251,11 +251,12 @@ class Line:
         return await asyncio.shield(wait.result)
 
     def _update(self, rec: KernelRecord, got: Waiting) -> None:
-        self.kernels.update(
-            rec, position=got.position, need_mib=got.need_mib, free_mib=got.free_mib, wait_until=got.gives_up_at,
-            likely_at=got.likely_at,
-        )  # fmt: skip
+        self.kernels.update(rec, line=self._in_line(rec, got))
         self.starts.on_wait(rec, got)
+
+    def _in_line(self, rec: KernelRecord, got: Waiting) -> InLine:
+        """``rec``'s wait with the ledger's answer ``got``."""
+        return InLine(rec.line.since if rec.line else self.clock.wall(), got)
 
     async def _serve(self) -> None:
         """While kernels of this server wait: ask the ledger for each (a heartbeat too) every QUEUE_POLL_S, grant,
@@ -345,7 +346,7 @@ class Line:
         if isinstance(got, Lease):
             self.queue.leave(wait.kernel_id)
             now = self.clock.wall()
-            waited = round(now - (rec.queued_since or now))
+            waited = round(now - (rec.line.since if rec.line else now))
             grant = Grant("gpu", lease=got, card=self.kernels.card(got.card_uuid))
             self._conclude(wait, Start(grant, waited_s=waited), rec)
         elif isinstance(got, LedgerError):
@@ -374,7 +375,7 @@ class Line:
             self._conclude(wait, Refusal(str(got), status, code, self.kernels.keeps(rec), rule), rec)
         elif got.expired:
             self.queue.end(wait.kernel_id, "timeout")
-            self.kernels.update(rec, need_mib=got.need_mib, free_mib=got.free_mib)
+            self.kernels.update(rec, line=self._in_line(rec, got))
             self.end_wait(wait, got)
         else:
             if wait.ledger_down:  # the ledger answers again
@@ -396,7 +397,7 @@ class Line:
         outcome: Start | Refusal
         if wait.ending == "timeout":
             shown = got or wait.last or Waiting(wait.kernel_id, 1, 0, 0, 0)
-            since = rec.queued_since if rec else None
+            since = rec.line.since if rec and rec.line else None
             waited = round(self.clock.wall() - since) if since else None
             message = full_message(wait.request.quota, shown, self.kernels.policy.context_reserve_mib, waited)
             figures = {"need_mib": shown.need_mib, "free_mib": shown.free_mib, "waited_s": waited}

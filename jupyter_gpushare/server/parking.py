@@ -302,7 +302,7 @@ class Parking:
         if rec is None or rec.lease is None:
             return
         lease = rec.lease
-        self.kernels.move(rec, "standby", lease=None, card=None, position=None)
+        self.kernels.move(rec, "standby", lease=None, card=None, line=None)
         try:  # (it stands by whatever fails here: its environment has no GPU now)
             await self.holding.close_cards(kernel_id)
         except OSError as e:  # its group is gone meanwhile; or the host's: what it takes is outside use, acted on
@@ -461,7 +461,7 @@ class Parking:
         """A resume that did not happen: parked again (no lease: a grant of the line's went back), told so, and why:
         a cell that runs says it (its GPU call waits in the driver: never a silent hang). The same words again (a
         demand that stands, tried again) are said once."""
-        self.kernels.move(rec, "parked", lease=None, position=None)
+        self.kernels.move(rec, "parked", lease=None, line=None)
         figures["again_s"] = ASK_AGAIN_S
         message = render(f"event.{code}", figures)
         said = self._again.get(rec.kernel_id, (0.0, None))[1]

@@ -116,6 +116,37 @@ class Version:
 
 
 @dataclass(frozen=True)
+class InLine:
+    """What a queued kernel carries of its wait (line.py keeps the wait itself): since when it waits (wall clock) and
+    the ledger's last answer (``Waiting``: its place, what it needs, the most room free, when it gives up, when it is
+    likely granted; None until the first). It is the queued state's alone: a kernel in any other state has none."""
+
+    since: float
+    answer: Waiting | None = None
+
+    @property
+    def position(self) -> int | None:
+        return self.answer.position if self.answer else None
+
+    def to_dict(self, now: float) -> dict[str, Any]:
+        """Its figures in the API's kernel (openapi.yaml's ``Kernel``)."""
+        got = self.answer
+        gives_up = got.gives_up_at if got else None
+        return {
+            "position": got.position if got else None,
+            "need_mib": got.need_mib if got else None,
+            "free_mib": got.free_mib if got else None,
+            "waited_s": round(now - self.since, 1),
+            "wait_left_s": round(max(0.0, gives_up - now)) if gives_up else None,
+            "gives_up_at": round(gives_up) if gives_up else None,
+            "likely_at": round(got.likely_at) if got and got.likely_at else None,
+        }
+
+
+NOT_IN_LINE = dict.fromkeys(("position", "need_mib", "free_mib", "waited_s", "wait_left_s", "gives_up_at", "likely_at"))
+
+
+@dataclass(frozen=True)
 class Parked:
     """A parked kernel: where its GPU state was (it comes back on that card), what it held, since when."""
 
@@ -147,14 +178,9 @@ class KernelRecord:
     pending_quota: Size | None = None  # applied at the next restart
     lease: Lease | None = None
     card: Card | None = None
-    position: int | None = None
-    need_mib: int | None = None
-    free_mib: int | None = None
+    line: InLine | None = None  # queued: its wait (life.check: a queued kernel's alone)
     reason: str | None = None
     since: float = field(default_factory=time.time)  # (the registry's clock gives it)
-    queued_since: float | None = None
-    wait_until: float | None = None  # (time.time) when a queued start gives up; None: it waits without limit
-    likely_at: float | None = None  # (time.time) when a queued kernel is likely granted (ledger/estimate.py); None
     held_cell: dict[str, Any] | None = None  # in line: its cell that waits for the GPU (msg_id, hash, count)
     wait_ended: str | None = None  # its wait for a GPU ended without one (the event's code): it runs on without
     pid: int | None = None
@@ -198,13 +224,7 @@ class KernelRecord:
             "reserve_mib": lease.reserve_mib if lease else None,
             "reserved_mib": lease.reserved_mib if lease else None,
             "card": self.card.to_dict() if self.card else None,
-            "position": self.position,
-            "need_mib": self.need_mib,
-            "free_mib": self.free_mib,
-            "waited_s": round(now - self.queued_since, 1) if self.queued_since else None,
-            "wait_left_s": round(max(0.0, self.wait_until - now)) if self.wait_until and self.queued_since else None,
-            "gives_up_at": round(self.wait_until) if self.wait_until and self.queued_since else None,
-            "likely_at": round(self.likely_at) if self.likely_at and self.queued_since else None,
+            **(self.line.to_dict(now) if self.line else NOT_IN_LINE),
             "wait_ended": self.wait_ended,
             "held_cell": self.held_cell if self.state == "queued" else None,
             "reason": self.reason,

@@ -26,7 +26,7 @@ NOTABLE: dict[str, ChangeKind] = {
     "state": "state",
     "quota": "quota",
     "pending_quota": "pending_quota",
-    "position": "position",
+    "line": "position",  # (its place: InLine.position)
     "parked": "parked",
 }
 
@@ -88,7 +88,7 @@ class KernelRegistry:
         unknown = fields.keys() - FIELDS
         if unknown:
             raise TypeError(f"a kernel's record has no field {', '.join(sorted(unknown))}")
-        said = [name for name, value in fields.items() if name in NOTABLE and getattr(rec, name) != value]
+        said = [name for name, value in fields.items() if name in NOTABLE and _noticed(name, getattr(rec, name), value)]
         for name, value in fields.items():
             object.__setattr__(rec, name, value)  # (the record is frozen to everyone else)
         self.version.n += 1
@@ -136,7 +136,7 @@ class KernelRegistry:
         assert grant.mode != "warm"  # (a warm kernel has no record)
         self.move(
             rec, "running" if grant.mode == "gpu" else grant.mode, lease=grant.lease, card=grant.card,
-            reason=grant.reason, position=None, restarting=False,
+            reason=grant.reason, line=None, restarting=False,
             wait_ended=why if grant.mode == "cpu" and why in WAIT_ENDED else None,
         )  # fmt: skip
         if grant.mode == "gpu" and grant.lease:
@@ -183,7 +183,7 @@ class KernelRegistry:
         rec = self.records.get(kernel_id) if keep else self.forget(kernel_id)
         if rec is not None and keep:
             self.move(
-                rec, "failed", lease=None, card=None, position=None, restarting=False,
+                rec, "failed", lease=None, card=None, line=None, restarting=False,
                 reason=f"The kernel could not start again: {message} Shut it down, or start it with another quota.",
             )  # fmt: skip
         if code is not None:
@@ -204,3 +204,11 @@ class KernelRegistry:
 
     def card(self, uuid: str) -> Card | None:
         return next((c for c in self.cards if c.uuid == uuid), None)
+
+
+def _noticed(name: str, before: Any, after: Any) -> bool:
+    """Whether a person would notice a record's field ``name`` going from ``before`` to ``after``: of a kernel's
+    wait in line (InLine), its place; of any other notable field, any change."""
+    if name == "line":
+        return (before.position if before else None) != (after.position if after else None)
+    return bool(before != after)

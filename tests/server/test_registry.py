@@ -11,7 +11,9 @@ import pytest
 
 from jupyter_gpushare.core.policy import Size
 from jupyter_gpushare.core.words import render
+from jupyter_gpushare.ledger.leases import Waiting
 from jupyter_gpushare.server.life import IllegalMove
+from jupyter_gpushare.server.records import InLine
 from jupyter_gpushare.server.registry import KernelRegistry
 
 
@@ -28,12 +30,12 @@ def test_a_record_is_changed_by_its_registry_alone(registry_and_said):
     registry, _ = registry_and_said
     rec = registry.record("k1", "python3", "python")
     with pytest.raises(dataclasses.FrozenInstanceError):
-        rec.position = 3  # type: ignore[misc]
+        rec.line = InLine(1.0)  # type: ignore[misc]
     with pytest.raises(ValueError, match="changes by KernelRegistry.move"):
         registry.update(rec, state="running")
-    with pytest.raises(TypeError, match="no field positon"):
-        registry.update(rec, positon=3)
-    assert rec.position is None and rec.state == "starting"
+    with pytest.raises(TypeError, match="no field lien"):
+        registry.update(rec, lien=InLine(1.0))
+    assert rec.line is None and rec.state == "starting"
 
 
 def test_a_change_is_said_once_all_its_fields_are_set_and_only_what_a_person_would_notice(registry_and_said):
@@ -45,14 +47,15 @@ def test_a_change_is_said_once_all_its_fields_are_set_and_only_what_a_person_wou
     said.clear()
 
     def hear(kid, what):  # what a listener reads when it hears: the whole change, not a part of it
-        seen.append((rec.state, rec.position, rec.queued_since))
+        seen.append((rec.state, rec.line))
         said_then((kid, what))
 
     registry._on_change = hear
-    registry.move(rec, "queued", position=2, queued_since=1.0)
+    place = InLine(1.0, Waiting("k1", 2, 4608, 1024, 1))
+    registry.move(rec, "queued", line=place)
     assert said == [("k1", "position"), ("k1", "state")]
-    assert seen == [("queued", 2, 1.0)] * 2
-    registry.update(rec, need_mib=512, position=2)  # nothing a person would notice changed: nothing said
+    assert seen == [("queued", place)] * 2
+    registry.update(rec, line=InLine(1.0, Waiting("k1", 2, 512, 0, 1)))  # its place is the same: nothing said
     assert said == [("k1", "position"), ("k1", "state")]
     registry.update(rec, quota=Size(mib=1024))
     assert said[-1] == ("k1", "quota") and registry.version.n == version + 3
@@ -63,7 +66,12 @@ def test_a_move_the_kernels_life_does_not_allow_raises_under_the_tests(registry_
     rec = registry.record("k1", "python3", "python")
     with pytest.raises(IllegalMove, match="running without a lease"):
         registry.move(rec, "running")
-    assert rec.state == "starting"
+    with pytest.raises(IllegalMove, match="queued without its wait"):
+        registry.move(rec, "queued")
+    registry.move(rec, "queued", line=InLine(1.0))
+    with pytest.raises(IllegalMove, match="standby with a wait in line"):
+        registry.move(rec, "standby")
+    assert rec.state == "queued"
 
 
 def test_an_events_english_is_the_catalogues_written_once(registry_and_said, caplog):
