@@ -7,8 +7,8 @@ the sidebar's words.ts), and the sidebar's TypeScript union (types.ts). A state 
 ``state.kernel_status`` refuses it, instead of showing it as 'failed'.
 
 ``KernelRegistry.move`` is the one way a record changes state: ``check`` holds the move against ``MOVES`` and what
-each state carries (a running kernel holds a lease, a parked one its parked state, a queued one its wait in
-line and no lease, no other state a wait); the
+each state carries (a running kernel holds a lease, a parked one its parked state, a queued one its wait in line and
+no lease, a 'cpu' one the code of a wait that ended, if one did; no other state a wait, or an ended one); the
 registry then applies the record's other fields first and its state last, so no one reads "running" before its lease
 is there. A move the table does not know is a bug: it raises under tests (``GPUSHARE_STRICT_LIFE=1``), and in a server
 it is logged and made, so that a student's kernel goes on.
@@ -82,4 +82,6 @@ def _problem(before: str, to: str, value: Callable[[str], Any]) -> str | None:
         return "parked without its parked state"
     if (to == "queued") != (value("line") is not None):
         return "queued without its wait" if to == "queued" else f"{to} with a wait in line"
+    if to != "cpu" and value("wait_ended") is not None:
+        return f"{to} with a wait that ended (a kernel's that runs on without a GPU, in 'cpu', alone)"
     return None

@@ -258,7 +258,7 @@ class QuotaManager:
             return Grant("queued") if hold else await self.line.granted(kernel_id)  # still in line: keep its place
         if first_use and hold and self.policy.on_full == "queue":
             self.line.leave(kernel_id, "it asks at its first GPU use")
-            self.move(rec, "standby", line=None, restarting=False)
+            self.move(rec, "standby", line=None, wait_ended=None, restarting=False)
             return Grant("standby")
         got: Lease | Waiting | LedgerError | PolicyError
         try:
@@ -362,7 +362,7 @@ class QuotaManager:
         await self.remember_peak(kernel_id)
         rec = self.forget(kernel_id) if forget else self.records.get(kernel_id)
         if rec is not None and not forget:  # a restart: its next start is decided as the kernel starts again
-            self.move(rec, "starting", lease=None, card=None, line=None, restarting=True)
+            self.move(rec, "starting", lease=None, card=None, line=None, wait_ended=None, restarting=True)
         try:
             lease = await self.ledger.on(lambda ledger: ledger.release(kernel_id))
         except LedgerError as e:  # a full disk: the kernel goes all the same; reconcile gives its room back later

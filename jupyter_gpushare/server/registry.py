@@ -183,7 +183,7 @@ class KernelRegistry:
         rec = self.records.get(kernel_id) if keep else self.forget(kernel_id)
         if rec is not None and keep:
             self.move(
-                rec, "failed", lease=None, card=None, line=None, restarting=False,
+                rec, "failed", lease=None, card=None, line=None, wait_ended=None, restarting=False,
                 reason=f"The kernel could not start again: {message} Shut it down, or start it with another quota.",
             )  # fmt: skip
         if code is not None:

@@ -1,5 +1,6 @@
-"""A server's REST views: its kernels and cards with the sampler's measurement, the admin's rules as numbers,
-and what the server holds (``ServerState``: its cards, the host's line, its ledger). The host view any caller may see is ledger/view.py."""
+"""A server's REST views: its kernels and cards with the sampler's measurement, the admin's rules as numbers, and
+what the server holds (``ServerState``: its cards, the host's line, its ledger). The host view any caller may see is
+ledger/view.py."""
 
 from __future__ import annotations
 

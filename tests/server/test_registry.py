@@ -71,7 +71,10 @@ def test_a_move_the_kernels_life_does_not_allow_raises_under_the_tests(registry_
     registry.move(rec, "queued", line=InLine(1.0))
     with pytest.raises(IllegalMove, match="standby with a wait in line"):
         registry.move(rec, "standby")
-    assert rec.state == "queued"
+    registry.move(rec, "cpu", line=None, wait_ended="refused-timeout")
+    with pytest.raises(IllegalMove, match="starting with a wait that ended"):
+        registry.move(rec, "starting")
+    assert rec.state == "cpu"
 
 
 def test_an_events_english_is_the_catalogues_written_once(registry_and_said, caplog):
