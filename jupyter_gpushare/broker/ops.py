@@ -23,7 +23,7 @@ from ..core.history import HistoryRules, OthersBudget, newest
 from ..core.levels import WHAT, below, level_of
 from ..core.policy import CardView, Policy, Size, UserLimits, format_mib
 from ..host.cgroups import KernelCgroups, card_minors, held_in_group, kernel_of
-from ..host.gpu import Card, DeviceSample, GpuBackend
+from ..host.gpu import Card, GpuBackend
 from ..ledger.leases import lease_to_json, waiter_to_json, waiting_to_json
 from ..ledger.ledger import Lease, Ledger, ProcessRef, Request, Waiter
 from ..ledger.notices import NoSuchKernel
@@ -47,11 +47,10 @@ from .protocol import (
     WatchArgs,
     decode_request,
 )
+from .reading import CardReading
 from .room import FREEING_OPS, ROOM_OPS, RoomChanges
 from .unleased import UnleasedPolicy
 from .watchdog import Watchdog
-
-SAMPLE_TTL_S = 1.0  # the driver is read at most this often for what processes without a reservation use
 
 
 def cards_seen(cards: Sequence[Card], said: Sequence[str], caller: Caller) -> Sequence[Card]:
@@ -102,8 +101,7 @@ class Operations:
     backend: GpuBackend
     log: logging.Logger
     log_limited: LogLimiter
-    _samples: tuple[DeviceSample, ...]  # the driver's last per-process reading
-    _sampled_at: float  # when (time.monotonic())
+    reading: CardReading  # the driver's per-process reading, read again after leases were given back
     unleased: UnleasedPolicy  # what is done about processes that use a card without a lease
     watchdog: Watchdog  # the over-quota policy on every lease
     groups: KernelCgroups  # kernels' cgroups the broker owns for servers whose own a kernel could leave
@@ -133,17 +131,6 @@ class Operations:
             yield self._ledger
         finally:
             self._ledger.owner = self._me
-
-    def _latest_samples(self, max_age_s: float = SAMPLE_TTL_S) -> tuple[DeviceSample, ...]:
-        """The driver's per-process reading, at most ``max_age_s`` old; none without a GPU."""
-        if time.monotonic() - self._sampled_at >= max_age_s * 0.9:
-            try:
-                self._samples = tuple(self.backend.sample())
-            except Exception as e:  # a lost card, no NVML: reservations alone then
-                self.log.debug("jupyter-gpushare broker: no GPU reading: %s", e)
-                self._samples = ()
-            self._sampled_at = time.monotonic()
-        return self._samples
 
     def _mine(self, caller: Caller, user: str) -> bool:
         return caller.admin or user == caller.user
@@ -291,7 +278,7 @@ class Operations:
         cards = cards_seen(self.cards, args.cards, caller)
         self.policy.check_quota(args.quota, [CardView(c.uuid, c.index, c.total_mib) for c in cards])
         request = Request(args.kernel_id, args.quota, caller.user, args.kernel_name)
-        outside = ledger.outside(self._latest_samples())
+        outside = ledger.outside(self.reading.latest())
         with self._as_owner(caller) as led:
             got = led.reserve(request, self.policy, cards, args.wait, self.limits_for(caller), outside=outside)
         self.notebooks.said(args.kernel_id, args.path, ledger)
@@ -418,7 +405,7 @@ class Operations:
         if self._lease_to_change(caller, args.kernel_id, "resize") is None:
             return None
         self.policy.check_quota(Size(mib=args.quota_mib), [CardView(c.uuid, c.index, c.total_mib) for c in self.cards])
-        outside = ledger.outside(self._latest_samples())
+        outside = ledger.outside(self.reading.latest())
         got = ledger.resize(args.kernel_id, args.quota_mib, self.policy, self.cards, self.limits_for(caller), outside)
         return lease_to_json(got) if got else None
 
@@ -538,7 +525,7 @@ class Operations:
         result = answer(caller, args)
         if op in ROOM_OPS and result:
             if op in FREEING_OPS:
-                self._read_again()
+                self.reading.stale()
             self.room.changed()
         return result
 
@@ -546,15 +533,9 @@ class Operations:
         """Wait until the line may move (room.py): the connection awaits the answer, off the ledger's time."""
         return self.room.past(args.since, args.wait_s)
 
-    def _read_again(self) -> None:
-        """Leases were given back: the last reading of the cards may still list their kernels' processes, in no
-        lease now, as use outside reservations, which admission counts as taken. The next request reads the cards
-        again, so the kernel in line is granted the room at once, not after SAMPLE_TTL_S."""
-        self._sampled_at = -SAMPLE_TTL_S
-
     def _log_reclaimed(self, gone: Sequence[Lease]) -> None:
         if gone:
-            self._read_again()
+            self.reading.stale()
             self.room.changed()
         for lease in gone:
             self.log.info(

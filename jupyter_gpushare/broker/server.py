@@ -36,7 +36,7 @@ from ..core.history import OthersBudget
 from ..core.overuse import FAST_INTERVAL_S
 from ..core.policy import CardView, LimitRules, PolicyError, UserLimits, format_mib, parse_limits
 from ..host.cgroups import KernelCgroups
-from ..host.gpu import Card, DeviceSample
+from ..host.gpu import Card
 from ..host.hub import HubClient, HubError
 from ..host.procs import container_reason, proc_hidden_from_me
 from ..ledger.ledger import Ledger, LedgerError, ProcessRef, SessionRef, host_clock
@@ -45,7 +45,7 @@ from .guard import Guard, LogLimiter, raise_fd_limit
 from .identity import Caller, user_and_groups
 from .judging import Judging
 from .listener import Listener, tcp_listener_socket, unix_listener_socket
-from .ops import SAMPLE_TTL_S, KernelNotebooks
+from .ops import KernelNotebooks
 from .paths import fillable_by_students, untrusted_dir
 from .protocol import (
     DEFAULT_LEDGER,
@@ -54,6 +54,7 @@ from .protocol import (
     BrokerRefused,
     parse_tcp,
 )
+from .reading import SAMPLE_TTL_S, CardReading
 from .room import RoomChanges
 from .unleased import ACTIONS as UNLEASED_ACTIONS
 from .unleased import UnleasedPolicy
@@ -303,8 +304,7 @@ class GpuShareBroker(Judging, Connections, JupyterApp):
         self.hub = HubClient(self.hub_api_url, self.hub_api_token) if self.hub_api_url else None
         self._touched: dict[str, float] = {}
         self._taught = OthersBudget()
-        self._samples: tuple[DeviceSample, ...] = ()
-        self._sampled_at = -SAMPLE_TTL_S
+        self.reading = CardReading(self.backend, self.log)
         self.groups = KernelCgroups(enabled=shared.kernel_cgroups == "auto")
         self._group_users: dict[str, int] = {}  # kernel id -> the uid whose kernel entered its group
         self.notebooks = KernelNotebooks()
@@ -534,7 +534,7 @@ class GpuShareBroker(Judging, Connections, JupyterApp):
             await asyncio.sleep(pace)
             try:
                 assert self._ledger is not None  # opened before the watch starts
-                self.watch_once(self._latest_samples(pace))
+                self.watch_once(self.reading.latest(pace))
             except Exception:
                 self.log.exception("jupyter-gpushare broker: the over-quota watchdog failed")
 

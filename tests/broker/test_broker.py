@@ -644,9 +644,9 @@ def test_room_given_back_is_granted_from_a_reading_taken_after_it(inproc):
         assert "lease" in broker.handle(who["alice"], "reserve", {"kernel_id": "a1", "mib": 8192})
         broker.handle(who["admin"], "attach", {"kernel_id": "a1", "pid": kernel.pid})
         broker.backend.fake.add_process(kernel.pid, 8192)
-        broker._sampled_at = -1e9  # (read now, with a1's process in it)
+        broker.reading.stale()  # (read now, with a1's process in it)
         assert "waiting" in broker.handle(who["bob"], "reserve", {"kernel_id": "b1", "mib": 4096, "wait": True})
-        broker._sampled_at = time.monotonic() + 3600  # that reading kept, however slow this machine is
+        broker.reading.ttl_s = 3600.0  # that reading kept for an hour, however slow this machine is
         kernel.kill()
         kernel.wait()
         broker.backend.fake.remove_process(kernel.pid)
@@ -691,7 +691,6 @@ def test_an_admins_view_of_a_host_with_many_history_rows_is_read_whole(tmp_path)
     MB on one line, and is read whole (it used to be cut at 64 KiB and said 'not reachable'); its notebooks are
     bounded to the most recently run."""
     import sqlite3
-    import time
 
     broker = Broker(tmp_path).start()
     try:

@@ -50,8 +50,8 @@ def _setup(inproc, kernel, others: bool):
 
 
 def _sweep(broker, watchdog):
-    broker._sampled_at = -1e9  # a fresh reading each time
-    return watchdog.sweep(broker._latest_samples(), broker._ledger.leases())
+    broker.reading.stale()  # a fresh reading each time
+    return watchdog.sweep(broker.reading.latest(), broker._ledger.leases())
 
 
 def test_protect_on_a_shared_card_interrupts_then_ends_the_kernel(inproc, kernel, caplog):

@@ -66,8 +66,8 @@ def _broker(tmp_path, action: str, grace: float = 30.0, limits: dict | None = No
 
 
 def _sweep(broker):
-    broker._sampled_at = -1e9
-    broker.watch_once(broker._latest_samples())
+    broker.reading.stale()
+    broker.watch_once(broker.reading.latest())
     return {u["pid"]: u for u in broker.unleased.current}
 
 
