@@ -16,7 +16,7 @@ import contextlib
 # so: a lease, a list, a notice; a wait stopped and the broker's own reaps are counted where they happen). A request
 # that changed nothing counts nothing: a caller cannot wake every server of the host with it.
 ROOM_OPS = frozenset({"release", "release_owned_except", "resize", "act"})
-# Of those, the ones that give leases back: the broker reads the cards again before its next grant (ops._read_again)
+# Of those, the ones that give leases back: the broker reads the cards again before its next grant (CardReading.stale)
 FREEING_OPS = frozenset({"release", "release_owned_except", "act"})
 
 
