@@ -49,13 +49,16 @@ KERNEL_STDERR_TO = (
 )
 
 
-def kernel_stderr_to(tmp_path: Path, path: Path) -> None:
-    """The user's own python3 kernelspec (found before the installed one), whose kernel writes its stderr to
-    ``path``: what a program says is then its own and ours, not the kernel's races at its exit (UPSTREAM_RACE)."""
-    spec = tmp_path / "data" / "kernels" / "python3"
+def kernel_stderr_to(tmp_path: Path, path: Path) -> str:
+    """A Python kernelspec of the user's whose kernel writes its stderr to ``path``: what a program says is then its
+    own and ours, not the kernel's races at its exit (UPSTREAM_RACE). Returns its name, one of its own: in a virtual
+    environment jupyter_core finds the environment's python3 before the user's."""
+    name = "python3-stderr-apart"
+    spec = tmp_path / "data" / "kernels" / name
     spec.mkdir(parents=True)
     argv = [sys.executable, "-c", KERNEL_STDERR_TO, str(path), "-f", "{connection_file}"]
     (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"}))
+    return name
 
 
 @pytest.fixture
@@ -371,12 +374,12 @@ def test_papermill_through_a_broker_ends_as_soon_as_its_notebook_after_a_wait_an
     if not shutil.which("papermill"):
         pytest.skip("papermill is not installed (it is in the test extra)")
     tmp_path, env, _ = user
-    kernel_stderr_to(tmp_path, tmp_path / "kernel.err")
+    kernel = kernel_stderr_to(tmp_path, tmp_path / "kernel.err")
     (tmp_path / "broker").mkdir()
     card = {"gpu_backend": "simulated", "simulated_cards": "4GiB", "default_quota": "3GiB"}
     broker = Broker(tmp_path / "broker", gpu=card, limits={})
     broker.start()
-    papermill = ["papermill", "-k", "python3", "nb.ipynb", "out.ipynb"]
+    papermill = ["papermill", "-k", kernel, "nb.ipynb", "out.ipynb"]
     try:
         with a_full_card(tmp_path, env, Path(broker.ledger), broker_socket=broker.socket):
             client = {**card, "card_headroom": "0MiB", "context_reserve": "512MiB", "broker_socket": broker.socket}
