@@ -582,7 +582,9 @@ export function renderPanel(
     kernels.length === 0
       ? h.div({ className: `${C}-empty` }, say('ui.kernels.none'))
       : h.ul(
-          { className: `${C}-kernels` },
+          // keyed: a notice that comes and goes above it (a notebook whose kernel is not listed yet) would shift it
+          // to another place among its siblings, and the list would be made anew, every opened details closed
+          { className: `${C}-kernels`, key: 'kernels' },
           ...sorted.map(k => renderKernel(k, k === mine, view, actions))
         )
   );
