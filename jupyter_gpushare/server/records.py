@@ -143,7 +143,7 @@ class InLine:
         }
 
 
-NOT_IN_LINE = dict.fromkeys(("position", "need_mib", "free_mib", "waited_s", "wait_left_s", "gives_up_at", "likely_at"))
+NOT_IN_LINE = dict.fromkeys(InLine(0.0).to_dict(0.0))  # (the same figures, null: a kernel not in line)
 
 
 @dataclass(frozen=True)

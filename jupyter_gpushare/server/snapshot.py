@@ -180,9 +180,15 @@ class ServerSnapshot:
     def cards(self) -> dict[str, Any]:
         """GET /api/gpushare/cards: the cards with their reservations and measured use."""
         server = self.server
-        held = {k: v for k, v in server.to_json().items() if k in ("backend", "simulated", "reason", "ledger")}
+        held: dict[str, Any] = {"backend": server.backend, "simulated": server.simulated, "reason": server.reason}
         cards = [card_view(c, self.usage) for c in server.cards]
-        return {**held, "cards": cards, "sampler": self.usage.status(), "parking": dict(self.parking)}
+        return {
+            **held,
+            "ledger": server.ledger.to_json(),
+            "cards": cards,
+            "sampler": self.usage.status(),
+            "parking": dict(self.parking),
+        }
 
 
 class Snapshots:

@@ -100,14 +100,13 @@ def build_state(
         view["status"] = kernel_status(view)
         views.append(view)
     cards = []
-    for card in server.cards:
+    held = server.to_json()
+    for card, row in zip(server.cards, held["cards"]):
         on_card = [v for v in views if v.get("card") and v["card"]["uuid"] == card.uuid]
         mine = sum(v["reserved_mib"] or 0 for v in on_card)
         over = sum(max(0, (v.get("used_mib") or 0) - (v["reserved_mib"] or 0)) for v in on_card if v["reserved_mib"])
-        row = card.to_json()
         segments = card_segments(row, mine, over_mib=over)
         cards.append({**row, **usage_cards.get(card.uuid, {}), "mine_reserved_mib": mine, "segments": segments})
-    held = server.to_json()
     state = {
         **{k: held[k] for k in ("backend", "simulated", "reason", "ledger", "enforcement")},
         "cards": cards,
