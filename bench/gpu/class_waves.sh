@@ -4,7 +4,8 @@
 #   ARMS="cold:2 before:2 warm:2 warm:1" LIMIT=565 bash bench/gpu/class_waves.sh     (carry .whl, bench/gpu/before)
 # An arm is warm (32 warm kernels that imported PyTorch), cold (none), before (the code of issue 48's baseline) or
 # then (an earlier commit of today's layout, warm as the warm arm: a change's before and after in one call), then ':'
-# and the class's size in cards' worth of jobs (FACTOR, default 2). An arm that cannot finish in the time left (under
+# and the class's size in cards' worth of jobs (FACTOR, default 2), and optionally ':' and the client's connections
+# (default 6, a browser's; e.g. warm:2:44 gives each student a connection of their own). An arm that cannot finish in the time left (under
 # MIN seconds, default 140) is skipped and said. The code before and then are copies of their sources:
 #   mkdir -p bench/gpu/before && git archive d9100ab jupyter_gpushare bench/study jupyter-config | tar -x -C bench/gpu/before
 #   mkdir -p bench/gpu/then && git archive COMMIT jupyter_gpushare bench/study bench/_kernels.py jupyter-config \
@@ -19,10 +20,10 @@ date -u > $OUT/s/date.txt
 end=$(( $(date +%s) + ${LIMIT:-560} ))
 i=0
 for spec in ${ARMS:-warm cold cold warm}; do
-  i=$((i+1)); arm=${spec%%:*}; factor=${spec#*:}; [ "$factor" = "$spec" ] && factor=${FACTOR:-2}
-  left=$(( end - $(date +%s) )); name=$arm-x$factor-$i
+  i=$((i+1)); IFS=: read -r arm factor conns <<< "$spec"; factor=${factor:-${FACTOR:-2}}; conns=${conns:-6}
+  left=$(( end - $(date +%s) )); name=$arm-x$factor-c$conns-$i
   [ $left -lt ${MIN:-140} ] && { echo "skip $name: ${left}s left"; continue; }
-  run="--out $OUT/s/$name --runs torch:gpushare:$factor --reruns 1 --workdir /tmp"
+  run="--out $OUT/s/$name --runs torch:gpushare:$factor --reruns 1 --workdir /tmp --connections $conns"
   case $arm in
     warm) timeout $(( left - 5 )) python3 bench/study/harness.py $run --warm 32 --warm-imports torch ;;
     cold) timeout $(( left - 5 )) python3 bench/study/harness.py $run ;;
