@@ -21,6 +21,7 @@ from ..ledger.ledger import LedgerError, Waiting
 from .manager import QuotaManager, build_manager, use_in_process
 from .records import Change, Changes, KernelRecord
 from .sampler import Readings
+from .seam.connection import connecting
 from .seam.internals import has_session, pending_kernel_ids, stop_cleanly_on_sigint
 from .seam.refusals import quiet_refusals
 from .services import Services
@@ -97,12 +98,13 @@ class ServerStarts:
         self.kernels, self.sessions, self.log = kernels, sessions, log
 
     def watchers(self, kernel_id: str) -> int:
+        """Its clients: websockets open, and those whose handshake waits for the kernel (seam/connection.py)."""
         if kernel_id not in self.kernels:
             return 0
         try:
-            return self.kernels.kernel_model(kernel_id).get("connections", 0)
+            return self.kernels.kernel_model(kernel_id).get("connections", 0) + connecting(kernel_id)
         except TraitError:  # a kernel jupyter_server is still starting has no model yet (no last_activity)
-            return 0
+            return connecting(kernel_id)
 
     def may_grant(self, kernel_id: str) -> bool:
         return kernel_id in self.kernels and (self.watchers(kernel_id) > 0 or has_session(self.sessions, kernel_id))

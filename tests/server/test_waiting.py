@@ -258,6 +258,40 @@ async def test_no_reservation_goes_to_a_kernel_without_a_notebook_or_a_client(
     assert await gpushare.state_of(nobody) == "queued"
 
 
+async def test_a_client_whose_handshake_waits_for_a_starved_kernel_in_line_keeps_its_place(
+    gpushare, jp_serverapp, ledger_file, skip_time, kernel_ws
+):
+    """A client (no notebook: POST /api/kernels, as an API client or the study's harness) opens the websocket of its
+    kernel in line. jupyter_server completes the handshake once the kernel answers, and a kernel in line runs at idle
+    CPU priority: while the running kernels keep every CPU busy, it may not answer for tens of seconds (issue 48's
+    4x class: room stood free for 12 s). The client wants it all the same: the kernel keeps its place in line past
+    line.UNWANTED_S and is granted as soon as room is freed. The kernel's process is stopped (SIGSTOP) for the
+    handshake's length, as a starved one is; the test above is the control: with no client, the kernel steps out."""
+    sessions = await full_card(gpushare)
+    kid = await gpushare.start_kernel()
+    ledger = Ledger(ledger_file)
+    await gpushare.wait_for(lambda: _waits(ledger, kid), what="the kernel in the host's line")
+    pid = standin_pid(jp_serverapp, kid)
+    os.kill(pid, signal.SIGSTOP)
+    opening = asyncio.ensure_future(kernel_ws(kid, Session().session))
+    try:
+        for _ in range(12):  # 6 s of the line's clock, a look each 0.5 s: twice line.UNWANTED_S
+            skip_time(0.5)
+            await asyncio.sleep(0.5)
+        assert not opening.done()  # the handshake still waits for the stopped kernel
+        assert await _waits(ledger, kid), "the kernel whose client connects left the line"
+        await gpushare.close_notebook(sessions[0])
+        await gpushare.wait_for(lambda: _state(gpushare, kid, "running"), timeout=AT_ONCE_S, what="the grant")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    ws = await opening  # it answers once it runs again
+    ws.close()
+
+
+async def _waits(ledger: Ledger, kernel_id: str) -> bool:
+    return kernel_id in [w.kernel_id for w in ledger.waiters()]
+
+
 async def _event(gpushare, kernel_id: str, kind: str):
     found = [e for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == kernel_id and e["kind"] == kind]
     return found[-1] if found else None

@@ -10,6 +10,11 @@ and once the kernel runs the connection is made as jupyter_server makes it (kern
 makes sure the kernel's output reaches this client) and the kept messages are sent on. If the kernel will never
 run (its wait ended), the websocket is closed. A kernel that does not wait is connected as usual.
 
+A kernel in line that runs while it waits completes the handshake as jupyter_server does, once it answers. It runs at
+idle CPU priority (host/priority.py), so where the running kernels keep every CPU busy, that answer may take
+long. A client in that handshake wants the kernel all the same: it is counted (``connecting``), so the kernel keeps
+its place in line and is granted when room is freed (Line._wanted), not passed over as a kernel nobody wants.
+
 A parked kernel (parking.py) is brought back by the next cell its client runs, and the cell goes to the kernel at
 once: its CPU work runs meanwhile, and only a GPU call in it waits, inside the driver, until the kernel's state is
 back (the cell says so in one line: _gpushare_wait). Any client's cell brings it back the same way, through the
@@ -28,6 +33,12 @@ from tornado.websocket import WebSocketClosedError
 KEPT_MAX = 1000  # messages held for one kernel (all its websockets); past it the client is told to reconnect later
 KEPT_MAX_BYTES = 64 << 20
 _held_for: dict[str, list[int]] = {}  # kernel id -> [messages, bytes] its connections hold now
+_connecting: dict[str, int] = {}  # kernel id -> its websockets whose handshake waits for the kernel's answer
+
+
+def connecting(kernel_id: str) -> int:
+    """How many clients are opening a websocket to the kernel now: their handshake waits for its answer."""
+    return _connecting.get(kernel_id, 0)
 
 
 def held_start(kernel_manager: Any) -> Any:
@@ -50,7 +61,14 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
     async def prepare(self) -> None:
         held = held_start(self.kernel_manager)
         if held is None:
-            await super().prepare()  # (waits for the kernel's first answer)
+            _connecting[self.kernel_id] = connecting(self.kernel_id) + 1
+            try:
+                await super().prepare()  # (waits for the kernel's first answer)
+            finally:
+                if (left := connecting(self.kernel_id) - 1) > 0:
+                    _connecting[self.kernel_id] = left
+                else:
+                    _connecting.pop(self.kernel_id, None)
             if self._left:  # the page left meanwhile: jupyter_server's handler would shake hands with nobody, and
                 # fail on the connection its on_close dropped (a traceback in the log); end the request here
                 raise web.HTTPError(499, reason="Client Closed Request")
