@@ -13,7 +13,8 @@ run (its wait ended), the websocket is closed. A kernel that does not wait is co
 A kernel in line that runs while it waits completes the handshake as jupyter_server does, once it answers. It runs at
 idle CPU priority (host/priority.py), so where the running kernels keep every CPU busy, that answer may take
 long. A client in that handshake wants the kernel all the same: it is counted (``connecting``), so the kernel keeps
-its place in line and is granted when room is freed (Line._wanted), not passed over as a kernel nobody wants.
+its place in line and is granted when room is freed (Line._wanted), not passed over as a kernel nobody wants. A
+client that leaves during the handshake is counted until jupyter_server gives it up (``kernel_info_timeout``).
 
 A parked kernel (parking.py) is brought back by the next cell its client runs, and the cell goes to the kernel at
 once: its CPU work runs meanwhile, and only a GPU call in it waits, inside the driver, until the kernel's state is
