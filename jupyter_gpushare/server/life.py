@@ -10,7 +10,8 @@ the sidebar's words.ts), and the sidebar's TypeScript union (types.ts). A state 
 each state carries (a running kernel holds a lease, a parked one its parked state, a queued one its wait in line and
 no lease, a 'cpu' one the code of a wait that ended, if one did; no other state a wait, or an ended one); the
 registry then applies the record's other fields first and its state last, so no one reads "running" before its lease
-is there. A move the table does not know is a bug: it raises under tests (``GPUSHARE_STRICT_LIFE=1``), and in a server
+is there. A change of other fields (``KernelRegistry.update``) is held against what the state carries
+(``check_fields``): no record is written that its state does not allow. A move the table does not know is a bug: it raises under tests (``GPUSHARE_STRICT_LIFE=1``), and in a server
 it is logged and made, so that a student's kernel goes on.
 """
 
@@ -62,7 +63,21 @@ def strict() -> bool:
 def check(rec: KernelRecord, to: KernelState, fields: Mapping[str, Any]) -> None:
     """Whether ``rec`` may move to ``to`` with ``fields`` (its lease, card, place, reason...) set: a move the table
     does not know raises under tests and is logged in a server (KernelRegistry.move makes it all the same)."""
-    problem = _problem(rec.state, to, lambda name: fields[name] if name in fields else getattr(rec, name))
+    _report(rec, _problem(rec.state, to, _with(rec, fields)))
+
+
+def check_fields(rec: KernelRecord, fields: Mapping[str, Any]) -> None:
+    """Whether ``rec``, in its state, may take ``fields`` (KernelRegistry.update): a running kernel's lease cannot
+    be taken away, nor a wait given to one not in line, without a move. Raised or logged as ``check`` does."""
+    _report(rec, _carried(rec.state, _with(rec, fields)))
+
+
+def _with(rec: KernelRecord, fields: Mapping[str, Any]) -> Callable[[str], Any]:
+    """A field of ``rec`` as it would be with ``fields`` set."""
+    return lambda name: fields[name] if name in fields else getattr(rec, name)
+
+
+def _report(rec: KernelRecord, problem: str | None) -> None:
     if problem:
         if strict():
             raise IllegalMove(f"kernel {rec.kernel_id}: {problem}")
@@ -74,6 +89,12 @@ def _problem(before: str, to: str, value: Callable[[str], Any]) -> str | None:
         return f"{to!r} is not a kernel state"
     if to not in MOVES.get(before, frozenset()):
         return f"no move from {before!r} to {to!r}"
+    return _carried(to, value)
+
+
+def _carried(to: str, value: Callable[[str], Any]) -> str | None:
+    """What is wrong with a record in state ``to`` whose fields are ``value(name)``: None where it carries what
+    its state carries and nothing another state's."""
     if to == "running" and value("lease") is None:
         return "running without a lease"
     if to in ("queued", "parked", "standby", "failed", "none") and value("lease") is not None:

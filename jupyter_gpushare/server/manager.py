@@ -358,11 +358,11 @@ class QuotaManager:
         if self._closed:
             return  # (the server's last kernel was released: nothing of it is left)
         self.line.leave(kernel_id, why)
-        self.parking.forget(kernel_id)
         await self.remember_peak(kernel_id)
         rec = self.forget(kernel_id) if forget else self.records.get(kernel_id)
+        self.parking.forget(kernel_id, rec.parked if rec is not None else None)
         if rec is not None and not forget:  # a restart: its next start is decided as the kernel starts again
-            self.move(rec, "starting", lease=None, card=None, line=None, wait_ended=None, restarting=True)
+            self.move(rec, "starting", lease=None, card=None, line=None, wait_ended=None, parked=None, restarting=True)
         try:
             lease = await self.ledger.on(lambda ledger: ledger.release(kernel_id))
         except LedgerError as e:  # a full disk: the kernel goes all the same; reconcile gives its room back later

@@ -441,19 +441,19 @@ class Parking:
             steps = await self._blocking(self.checkpointer.resume, list(parked.pids)) if parked.pids else {}
         except CheckpointError as e:
             self.kernels.event("resume-failed", kid, reason=str(e))
-            self.kernels.update(rec, parked=None)
+            self.kernels.move(rec, "failed", parked=None, line=None, reason=str(e))  # (it is shut down next)
             self._unpark(kid)
             self.kernels.end_kernel(kid)
             return
         seconds = round(self.clock.mono() - t0 - waited, 2)
         self.seconds["resume"] = [*self.seconds["resume"][-49:], seconds]
         self.given_back_mib_s += parked.reserved_mib * (self.clock.wall() - parked.since)
-        self.kernels.update(rec, parked=None)
         self._again.pop(kid, None)
         self._unpark(kid)
         self.services.starts.tell(kid, {"back": {}})
         self.touch(kid)  # its cell runs next: its idle clock starts again
         self.kernels.settle(rec, Grant("gpu", lease=lease, card=self.kernels.card(lease.card_uuid)))
+        self.kernels.update(rec, parked=None)  # (running now: its parked state is back on the card)
         await self.kernels.attach(kid, rec.pid)
         self.kernels.event("resumed", kid, waited_s=waited, resume_s=seconds, **steps)
 
@@ -470,12 +470,11 @@ class Parking:
             self.services.starts.tell(rec.kernel_id, {"parked": {"parked_mib": parked.parked_mib, "why": message}})
             self.kernels.event(code, rec.kernel_id, **figures)
 
-    def forget(self, kernel_id: str) -> None:
-        """The kernel is gone or restarts: its parked state went with its process."""
-        rec = self.kernels.records.get(kernel_id)
-        if rec is not None and rec.parked is not None:
-            self.given_back_mib_s += rec.parked.reserved_mib * (self.clock.wall() - rec.parked.since)
-            self.kernels.update(rec, parked=None)
+    def forget(self, kernel_id: str, parked: Parked | None) -> None:
+        """The kernel is gone or restarts, and ``parked``, the parked state its record held, went with its process
+        (its record is gone, or moved on without it: QuotaManager.release)."""
+        if parked is not None:
+            self.given_back_mib_s += parked.reserved_mib * (self.clock.wall() - parked.since)
             self._unpark(kernel_id)
         self._not_until.pop(kernel_id, None)
         self._again.pop(kernel_id, None)

@@ -74,6 +74,7 @@ class KernelRegistry:
         """Change ``rec``'s ``fields``, not its state (``move`` does)."""
         if "state" in fields:
             raise ValueError("a kernel's state changes by KernelRegistry.move")
+        life.check_fields(rec, fields)
         self._set(rec, fields)
 
     def move(self, rec: KernelRecord, to: KernelState, **fields: Any) -> None:

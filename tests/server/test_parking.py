@@ -145,6 +145,46 @@ async def test_park_and_resume_on_request_and_what_cannot_be_parked(gpushare, jp
     assert e.value.code == 409 and "nothing to park" in json.loads(e.value.response.body)["message"]
 
 
+async def test_a_resume_that_fails_shuts_the_kernel_down_and_gives_its_room_back(
+    gpushare, jp_fetch, jp_serverapp, ledger_file, monkeypatch
+):
+    """The driver cannot bring a parked kernel's GPU state back: its process cannot run on, so it is shut down and
+    says why, and its record is never left 'parked' without its parked state (the kernel's life, life.py, raises under
+    the tests): it reads 'failed' until it is gone. The reservation its resume got goes back."""
+    from jupyter_gpushare.host.checkpoint import CheckpointError
+    from jupyter_gpushare.ledger.ledger import Ledger
+
+    manager = jp_serverapp.web_app.settings["gpushare_manager"]
+    _, kid = await gpushare.open_notebook("lost.ipynb")
+    await run_in_kernel(jp_serverapp, kid, "import gpushare_simulate; gpushare_simulate.use('1GiB')")
+    await gpushare.wait_for(lambda: _at_least(gpushare, 1024), what="the kernel's use on the card")
+    r = await jp_fetch("api", "gpushare", "kernels", kid, "park", method="POST", body="")
+    assert json.loads(r.body)["state"] == "parked"
+
+    def cannot(pids):
+        raise CheckpointError("the driver refused the restore")
+
+    monkeypatch.setattr(manager.parking.checkpointer, "resume", cannot)
+    r = await jp_fetch("api", "gpushare", "kernels", kid, "resume", method="POST", body="")
+    assert json.loads(r.body)["state"] in ("failed", None)  # (None: gone already)
+    said = await _event(gpushare, kid, "resume-failed")
+    assert said is not None and "the driver refused the restore" in said["message"]
+    await gpushare.wait_for(lambda: _gone(jp_serverapp, kid), what="the kernel shut down")
+    await gpushare.wait_for(lambda: _no_lease(Ledger(ledger_file), kid), what="its reservation given back")
+
+
+async def _at_least(gpushare, mib: int) -> bool:
+    return await _used_on_card(gpushare) >= mib
+
+
+async def _gone(jp_serverapp, kernel_id: str) -> bool:
+    return kernel_id not in jp_serverapp.kernel_manager.list_kernel_ids()
+
+
+async def _no_lease(ledger, kernel_id: str) -> bool:
+    return all(lease.kernel_id != kernel_id for lease in ledger.leases())
+
+
 async def _queued(gpushare) -> str:
     return next(k["kernel_id"] for k in (await gpushare.get("kernels"))["kernels"] if k["state"] == "queued")
 

@@ -11,7 +11,8 @@ import pytest
 
 from jupyter_gpushare.core.policy import Size
 from jupyter_gpushare.core.words import render
-from jupyter_gpushare.ledger.leases import Waiting
+from jupyter_gpushare.host.procs import SessionRef
+from jupyter_gpushare.ledger.leases import Lease, Waiting
 from jupyter_gpushare.server.life import IllegalMove
 from jupyter_gpushare.server.records import InLine
 from jupyter_gpushare.server.registry import KernelRegistry
@@ -75,6 +76,21 @@ def test_a_move_the_kernels_life_does_not_allow_raises_under_the_tests(registry_
     with pytest.raises(IllegalMove, match="starting with a wait that ended"):
         registry.move(rec, "starting")
     assert rec.state == "cpu"
+
+
+def test_a_change_of_fields_is_held_against_what_the_state_carries(registry_and_said):
+    """``update`` changes a record's fields, not its state; it cannot write what its state does not allow: a running
+    kernel's lease taken away, or a wait in line given to a kernel that is not queued, without a move."""
+    registry, _ = registry_and_said
+    rec = registry.record("k1", "python3", "python")
+    lease = Lease("k1", "GPU-sim-0", 0, 4096, 512, "alice", "python3", SessionRef("s1"), None, 0.0)
+    registry.move(rec, "running", lease=lease)
+    with pytest.raises(IllegalMove, match="running without a lease"):
+        registry.update(rec, lease=None)
+    with pytest.raises(IllegalMove, match="running with a wait in line"):
+        registry.update(rec, line=InLine(1.0))
+    registry.update(rec, lease=dataclasses.replace(lease, quota_mib=8192))  # a lease that grew: allowed
+    assert rec.state == "running" and rec.lease is not None and rec.lease.quota_mib == 8192 and rec.line is None
 
 
 def test_an_events_english_is_the_catalogues_written_once(registry_and_said, caplog):
