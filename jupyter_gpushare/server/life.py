@@ -11,8 +11,9 @@ each state carries (a running kernel holds a lease, a parked one its parked stat
 no lease, a 'cpu' one the code of a wait that ended, if one did; no other state a wait, or an ended one); the
 registry then applies the record's other fields first and its state last, so no one reads "running" before its lease
 is there. A change of other fields (``KernelRegistry.update``) is held against what the state carries
-(``check_fields``): no record is written that its state does not allow. A move the table does not know is a bug: it raises under tests (``GPUSHARE_STRICT_LIFE=1``), and in a server
-it is logged and made, so that a student's kernel goes on.
+(``check_fields``): no record is written that its state does not allow. A move the table does not know is a bug: it
+raises under tests (``GPUSHARE_STRICT_LIFE=1``), and in a server it is logged and made, so that a student's kernel goes
+on.
 """
 
 from __future__ import annotations
