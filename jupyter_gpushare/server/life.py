@@ -102,6 +102,8 @@ def _carried(to: str, value: Callable[[str], Any]) -> str | None:
         return f"{to} with a lease"
     if to == "parked" and value("parked") is None:
         return "parked without its parked state"
+    if to not in ("parked", "queued") and value("parked") is not None:  # (queued: on its way back)
+        return f"{to} with a parked state"
     if (to == "queued") != (value("line") is not None):
         return "queued without its wait" if to == "queued" else f"{to} with a wait in line"
     if to != "cpu" and value("wait_ended") is not None:

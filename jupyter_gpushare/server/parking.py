@@ -452,8 +452,7 @@ class Parking:
         self._unpark(kid)
         self.services.starts.tell(kid, {"back": {}})
         self.touch(kid)  # its cell runs next: its idle clock starts again
-        self.kernels.settle(rec, Grant("gpu", lease=lease, card=self.kernels.card(lease.card_uuid)))
-        self.kernels.update(rec, parked=None)  # (running now: its parked state is back on the card)
+        self.kernels.settle(rec, Grant("gpu", lease=lease, card=self.kernels.card(lease.card_uuid)))  # (unparked)
         await self.kernels.attach(kid, rec.pid)
         self.kernels.event("resumed", kid, waited_s=waited, resume_s=seconds, **steps)
 

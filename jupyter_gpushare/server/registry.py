@@ -137,7 +137,7 @@ class KernelRegistry:
         assert grant.mode != "warm"  # (a warm kernel has no record)
         self.move(
             rec, "running" if grant.mode == "gpu" else grant.mode, lease=grant.lease, card=grant.card,
-            reason=grant.reason, line=None, restarting=False,
+            reason=grant.reason, line=None, parked=None, restarting=False,
             wait_ended=why if grant.mode == "cpu" and why in WAIT_ENDED else None,
         )  # fmt: skip
         if grant.mode == "gpu" and grant.lease:

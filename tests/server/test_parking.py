@@ -173,6 +173,27 @@ async def test_a_resume_that_fails_shuts_the_kernel_down_and_gives_its_room_back
     await gpushare.wait_for(lambda: _no_lease(Ledger(ledger_file), kid), what="its reservation given back")
 
 
+@pytest.mark.parametrize("gpushare_config", [{"queue_timeout": 3}], indirect=True)
+async def test_a_resume_whose_wait_in_line_ends_leaves_the_kernel_parked_and_says_why(gpushare, jp_fetch, jp_serverapp):
+    """A parked kernel's resume waits in line (the card is full) and its wait ends (queue_timeout) without a grant.
+    Its way back is no start: it stays parked, with its parked state, and says why. It used to be settled as a start
+    that timed out (state 'cpu', holding its parked state and an ended wait) and then parked again, a record its
+    state does not allow (life.py raises under the tests)."""
+    _, kid = await gpushare.open_notebook("back.ipynb")
+    await run_in_kernel(jp_serverapp, kid, "import gpushare_simulate; gpushare_simulate.use('1GiB'); kept = 5")
+    await gpushare.wait_for(lambda: _at_least(gpushare, 1024), what="the kernel's use on the card")
+    r = await jp_fetch("api", "gpushare", "kernels", kid, "park", method="POST", body="")
+    assert json.loads(r.body)["state"] == "parked"
+    for i in range(2):  # the card is full of reservations
+        await gpushare.open_notebook(f"full-{i}.ipynb")
+    r = await jp_fetch("api", "gpushare", "kernels", kid, "resume", method="POST", body="")  # waits, then ends
+    rec = await gpushare.kernel(kid)
+    assert json.loads(r.body)["state"] == rec["state"] == "parked" and rec["parked"]["parked_mib"] == 1024
+    assert rec["position"] is None and rec["reserved_mib"] is None
+    said = await _event(gpushare, kid, "resume-waited-out")
+    assert said is not None, [e["kind"] for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == kid]
+
+
 async def _at_least(gpushare, mib: int) -> bool:
     return await _used_on_card(gpushare) >= mib
 
