@@ -174,6 +174,7 @@ path, said = sys.argv[1], sys.argv[2]
 server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 server.bind(path)
 server.listen(8)
+open(said + ".up", "w").close()  # (it listens: the socket's file exists from bind(), before connect() can succeed)
 got = b""
 while True:
     conn, _ = server.accept()
@@ -220,7 +221,7 @@ def test_a_socket_another_user_serves_is_not_taken_for_the_broker(tmp_path, wher
             [sys.executable, "-c", FAKE_BROKER, str(socket_path), str(said)], **run_as(mallory, home)
         )
         try:
-            wait_until(socket_path.exists, what="the fake broker to listen")
+            wait_until((shared / "said.up").exists, what="the fake broker to listen")
             with pytest.raises(LedgerError, match="is served by uid .* It is not the GPU broker, and nothing was sent"):
                 BrokerLedger(str(socket_path)).view()
             time.sleep(0.5)
