@@ -35,6 +35,7 @@ def waves(result: dict) -> dict | None:
     regrants = [grants[fit + k] - releases[k] for k in range(min(len(ok) - fit, len(releases)))]
     return {
         "all_ok_s": result["all_ok_s"],
+        "free_place_s": free_place_s(ok, fit),
         "of_ideal": math.ceil(result["jobs"] / fit) * median / result["all_ok_s"],
         "wave1_grants_s": (grants[0], grants[min(fit, len(grants)) - 1]),
         "run_s": (min(runs), median, max(runs)),
@@ -44,6 +45,22 @@ def waves(result: dict) -> dict | None:
         "regrant_s": (statistics.median(regrants), max(regrants)) if regrants else None,
         "open_s": (result.get("open_to_first_output_median_s"), result.get("open_to_gpu_op_median_s")),
     }
+
+
+def free_place_s(ok: list[dict], fit: int) -> float:
+    """Place-seconds that stood free while a job still waited for its grant: each span between two grants or releases,
+    times the places free in it (``fit`` less those granted and not yet released), until the last grant."""
+    marks = sorted(
+        [(j["admitted"], 1) for j in ok] + [(j["released"], -1) for j in ok if j.get("released") is not None]
+    )
+    last_grant = max(j["admitted"] for j in ok)
+    free, held, before = 0.0, 0, marks[0][0]
+    for at, change in marks:
+        if at > last_grant:
+            break
+        free += max(0, fit - held) * (at - before)
+        held, before = held + change, at
+    return free
 
 
 def main(files: list[str]) -> None:
@@ -65,8 +82,8 @@ def main(files: list[str]) -> None:
                     *w["open_s"]
                 )
             print(f"{label}: all ok {w['all_ok_s']:.1f} s, {w['of_ideal']:.1%} of ideal; wave 1 granted "
-                  "{:.2f}–{:.2f} s; grant → done {:.1f} / {:.1f} / {:.1f} s; hand-off {}".format(
-                      *w["wave1_grants_s"], *w["run_s"], hand))  # fmt: skip
+                  "{:.2f}–{:.2f} s; grant → done {:.1f} / {:.1f} / {:.1f} s; hand-off {}; places free while a job "
+                  "waited {:.1f} place-s".format(*w["wave1_grants_s"], *w["run_s"], hand, w["free_place_s"]))  # fmt: skip
 
 
 if __name__ == "__main__":
