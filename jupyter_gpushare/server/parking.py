@@ -441,7 +441,8 @@ class Parking:
             steps = await self._blocking(self.checkpointer.resume, list(parked.pids)) if parked.pids else {}
         except CheckpointError as e:
             self.kernels.event("resume-failed", kid, reason=str(e))
-            self.kernels.move(rec, "failed", parked=None, line=None, reason=str(e))  # (it is shut down next)
+            why = render("event.resume-failed", {"reason": str(e)})
+            self.kernels.move(rec, "failed", parked=None, line=None, reason=why)  # (it is shut down next)
             self._unpark(kid)
             self.kernels.end_kernel(kid)
             return
