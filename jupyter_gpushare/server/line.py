@@ -428,6 +428,8 @@ class Line:
         if rec is not None and rec.parked is not None:
             self.kernels.move(rec, "parked", line=None)
             if isinstance(outcome, Start) and outcome.grant.lease is not None:
+                if outcome.waited_s is not None:  # (said as a start's grant is: its GPU is ready)
+                    self.kernels.event("admitted", rec.kernel_id, waited_s=outcome.waited_s)
                 wait.result.set_result(outcome.grant)
             else:
                 why = outcome.message if isinstance(outcome, Refusal) else outcome.grant.reason

@@ -187,6 +187,8 @@ async def test_a_resume_waits_for_the_room_the_card_shows_not_the_ledger(
             await gpushare.wait_for(lambda: _state(gpushare, kid, "queued"), what="the resume in line")
             await gpushare.close_notebook(full.pop())
         await asked
+        if how == "granted in line":  # its grant is said as a start's is (the student's toast: "GPU ready after...")
+            assert await _event(gpushare, kid, "admitted") is not None
         said = await gpushare.wait_for(lambda: _event(gpushare, kid, "resume-no-room"), what="the resume refused")
         assert "1 GiB free on its card, 1 GiB needed (used outside the line)" in said["message"], said
         assert resumed == [] and await gpushare.state_of(kid) == "parked"
