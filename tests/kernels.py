@@ -16,6 +16,11 @@ from tornado.websocket import WebSocketClientConnection
 TIMEOUT = int(os.environ.get("GPUSHARE_TEST_TIMEOUT", 180))  # generous: tens of kernels starting on the 2 cores of CI
 
 
+async def kernel_gone(jp_serverapp, kernel_id: str) -> bool:
+    """Whether jupyter_server no longer lists the kernel (shut down, or never started)."""
+    return kernel_id not in jp_serverapp.kernel_manager.list_kernel_ids()
+
+
 async def run_in_kernel(jp_serverapp, kernel_id: str, code: str, status: str = "ok") -> str:
     """Run code in a real kernel, which must end with ``status`` ("error": it raises); its printed output."""
     client = jp_serverapp.kernel_manager.get_kernel(kernel_id).client()

@@ -5,8 +5,8 @@
 # An arm is warm (32 warm kernels that imported PyTorch), cold (none), before (the code of issue 48's baseline) or
 # then (an earlier commit of today's layout, warm as the warm arm: a change's before and after in one call), then ':'
 # and the class's size in cards' worth of jobs (FACTOR, default 2), and optionally ':' and the client's connections
-# (default 6, a browser's; e.g. warm:2:44 gives each student a connection of their own). An arm that cannot finish in the time left (under
-# MIN seconds, default 140) is skipped and said. The code before and then are copies of their sources:
+# (default 6, a browser's; e.g. warm:2:44 gives each student a connection of their own). An arm that cannot finish in
+# the time left (under MIN seconds, default 140) is skipped and said. The code before and then are copies of their sources:
 #   mkdir -p bench/gpu/before && git archive d9100ab jupyter_gpushare bench/study jupyter-config | tar -x -C bench/gpu/before
 #   mkdir -p bench/gpu/then && git archive COMMIT jupyter_gpushare bench/study bench/_kernels.py jupyter-config \
 #     | tar -x -C bench/gpu/then

@@ -422,19 +422,8 @@ class Line:
         self._conclude(wait, outcome, rec)
 
     def _conclude(self, wait: Wait, outcome: Start | Refusal, rec: KernelRecord | None) -> None:
-        """The line's outcome for a kernel whose wait is over, which the registry applies; its start hears it. A
-        parked kernel's wait to come back is no start: it is parked again, and its resume (parking.py) hears the
-        grant or why there is none, and moves it on (running once its state is back, or parked, saying why)."""
-        if rec is not None and rec.parked is not None:
-            self.kernels.move(rec, "parked", line=None)
-            if isinstance(outcome, Start) and outcome.grant.lease is not None:
-                if outcome.waited_s is not None:  # (said as a start's grant is: its GPU is ready)
-                    self.kernels.event("admitted", rec.kernel_id, waited_s=outcome.waited_s)
-                wait.result.set_result(outcome.grant)
-            else:
-                why = outcome.message if isinstance(outcome, Refusal) else outcome.grant.reason
-                wait.result.set_exception(QuotaUnavailable(why or "no reservation"))
-            return
+        """The line's outcome for a kernel whose wait is over, which the registry applies; its start (or a parked
+        kernel's resume) hears it."""
         got = self.kernels.conclude(wait.kernel_id, outcome, rec)
         if isinstance(got, QuotaUnavailable):
             wait.result.set_exception(got)

@@ -154,17 +154,26 @@ class KernelRegistry:
         line.py), applied to its record and said: its grant, settled (a start after a wait says first how long it
         waited), or the error its refusal is raised as. A start is settled on ``rec``, the record its caller held
         (one forgotten meanwhile, by a shut-down during the start, all the same: the start goes on, and its clean-up
-        gives the reservation back)."""
+        gives the reservation back). A parked kernel's wait to come back is no start: it is parked again, and its
+        resume (parking.py) hears the grant, or why there is none, and moves it on (running once its state is back,
+        or parked, saying why)."""
+        rec = rec or self.records.get(kernel_id)
+        if rec is not None and rec.parked is not None:
+            self.move(rec, "parked", line=None)
+            if isinstance(outcome, Refusal) or outcome.grant.lease is None:
+                why = outcome.message if isinstance(outcome, Refusal) else outcome.grant.reason
+                return QuotaUnavailable(why or "no reservation")
+            if outcome.waited_s is not None:  # (said as a start's grant is: its GPU is ready)
+                self.event("admitted", kernel_id, waited_s=outcome.waited_s)
+            return outcome.grant
         if isinstance(outcome, Refusal):
             return self.refuse(
                 kernel_id, outcome.message, status=outcome.status, keep=outcome.keep, kind=outcome.kind,
                 code=outcome.code, **outcome.figures,
             )  # fmt: skip
-        rec = rec or self.records.get(kernel_id)
         assert rec is not None, f"a start of {kernel_id} settled without its record"
         if outcome.waited_s is not None:
-            waited = outcome.waited_s
-            self.event("admitted", kernel_id, waited_s=waited)
+            self.event("admitted", kernel_id, waited_s=outcome.waited_s)
         return self.settle(rec, outcome.grant, outcome.why, **outcome.figures)
 
     def refuse(

@@ -180,12 +180,12 @@ class ServerSnapshot:
     def cards(self) -> dict[str, Any]:
         """GET /api/gpushare/cards: the cards with their reservations and measured use."""
         server = self.server
-        held: dict[str, Any] = {"backend": server.backend, "simulated": server.simulated, "reason": server.reason}
-        cards = [card_view(c, self.usage) for c in server.cards]
         return {
-            **held,
+            "backend": server.backend,
+            "simulated": server.simulated,
+            "reason": server.reason,
             "ledger": server.ledger.to_json(),
-            "cards": cards,
+            "cards": [card_view(c, self.usage) for c in server.cards],
             "sampler": self.usage.status(),
             "parking": dict(self.parking),
         }

@@ -389,10 +389,6 @@ async def test_a_queued_start_can_be_cancelled_and_a_running_kernel_cannot(gpush
     assert (await gpushare.kernel(k1))["state"] == "running"
 
 
-async def _gone(jp_serverapp, kernel_id: str) -> bool:
-    return kernel_id not in jp_serverapp.kernel_manager.list_kernel_ids()
-
-
 async def test_host_view_lists_this_users_kernels_on_each_card(gpushare):
     kid = await gpushare.start_kernel()
     view = await gpushare.get("host")

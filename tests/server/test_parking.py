@@ -18,7 +18,7 @@ import time
 
 import pytest
 from jupyter_client.session import Session
-from kernels import cell_result, run_in_kernel, send_cell, stream_until
+from kernels import cell_result, kernel_gone, run_in_kernel, send_cell, stream_until
 from tornado.httpclient import HTTPClientError
 
 
@@ -171,7 +171,7 @@ async def test_a_resume_that_fails_shuts_the_kernel_down_and_gives_its_room_back
     assert answer["state"] is None or "could not be brought back" in answer["reason"]
     said = await _event(gpushare, kid, "resume-failed")
     assert said is not None and "the driver refused the restore" in said["message"]
-    await gpushare.wait_for(lambda: _gone(jp_serverapp, kid), what="the kernel shut down")
+    await gpushare.wait_for(lambda: kernel_gone(jp_serverapp, kid), what="the kernel shut down")
     await gpushare.wait_for(lambda: _no_lease(Ledger(ledger_file), kid), what="its reservation given back")
 
 
@@ -198,10 +198,6 @@ async def test_a_resume_whose_wait_in_line_ends_leaves_the_kernel_parked_and_say
 
 async def _at_least(gpushare, mib: int) -> bool:
     return await _used_on_card(gpushare) >= mib
-
-
-async def _gone(jp_serverapp, kernel_id: str) -> bool:
-    return kernel_id not in jp_serverapp.kernel_manager.list_kernel_ids()
 
 
 async def _no_lease(ledger, kernel_id: str) -> bool:

@@ -19,7 +19,7 @@ import time
 import psutil
 import pytest
 from jupyter_client.session import Session
-from kernels import cell_result, result_after_error, run_in_kernel, send_cell, stream_until
+from kernels import cell_result, kernel_gone, result_after_error, run_in_kernel, send_cell, stream_until
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpushare.core.words import event_words
@@ -228,7 +228,7 @@ class TestUnwatched:
         assert left["code"] == "cancelled-unwatched" and event_words(left["code"], left["params"]) == (
             "Stopped waiting for a GPU: nothing was connected to it for 3 s."
         )
-        await gpushare.wait_for(lambda: _gone(jp_serverapp, orphan), what="the orphan shut down")
+        await gpushare.wait_for(lambda: kernel_gone(jp_serverapp, orphan), what="the orphan shut down")
         assert await gpushare.state_of(watched) == "queued"  # its page is open
         await gpushare.close_notebook(sessions[0])
         await gpushare.wait_for(lambda: _state(gpushare, watched, "running"), what="the watched kernel admitted")
@@ -295,10 +295,6 @@ async def _waits(ledger: Ledger, kernel_id: str) -> bool:
 async def _event(gpushare, kernel_id: str, kind: str):
     found = [e for e in (await gpushare.get("events"))["events"] if e["kernel_id"] == kernel_id and e["kind"] == kind]
     return found[-1] if found else None
-
-
-async def _gone(jp_serverapp, kernel_id: str) -> bool:
-    return kernel_id not in jp_serverapp.kernel_manager.list_kernel_ids()
 
 
 async def test_a_kernel_whose_wait_is_stopped_runs_on_without_a_gpu_and_says_why(

@@ -25,6 +25,7 @@ kernel's own word; this one is only the quickest.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from typing import Any
 
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
@@ -34,12 +35,12 @@ from tornado.websocket import WebSocketClosedError
 KEPT_MAX = 1000  # messages held for one kernel (all its websockets); past it the client is told to reconnect later
 KEPT_MAX_BYTES = 64 << 20
 _held_for: dict[str, list[int]] = {}  # kernel id -> [messages, bytes] its connections hold now
-_connecting: dict[str, int] = {}  # kernel id -> its websockets whose handshake waits for the kernel's answer
+_connecting: Counter[str] = Counter()  # kernel id -> its websockets whose handshake waits for the kernel's answer
 
 
 def connecting(kernel_id: str) -> int:
     """How many clients are opening a websocket to the kernel now: their handshake waits for its answer."""
-    return _connecting.get(kernel_id, 0)
+    return _connecting[kernel_id]
 
 
 def held_start(kernel_manager: Any) -> Any:
@@ -62,14 +63,13 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
     async def prepare(self) -> None:
         held = held_start(self.kernel_manager)
         if held is None:
-            _connecting[self.kernel_id] = connecting(self.kernel_id) + 1
+            _connecting[self.kernel_id] += 1
             try:
                 await super().prepare()  # (waits for the kernel's first answer)
             finally:
-                if (left := connecting(self.kernel_id) - 1) > 0:
-                    _connecting[self.kernel_id] = left
-                else:
-                    _connecting.pop(self.kernel_id, None)
+                _connecting[self.kernel_id] -= 1
+                if not _connecting[self.kernel_id]:
+                    del _connecting[self.kernel_id]
             if self._left:  # the page left meanwhile: jupyter_server's handler would shake hands with nobody, and
                 # fail on the connection its on_close dropped (a traceback in the log); end the request here
                 raise web.HTTPError(499, reason="Client Closed Request")
