@@ -288,6 +288,35 @@ async def test_a_client_whose_handshake_waits_for_a_starved_kernel_in_line_keeps
     ws.close()
 
 
+async def test_a_hundred_handshakes_to_a_starved_kernel_are_counted_while_they_wait_and_then_forgotten(
+    gpushare, jp_serverapp, kernel_ws
+):
+    """A student's client opens a hundred websockets at once to her own kernel in line, whose process is stopped: each
+    counts as a client while its handshake waits (seam/connection.py), and none is counted once they are answered or
+    gone, so the count cannot grow without bound or keep a kernel wanted after its clients left. (It only ever counts
+    the student's own clients of her own kernel: another user's server is not hers to connect to.)"""
+    from jupyter_gpushare.server.seam.connection import connecting
+
+    await full_card(gpushare)
+    kid = await gpushare.start_kernel()
+    pid = standin_pid(jp_serverapp, kid)
+    os.kill(pid, signal.SIGSTOP)
+    openings = [asyncio.ensure_future(kernel_ws(kid, Session().session)) for _ in range(100)]
+    try:
+        await gpushare.wait_for(lambda: _counted(connecting, kid, 100), what="a hundred handshakes counted")
+        for opening in openings[50:]:  # half the clients leave before the kernel answers
+            opening.cancel()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for ws in await asyncio.gather(*openings[:50]):
+        ws.close()
+    await gpushare.wait_for(lambda: _counted(connecting, kid, 0), what="no handshake counted once all are over")
+
+
+async def _counted(connecting, kernel_id: str, n: int) -> bool:
+    return connecting(kernel_id) == n
+
+
 async def _waits(ledger: Ledger, kernel_id: str) -> bool:
     return kernel_id in [w.kernel_id for w in ledger.waiters()]
 
