@@ -51,9 +51,8 @@ WAITS = ("torch", "tensorflow", "jax", "cupy", "numba.cuda", "pycuda")
 # _gpushare_caps sets it: its hooks run after the wait), the driver's library not even loaded by the import
 # (probe_import_first-tensorflow-h100-2026-11-27.json). Their imports' seconds (torch 1.2-2.1 s, TensorFlow 9-14 s
 # on an H100 host, 8 at once) pass while the kernel waits, not after its grant; only near the front of the line (at
-# most half the host's CPUs import at once so, beside the kernels that compute: 24 imports at once at normal priority
-# slowed the first wave of a class by 7.3 s on the H100 host, bench/README.md), or anywhere in the next wave while the
-# kernel runs at idle CPU priority (``_near_front``).
+# most half the host's CPUs import at once so, beside the kernels that compute: 24 imports at once slowed the first
+# wave of a class by 7.3 s on the H100 host, bench/README.md).
 IMPORTS_FIRST = {"torch": (2, 11), "tensorflow": (2, 21)}
 # Imported in a warm kernel (GpuShareApp.warm_imports, policy.WARM_FRAMEWORKS), before any notebook has it: the code
 # runs then, and the module is kept (not in sys.modules) for the notebook's own import, which waits for the grant and
@@ -547,28 +546,15 @@ def _imports_first(module) -> bool:
 
 
 def _near_front() -> bool:
-    """Whether this kernel's framework may import now, while it waits. Within the first places of the line, as many
-    as half this host's CPUs: so many imports at once beside the kernels that compute, even at normal priority. And
-    anywhere in the next wave (the server's ``next_wave``: it is granted as the kernels that hold the card now end)
-    while it runs at idle CPU priority (``line_cpu`` 'idle'): its import then takes only what they leave, and is done
-    before its grant instead of after it. (Called with ``_cond`` held.)"""
-    place = _state["place"] or {}
-    position = place.get("position")
+    """Whether this kernel is within the first places of the line, as many as half this host's CPUs: so many
+    framework imports run at once while kernels wait, beside the kernels that compute. (Called with ``_cond``
+    held.)"""
+    position = (_state["place"] or {}).get("position")
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 2
-    if not isinstance(position, int):
-        return False
-    return position <= max(1, cpus // 2) or (place.get("next_wave") is True and _yields_cpu())
-
-
-def _yields_cpu() -> bool:
-    """Whether this thread runs at idle CPU priority (SCHED_IDLE: the server's ``line_cpu`` 'idle')."""
-    try:
-        return os.sched_getscheduler(0) == os.SCHED_IDLE
-    except (AttributeError, OSError):
-        return False
+    return isinstance(position, int) and position <= max(1, cpus // 2)
 
 
 def _wait_and_say(name: str, said: str | None) -> None:

@@ -379,8 +379,7 @@ class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
         if got is not None and self._held is not None and not done:
             self._held.progress({"position": got.position, "need_mib": got.need_mib,
                                  "likely_at": got.likely_at and round(got.likely_at),
-                                 "gives_up_at": got.gives_up_at and round(got.gives_up_at),
-                                 "next_wave": got.next_wave})  # fmt: skip
+                                 "gives_up_at": got.gives_up_at and round(got.gives_up_at)})  # fmt: skip
         if km is None or not hasattr(km, "execution_state"):
             return
         if done or got is None:

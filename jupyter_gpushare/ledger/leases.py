@@ -59,9 +59,6 @@ class Waiting:
     likely_at: float | None = (
         None  # (wall clock) when it is likely granted, from past holds (estimate.py); None: unknown
     )
-    # it and every kernel ahead of it fit on the cards it may use at once: it is granted as the kernels that hold
-    # the cards now give their room back, not after those ahead of it end (its kernel may prepare: _gpushare_wait)
-    next_wave: bool = False
 
 
 @dataclass(frozen=True)

@@ -217,7 +217,7 @@ class Ledger(MadeGroups):
             gives_up: float | None = gives_up_at if gives_up_at < math.inf else None
             if mine is not None and now >= gives_up_at:
                 end_waits(db, "kernel_id=?", (req.kernel_id,), now)
-                return waiting_answer(req, policy, views, ahead_of(line, mine), expired=True, gives_up_at=gives_up)
+                return waiting_answer(req, policy, views, len(ahead_of(line, mine)), expired=True, gives_up_at=gives_up)
             if limits is not None:  # before queueing: a request over a limit never waits
                 held = held_by(db, req.user, req.kernel_id, line, cards)
                 biggest = max((c.total_mib for c in cards if policy.card_allowed(c.uuid, c.index)), default=0)
@@ -254,7 +254,7 @@ class Ledger(MadeGroups):
                 )
                 ahead, leases = ahead_of(line, mine, since), self._seen(db.execute("SELECT * FROM leases").fetchall())
                 likely = likely_at(db, self._past, leases, entry, ahead, views, policy, now) if wait else None
-                return waiting_answer(req, policy, views, ahead, reason, gives_up_at=gives_up, likely_at=likely)
+                return waiting_answer(req, policy, views, len(ahead), reason, gives_up_at=gives_up, likely_at=likely)
             quota_mib = req.quota.resolve(card.total_mib)
             if limits is not None:  # exact now that the card (and so a percentage's size) is known
                 limits.check(req.user, quota_mib, card.total_mib, held)

@@ -227,31 +227,28 @@ def waiting_answer(
     req: Request,
     policy: Policy,
     views: Sequence[CardView],
-    ahead: Sequence[Entry],
+    ahead: int,
     reason: str = "",
     expired: bool = False,
     gives_up_at: float | None = None,
     likely_at: float | None = None,
 ) -> Waiting:
-    """A kernel not admitted (yet): its place, what it needs on the card that fits best, what is free, and whether
-    it is in the next wave (``ahead``: the kernels before it in line)."""
+    """A kernel not admitted (yet): its place, what it needs on the card that fits best, what is free."""
     allowed = [v for v in views if policy.card_allowed(v.uuid, v.index)]
-    fits = [v for v in allowed if policy.need_mib(req.quota, v.total_mib) <= policy.usable_mib(v.total_mib)]
-    biggest = max(fits, key=lambda v: v.total_mib, default=None)
-    quotas = [e.quota for e in ahead] + [req.quota]
-    next_wave = biggest is not None and sum(policy.need_mib(q, biggest.total_mib) for q in quotas) <= sum(
-        policy.usable_mib(v.total_mib) for v in fits
-    )
+    fitting = [
+        policy.need_mib(req.quota, v.total_mib)
+        for v in allowed
+        if policy.need_mib(req.quota, v.total_mib) <= policy.usable_mib(v.total_mib)
+    ]
     return Waiting(
         kernel_id=req.kernel_id,
-        position=len(ahead) + 1,
-        need_mib=min((policy.need_mib(req.quota, v.total_mib) for v in fits), default=0),
+        position=ahead + 1,
+        need_mib=min(fitting, default=0),
         free_mib=max(0, max((v.room_mib(policy) for v in allowed), default=0)),
-        ahead=len(ahead),
+        ahead=ahead,
         outside_mib=sum(v.outside_mib for v in allowed),
         reason=reason,
         expired=expired,
         gives_up_at=gives_up_at,
         likely_at=likely_at,
-        next_wave=next_wave,
     )

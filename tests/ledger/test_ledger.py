@@ -126,22 +126,6 @@ def test_waiting_says_what_is_needed_and_free(tmp_path):
     assert got.need_mib == 4608 and got.free_mib == 10240 - 8704
 
 
-def test_waiting_says_whether_it_is_in_the_next_wave(tmp_path):
-    """In the next wave: it and every kernel ahead of it fit on the cards at once (granted as the kernels that hold
-    them now end), counted with each one's own quota and over both cards."""
-    ledger = Ledger(tmp_path / "l.sqlite")
-    for card in CARDS:  # both cards full
-        assert isinstance(ledger.reserve(req(f"full-{card.uuid}", 9), POLICY, [card], wait=False), Lease)
-    asked = [("w1", 6), ("w2", 3), ("w3", 4), ("w4", 3), ("w5", 2)]  # needs 6.5, 3.5, 4.5, 3.5, 2.5 GiB
-    got = {kid: ledger.reserve(req(kid, gib), POLICY, CARDS, wait=True) for kid, gib in asked}
-    # two cards of 10 GiB: 6.5 + 3.5 + 4.5 + 3.5 = 18 fit, a fifth (20.5) does not
-    assert {kid: w.next_wave for kid, w in got.items()} == {"w1": True, "w2": True, "w3": True, "w4": True, "w5": False}
-    one = Ledger(tmp_path / "one.sqlite")  # one card: 6.5 + 3.5 fit, 4.5 more does not
-    assert isinstance(one.reserve(req("full", 9), POLICY, CARDS[:1], wait=False), Lease)
-    got = {kid: one.reserve(req(kid, gib), POLICY, CARDS[:1], wait=True) for kid, gib in asked[:3]}
-    assert [w.next_wave for w in got.values()] == [True, True, False]
-
-
 def test_survives_reopen_and_keeps_live_leases(tmp_path):
     path = tmp_path / "l.sqlite"
     ledger = Ledger(path)

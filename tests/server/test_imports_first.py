@@ -17,8 +17,6 @@ from jupyter_client.session import Session
 from kernels import cell_result, mapped, send_cell, stream_until
 from test_waiting import _state, _true, full_card, standin_pid
 
-from jupyter_gpushare.host import priority
-
 NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow"}  # as the sidebar says them (_gpushare_wait.NAMES)
 
 pytest.importorskip("torch")
@@ -89,69 +87,28 @@ async def test_torch_imports_while_its_kernel_waits_and_an_interrupted_wait_keep
     ws.close()
 
 
-NEAR = max(1, len(os.sched_getaffinity(0)) // 2)  # the places near the front (_gpushare_wait._near_front)
-WAVE = NEAR + 2  # kernels of 4 GiB (4.5 GiB with the context reserve) that the next tests' card holds
-
-
-async def in_line(gpushare, jp_serverapp, kernel_ws, count: int) -> list:
-    """``count`` notebooks opened in this order, each kernel in line with ``import torch`` sent and waiting: (kernel
-    id, websocket, pid) each."""
+async def test_only_kernels_near_the_front_of_the_line_import_while_they_wait(gpushare, jp_serverapp, kernel_ws):
+    """As many kernels as half the host's CPUs import PyTorch while they wait, the first in line; one behind them
+    imports once it comes that near (so many imports at once do not slow the kernels that compute)."""
+    near = max(1, len(os.sched_getaffinity(0)) // 2)
+    sessions = await full_card(gpushare)
     waiting = []
-    for i in range(count):
+    for i in range(near + 1):  # in line in this order
         _, kid = await gpushare.open_notebook(f"line-{i}.ipynb")
         session = Session()
         ws = await kernel_ws(kid, session.session)
         waiting.append((kid, ws, send_cell(ws, session, "import torch"), standin_pid(jp_serverapp, kid)))
     for _, ws, cell, _ in waiting:
         await stream_until(ws, cell, "PyTorch waits for this kernel's GPU")
-    return [(kid, ws, pid) for kid, ws, _, pid in waiting]
-
-
-async def imported(gpushare, waiting: list, count: int) -> None:
-    """The first ``count`` kernels of ``waiting`` import PyTorch while they wait; those behind them do not begin."""
-    for *_, pid in waiting[:count]:
+    for *_, pid in waiting[:near]:
         await gpushare.wait_for(lambda pid=pid: _true(mapped(pid, "libtorch_cpu")), what="its import while it waits")
-    await asyncio.sleep(2)  # (the imports ahead were done; these did not begin)
-    assert [mapped(pid, "libtorch_cpu") for *_, pid in waiting[count:]] == [False] * (len(waiting) - count)
-
-
-def wave_card(line_cpu: str) -> dict:
-    return {"gpu_backend": "simulated", "simulated_cards": f"{WAVE * 4608}MiB", "card_headroom": "0MiB",
-            "context_reserve": "512MiB", "default_quota": "4GiB", "reconcile_interval": 0.5, "queue_timeout": 120,
-            "line_cpu": line_cpu}  # fmt: skip
-
-
-@pytest.mark.parametrize("gpushare_config", [wave_card("normal")], ids=["line_cpu normal"])
-async def test_only_kernels_near_the_front_of_the_line_import_while_they_wait(gpushare, jp_serverapp, kernel_ws):
-    """At normal priority, as many kernels as half the host's CPUs import PyTorch while they wait, the first in
-    line, though the whole next wave could (so many imports at once do not slow the kernels that compute); one
-    behind them imports once it comes that near."""
-    sessions = [(await gpushare.open_notebook(f"full-{i}.ipynb"))[0] for i in range(WAVE)]
-    waiting = await in_line(gpushare, jp_serverapp, kernel_ws, NEAR + 1)
-    await imported(gpushare, waiting, NEAR)
-    last_kid, _, last_pid = waiting[-1]
+    last_kid, *_, last_pid = waiting[-1]
+    await asyncio.sleep(2)  # (the imports near the front were done; this one did not begin)
+    assert not mapped(last_pid, "libtorch_cpu")
     await gpushare.close_notebook(sessions[0])  # the first is granted: the last comes near the front
     await gpushare.wait_for(lambda: _true(mapped(last_pid, "libtorch_cpu")), what="its import, near the front now")
     assert await gpushare.state_of(last_kid) == "queued"
-    for _, ws, _ in waiting:
-        ws.close()
-
-
-@pytest.mark.skipif(not priority.can_lift(), reason="kernels in line yield the CPU only where it can be given back")
-@pytest.mark.parametrize("gpushare_config", [wave_card("idle")], ids=["line_cpu idle"])
-async def test_at_idle_priority_the_whole_next_wave_imports_while_it_waits(gpushare, jp_serverapp, kernel_ws):
-    """At idle CPU priority every kernel of the next wave (those granted as the card's kernels now end) imports
-    PyTorch while it waits, past the places near the front; the one behind the wave does not, until the line
-    moves. (The test above, at normal priority, is its control.)"""
-    sessions = [(await gpushare.open_notebook(f"full-{i}.ipynb"))[0] for i in range(WAVE)]
-    waiting = await in_line(gpushare, jp_serverapp, kernel_ws, WAVE + 1)
-    assert [priority.policy_of(pid) for *_, pid in waiting] == ["idle"] * len(waiting)
-    await imported(gpushare, waiting, WAVE)
-    last_kid, _, last_pid = waiting[-1]
-    await gpushare.close_notebook(sessions[0])  # the first is granted: the last joins the next wave
-    await gpushare.wait_for(lambda: _true(mapped(last_pid, "libtorch_cpu")), what="its import, in the next wave now")
-    assert await gpushare.state_of(last_kid) == "queued"
-    for _, ws, _ in waiting:
+    for _, ws, *_ in waiting:
         ws.close()
 
 
