@@ -2,10 +2,17 @@
 
 A "running kernel" does a fixed CPU job (a pure-Python loop, single-threaded, as a training loop's Python side and
 data loading are), timed: alone; beside WAITERS processes that start and import PyTorch over and over (what 22 to 66
-kernels in line do at a class's start) at normal priority; and beside the same under SCHED_IDLE (host/priority.py),
-as kernels in line run with line_cpu = 'idle'. Side by side in one run, ROUNDS times in turn; prints the job's
-seconds and the ratios to alone, and how many imports the waiters finished meanwhile (they still progress on idle
-CPU).
+kernels in line do at a class's start) at normal priority; and beside the same yielding. Each process leads a session
+of its own, as every kernel does (jupyter_client starts it so), except in the first yielding case. The cases:
+
+- normal: the waiters at normal priority;
+- idle, one session: the waiters under SCHED_IDLE, all in the job's session (how this bench ran before 2026-11-30);
+- idle: the waiters under SCHED_IDLE, each in its own session (the code before 2026-11-30 gave kernels this);
+- yield: the waiters as host/priority.yield_cpu leaves a kernel in line: SCHED_IDLE, and its session's group at
+  nice 19 where the scheduler groups by session (autogroup, sched(7)).
+
+Side by side in one run, ROUNDS times in turn; prints the job's seconds and the ratios to alone, how many imports the
+waiters finished meanwhile (they still progress on idle CPU), and whether this host groups by session.
 
     python bench/bench_line_priority.py [--waiters 4] [--rounds 3] [--json OUT]
 """
@@ -21,35 +28,48 @@ import time
 
 from _report import report
 
+from jupyter_gpushare.host import priority
+
 JOB = "n = 0\nfor i in range(60_000_000): n += i * i % 7\n"  # about 3-5 s of one core
 IMPORT = "import torch"
 
 
-def job() -> float:
+CASES = ("normal", "idle, one session", "idle", "yield")
+
+
+def job(session: bool) -> float:
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-c", JOB], check=True)
+    subprocess.run([sys.executable, "-c", JOB], check=True, start_new_session=session)
     return time.monotonic() - t0
 
 
-def waiter(idle: bool) -> subprocess.Popen:
+def waiter(case: str) -> subprocess.Popen:
     """A process that starts Python and imports PyTorch again and again (a kernel in line, starting), printing one
-    line per import; under SCHED_IDLE with ``idle`` (what it starts inherits it)."""
+    line per import, run as ``case`` says (what it starts inherits its policy and session)."""
     loop = f"import subprocess, sys\nwhile True:\n    subprocess.run([sys.executable, '-c', {IMPORT!r}]); print(1, flush=True)\n"
 
-    def yield_cpu() -> None:
+    def sched_idle() -> None:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
-    return subprocess.Popen(
-        [sys.executable, "-c", loop], stdout=subprocess.PIPE, text=True, preexec_fn=yield_cpu if idle else None
+    process = subprocess.Popen(
+        [sys.executable, "-c", loop],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=sched_idle if case.startswith("idle") else None,
+        start_new_session=case != "idle, one session",
     )
+    if case == "yield" and not priority.yield_cpu(process.pid):
+        process.kill()
+        raise SystemExit("this host cannot give a yielding process its priority back: the yield case cannot run")
+    return process
 
 
-def beside(count: int, idle: bool) -> tuple[float, int]:
+def beside(count: int, case: str) -> tuple[float, int]:
     """The job's seconds beside ``count`` waiters, and how many imports they finished meanwhile."""
-    waiters = [waiter(idle) for _ in range(count)]
+    waiters = [waiter(case) for _ in range(count)]
     time.sleep(2.0)  # under way
     try:
-        seconds = job()
+        seconds = job(session=case != "idle, one session")
     finally:
         for w in waiters:
             w.kill()
@@ -67,21 +87,24 @@ def main() -> None:
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args()
     subprocess.run([sys.executable, "-c", IMPORT], check=True)  # warm the page cache: every case reads it warm
-    runs: dict[str, list[float]] = {"alone": [], "normal": [], "idle": []}
-    imports: dict[str, list[int]] = {"normal": [], "idle": []}
+    runs: dict[str, list[float]] = {"alone": [], **{case: [] for case in CASES}}
+    imports: dict[str, list[int]] = {case: [] for case in CASES}
     for _ in range(args.rounds):
-        runs["alone"].append(job())
-        for case in ("normal", "idle"):
-            seconds, done = beside(args.waiters, case == "idle")
+        runs["alone"].append(job(session=True))
+        for case in CASES:
+            seconds, done = beside(args.waiters, case)
             runs[case].append(seconds)
             imports[case].append(done)
     alone = statistics.median(runs["alone"])
+    with open(priority.AUTOGROUP) as f:
+        grouped = f.read().strip() == "1"
     figures = {
         "cpus": len(os.sched_getaffinity(0)),
         "waiters": args.waiters,
+        "autogroup": grouped,
         "job_s": runs,
         "imports_done_meanwhile": imports,
-        "ratio_to_alone": {case: round(statistics.median(runs[case]) / alone, 2) for case in ("normal", "idle")},
+        "ratio_to_alone": {case: round(statistics.median(runs[case]) / alone, 2) for case in CASES},
     }
     report(figures, args.json)
 
