@@ -1,14 +1,14 @@
 """A kernel in line yields the CPU (host/priority.py): the provisioner's part that says when.
 
-From its launch in line until its grant (or the end of its wait) the kernel runs under SCHED_IDLE, so that its start,
-its framework's import and its CPU cells cost the kernels that compute nothing (``GpuShareApp.line_cpu``). Where
-those keep every CPU busy, a kernel still starting gets almost no CPU: one cold kernel of a class of 88 on 16 cores
-took over 60 s to answer, and jupyter_server gave its client's websocket up (``kernel_info_timeout``; the websocket
-closed, and the harness's client counted the kernel dead: bench/README.md, run 33). So a client's wait bounds the
-yield: once a client has waited half of jupyter_server's ``kernel_info_timeout`` for the kernel's answer, the kernel runs at normal
-priority until that client's connection is made (or given up), then yields again while it still waits. Once per
-launch: a kernel that has started answers in milliseconds, and a student who opens websocket after websocket to her
-kernel in line gains nothing past the first.
+From its launch in line until its grant (or the end of its wait) the kernel runs under SCHED_IDLE, its session's group
+at nice 19, so that its start, its framework's import and its CPU cells cost the kernels that compute nothing
+(``GpuShareApp.line_cpu``). Where those keep every CPU busy, a kernel still starting gets almost no CPU, and
+jupyter_server gives a client's websocket up when the kernel has not answered within ``kernel_info_timeout`` (60 s):
+in a class of 88 on 16 cores five kernels in line were lost so (bench/README.md, run 33). So a client's wait bounds
+the yield: once a client has waited a share of that timeout for the kernel's answer (server/seam/connection.py,
+``HURRY_AT``), the kernel runs at normal priority until that client's connection is made (or given up), then yields
+again while it still waits. Once per launch: a kernel that has started answers in milliseconds, and a student who
+opens websocket after websocket to her kernel in line gains nothing past the first.
 """
 
 from __future__ import annotations
