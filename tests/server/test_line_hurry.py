@@ -79,6 +79,8 @@ async def policies_until(pid: int, opening: asyncio.Future) -> set[str]:
 async def test_a_kernel_starved_in_line_is_hurried_before_its_clients_connection_is_given_up(
     gpushare, jp_serverapp, kernel_ws, monkeypatch
 ):
+    """Starved beside busy kernels, a kernel in line has not answered its client when the hurry comes; hurried, it
+    answers before jupyter_server would give the client up, then yields again, still in line."""
     monkeypatch.setattr(connection, "HURRY_AT", HURRY_AT)
     await full_card(gpushare)
     busy = busy_cpus()
