@@ -20,6 +20,7 @@ kernel is lifted.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 
@@ -67,26 +68,29 @@ def yield_tree(pid: int) -> int:
     return _move_below(pid, os.SCHED_OTHER, os.SCHED_IDLE)
 
 
-def session_nice(pid: int) -> int | None:
-    """The nice of ``pid``'s session group (autogroup); None where there is none to read."""
-    try:
-        with open(f"/proc/{pid}/autogroup") as f:
-            return int(f.read().split()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _session_nice(pid: int, nice: int) -> None:
     """Give ``pid``'s session group ``nice``, where the scheduler groups by session and ``pid`` leads its session (a
     kernel); nothing otherwise, or where the process is gone."""
+    if not _groups_by_session():
+        return
     try:
-        with open(AUTOGROUP) as f:
-            if f.read().strip() != "1" or os.getsid(pid) != pid:
-                return
+        if os.getsid(pid) != pid:
+            return
         with open(f"/proc/{pid}/autogroup", "w") as f:
             f.write(str(nice))
-    except OSError:  # (gone; or a kernel without autogroup support)
+    except OSError:  # (gone)
         return
+
+
+@functools.cache
+def _groups_by_session() -> bool:
+    """Whether this host's scheduler groups processes by session (read once: ``yield_cpu`` runs on the server's
+    loop at each launch in line)."""
+    try:
+        with open(AUTOGROUP) as f:
+            return f.read().strip() == "1"
+    except OSError:  # (a kernel without autogroup support)
+        return False
 
 
 def _move_below(pid: int, policy: int, to: int) -> int:

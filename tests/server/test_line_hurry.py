@@ -152,18 +152,18 @@ async def test_a_kernel_is_hurried_once_per_launch_and_yields_again_after():
         threads = [int(t) for t in os.listdir(f"/proc/{process.pid}/task")]
         assert len(threads) == 2 and {priority.policy_of(t) for t in threads} == {"idle"}
         grouped = autogroup_on()  # (this project's VM: on) its session's group yields too
-        assert not grouped or priority.session_nice(process.pid) == 19
+        assert not grouped or session_nice(process.pid) == 19
         assert await kernel.hurry(30) is True
         assert {priority.policy_of(t) for t in threads} == {"normal"}
-        assert not grouped or priority.session_nice(process.pid) == 0
+        assert not grouped or session_nice(process.pid) == 0
         await kernel.unhurry()
         assert {priority.policy_of(t) for t in threads} == {"idle"}
-        assert not grouped or priority.session_nice(process.pid) == 19
+        assert not grouped or session_nice(process.pid) == 19
         assert await kernel.hurry(30) is False  # once per launch
         assert {priority.policy_of(t) for t in threads} == {"idle"}
         await kernel.normal_cpu()  # its grant
         assert {priority.policy_of(t) for t in threads} == {"normal"}
-        assert not grouped or priority.session_nice(process.pid) == 0
+        assert not grouped or session_nice(process.pid) == 0
     finally:
         process.kill()
         process.wait()
@@ -172,3 +172,9 @@ async def test_a_kernel_is_hurried_once_per_launch_and_yields_again_after():
 def autogroup_on() -> bool:
     with open(priority.AUTOGROUP) as f:
         return f.read().strip() == "1"
+
+
+def session_nice(pid: int) -> int:
+    """The nice of ``pid``'s session group, as the scheduler says it (/proc/PID/autogroup)."""
+    with open(f"/proc/{pid}/autogroup") as f:
+        return int(f.read().split()[-1])
