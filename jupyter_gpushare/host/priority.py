@@ -41,16 +41,17 @@ def can_lift() -> bool:
     return soft == resource.RLIM_INFINITY or soft >= NICE_ZERO_RLIMIT
 
 
-def yield_cpu(pid: int) -> bool:
-    """Run ``pid`` (its threads from now on, and what it starts) under SCHED_IDLE; False where it cannot be lifted
-    again or the process is gone."""
+def yield_cpu(pid: int, session_group: bool = True) -> bool:
+    """Run ``pid`` (its threads from now on, and what it starts) under SCHED_IDLE, and with ``session_group`` its
+    session's group at nice 19 too; False where it cannot be lifted again or the process is gone."""
     if not can_lift():
         return False
     try:
         os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
     except (ProcessLookupError, PermissionError):
         return False
-    _session_nice(pid, YIELD_NICE)
+    if session_group:
+        _session_nice(pid, YIELD_NICE)
     return True
 
 

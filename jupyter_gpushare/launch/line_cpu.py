@@ -39,10 +39,13 @@ class LineCpu:
             self._cpu_lock = asyncio.Lock()
         return self._cpu_lock
 
-    def yield_in_line(self) -> None:
-        """The kernel was launched in line: it yields the CPU until its grant (where its priority can be given back)."""
+    def yield_in_line(self, session_group: bool = True) -> None:
+        """The kernel was launched in line (or warm): it yields the CPU until its grant or hand-over (where its
+        priority can be given back). A warm kernel's session group is left at nice 0 (``session_group`` False), as
+        before: a server that stops waits for a pool's kernel still starting, and local CI run 74, where warm kernels'
+        groups yielded too, saw jupyter_server's own tests' clean-up time out there (likely that, not shown)."""
         self._hurried = False
-        self._yields = bool(self.pid) and priority.yield_cpu(self.pid)  # type: ignore[arg-type]
+        self._yields = bool(self.pid) and priority.yield_cpu(self.pid, session_group)  # type: ignore[arg-type]
 
     async def normal_cpu(self) -> None:
         """Granted, or it runs on without a GPU: normal priority again, for every thread of it and its children."""

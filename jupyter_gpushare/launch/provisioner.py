@@ -218,7 +218,7 @@ class GpuShareProvisioner(LineCpu, WarmStarts, HeldPorts, LocalProvisioner):
         if held is not None:
             held.launched()
             if self._grant.mode in ("queued", "warm") and self._manager().policy.line_cpu == "idle":
-                self.yield_in_line()  # it yields the CPU until its grant (or hand-over)
+                self.yield_in_line(self._grant.mode == "queued")  # it yields the CPU until its grant (or hand-over)
             if self._grant.mode != "warm":
                 self.listen(held)
         return info
