@@ -8,8 +8,8 @@ of its own, as every kernel does (jupyter_client starts it so), except in the fi
 - normal: the waiters at normal priority;
 - idle, one session: the waiters under SCHED_IDLE, all in the job's session (how this bench ran before 2026-11-30);
 - idle: the waiters under SCHED_IDLE, each in its own session (the code before 2026-11-30 gave kernels this);
-- yield: the waiters as host/priority.yield_cpu leaves a kernel in line: SCHED_IDLE, and its session's group at
-  nice 19 where the scheduler groups by session (autogroup, sched(7)).
+- yield: SCHED_IDLE, and the session's group at nice 19 where the scheduler groups by session (autogroup, sched(7)):
+  what 0492f3f gave a kernel in line, withdrawn since (bench/README.md).
 
 Side by side in one run, ROUNDS times in turn; prints the job's seconds and the ratios to alone, how many imports the
 waiters finished meanwhile (they still progress on idle CPU), and whether this host groups by session.
@@ -28,10 +28,9 @@ import time
 
 from _report import report
 
-from jupyter_gpushare.host import priority
-
 JOB = "n = 0\nfor i in range(60_000_000): n += i * i % 7\n"  # about 3-5 s of one core
 IMPORT = "import torch"
+AUTOGROUP = "/proc/sys/kernel/sched_autogroup_enabled"
 
 
 CASES = ("normal", "idle, one session", "idle", "yield")
@@ -58,10 +57,19 @@ def waiter(case: str) -> subprocess.Popen:
         preexec_fn=sched_idle if case.startswith("idle") else None,
         start_new_session=case != "idle, one session",
     )
-    if case == "yield" and not priority.yield_cpu(process.pid):
-        process.kill()
-        raise SystemExit("this host cannot give a yielding process its priority back: the yield case cannot run")
+    if case == "yield" and grouped():  # its session's group at nice 19 (as 0492f3f did, since withdrawn)
+        with open(f"/proc/{process.pid}/autogroup", "w") as f:
+            f.write("19")
     return process
+
+
+def grouped() -> bool:
+    """Whether this host's scheduler groups processes by session (autogroup, sched(7))."""
+    try:
+        with open(AUTOGROUP) as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
 
 
 def beside(count: int, case: str) -> tuple[float, int]:
@@ -96,12 +104,10 @@ def main() -> None:
             runs[case].append(seconds)
             imports[case].append(done)
     alone = statistics.median(runs["alone"])
-    with open(priority.AUTOGROUP) as f:
-        grouped = f.read().strip() == "1"
     figures = {
         "cpus": len(os.sched_getaffinity(0)),
         "waiters": args.waiters,
-        "autogroup": grouped,
+        "autogroup": grouped(),
         "job_s": runs,
         "imports_done_meanwhile": imports,
         "ratio_to_alone": {case: round(statistics.median(runs[case]) / alone, 2) for case in CASES},

@@ -9,26 +9,16 @@ is asked first, and where it says no the kernel runs at normal priority all alon
 The policy is per thread: a process's threads and the processes it starts inherit the one they were created under.
 ``yield_cpu`` is called as the kernel starts (one thread); ``restore`` walks every thread of the kernel and of the
 processes below it.
-
-Where the scheduler groups processes by session (autogroup, sched(7): on by default in Debian's and Ubuntu's kernels),
-SCHED_IDLE ranks a thread only within its session's group, and every kernel leads a session of its own (jupyter_client
-starts it so): its group would share the CPU with each running kernel's as an equal, SCHED_IDLE or not (on this
-project's 2-core VM a kernel in line started in under a second beside a busy process per CPU). So the kernel's
-session group yields as well: its nice becomes 19 (weight 15 against a normal group's 1024), and 0 again when the
-kernel is lifted.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import resource
 
 from .procs import tree_pids
 
 NICE_ZERO_RLIMIT = 20  # RLIMIT_NICE's value that lets a process return to nice 0 (setrlimit(2): 20 - rlim_cur)
-AUTOGROUP = "/proc/sys/kernel/sched_autogroup_enabled"
-YIELD_NICE = 19  # a yielding kernel's session group (autogroup)
 
 
 def can_lift() -> bool:
@@ -41,65 +31,26 @@ def can_lift() -> bool:
     return soft == resource.RLIM_INFINITY or soft >= NICE_ZERO_RLIMIT
 
 
-def yield_cpu(pid: int, session_group: bool = True) -> bool:
-    """Run ``pid`` (its threads from now on, and what it starts) under SCHED_IDLE, and with ``session_group`` its
-    session's group at nice 19 too; False where it cannot be lifted again or the process is gone."""
+def yield_cpu(pid: int) -> bool:
+    """Run ``pid`` (its threads from now on, and what it starts) under SCHED_IDLE; False where it cannot be lifted
+    again or the process is gone."""
     if not can_lift():
         return False
     try:
         os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
     except (ProcessLookupError, PermissionError):
         return False
-    if session_group:
-        _session_nice(pid, YIELD_NICE)
     return True
 
 
 def restore(pid: int) -> int:
     """Normal priority (SCHED_OTHER) for every thread of ``pid`` and of the processes below it that yielded; how
     many threads were changed. Threads and processes that end meanwhile are skipped."""
-    _session_nice(pid, 0)
-    return _move_below(pid, os.SCHED_IDLE, os.SCHED_OTHER)
-
-
-def yield_tree(pid: int) -> int:
-    """SCHED_IDLE again for every thread of ``pid`` and of the processes below it that runs at normal priority (a
-    kernel in line given normal priority for a while: ``restore``'s reverse); how many threads were changed."""
-    _session_nice(pid, YIELD_NICE)
-    return _move_below(pid, os.SCHED_OTHER, os.SCHED_IDLE)
-
-
-def _session_nice(pid: int, nice: int) -> None:
-    """Give ``pid``'s session group ``nice``, where the scheduler groups by session and ``pid`` leads its session (a
-    kernel); nothing otherwise, or where the process is gone."""
-    if not _groups_by_session():
-        return
-    try:
-        if os.getsid(pid) != pid:
-            return
-        with open(f"/proc/{pid}/autogroup", "w") as f:
-            f.write(str(nice))
-    except OSError:  # (gone)
-        return
-
-
-@functools.cache
-def _groups_by_session() -> bool:
-    """Whether this host's scheduler groups processes by session (read once: ``yield_cpu`` runs on the server's
-    loop at each launch in line)."""
-    try:
-        with open(AUTOGROUP) as f:
-            return f.read().strip() == "1"
-    except OSError:  # (a kernel without autogroup support)
-        return False
-
-
-def _move_below(pid: int, policy: int, to: int) -> int:
     changed = 0
     for tid in _threads_below(pid):
         try:
-            if os.sched_getscheduler(tid) == policy:
-                os.sched_setscheduler(tid, to, os.sched_param(0))
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
                 changed += 1
         except (ProcessLookupError, PermissionError):
             continue

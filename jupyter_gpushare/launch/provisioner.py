@@ -28,6 +28,7 @@ from traitlets import Bool, Unicode
 
 from ..core.addresses import PROVISIONER_NAME
 from ..core.policy import PolicyError, Size, format_mib, parse_size
+from ..host import priority
 from ..host.reports import remove_reports, report_dir
 from ..server.manager import process_manager, use_in_process
 from ..server.records import Grant, QuotaUnavailable
@@ -44,7 +45,6 @@ from .batch import (
 )
 from .held import HeldStart, standin_command
 from .kernel_env import drop_inherited, kernel_env
-from .line_cpu import LineCpu
 from .port import KernelPort
 from .ports import HeldPorts, close
 from .warm_start import WarmStarts
@@ -56,7 +56,7 @@ JOIN_ASK_S = 8.0  # how long an idle kernel has to agree to join the line again 
 STAND_BY_ASK_S = 3.0  # how long a kernel has to answer when asked to stand by (its pipe's thread answers)
 
 
-class GpuShareProvisioner(LineCpu, WarmStarts, HeldPorts, LocalProvisioner):
+class GpuShareProvisioner(WarmStarts, HeldPorts, LocalProvisioner):
     """A LocalProvisioner that holds a GPU reservation for its kernel."""
 
     quota = Unicode(
@@ -217,8 +217,8 @@ class GpuShareProvisioner(LineCpu, WarmStarts, HeldPorts, LocalProvisioner):
             raise
         if held is not None:
             held.launched()
-            if self._grant.mode in ("queued", "warm") and self._manager().policy.line_cpu == "idle":
-                self.yield_in_line(self._grant.mode == "queued")  # it yields the CPU until its grant (or hand-over)
+            if self._grant.mode in ("queued", "warm") and self._manager().policy.line_cpu == "idle" and self.pid:
+                priority.yield_cpu(self.pid)  # it yields the CPU until its grant (or hand-over)
             if self._grant.mode != "warm":
                 self.listen(held)
         return info
@@ -298,7 +298,8 @@ class GpuShareProvisioner(LineCpu, WarmStarts, HeldPorts, LocalProvisioner):
         assert self._grant is not None
         if (rec := manager.records.get(self.kernel_id)) is not None:
             manager.update(rec, held_cell=None)  # (its cell goes on now, or is told why not)
-        await self.normal_cpu()  # granted, or runs on without a GPU: at normal priority again, before it hears
+        if self.pid:  # granted, or runs on without a GPU: at normal priority again, before it hears (host/priority.py)
+            await manager.blocking(priority.restore, self.pid)
         try:
             await manager.open_cards(self.kernel_id, self._grant)
             await held.release(await self._kernel_env(held.env), keep=self._may_stand_by)
@@ -404,9 +405,6 @@ class GpuShareProvisioner(LineCpu, WarmStarts, HeldPorts, LocalProvisioner):
             # Past the restart limit the server drops the kernel without cleanup(): release then.
             parent.add_restart_callback(self._kernel_died, "dead")
             self._watching_death = True
-
-    def waits_in_line(self) -> bool:
-        return self._grant is not None and self._grant.mode == "queued"
 
     @property
     def held(self) -> HeldStart | None:

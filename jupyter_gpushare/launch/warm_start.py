@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from ..bootstrap._gpushare_env import WARM_IMPORTS
+from ..host import priority
 from ..host.reports import report_dir
 from ..server.records import Grant, QuotaUnavailable
 from ..server.warm import ANSWER_S, WARM_MARK, WarmKernel
@@ -35,9 +36,6 @@ class WarmStarts(HeldPorts):
     _grant: Grant | None
     _held: HeldStart | None
     _launched: tuple[list[str], dict[str, str]]
-
-    async def normal_cpu(self) -> None:
-        raise NotImplementedError  # (the provisioner's: line_cpu.py)
 
     def _manager(self) -> KernelPort:
         raise NotImplementedError
@@ -134,8 +132,8 @@ class WarmStarts(HeldPorts):
             fresh.started.set_result(True)  # (a websocket that waits on it: the kernel runs)
         if keep:
             self.listen(held)
-        if grant.mode != "queued":  # it waited warm at idle priority (in line, it does until its grant)
-            await self.normal_cpu()
+        if grant.mode != "queued" and self.pid:  # it waited warm at idle priority (in line, it does until its grant)
+            await manager.blocking(priority.restore, self.pid)  # (off the loop: it walks the kernel's threads in /proc)
         return self.connection_info
 
 

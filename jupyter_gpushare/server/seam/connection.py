@@ -14,9 +14,7 @@ A kernel in line that runs while it waits completes the handshake as jupyter_ser
 idle CPU priority (host/priority.py), so where the running kernels keep every CPU busy, that answer may take
 long. A client in that handshake wants the kernel all the same: it is counted (``connecting``), so the kernel keeps
 its place in line and is granted when room is freed (Line._wanted), not passed over as a kernel nobody wants. A
-client that leaves during the handshake is counted until jupyter_server gives it up (``kernel_info_timeout``). Once
-a client has waited ``HURRY_AT`` of that timeout, the kernel is hurried (launch/line_cpu.py): it runs at normal
-priority until the connection is made, so that jupyter_server does not give the client up.
+client that leaves during the handshake is counted until jupyter_server gives it up (``kernel_info_timeout``).
 
 A parked kernel (parking.py) is brought back by the next cell its client runs, and the cell goes to the kernel at
 once: its CPU work runs meanwhile, and only a GPU call in it waits, inside the driver, until the kernel's state is
@@ -34,7 +32,6 @@ from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebso
 from tornado import web
 from tornado.websocket import WebSocketClosedError
 
-HURRY_AT = 0.5  # of kernel_info_timeout: how long a client waits for a yielding kernel before it is hurried
 KEPT_MAX = 1000  # messages held for one kernel (all its websockets); past it the client is told to reconnect later
 KEPT_MAX_BYTES = 64 << 20
 _held_for: dict[str, list[int]] = {}  # kernel id -> [messages, bytes] its connections hold now
@@ -62,26 +59,19 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
     _joining: asyncio.Future | None = None
     _holds = (0, 0)  # what this connection counts in _held_for: messages, bytes
     _left = False  # the client closed its websocket (disconnect)
-    _hurry_at: asyncio.TimerHandle | None = None  # when a kernel that yields the CPU is hurried for this client
-    _hurrying: asyncio.Future | None = None  # that hurry (True: the kernel runs at normal priority for this client)
 
     async def prepare(self) -> None:
         held = held_start(self.kernel_manager)
         if held is None:
             _connecting[self.kernel_id] += 1
-            self._hurry_at = asyncio.get_running_loop().call_later(self.kernel_info_timeout * HURRY_AT, self._hurry)
             try:
                 await super().prepare()  # (waits for the kernel's first answer)
-            except BaseException:
-                self._hurried()
-                raise
             finally:
                 _connecting[self.kernel_id] -= 1
                 if not _connecting[self.kernel_id]:
                     del _connecting[self.kernel_id]
             if self._left:  # the page left meanwhile: jupyter_server's handler would shake hands with nobody, and
                 # fail on the connection its on_close dropped (a traceback in the log); end the request here
-                self._hurried()
                 raise web.HTTPError(499, reason="Client Closed Request")
             return
         await self._register_session()
@@ -90,12 +80,8 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
 
     def connect(self) -> asyncio.Future[None] | None:  # type: ignore[override]
         if self._held is None:
-            connected = super().connect()  # (jupyter_server's nudge: until the kernel's output reaches this client)
-            if connected is None:
-                self._hurried()
-                return None
-            connected.add_done_callback(lambda _: self._hurried())
-            if getattr(self.kernel_manager, "execution_state", None) == "busy":
+            connected = super().connect()
+            if connected is not None and getattr(self.kernel_manager, "execution_state", None) == "busy":
                 connected.add_done_callback(lambda _: self._say_busy())
             return connected
         # Counted as a client at once: a kernel in line that someone watches stays in line (Line.watchers).
@@ -105,23 +91,6 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
-
-    def _hurry(self) -> None:
-        """The client has waited half of ``kernel_info_timeout`` for the kernel's answer: a kernel in line that
-        yields the CPU runs at normal priority until the connection is made (launch/line_cpu.py)."""
-        self._hurry_at = None
-        hurry = getattr(getattr(self.kernel_manager, "provisioner", None), "hurry", None)
-        if hurry is not None:
-            self._hurrying = asyncio.ensure_future(hurry(self.kernel_info_timeout * HURRY_AT))
-
-    def _hurried(self) -> None:
-        """The connection is made, or given up: a kernel hurried for it yields again if it still waits."""
-        if self._hurry_at is not None:
-            self._hurry_at.cancel()
-            self._hurry_at = None
-        hurrying, self._hurrying = self._hurrying, None
-        if hurrying is not None:
-            asyncio.ensure_future(_unhurry(hurrying, self.kernel_manager.provisioner))
 
     def _say_busy(self) -> None:
         """A page that connects to a busy kernel (reloaded while a cell waits for its GPU) would read its status as
@@ -187,7 +156,6 @@ class WaitingKernelConnection(ZMQChannelsWebsocketConnection):
 
     def disconnect(self) -> None:  # type: ignore[override]  # (synchronous in ZMQChannelsWebsocketConnection)
         self._left = True
-        self._hurried()  # (a client that leaves hurries its kernel no longer)
         kept, self._kept = self._kept, None
         if kept is not None:
             self._let_go()
@@ -221,8 +189,3 @@ def _runs_code(message: Any) -> bool:
     """Whether a client's message asks the kernel to run code (an execute request, in either wire format)."""
     raw = message if isinstance(message, (bytes, str)) else b""
     return (b"execute_request" if isinstance(raw, bytes) else "execute_request") in raw  # type: ignore[operator]
-
-
-async def _unhurry(hurrying: asyncio.Future, provisioner: Any) -> None:
-    if await hurrying:
-        await provisioner.unhurry()
